@@ -1,0 +1,4 @@
+//! The `hpfsdp` command line.
+fn main() {
+    println!("hpfsdp");
+}
