@@ -2,17 +2,30 @@
 //! backends. Pure data and pure functions; no I/O beyond reading the files it is asked to parse.
 
 pub mod collective;
+pub mod digest;
 pub mod error;
+pub mod fsdp;
+pub mod glob;
 pub mod layout;
 pub mod mesh;
 pub mod model;
+pub mod muon;
 pub mod placement;
+pub mod planner;
 pub mod program;
+pub mod scenario;
 pub mod topology;
 pub mod transition;
 
+pub use collective::CollectiveKind;
 pub use error::{PlanError, PlanResult};
+pub use layout::{
+    Layout, chunk_range, combine_partials, gather_tensor, shard_tensor, sum_partials,
+};
 pub use mesh::{DeviceMesh, MeshAxis};
 pub use model::{DType, ExpertLayout, ModelConfig, ModelFamily, ModelIr, ModelOptions, ParamSpec};
 pub use placement::{Placement, ReduceOp};
 pub use topology::{DeviceLocation, Tier, Topology};
+pub use transition::{
+    TransitionAction, TransitionPlan, TransitionStep, classify_transition, lower_transition,
+};

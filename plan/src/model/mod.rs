@@ -1,10 +1,21 @@
 //! Model IR: qualified parameter names (HuggingFace naming), shapes, dtypes and per-layer
 //! compute descriptions, built from an HF `config.json` or a compact TOML description.
 //!
-//! Submodules: `config` (normalized dimensions read from HF / compact files), `params`
-//! (parameter naming per family), `compute` (FLOPs and bytes per token per op).
+//! Submodules: `config` (checks and queries on the normalized dimensions), `hf` (HF
+//! `config.json` reader), `compact` (compact TOML description reader; its docs give the format),
+//! `params` (parameter naming per family), `ir` (building the IR, totals, module tree),
+//! `compute` (FLOPs and bytes per token per op).
 
 use serde::{Deserialize, Serialize};
+
+mod compact;
+mod compute;
+mod config;
+mod hf;
+mod ir;
+mod params;
+
+pub use compute::{ACT_BYTES, avg_causal_context};
 
 /// Element type of a parameter or buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -112,6 +123,10 @@ pub struct MoeConfig {
     pub shared_experts: u64,
     /// Leading decoder layers that use a dense MLP instead (`first_k_dense_replace`).
     pub first_dense_layers: usize,
+    /// Further main-model layers (at or after `first_dense_layers`) that use a dense MLP, sorted:
+    /// Qwen3-MoE `mlp_only_layers` and `decoder_sparse_step`, DeepSeek `moe_layer_freq`.
+    #[serde(default)]
+    pub extra_dense_layers: Vec<usize>,
     /// Whether the router carries `e_score_correction_bias` (DeepSeek-V3 `noaux_tc`).
     pub router_correction_bias: bool,
 }
@@ -148,7 +163,8 @@ pub struct ModelConfig {
     pub num_attention_heads: u64,
     /// Key/value heads (GQA).
     pub num_key_value_heads: u64,
-    /// Per-head dimension (non-MLA attention).
+    /// Per-head dimension of non-MLA attention; for MLA models the query/key head dimension
+    /// (`qk_nope_head_dim + qk_rope_head_dim`), informational only.
     pub head_dim: u64,
     /// Vocabulary size V.
     pub vocab_size: u64,
@@ -158,6 +174,10 @@ pub struct ModelConfig {
     pub sliding_window: Option<u64>,
     /// Multi-token-prediction layers in the checkpoint (`num_nextn_predict_layers`).
     pub mtp_layers: usize,
+    /// Whether each MTP layer stores its own `embed_tokens.weight` and `shared_head.head.weight`
+    /// copies (DeepSeek-V3 checkpoints do); false means MTP layers reuse the main embedding/head.
+    #[serde(default)]
+    pub mtp_own_embeddings: bool,
     /// MoE dimensions, if the model has routed experts.
     pub moe: Option<MoeConfig>,
     /// MLA dimensions, if attention is multi-head latent attention.
@@ -235,6 +255,11 @@ impl LayerCompute {
     /// Total forward FLOPs per token of this piece.
     pub fn fwd_flops_per_token(&self) -> f64 {
         self.ops.iter().map(|o| o.fwd_flops_per_token).sum()
+    }
+
+    /// Total forward activation bytes per token of this piece.
+    pub fn fwd_bytes_per_token(&self) -> f64 {
+        self.ops.iter().map(|o| o.fwd_bytes_per_token).sum()
     }
 }
 

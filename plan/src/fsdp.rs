@@ -1,0 +1,371 @@
+//! The FSDP/HSDP plan derived from the sharding plan and the data-parallel meshes: units,
+//! each parameter's all-gather and reduce-scatter, and the fused cross-replica all-reduce
+//! buffer of each unit.
+//!
+//! Dense parameters shard over `dp_shard x cp` of the dense mesh and replicate over
+//! `dp_replicate`; routed experts (when `ep > 1`) shard over `edp_shard` and replicate over
+//! `edp_replicate` of the expert mesh. Shards follow ceil-chunk semantics on dim 0 (padded to
+//! chunk 0's size, as the collectives need); a parameter whose plan-local dim 0 is smaller
+//! than the shard group shards dim 1 instead (torchtitan's rule for experts) and loses
+//! zero-copy, as does any parameter whose communication dtype differs from its master dtype.
+
+use crate::mesh::DeviceMesh;
+use crate::model::DType;
+use crate::planner::ShardingPlan;
+use crate::planner::roles::Role;
+use crate::scenario::Scenario;
+use crate::topology::{Tier, Topology};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Which mesh a parameter's data-parallel sharding uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DataDomain {
+    /// Dense mesh: shard `dp_shard x cp`, replicate `dp_replicate`.
+    Dense,
+    /// Expert mesh: shard `edp_shard`, replicate `edp_replicate`.
+    Expert,
+}
+
+/// A process group family along some mesh axes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    /// Mesh axes the group spans.
+    pub axes: Vec<String>,
+    /// Ranks per group.
+    pub size: usize,
+    /// Rank 0's group.
+    pub rank0_group: Vec<usize>,
+    /// Slowest tier over every group of this family.
+    pub tier: Tier,
+}
+
+impl GroupSpec {
+    /// Builds the group family along `axes` (names) of `mesh`.
+    pub fn along(mesh: &DeviceMesh, topo: &Topology, axes: &[&str]) -> Self {
+        let idx: Vec<usize> = axes.iter().filter_map(|a| mesh.axis_index(a)).collect();
+        let size = idx.iter().map(|&i| mesh.axes()[i].size).product();
+        let tier = if size <= 1 {
+            Tier::IntraMachine
+        } else {
+            mesh.groups(&idx)
+                .iter()
+                .map(|g| topo.tier_of(g))
+                .max()
+                .unwrap_or(Tier::IntraMachine)
+        };
+        GroupSpec {
+            axes: axes.iter().map(|a| a.to_string()).collect(),
+            size,
+            rank0_group: mesh.group_of(0, &idx),
+            tier,
+        }
+    }
+}
+
+/// One collective of the plan, sized per rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveSize {
+    /// Bytes each rank contributes.
+    pub bytes_in_per_rank: u64,
+    /// Bytes each rank receives.
+    pub bytes_out_per_rank: u64,
+    /// Whether the communication buffer length is a multiple of 512 bytes.
+    pub aligned_512: bool,
+}
+
+/// The FSDP plan of one trainable parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamFsdp {
+    /// Parameter FQN.
+    pub name: String,
+    /// Index of its FSDP unit.
+    pub unit: usize,
+    /// Dense or expert data-parallel domain.
+    pub domain: DataDomain,
+    /// Rank 0's shape after TP/CP/EP sharding (what FSDP shards).
+    pub plan_local_shape: Vec<u64>,
+    /// Tensor dim FSDP shards.
+    pub shard_dim: usize,
+    /// Rank 0's FSDP-local shape (unpadded).
+    pub local_shape: Vec<u64>,
+    /// Elements of the padded shard (chunk 0), the communication size.
+    pub padded_shard_numel: u64,
+    /// Per-parameter zero-copy all-gather (the full parameter is a view of the output).
+    pub zero_copy: bool,
+    /// Why a copy is needed, when it is.
+    pub copy_reason: Option<String>,
+    /// All-gather in the gathered-parameter dtype.
+    pub all_gather: CollectiveSize,
+    /// Reduce-scatter in the reduction dtype.
+    pub reduce_scatter: CollectiveSize,
+    /// Element offset inside its unit's fused all-reduce buffer (HSDP only).
+    pub ar_offset_elems: Option<u64>,
+}
+
+/// A fused cross-replica all-reduce buffer: one per (unit, domain) with replicas.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FusedAllReduce {
+    /// Unit index.
+    pub unit: usize,
+    /// Domain of its parameters.
+    pub domain: DataDomain,
+    /// Parameters packed back to back (their order in the buffer).
+    pub params: Vec<String>,
+    /// Sum of the padded shard bytes.
+    pub payload_bytes: u64,
+    /// Buffer size: payload rounded up to 512 bytes (zero padding).
+    pub buffer_bytes: u64,
+    /// Reduction dtype.
+    pub dtype: DType,
+}
+
+/// One FSDP unit (embedding, a decoder block, final norm + head).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsdpUnit {
+    /// Unit name (`model.embed_tokens`, `model.layers.7`, `model.norm+lm_head`).
+    pub name: String,
+    /// Decoder layer, if any.
+    pub layer: Option<usize>,
+    /// Parameters (FQNs) in model order.
+    pub params: Vec<String>,
+}
+
+/// The FSDP/HSDP plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsdpPlan {
+    /// Units in forward order.
+    pub units: Vec<FsdpUnit>,
+    /// Trainable parameters in model order.
+    pub params: Vec<ParamFsdp>,
+    /// Fused all-reduce buffers (empty without replicas).
+    pub all_reduces: Vec<FusedAllReduce>,
+    /// Shard and replicate groups per domain.
+    pub groups: BTreeMap<String, GroupSpec>,
+    /// Gathered-parameter dtype.
+    pub param_dtype: DType,
+    /// Reduction dtype.
+    pub reduce_dtype: DType,
+    /// Reshard after forward.
+    pub reshard_after_forward: bool,
+    /// Prefetch depth.
+    pub prefetch_depth: usize,
+}
+
+/// Rounds `bytes` up to a multiple of 512.
+pub fn round_up_512(bytes: u64) -> u64 {
+    bytes.div_ceil(512) * 512
+}
+
+/// The unit a parameter belongs to: `model.layers.{i}`, `model.embed_tokens`, or the final
+/// `model.norm+lm_head` unit.
+pub fn unit_name(param: &str) -> String {
+    if let Some(rest) = param.strip_prefix("model.layers.")
+        && let Some(idx) = rest.split('.').next()
+    {
+        return format!("model.layers.{idx}");
+    }
+    if param.starts_with("model.embed_tokens") {
+        return "model.embed_tokens".into();
+    }
+    "model.norm+lm_head".into()
+}
+
+/// Builds the FSDP plan of a scenario from its sharding plan.
+pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
+    let topo = &scenario.topology;
+    let mut groups = BTreeMap::new();
+    groups.insert(
+        "dense.shard".to_string(),
+        GroupSpec::along(&scenario.dense_mesh, topo, &["dp_shard", "cp"]),
+    );
+    groups.insert(
+        "dense.replicate".to_string(),
+        GroupSpec::along(&scenario.dense_mesh, topo, &["dp_replicate"]),
+    );
+    groups.insert(
+        "expert.shard".to_string(),
+        GroupSpec::along(&scenario.expert_mesh, topo, &["edp_shard"]),
+    );
+    groups.insert(
+        "expert.replicate".to_string(),
+        GroupSpec::along(&scenario.expert_mesh, topo, &["edp_replicate"]),
+    );
+    let expert_parallel = scenario.file.mesh.ep > 1;
+    let pd = scenario.param_dtype;
+    let rd = scenario.reduce_dtype;
+
+    let mut units: Vec<FsdpUnit> = Vec::new();
+    let mut params = Vec::new();
+    let zero_coord = BTreeMap::new();
+    for p in plan.params.iter().filter(|p| p.trainable) {
+        let uname = unit_name(&p.name);
+        let unit = match units.iter().position(|u| u.name == uname) {
+            Some(i) => i,
+            None => {
+                let layer = uname
+                    .strip_prefix("model.layers.")
+                    .and_then(|s| s.parse().ok());
+                units.push(FsdpUnit {
+                    name: uname.clone(),
+                    layer,
+                    params: Vec::new(),
+                });
+                units.len() - 1
+            }
+        };
+        units[unit].params.push(p.name.clone());
+        let domain = if expert_parallel && p.role == Role::MoeExpert {
+            DataDomain::Expert
+        } else {
+            DataDomain::Dense
+        };
+        let key = match domain {
+            DataDomain::Dense => "dense",
+            DataDomain::Expert => "expert",
+        };
+        let shard = &groups[&format!("{key}.shard")];
+        let s = shard.size as u64;
+        let mut plan_local = plan.local_shape(p, &zero_coord);
+        if p.ep_owner.is_some() {
+            // Per-expert weights: size the collectives by the owning rank's whole matrix.
+            plan_local = p.shape.clone();
+        }
+        let shard_dim = if plan_local.len() > 1 && plan_local[0] < s && plan_local[1] % s == 0 {
+            1
+        } else {
+            0
+        };
+        let n = plan_local
+            .first()
+            .copied()
+            .map_or(1, |_| plan_local[shard_dim]);
+        let rest: u64 = plan_local
+            .iter()
+            .enumerate()
+            .filter(|(d, _)| *d != shard_dim)
+            .map(|(_, v)| *v)
+            .product();
+        let chunk = n.div_ceil(s.max(1));
+        let padded = chunk * rest;
+        let mut local_shape = plan_local.clone();
+        if !local_shape.is_empty() {
+            local_shape[shard_dim] = chunk.min(n);
+        }
+        let copy_reason = if shard_dim != 0 {
+            Some("sharded on dim 1: staging all-gather buffer plus chunk/cat reorder".to_string())
+        } else if pd != scenario.master_dtype {
+            Some(format!(
+                "{:?} master cast to {:?} for communication creates a new input",
+                scenario.master_dtype, pd
+            ))
+        } else {
+            None
+        };
+        let (ag, rs) = if s > 1 {
+            let ag_in = padded * pd.bytes();
+            let rs_out = padded * rd.bytes();
+            (
+                CollectiveSize {
+                    bytes_in_per_rank: ag_in,
+                    bytes_out_per_rank: ag_in * s,
+                    aligned_512: (ag_in * s) % 512 == 0,
+                },
+                CollectiveSize {
+                    bytes_in_per_rank: rs_out * s,
+                    bytes_out_per_rank: rs_out,
+                    aligned_512: (rs_out * s) % 512 == 0,
+                },
+            )
+        } else {
+            let none = CollectiveSize {
+                bytes_in_per_rank: 0,
+                bytes_out_per_rank: 0,
+                aligned_512: true,
+            };
+            (none, none)
+        };
+        params.push(ParamFsdp {
+            name: p.name.clone(),
+            unit,
+            domain,
+            plan_local_shape: plan_local,
+            shard_dim,
+            local_shape,
+            padded_shard_numel: padded,
+            zero_copy: copy_reason.is_none(),
+            copy_reason,
+            all_gather: ag,
+            reduce_scatter: rs,
+            ar_offset_elems: None,
+        });
+    }
+
+    // Fused all-reduce buffers per (unit, domain) with replicas.
+    let mut all_reduces: Vec<FusedAllReduce> = Vec::new();
+    for (ui, _) in units.iter().enumerate() {
+        for domain in [DataDomain::Dense, DataDomain::Expert] {
+            let key = if domain == DataDomain::Dense {
+                "dense.replicate"
+            } else {
+                "expert.replicate"
+            };
+            if groups[key].size <= 1 {
+                continue;
+            }
+            let mut offset = 0;
+            let mut names = Vec::new();
+            for p in params
+                .iter_mut()
+                .filter(|p| p.unit == ui && p.domain == domain)
+            {
+                p.ar_offset_elems = Some(offset);
+                offset += p.padded_shard_numel;
+                names.push(p.name.clone());
+            }
+            if names.is_empty() {
+                continue;
+            }
+            let payload = offset * rd.bytes();
+            all_reduces.push(FusedAllReduce {
+                unit: ui,
+                domain,
+                params: names,
+                payload_bytes: payload,
+                buffer_bytes: round_up_512(payload),
+                dtype: rd,
+            });
+        }
+    }
+    let f = &scenario.file.fsdp;
+    FsdpPlan {
+        units,
+        params,
+        all_reduces,
+        groups,
+        param_dtype: pd,
+        reduce_dtype: rd,
+        reshard_after_forward: f.reshard_after_forward,
+        prefetch_depth: f.prefetch_depth,
+    }
+}
+
+impl FsdpPlan {
+    /// The FSDP plan of a parameter.
+    pub fn param(&self, name: &str) -> Option<&ParamFsdp> {
+        self.params.iter().find(|p| p.name == name)
+    }
+
+    /// Per-step collective counts of the hyperparallel path for one micro-batch:
+    /// (all-gathers, reduce-scatters, all-reduces).
+    pub fn collective_counts(&self) -> (usize, usize, usize) {
+        let sharded: Vec<&ParamFsdp> = self
+            .params
+            .iter()
+            .filter(|p| p.all_gather.bytes_out_per_rank > 0)
+            .collect();
+        let ag = sharded.len() * if self.reshard_after_forward { 2 } else { 1 };
+        (ag, sharded.len(), self.all_reduces.len())
+    }
+}

@@ -1,0 +1,495 @@
+//! The Muon plan: Muon vs AdamW routing, the matrix-plane predicate, HSDP batches with the
+//! soft numel cap, NS memory batches under the 2^29 / shard-group cap, greedy owners in the
+//! shard and replica domains, replica subgroups from devices per machine, and each batch's
+//! communication (fused gathers per shard axis, relay broadcasts, replica broadcasts).
+
+use crate::fsdp::{DataDomain, FsdpPlan};
+use crate::planner::{ParamPlan, ShardingPlan};
+use crate::scenario::Scenario;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Which optimizer updates a parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerRoute {
+    /// Orthogonalized update.
+    Muon,
+    /// Element-wise AdamW (1-D, embeddings, heads).
+    Adamw,
+}
+
+/// Name keywords that send a matrix to AdamW.
+pub const ADAMW_KEYWORDS: &[&str] = &[
+    "embed",
+    "lm_head",
+    "out_head",
+    "out_proj.bias",
+    "shared_head.head",
+];
+
+/// Routes a parameter: Muon iff it has >= 2 dims and its name has no AdamW keyword.
+pub fn route(name: &str, ndim: usize, kind_is_muon: bool) -> (OptimizerRoute, String) {
+    if !kind_is_muon {
+        return (OptimizerRoute::Adamw, "optimizer kind is adamw".into());
+    }
+    if ndim < 2 {
+        return (OptimizerRoute::Adamw, format!("{ndim}-D parameter"));
+    }
+    let lower = name.to_lowercase();
+    if let Some(k) = ADAMW_KEYWORDS.iter().find(|k| lower.contains(*k)) {
+        return (OptimizerRoute::Adamw, format!("name contains '{k}'"));
+    }
+    (OptimizerRoute::Muon, format!("{ndim}-D matrix"))
+}
+
+/// The matrix core shape Muon batches by: 2-D `(s0,s1)`; 3-D with `s1 == 1` `(s0,s2)`;
+/// otherwise the last two dims.
+pub fn core_shape(shape: &[u64]) -> Option<(u64, u64)> {
+    match shape {
+        [] | [_] => None,
+        [a, b] => Some((*a, *b)),
+        [a, 1, c] => Some((*a, *c)),
+        _ => Some((shape[shape.len() - 2], shape[shape.len() - 1])),
+    }
+}
+
+/// One mesh axis that shards a parameter, with the tensor dim it cuts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardAxis {
+    /// Mesh axis name.
+    pub axis: String,
+    /// Tensor dim.
+    pub tensor_dim: usize,
+    /// Axis size.
+    pub size: usize,
+}
+
+/// The Muon view of one parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MuonParam {
+    /// FQN.
+    pub name: String,
+    /// Muon or AdamW.
+    pub route: OptimizerRoute,
+    /// Why.
+    pub route_reason: String,
+    /// Global shape.
+    pub shape: Vec<u64>,
+    /// Core matrix shape (Muon only).
+    pub core_shape: Option<(u64, u64)>,
+    /// Independent matrices (leading dims; an expert `[E,M,N]` is E matrices).
+    pub matrices: u64,
+    /// Axes that shard it, in mesh order (data-parallel and plan axes).
+    pub shard_axes: Vec<ShardAxis>,
+    /// Axes of size > 1 it is replicated on (name, size).
+    pub replicate_axes: Vec<(String, usize)>,
+    /// Matrix-plane predicate: some shard axis cuts one of the last two dims, so Newton-Schulz
+    /// needs the gathered matrix.
+    pub needs_gather: bool,
+}
+
+impl MuonParam {
+    /// Elements.
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Product of the shard axis sizes.
+    pub fn shard_size(&self) -> usize {
+        self.shard_axes.iter().map(|a| a.size).product()
+    }
+}
+
+/// One HSDP assignment (sub-batch) of Muon parameters sharing a communication domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MuonBatch {
+    /// Domain key (mesh, shard axes with tensor dims, replicate axes).
+    pub domain: String,
+    /// Shard path (gather, owner NS, relay broadcast) or local path.
+    pub shard_path: bool,
+    /// Parameter indices into [`MuonPlan::params`], numel-descending.
+    pub params: Vec<usize>,
+    /// Total elements.
+    pub numel: u64,
+    /// NS memory sub-batches (indices), each under the 2^29 / shard-size cap.
+    pub memory_batches: Vec<Vec<usize>>,
+    /// Shard-domain owner coordinate of each parameter (shard path only).
+    pub shard_owner: BTreeMap<usize, Vec<usize>>,
+    /// Replica-domain owner coordinate of each parameter (when replicated).
+    pub replica_owner: BTreeMap<usize, Vec<usize>>,
+    /// Fused all-gather output bytes per rank, per memory batch and shard axis (bf16, 512-B padded).
+    pub gather_bytes: Vec<Vec<(String, u64)>>,
+    /// Relay broadcasts: (axis, bytes) per broadcast issued by rank 0's view.
+    pub relay_broadcasts: Vec<(String, u64)>,
+    /// Replica broadcasts: (axis, bytes) per hop.
+    pub replica_broadcasts: Vec<(String, u64)>,
+}
+
+/// The Muon plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MuonPlan {
+    /// Every trainable parameter with its route.
+    pub params: Vec<MuonParam>,
+    /// HSDP assignments in execution order.
+    pub batches: Vec<MuonBatch>,
+    /// Replica subgroup size (None: no split needed).
+    pub replica_count: Option<usize>,
+    /// Devices per machine used to size replica subgroups.
+    pub devices_per_machine: usize,
+}
+
+/// The HSDP batch soft cap in elements per replica-count unit (HyperParallel compares the
+/// 512 MiB byte constant against a numel).
+pub const HSDP_BATCH_NUMEL: u64 = 512 * 1024 * 1024;
+/// Newton-Schulz memory cap: 2^29 elements divided by the shard-group size.
+pub const NS_BATCH_NUMEL: u64 = 1 << 29;
+
+/// Greedy owner assignment: records sorted by (-numel, index); each picks the least-loaded
+/// coordinate with lexicographic tie-break. Returns index → coordinate.
+pub fn build_owner_by_size(
+    records: &[(usize, u64)],
+    sizes: &[usize],
+) -> BTreeMap<usize, Vec<usize>> {
+    let mut coords: Vec<Vec<usize>> = vec![Vec::new()];
+    for &s in sizes {
+        coords = coords
+            .into_iter()
+            .flat_map(|c| (0..s).map(move |i| [c.clone(), vec![i]].concat()))
+            .collect();
+    }
+    let mut load = vec![0u64; coords.len()];
+    let mut order: Vec<(usize, u64)> = records.to_vec();
+    order.sort_by_key(|&(i, n)| (std::cmp::Reverse(n), i));
+    let mut out = BTreeMap::new();
+    for (idx, numel) in order {
+        let best = (0..coords.len())
+            .min_by(|&a, &b| (load[a], &coords[a]).cmp(&(load[b], &coords[b])))
+            .unwrap_or(0);
+        load[best] += numel;
+        out.insert(idx, coords[best].clone());
+    }
+    out
+}
+
+/// Sequential greedy split under `cap` elements; the first item of a batch is always taken.
+pub fn split_memory_batches(items: &[(usize, u64)], cap: u64) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut current = 0u64;
+    for &(i, n) in items {
+        match out.last_mut() {
+            Some(b) if current + n <= cap => {
+                b.push(i);
+                current += n;
+            }
+            _ => {
+                out.push(vec![i]);
+                current = n;
+            }
+        }
+    }
+    out
+}
+
+/// Replica subgroup size: the largest divisor of `group_size` not above `devices_per_machine`
+/// when the group is larger than a machine; None (no split) otherwise.
+pub fn replica_subgroup_size(group_size: usize, devices_per_machine: usize) -> Option<usize> {
+    if group_size <= devices_per_machine || devices_per_machine == 0 {
+        return None;
+    }
+    (1..=devices_per_machine.min(group_size))
+        .rev()
+        .find(|d| group_size % d == 0)
+}
+
+fn muon_param(
+    p: &ParamPlan,
+    fsdp: &FsdpPlan,
+    scenario: &Scenario,
+    kind_is_muon: bool,
+) -> MuonParam {
+    let (route, route_reason) = route(&p.name, p.shape.len(), kind_is_muon);
+    let f = fsdp.param(&p.name);
+    let domain = f.map_or(DataDomain::Dense, |f| f.domain);
+    let m = &scenario.file.mesh;
+    let mut shard_axes = Vec::new();
+    let mut replicate_axes = Vec::new();
+    let mut push = |axis: &str, size: usize, dim: Option<usize>| {
+        if size > 1 {
+            match dim {
+                Some(d) => shard_axes.push(ShardAxis {
+                    axis: axis.into(),
+                    tensor_dim: d,
+                    size,
+                }),
+                None => replicate_axes.push((axis.to_string(), size)),
+            }
+        }
+    };
+    let fsdp_dim = f.map(|f| f.shard_dim);
+    let plan_dim = |axis: &str| p.placements.get(axis).and_then(|pl| pl.shard_dim());
+    match domain {
+        DataDomain::Dense => {
+            push("dp_replicate", m.dp_replicate, None);
+            push("dp_shard", m.dp_shard, fsdp_dim);
+            push("cp", m.cp, fsdp_dim);
+            push("tp", m.tp, plan_dim("tp"));
+        }
+        DataDomain::Expert => {
+            let e = &scenario.expert_mesh;
+            push("edp_replicate", e.axis_size("edp_replicate"), None);
+            push("edp_shard", e.axis_size("edp_shard"), fsdp_dim);
+            push("ep", m.ep, plan_dim("ep").or(p.ep_owner.map(|_| 0)));
+            push("etp", m.etp, plan_dim("etp"));
+        }
+    }
+    let ndim = p.shape.len();
+    let needs_gather =
+        route == OptimizerRoute::Muon && shard_axes.iter().any(|a| a.tensor_dim + 2 >= ndim);
+    let matrices = if ndim >= 3 {
+        p.shape[..ndim - 2].iter().product()
+    } else {
+        1
+    };
+    MuonParam {
+        name: p.name.clone(),
+        route,
+        route_reason,
+        shape: p.shape.clone(),
+        core_shape: if route == OptimizerRoute::Muon {
+            core_shape(&p.shape)
+        } else {
+            None
+        },
+        matrices,
+        shard_axes,
+        replicate_axes,
+        needs_gather,
+    }
+}
+
+/// Builds the Muon plan of a scenario.
+pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan) -> MuonPlan {
+    let kind_is_muon = scenario.file.optimizer.kind == "muon+adamw";
+    let params: Vec<MuonParam> = plan
+        .params
+        .iter()
+        .filter(|p| p.trainable)
+        .map(|p| muon_param(p, fsdp, scenario, kind_is_muon))
+        .collect();
+    let dpm = scenario.topology.dies_per_machine;
+    let replica_count = scenario.file.optimizer.muon.replica_count.or_else(|| {
+        params
+            .iter()
+            .flat_map(|p| p.replicate_axes.iter().map(|(_, s)| *s))
+            .filter_map(|s| replica_subgroup_size(s, dpm))
+            .min()
+    });
+
+    // HSDP groups by domain key.
+    let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, p) in params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.route == OptimizerRoute::Muon)
+    {
+        let shard: Vec<String> = p
+            .shard_axes
+            .iter()
+            .map(|a| format!("{}:{}", a.axis, a.tensor_dim))
+            .collect();
+        let rep: Vec<&str> = p.replicate_axes.iter().map(|(a, _)| a.as_str()).collect();
+        let key = format!(
+            "ndim={} shard=[{}] replicate=[{}] gather={}",
+            p.shape.len(),
+            shard.join(","),
+            rep.join(","),
+            p.needs_gather
+        );
+        groups.entry(key).or_default().push(i);
+    }
+    let mut ordered: Vec<(String, Vec<usize>)> = groups.into_iter().collect();
+    ordered.sort_by_key(|(k, v)| {
+        (
+            std::cmp::Reverse(v.iter().map(|&i| params[i].numel()).sum::<u64>()),
+            k.clone(),
+        )
+    });
+    let cap = HSDP_BATCH_NUMEL * replica_count.unwrap_or(1) as u64;
+    let mut batches = Vec::new();
+    for (domain, mut members) in ordered {
+        members.sort_by_key(|&i| (std::cmp::Reverse(params[i].numel()), i));
+        let mut current: Vec<usize> = Vec::new();
+        let mut numel = 0;
+        let mut subs = Vec::new();
+        for i in members {
+            current.push(i);
+            numel += params[i].numel();
+            if numel >= cap {
+                subs.push((std::mem::take(&mut current), numel));
+                numel = 0;
+            }
+        }
+        if !current.is_empty() {
+            subs.push((current, numel));
+        }
+        for (members, numel) in subs {
+            batches.push(make_batch(&domain, members, numel, &params, replica_count));
+        }
+    }
+    batches.sort_by_key(|b| std::cmp::Reverse(b.numel));
+    MuonPlan {
+        params,
+        batches,
+        replica_count,
+        devices_per_machine: dpm,
+    }
+}
+
+fn make_batch(
+    domain: &str,
+    members: Vec<usize>,
+    numel: u64,
+    params: &[MuonParam],
+    replica_count: Option<usize>,
+) -> MuonBatch {
+    let first = &params[members[0]];
+    let shard_path = first.needs_gather;
+    let records: Vec<(usize, u64)> = members.iter().map(|&i| (i, params[i].numel())).collect();
+    let bf16 = 2u64;
+    let pad = |elems: u64| (elems * bf16).div_ceil(512) * 512;
+    let (shard_owner, memory_batches, gather_bytes, relay) = if shard_path {
+        let sizes: Vec<usize> = first.shard_axes.iter().map(|a| a.size).collect();
+        let owners = build_owner_by_size(&records, &sizes);
+        let mem = split_memory_batches(&records, NS_BATCH_NUMEL / first.shard_size().max(1) as u64);
+        let mut gathers = Vec::new();
+        for mb in &mem {
+            let mut per_axis = Vec::new();
+            let mut remaining: usize = first.shard_size();
+            for a in &first.shard_axes {
+                let bytes: u64 = mb
+                    .iter()
+                    .map(|&i| pad(params[i].numel().div_ceil(remaining as u64)))
+                    .sum::<u64>()
+                    * a.size as u64;
+                per_axis.push((a.axis.clone(), bytes));
+                remaining /= a.size;
+            }
+            gathers.push(per_axis);
+        }
+        // Relay: per shard dim, one broadcast per compute coordinate aligned with rank 0 on later dims.
+        let mut relay = Vec::new();
+        let mut by_coord: BTreeMap<Vec<usize>, u64> = BTreeMap::new();
+        for (i, c) in &owners {
+            *by_coord.entry(c.clone()).or_default() += pad(params[*i].numel());
+        }
+        for (d, a) in first.shard_axes.iter().enumerate() {
+            for (coord, bytes) in &by_coord {
+                if coord[d + 1..].iter().all(|&x| x == 0) {
+                    relay.push((a.axis.clone(), *bytes));
+                }
+            }
+        }
+        (owners, mem, gathers, relay)
+    } else {
+        let mut by_shape: BTreeMap<(u64, u64), Vec<(usize, u64)>> = BTreeMap::new();
+        for &(i, n) in &records {
+            by_shape
+                .entry(params[i].core_shape.unwrap_or((0, 0)))
+                .or_default()
+                .push((i, n));
+        }
+        let mem = by_shape
+            .values()
+            .flat_map(|v| split_memory_batches(v, NS_BATCH_NUMEL))
+            .collect();
+        (BTreeMap::new(), mem, Vec::new(), Vec::new())
+    };
+    let mut replica_owner = BTreeMap::new();
+    let mut replica_broadcasts = Vec::new();
+    if !first.replicate_axes.is_empty() {
+        let sizes: Vec<usize> = first
+            .replicate_axes
+            .iter()
+            .map(|(_, s)| replica_count.map_or(*s, |c| (*s).min(c)))
+            .collect();
+        replica_owner = build_owner_by_size(&records, &sizes);
+        let local_bytes: u64 = members
+            .iter()
+            .map(|&i| pad(params[i].numel().div_ceil(first.shard_size().max(1) as u64)))
+            .sum();
+        for (a, _) in &first.replicate_axes {
+            replica_broadcasts.push((a.clone(), local_bytes));
+        }
+    }
+    MuonBatch {
+        domain: domain.to_string(),
+        shard_path,
+        params: members,
+        numel,
+        memory_batches,
+        shard_owner,
+        replica_owner,
+        gather_bytes,
+        relay_broadcasts: relay,
+        replica_broadcasts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing_and_core_shapes() {
+        assert_eq!(
+            route("model.layers.0.self_attn.q_proj.weight", 2, true).0,
+            OptimizerRoute::Muon
+        );
+        assert_eq!(
+            route("model.embed_tokens.weight", 2, true).0,
+            OptimizerRoute::Adamw
+        );
+        assert_eq!(route("lm_head.weight", 2, true).0, OptimizerRoute::Adamw);
+        assert_eq!(route("model.norm.weight", 1, true).0, OptimizerRoute::Adamw);
+        assert_eq!(
+            route("model.layers.0.mlp.experts.gate_up_proj", 3, true).0,
+            OptimizerRoute::Muon
+        );
+        assert_eq!(core_shape(&[128, 1536, 2048]), Some((1536, 2048)));
+        assert_eq!(core_shape(&[64, 1, 3]), Some((64, 3)));
+        assert_eq!(core_shape(&[5]), None);
+    }
+
+    #[test]
+    fn greedy_owners_balance_and_break_ties_lexicographically() {
+        let owners = build_owner_by_size(&[(0, 10), (1, 10), (2, 30), (3, 5)], &[2]);
+        // 30 -> [0]; 10 (idx0) -> [1]; 10 (idx1) -> [1] (load 10 < 30); 5 -> [1]? loads [30, 20] -> [1].
+        assert_eq!(owners[&2], vec![0]);
+        assert_eq!(owners[&0], vec![1]);
+        assert_eq!(owners[&1], vec![1]);
+        assert_eq!(owners[&3], vec![1]);
+        let two_d = build_owner_by_size(&[(0, 1), (1, 1), (2, 1), (3, 1)], &[2, 2]);
+        assert_eq!(
+            two_d.values().cloned().collect::<Vec<_>>(),
+            vec![vec![0, 0], vec![0, 1], vec![1, 0], vec![1, 1]]
+        );
+        assert!(
+            build_owner_by_size(&[(0, 1)], &[])
+                .values()
+                .all(|c| c.is_empty())
+        );
+    }
+
+    #[test]
+    fn memory_batches_and_replica_subgroups() {
+        assert_eq!(
+            split_memory_batches(&[(0, 6), (1, 5), (2, 4), (3, 20)], 10),
+            vec![vec![0], vec![1, 2], vec![3]]
+        );
+        assert_eq!(replica_subgroup_size(6, 16), None);
+        assert_eq!(replica_subgroup_size(24, 16), Some(12));
+        assert_eq!(replica_subgroup_size(32, 16), Some(16));
+        assert_eq!(replica_subgroup_size(34, 16), Some(2));
+    }
+}

@@ -1,0 +1,739 @@
+//! The sharding planner: six passes from a model and the plan axes to a linted,
+//! serializable sharding plan.
+//!
+//! 1. role classification ([`roles`]), 2. boundary grouping and 3. type inference
+//! ([`boundary`]), 4. template instantiation ([`templates`]), 5. override merging
+//! ([`overrides`]), 6. static lint ([`lint`]).
+
+pub mod boundary;
+pub mod lint;
+pub mod overrides;
+pub mod roles;
+pub mod templates;
+
+use crate::glob::{glob_match, is_glob};
+use crate::model::ModelIr;
+use boundary::BoundaryType;
+use indexmap::IndexMap;
+use lint::{LintIssue, Severity};
+use overrides::{FieldOverride, PlanOverride, WhenGate};
+use roles::{Role, RoleReason};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use templates::{AxisPlacements, BoundaryFlags, Contract, PlanAxes};
+
+/// Everything the planner reads besides the model.
+#[derive(Debug, Clone)]
+pub struct PlannerInput {
+    /// Plan axes (tp/cp/ep/etp sizes, SP and loss-parallel switches).
+    pub axes: PlanAxes,
+    /// Overrides in file order.
+    pub overrides: Vec<PlanOverride>,
+    /// Whether low-precision training is on (gates `when = "low_precision"`).
+    pub low_precision: bool,
+    /// Sequence length, for the context-parallel divisibility check.
+    pub seq_len: u64,
+    /// Downgrade uncovered trainable parameters from error to warning.
+    pub allow_uncovered: bool,
+}
+
+/// How a boundary came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BoundarySource {
+    /// Derived by passes 2-4.
+    Derived,
+    /// Derived, then changed by an override.
+    Overridden,
+    /// Created by an override on a module without a derived boundary.
+    Inserted,
+}
+
+/// One module boundary of the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoundarySpec {
+    /// Module FQN.
+    pub module: String,
+    /// Boundary type (template).
+    pub ty: BoundaryType,
+    /// Why this type.
+    pub reason: String,
+    /// Derived, overridden or inserted.
+    pub source: BoundarySource,
+    /// Parameters it shards: full FQN → placement per plan axis.
+    pub params: IndexMap<String, AxisPlacements>,
+    /// Layout contracts (`None` = cleared by an override).
+    pub in_src: Option<Contract>,
+    /// Input destination contract.
+    pub in_dst: Option<Contract>,
+    /// Output source contract.
+    pub out_src: Option<Contract>,
+    /// Output destination contract.
+    pub out_dst: Option<Contract>,
+    /// Template flags.
+    pub flags: BoundaryFlags,
+    /// Overrides applied, by origin.
+    pub overrides: Vec<String>,
+}
+
+/// The plan of one parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParamPlan {
+    /// Full FQN.
+    pub name: String,
+    /// Global shape.
+    pub shape: Vec<u64>,
+    /// Trainable (frozen buffers are carried but never sharded).
+    pub trainable: bool,
+    /// Role from pass 1.
+    pub role: Role,
+    /// Why that role.
+    pub role_reason: RoleReason,
+    /// The boundary that shards it, if any.
+    pub boundary: Option<String>,
+    /// Placement per plan axis (empty = replicated on every plan axis).
+    pub placements: AxisPlacements,
+    /// For per-expert weights under expert parallelism: the `ep` coordinate holding the
+    /// whole matrix (other EP ranks hold nothing).
+    pub ep_owner: Option<usize>,
+    /// Grouping and override steps, for `--explain`.
+    pub notes: Vec<String>,
+}
+
+/// The sharding plan: pure data, serializable, with a stable digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardingPlan {
+    /// HF architecture name.
+    pub architecture: String,
+    /// Plan axes.
+    pub axes: PlanAxes,
+    /// Boundaries in model order.
+    pub boundaries: Vec<BoundarySpec>,
+    /// Every parameter in model order.
+    pub params: Vec<ParamPlan>,
+    /// Lint findings.
+    pub lints: Vec<LintIssue>,
+}
+
+impl ShardingPlan {
+    /// True if any lint issue is an error.
+    pub fn has_errors(&self) -> bool {
+        self.lints.iter().any(|l| l.severity == Severity::Error)
+    }
+
+    /// The plan of a parameter by FQN.
+    pub fn param(&self, name: &str) -> Option<&ParamPlan> {
+        self.params.iter().find(|p| p.name == name)
+    }
+
+    /// Stable hex digest (blake3 of the canonical JSON form).
+    pub fn digest(&self) -> String {
+        crate::digest::digest_json(self)
+    }
+
+    /// The plan-local shape of a parameter on the plan coordinates `coord` (axis → index):
+    /// shape after TP/CP/EP sharding, before FSDP.
+    pub fn local_shape(&self, p: &ParamPlan, coord: &BTreeMap<String, usize>) -> Vec<u64> {
+        let mut shape = p.shape.clone();
+        if let Some(owner) = p.ep_owner
+            && coord.get("ep").copied().unwrap_or(0) != owner
+        {
+            if let Some(first) = shape.first_mut() {
+                *first = 0;
+            }
+            return shape;
+        }
+        for (axis, pl) in &p.placements {
+            let size = self.axes.size(axis) as u64;
+            let idx = coord.get(axis).copied().unwrap_or(0) as u64;
+            if let Some(d) = pl.shard_dim()
+                && d < shape.len()
+            {
+                let n = shape[d];
+                let chunk = n.div_ceil(size);
+                let start = (idx * chunk).min(n);
+                shape[d] = (start + chunk).min(n) - start;
+            }
+        }
+        shape
+    }
+}
+
+fn parent(module: &str) -> Option<&str> {
+    module.rsplit_once('.').map(|(p, _)| p)
+}
+
+fn all_modules(model: &ModelIr) -> Vec<String> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for p in &model.params {
+        let mut chain = Vec::new();
+        let mut m = parent(&p.name);
+        while let Some(cur) = m {
+            chain.push(cur.to_string());
+            m = parent(cur);
+        }
+        for c in chain.into_iter().rev() {
+            if seen.insert(c.clone()) {
+                out.push(c);
+            }
+        }
+    }
+    out
+}
+
+fn expert_index(fqn: &str) -> Option<usize> {
+    let segs: Vec<&str> = fqn.split('.').collect();
+    segs.windows(2)
+        .find(|w| w[0] == "experts")
+        .and_then(|w| w[1].parse().ok())
+}
+
+/// Runs the six passes.
+pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
+    let axes = &input.axes;
+    let fam_rules = roles::family_rules(model.config.family);
+    let defaults = roles::default_rules();
+    let mut lints = Vec::new();
+
+    // Pass 1: roles.
+    let mut params: Vec<ParamPlan> = model
+        .params
+        .iter()
+        .map(|p| {
+            let (role, role_reason) = roles::classify(&p.name, p.trainable, &fam_rules, &defaults);
+            ParamPlan {
+                name: p.name.clone(),
+                shape: p.shape.clone(),
+                trainable: p.trainable,
+                role,
+                role_reason,
+                boundary: None,
+                placements: AxisPlacements::new(),
+                ep_owner: None,
+                notes: Vec::new(),
+            }
+        })
+        .collect();
+
+    // Passes 2-3: grouping.
+    let to_group: Vec<(usize, &str, Role)> = params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role != Role::Skip)
+        .map(|(i, p)| (i, p.name.as_str(), p.role))
+        .collect();
+    let grouping = boundary::group(&to_group);
+    for (i, notes) in &grouping.notes {
+        params[*i].notes.extend(notes.iter().cloned());
+    }
+
+    // Pass 4: templates.
+    let mut boundaries: Vec<BoundarySpec> = Vec::new();
+    for g in &grouping.boundaries {
+        if g.ty == BoundaryType::Unknown {
+            for &i in &g.params {
+                params[i].notes.push(format!(
+                    "no template for '{}': not sharded by any boundary",
+                    g.module
+                ));
+            }
+            continue;
+        }
+        let (contracts, flags) = templates::template(g.ty, axes);
+        let mut bparams = IndexMap::new();
+        for &i in &g.params {
+            let p = &params[i];
+            bparams.insert(
+                p.name.clone(),
+                templates::placement_for_role(p.role, &p.name, p.shape.len(), axes),
+            );
+        }
+        let has_contract = g.ty != BoundaryType::Replicated;
+        boundaries.push(BoundarySpec {
+            module: g.module.clone(),
+            ty: g.ty,
+            reason: g.reason.clone(),
+            source: BoundarySource::Derived,
+            params: bparams,
+            in_src: has_contract.then(|| contracts.in_src.clone()),
+            in_dst: has_contract.then(|| contracts.in_dst.clone()),
+            out_src: has_contract.then(|| contracts.out_src.clone()),
+            out_dst: has_contract.then(|| contracts.out_dst.clone()),
+            flags,
+            overrides: Vec::new(),
+        });
+    }
+
+    // Pass 5: overrides.
+    let modules = all_modules(model);
+    let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
+    let explicit = merge_overrides(&mut boundaries, &modules, &param_names, input, &mut lints);
+
+    // Resolve claims: deeper explicit declarations win over derived ancestors; two explicit
+    // claims are an error.
+    let mut claims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (bi, b) in boundaries.iter().enumerate() {
+        for name in b.params.keys() {
+            claims.entry(name.clone()).or_default().push(bi);
+        }
+    }
+    let mut drop: Vec<(usize, String)> = Vec::new();
+    for (name, owners) in &claims {
+        if owners.len() < 2 {
+            continue;
+        }
+        let explicit_owners: Vec<usize> = owners
+            .iter()
+            .copied()
+            .filter(|b| explicit.contains(&(*b, name.clone())))
+            .collect();
+        if explicit_owners.len() == 1 {
+            for &b in owners.iter().filter(|b| **b != explicit_owners[0]) {
+                drop.push((b, name.clone()));
+            }
+        } else {
+            let mods: Vec<&str> = owners
+                .iter()
+                .map(|&b| boundaries[b].module.as_str())
+                .collect();
+            lints.push(
+                LintIssue::error(
+                    "param-claimed-twice",
+                    format!("param '{name}' is declared by {} boundaries: {}", mods.len(), mods.join(" and ")),
+                    "each parameter must be sharded by exactly one boundary; remove it from all but one override's params",
+                )
+                .param(name)
+                .boundary(mods[0]),
+            );
+        }
+    }
+    for (b, name) in drop {
+        boundaries[b].params.shift_remove(&name);
+        if let Some(p) = params.iter_mut().find(|p| p.name == name) {
+            p.notes.push(format!(
+                "claimed by a nested override; dropped from derived boundary '{}'",
+                boundaries[b].module
+            ));
+        }
+    }
+
+    // Assign placements to parameters.
+    let num_experts = model
+        .config
+        .moe
+        .as_ref()
+        .map_or(0, |m| m.num_experts as usize);
+    for b in &boundaries {
+        for (name, pl) in &b.params {
+            if let Some(p) = params.iter_mut().find(|p| &p.name == name) {
+                p.boundary = Some(b.module.clone());
+                p.placements = pl.clone();
+                if p.role == Role::MoeExpert
+                    && p.shape.len() == 2
+                    && axes.ep > 1
+                    && let Some(e) = expert_index(&p.name)
+                {
+                    let chunk = num_experts.div_ceil(axes.ep).max(1);
+                    p.ep_owner = Some(e / chunk);
+                }
+            }
+        }
+    }
+
+    // Pass 6: lint.
+    lint_params(model, &params, input, &mut lints);
+    ShardingPlan {
+        architecture: model.config.architecture.clone(),
+        axes: axes.clone(),
+        boundaries,
+        params,
+        lints,
+    }
+}
+
+fn gate_active(gate: Option<WhenGate>, input: &PlannerInput) -> bool {
+    match gate {
+        None => true,
+        Some(WhenGate::Cp) => input.axes.cp > 1,
+        Some(WhenGate::Ep) => input.axes.ep > 1,
+        Some(WhenGate::LowPrecision) => input.low_precision,
+    }
+}
+
+/// Applies overrides; returns the explicit (boundary index, param) claims.
+fn merge_overrides(
+    boundaries: &mut Vec<BoundarySpec>,
+    modules: &[String],
+    param_names: &BTreeSet<&str>,
+    input: &PlannerInput,
+    lints: &mut Vec<LintIssue>,
+) -> BTreeSet<(usize, String)> {
+    let mut explicit = BTreeSet::new();
+    // Merge entries with the same match, later wins field-wise.
+    let mut merged: Vec<PlanOverride> = Vec::new();
+    for ov in &input.overrides {
+        if !gate_active(ov.when, input) {
+            continue;
+        }
+        if let Some(prev) = merged.iter_mut().find(|m| m.pattern == ov.pattern) {
+            prev.absorb(ov);
+        } else {
+            merged.push(ov.clone());
+        }
+    }
+    for ov in &merged {
+        let hits: Vec<usize> = boundaries
+            .iter()
+            .enumerate()
+            .filter(|(_, b)| {
+                if is_glob(&ov.pattern) {
+                    glob_match(&ov.pattern, &b.module)
+                } else {
+                    b.module == ov.pattern
+                }
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let unbound: Vec<&String> = modules
+            .iter()
+            .filter(|m| {
+                if is_glob(&ov.pattern) {
+                    glob_match(&ov.pattern, m)
+                } else {
+                    **m == ov.pattern
+                }
+            })
+            .filter(|m| !boundaries.iter().any(|b| &b.module == *m))
+            .collect();
+        if hits.is_empty() && unbound.is_empty() {
+            let what = if param_names.contains(ov.pattern.as_str()) {
+                format!("'{}' is a parameter, not a module", ov.pattern)
+            } else {
+                format!("'{}' matches no module of the model", ov.pattern)
+            };
+            lints.push(
+                LintIssue::error(
+                    "override-matches-nothing",
+                    format!("override at {}: {what}", ov.origin),
+                    "check the spelling against `hpfsdp plan --json` module names; globs use `*` (spans dots), e.g. model.layers.*.mlp",
+                )
+                .boundary(&ov.pattern),
+            );
+            continue;
+        }
+        for &bi in &hits {
+            apply_fields(
+                &mut boundaries[bi],
+                ov,
+                param_names,
+                lints,
+                &mut explicit,
+                bi,
+            );
+        }
+        if !unbound.is_empty() {
+            if !ov.has_concrete_field() {
+                lints.push(
+                    LintIssue::error(
+                        "override-without-boundary",
+                        format!(
+                            "override at {} matches {} module(s) without a derived boundary (e.g. '{}') but declares only \
+                             merge-only fields (auto/none)",
+                            ov.origin,
+                            unbound.len(),
+                            unbound[0]
+                        ),
+                        "declare concrete params or contracts to insert a boundary there, or match the enclosing boundary",
+                    )
+                    .boundary(unbound[0]),
+                );
+                continue;
+            }
+            if [&ov.params, &ov.in_src, &ov.in_dst, &ov.out_src, &ov.out_dst]
+                .iter()
+                .any(|f| matches!(f, FieldOverride::Clear))
+            {
+                lints.push(
+                    LintIssue::error(
+                        "sentinel-on-insert",
+                        format!("override at {}: 'none' is meaningless on '{}', which has no derived boundary", ov.origin, unbound[0]),
+                        "remove the 'none' field or give a concrete value",
+                    )
+                    .boundary(unbound[0]),
+                );
+                continue;
+            }
+            for m in unbound {
+                boundaries.push(BoundarySpec {
+                    module: m.clone(),
+                    ty: BoundaryType::Replicated,
+                    reason: format!("inserted by override at {}", ov.origin),
+                    source: BoundarySource::Inserted,
+                    params: IndexMap::new(),
+                    in_src: None,
+                    in_dst: None,
+                    out_src: None,
+                    out_dst: None,
+                    flags: BoundaryFlags::default(),
+                    overrides: Vec::new(),
+                });
+                let bi = boundaries.len() - 1;
+                apply_fields(
+                    &mut boundaries[bi],
+                    ov,
+                    param_names,
+                    lints,
+                    &mut explicit,
+                    bi,
+                );
+            }
+        }
+    }
+    explicit
+}
+
+fn apply_fields(
+    b: &mut BoundarySpec,
+    ov: &PlanOverride,
+    param_names: &BTreeSet<&str>,
+    lints: &mut Vec<LintIssue>,
+    explicit: &mut BTreeSet<(usize, String)>,
+    bi: usize,
+) {
+    if b.source == BoundarySource::Derived {
+        b.source = BoundarySource::Overridden;
+    }
+    b.overrides.push(ov.origin.clone());
+    match &ov.params {
+        FieldOverride::Auto => {}
+        FieldOverride::Clear => b.params.clear(),
+        FieldOverride::Set(rel) => {
+            let mut new = IndexMap::new();
+            for (name, pl) in rel {
+                let full = format!("{}.{name}", b.module);
+                if !param_names.contains(full.as_str()) {
+                    lints.push(
+                        LintIssue::error(
+                            "override-unknown-param",
+                            format!("override at {} names '{name}', but '{full}' is not a parameter", ov.origin),
+                            "param keys are relative to the matched module, e.g. \"gate_proj.weight\" under model.layers.*.mlp",
+                        )
+                        .boundary(&b.module),
+                    );
+                    continue;
+                }
+                explicit.insert((bi, full.clone()));
+                new.insert(full, pl.clone());
+            }
+            let dropped: Vec<&String> = b.params.keys().filter(|k| !new.contains_key(*k)).collect();
+            if !dropped.is_empty() && b.source != BoundarySource::Inserted {
+                lints.push(
+                    LintIssue::warning(
+                        "override-drops-params",
+                        format!(
+                            "override at {} replaces the params of '{}'; {} derived param(s) dropped: {}",
+                            ov.origin,
+                            b.module,
+                            dropped.len(),
+                            dropped.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+                        ),
+                        "params replace the whole field (no per-key merge); list every parameter the boundary should keep",
+                    )
+                    .boundary(&b.module),
+                );
+            }
+            b.params = new;
+        }
+    }
+    for (field, slot) in [
+        (&ov.in_src, &mut b.in_src),
+        (&ov.in_dst, &mut b.in_dst),
+        (&ov.out_src, &mut b.out_src),
+        (&ov.out_dst, &mut b.out_dst),
+    ] {
+        match field {
+            FieldOverride::Auto => {}
+            FieldOverride::Clear => *slot = None,
+            FieldOverride::Set(c) => *slot = Some(c.clone()),
+        }
+    }
+}
+
+fn lint_params(
+    model: &ModelIr,
+    params: &[ParamPlan],
+    input: &PlannerInput,
+    lints: &mut Vec<LintIssue>,
+) {
+    let axes = &input.axes;
+    let cfg = &model.config;
+    // Coverage.
+    for p in params
+        .iter()
+        .filter(|p| p.trainable && p.boundary.is_none())
+    {
+        let why = p
+            .notes
+            .last()
+            .cloned()
+            .unwrap_or_else(|| p.role_reason.source.clone());
+        let issue = if input.allow_uncovered {
+            LintIssue::warning
+        } else {
+            LintIssue::error
+        };
+        lints.push(
+            issue(
+                "uncovered-param",
+                format!("trainable param '{}' (role {}) is not sharded by any boundary: {why}", p.name, p.role.name()),
+                "add a [[plan.override]] whose params name it, or set plan.allow_uncovered = true to keep it replicated",
+            )
+            .param(&p.name),
+        );
+    }
+    // Shard divisibility.
+    for p in params.iter().filter(|p| p.boundary.is_some()) {
+        let b = p.boundary.as_deref().unwrap_or("");
+        for (axis, pl) in &p.placements {
+            if pl.is_partial() {
+                lints.push(
+                    LintIssue::error(
+                        "partial-param",
+                        format!(
+                            "param '{}' is declared {pl} on {axis}; parameters are never partial",
+                            p.name
+                        ),
+                        "use replicate or shard(N)",
+                    )
+                    .param(&p.name)
+                    .boundary(b)
+                    .axis(axis),
+                );
+                continue;
+            }
+            let Some(d) = pl.shard_dim() else { continue };
+            let size = axes.size(axis) as u64;
+            if d >= p.shape.len() {
+                lints.push(
+                    LintIssue::error(
+                        "shard-dim-out-of-range",
+                        format!("param '{}' has shape {:?} but boundary declares {axis}: {pl}; dim {d} is out of range", p.name, p.shape),
+                        format!("use shard(N) with N < {}", p.shape.len()),
+                    )
+                    .param(&p.name)
+                    .boundary(b)
+                    .axis(axis),
+                );
+            } else if p.shape[d] % size != 0 {
+                lints.push(
+                    LintIssue::error(
+                        "indivisible-shard",
+                        format!(
+                            "param '{}' shape[{d}]={} is not divisible by {axis} size {size} (it would produce uneven or empty shards)",
+                            p.name, p.shape[d]
+                        ),
+                        format!("choose a {axis} size that divides {}, or override this parameter to replicate on {axis}", p.shape[d]),
+                    )
+                    .param(&p.name)
+                    .boundary(b)
+                    .axis(axis),
+                );
+            }
+        }
+        // Fused gate/up experts cannot be TP-split naively: the split cuts across gate and up.
+        if p.role == Role::MoeExpert
+            && p.name.ends_with("gate_up_proj")
+            && p.placements.get("etp").is_some_and(|pl| pl.is_shard())
+        {
+            lints.push(
+                LintIssue::error(
+                    "fused-expert-tp",
+                    format!("fused MoE expert weight '{}' (gate and up merged, chunk-split inside forward) is TP-sharded", p.name),
+                    "use ep > 1 with etp = 1, override it to replicate on etp, or load per-expert weights (model.expert_layout = \"per_expert\")",
+                )
+                .param(&p.name)
+                .boundary(b)
+                .axis("etp"),
+            );
+        }
+    }
+    // Model compatibility.
+    let mut compat = |cond: bool, code: &str, axis: &str, msg: String, fix: String| {
+        if cond {
+            lints.push(LintIssue::error(code, msg, fix).axis(axis));
+        }
+    };
+    let tp = axes.tp as u64;
+    if cfg.mla.is_none() {
+        compat(
+            cfg.num_attention_heads % tp != 0,
+            "heads-not-divisible",
+            "tp",
+            format!(
+                "num_attention_heads {} is not divisible by tp {tp}",
+                cfg.num_attention_heads
+            ),
+            "choose tp dividing the head count".into(),
+        );
+        compat(
+            cfg.num_key_value_heads % tp != 0,
+            "kv-heads-not-divisible",
+            "tp",
+            format!(
+                "num_key_value_heads {} is not divisible by tp {tp}",
+                cfg.num_key_value_heads
+            ),
+            format!("choose tp dividing {}", cfg.num_key_value_heads),
+        );
+    } else {
+        compat(
+            cfg.num_attention_heads % tp != 0,
+            "heads-not-divisible",
+            "tp",
+            format!(
+                "num_attention_heads {} is not divisible by tp {tp}",
+                cfg.num_attention_heads
+            ),
+            "choose tp dividing the head count".into(),
+        );
+    }
+    let cp = axes.cp as u64;
+    compat(
+        cp > 1 && input.seq_len % (2 * cp) != 0,
+        "seq-not-divisible",
+        "cp",
+        format!(
+            "seq_len {} is not divisible by 2*cp = {} (load-balanced causal CP)",
+            input.seq_len,
+            2 * cp
+        ),
+        "choose seq_len and cp so that seq_len % (2*cp) == 0".into(),
+    );
+    match &cfg.moe {
+        None => compat(
+            axes.ep > 1,
+            "ep-without-moe",
+            "ep",
+            format!("ep = {} but the model has no routed experts", axes.ep),
+            "set mesh.ep = 1 for dense models".into(),
+        ),
+        Some(m) => compat(
+            m.num_experts % axes.ep as u64 != 0,
+            "experts-not-divisible",
+            "ep",
+            format!(
+                "num_experts {} is not divisible by ep {}",
+                m.num_experts, axes.ep
+            ),
+            format!("choose ep dividing {}", m.num_experts),
+        ),
+    }
+    if cfg.tie_word_embeddings {
+        lints.push(LintIssue::warning(
+            "tied-embeddings",
+            "embed_tokens.weight and lm_head.weight are tied: the head reuses the embedding's placement",
+            "nothing to do; gradients of both uses accumulate into one parameter",
+        ));
+    }
+}

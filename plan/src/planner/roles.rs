@@ -1,0 +1,388 @@
+//! Pass 1: parameter role classification by segment-aware name rules (first match wins).
+//!
+//! Rule sources in priority order: the per-architecture table, then the default table, then
+//! `Skip`. Frozen parameters are always `Skip`. A pattern that contains a `.` is a raw
+//! substring of the lower-cased FQN; a dot-less pattern is matched against single name
+//! segments, either exactly or as a substring, as the rule says.
+
+use crate::model::ModelFamily;
+use serde::{Deserialize, Serialize};
+
+/// What a parameter is, for sharding purposes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Role {
+    /// Column-parallel linear (q/k/v/gate/up): TP Shard(0).
+    Colwise,
+    /// Row-parallel linear (o/down): TP Shard(1).
+    Rowwise,
+    /// Norm weight: replicated.
+    Norm,
+    /// Token embedding: TP Shard(0) on the vocab dim.
+    Embed,
+    /// Output head: TP Shard(0) on the vocab dim.
+    LmHead,
+    /// MoE router: replicated.
+    MoeGate,
+    /// Routed experts: EP Shard(0), TP colwise/rowwise on the expert TP axis.
+    MoeExpert,
+    /// Shared expert: EP replicated, TP colwise/rowwise.
+    SharedExpert,
+    /// Fused q/k/v projection: TP Shard(0).
+    FusedQkv,
+    /// Fused gate/up projection: TP Shard(0).
+    FusedGateUp,
+    /// Unmatched bias: replicated.
+    Bias,
+    /// Forced replicate on every axis (family rules only).
+    Replicated,
+    /// Needs a special handler (gated delta etc.).
+    Special,
+    /// Not matched, or frozen: not sharded by any boundary.
+    Skip,
+}
+
+impl Role {
+    /// Stable upper-case name, as in HyperParallel.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Colwise => "COLWISE",
+            Role::Rowwise => "ROWWISE",
+            Role::Norm => "NORM",
+            Role::Embed => "EMBED",
+            Role::LmHead => "LM_HEAD",
+            Role::MoeGate => "MOE_GATE",
+            Role::MoeExpert => "MOE_EXPERT",
+            Role::SharedExpert => "SHARED_EXPERT",
+            Role::FusedQkv => "FUSED_QKV",
+            Role::FusedGateUp => "FUSED_GATE_UP",
+            Role::Bias => "BIAS",
+            Role::Replicated => "REPLICATED",
+            Role::Special => "SPECIAL",
+            Role::Skip => "SKIP",
+        }
+    }
+
+    /// Roles that split the output dim of a linear (the "colwise" family of boundary inference).
+    pub fn is_colwise_like(self) -> bool {
+        matches!(self, Role::Colwise | Role::FusedQkv | Role::FusedGateUp)
+    }
+}
+
+/// How a dot-less pattern is matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatchMode {
+    /// Raw substring of the whole lower-cased FQN (any pattern containing a dot).
+    Substring,
+    /// Must equal one whole `.`-segment.
+    SegmentExact,
+    /// Must be a substring of one `.`-segment.
+    SegmentSubstring,
+}
+
+/// One name rule: any of `patterns` gives `role`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NameRule {
+    /// Patterns, lower case.
+    pub patterns: Vec<String>,
+    /// Role assigned on a match.
+    pub role: Role,
+    /// Match mode for dot-less patterns.
+    pub mode: MatchMode,
+}
+
+impl NameRule {
+    fn new(patterns: &[&str], role: Role, mode: MatchMode) -> Self {
+        Self {
+            patterns: patterns.iter().map(|p| p.to_string()).collect(),
+            role,
+            mode,
+        }
+    }
+
+    /// The first pattern of this rule that matches the lower-cased `fqn`.
+    pub fn matching_pattern(&self, fqn: &str) -> Option<&str> {
+        self.patterns
+            .iter()
+            .find(|p| pattern_matches(p, self.mode, fqn))
+            .map(String::as_str)
+    }
+}
+
+/// Segment-aware pattern match on a lower-cased FQN.
+pub fn pattern_matches(pattern: &str, mode: MatchMode, fqn: &str) -> bool {
+    if pattern.contains('.') || mode == MatchMode::Substring {
+        return fqn.contains(pattern);
+    }
+    match mode {
+        MatchMode::SegmentExact => fqn.split('.').any(|s| s == pattern),
+        _ => fqn.split('.').any(|s| s.contains(pattern)),
+    }
+}
+
+/// The default rules, in priority order (HyperParallel's later table).
+pub fn default_rules() -> Vec<NameRule> {
+    use MatchMode::*;
+    vec![
+        NameRule::new(
+            &[
+                "embed_tokens.weight",
+                "wte.weight",
+                "tok_embeddings.weight",
+                "embed_in.weight",
+                "word_embeddings.weight",
+            ],
+            Role::Embed,
+            Substring,
+        ),
+        NameRule::new(
+            &["lm_head.weight", "embed_out.weight", "output_layer.weight"],
+            Role::LmHead,
+            Substring,
+        ),
+        NameRule::new(
+            &["shared_expert", "shared_experts"],
+            Role::SharedExpert,
+            SegmentExact,
+        ),
+        NameRule::new(&["experts"], Role::MoeExpert, SegmentSubstring),
+        NameRule::new(
+            &[".mlp.gate.", ".router.", "moe_gate", "mlp.router"],
+            Role::MoeGate,
+            SegmentSubstring,
+        ),
+        NameRule::new(
+            &["fused_qkv", "linear_qkv", "qkv_proj", "query_key_value"],
+            Role::FusedQkv,
+            SegmentSubstring,
+        ),
+        NameRule::new(
+            &["gate_up_proj", "fused_gate_up", ".w13."],
+            Role::FusedGateUp,
+            SegmentSubstring,
+        ),
+        NameRule::new(
+            &["a_log", "dt_bias", "gated_delta"],
+            Role::Special,
+            SegmentSubstring,
+        ),
+        NameRule::new(
+            &["norm", "layernorm", "rmsnorm", "ln_"],
+            Role::Norm,
+            SegmentSubstring,
+        ),
+        NameRule::new(
+            &[
+                "q_proj",
+                "k_proj",
+                "v_proj",
+                "gate_proj",
+                "up_proj",
+                ".w1.",
+                ".w3.",
+            ],
+            Role::Colwise,
+            SegmentSubstring,
+        ),
+        NameRule::new(&[".bias"], Role::Bias, Substring),
+        NameRule::new(
+            &["o_proj", "down_proj", ".w2."],
+            Role::Rowwise,
+            SegmentSubstring,
+        ),
+    ]
+}
+
+/// The per-architecture rules that extend the defaults (checked first).
+///
+/// DeepSeek-V3 MLA follows torchtitan's plan: the low-rank down projections `q_a_proj` and
+/// `kv_a_proj_with_mqa` are replicated (`NoParallel`), `q_b_proj` and `kv_b_proj` are
+/// column-parallel; the MTP layer's `eh_proj` is replicated and `shared_head.head` is an
+/// output head.
+pub fn family_rules(family: ModelFamily) -> Vec<NameRule> {
+    use MatchMode::*;
+    match family {
+        ModelFamily::DeepseekV3 => vec![
+            NameRule::new(
+                &["q_a_proj", "kv_a_proj_with_mqa", "eh_proj"],
+                Role::Replicated,
+                SegmentExact,
+            ),
+            NameRule::new(&["q_b_proj", "kv_b_proj"], Role::Colwise, SegmentExact),
+            NameRule::new(&["shared_head.head.weight"], Role::LmHead, Substring),
+        ],
+        ModelFamily::Llama | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => Vec::new(),
+    }
+}
+
+/// Where a role came from, for `--explain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleReason {
+    /// `family rule`, `default rule #N`, `frozen`, `unmatched`.
+    pub source: String,
+    /// The pattern that matched, if any.
+    pub pattern: Option<String>,
+}
+
+/// Classifies one parameter. Frozen parameters are `Skip`.
+pub fn classify(
+    fqn: &str,
+    trainable: bool,
+    family_rules: &[NameRule],
+    defaults: &[NameRule],
+) -> (Role, RoleReason) {
+    if !trainable {
+        return (
+            Role::Skip,
+            RoleReason {
+                source: "frozen (not trainable)".into(),
+                pattern: None,
+            },
+        );
+    }
+    let lower = fqn.to_lowercase();
+    for (source, rules) in [("family rule", family_rules), ("default rule", defaults)] {
+        for (i, rule) in rules.iter().enumerate() {
+            if let Some(p) = rule.matching_pattern(&lower) {
+                return (
+                    rule.role,
+                    RoleReason {
+                        source: format!("{source} #{}", i + 1),
+                        pattern: Some(p.to_string()),
+                    },
+                );
+            }
+        }
+    }
+    (
+        Role::Skip,
+        RoleReason {
+            source: "unmatched by every rule".into(),
+            pattern: None,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn role(fqn: &str, family: ModelFamily) -> Role {
+        classify(fqn, true, &family_rules(family), &default_rules()).0
+    }
+
+    #[test]
+    fn default_rules_on_real_names() {
+        let f = ModelFamily::Qwen3Moe;
+        assert_eq!(role("model.embed_tokens.weight", f), Role::Embed);
+        assert_eq!(role("lm_head.weight", f), Role::LmHead);
+        assert_eq!(
+            role("model.layers.0.self_attn.q_proj.weight", f),
+            Role::Colwise
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.o_proj.weight", f),
+            Role::Rowwise
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.q_norm.weight", f),
+            Role::Norm
+        );
+        assert_eq!(role("model.layers.0.input_layernorm.weight", f), Role::Norm);
+        assert_eq!(role("model.layers.0.mlp.gate.weight", f), Role::MoeGate);
+        assert_eq!(
+            role("model.layers.0.mlp.experts.gate_up_proj", f),
+            Role::MoeExpert
+        );
+        assert_eq!(
+            role("model.layers.0.mlp.experts.7.down_proj.weight", f),
+            Role::MoeExpert
+        );
+        assert_eq!(
+            role("model.layers.0.mlp.gate_proj.weight", f),
+            Role::Colwise
+        );
+        assert_eq!(
+            role("model.layers.0.mlp.down_proj.weight", f),
+            Role::Rowwise
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.q_proj.bias", f),
+            Role::Colwise
+        );
+        assert_eq!(role("model.layers.0.mlp.fc.bias", f), Role::Bias);
+    }
+
+    #[test]
+    fn segment_modes() {
+        // `shared_experts` is exact-segment: a module called `my_shared_experts_x` is not.
+        let f = ModelFamily::DeepseekV3;
+        assert_eq!(
+            role("model.layers.3.mlp.shared_experts.up_proj.weight", f),
+            Role::SharedExpert
+        );
+        assert_eq!(
+            role("model.layers.3.mlp.shared_experts_x.up_proj.weight", f),
+            Role::MoeExpert
+        );
+        // `.mlp.gate.` needs the dots: gate_proj is not the router.
+        assert_eq!(
+            role("model.layers.0.mlp.gate_proj.weight", f),
+            Role::Colwise
+        );
+    }
+
+    #[test]
+    fn deepseek_family_rules() {
+        let f = ModelFamily::DeepseekV3;
+        assert_eq!(
+            role("model.layers.0.self_attn.q_a_proj.weight", f),
+            Role::Replicated
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.kv_a_proj_with_mqa.weight", f),
+            Role::Replicated
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.q_b_proj.weight", f),
+            Role::Colwise
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.kv_b_proj.weight", f),
+            Role::Colwise
+        );
+        assert_eq!(
+            role("model.layers.0.self_attn.q_a_layernorm.weight", f),
+            Role::Norm
+        );
+        assert_eq!(
+            role("model.layers.61.shared_head.head.weight", f),
+            Role::LmHead
+        );
+        assert_eq!(role("model.layers.61.eh_proj.weight", f), Role::Replicated);
+        // Without the family table, MLA projections are unmatched.
+        assert_eq!(
+            classify(
+                "model.layers.0.self_attn.q_a_proj.weight",
+                true,
+                &[],
+                &default_rules()
+            )
+            .0,
+            Role::Skip
+        );
+    }
+
+    #[test]
+    fn frozen_is_skip() {
+        let (r, why) = classify(
+            "model.layers.3.mlp.gate.e_score_correction_bias",
+            false,
+            &[],
+            &default_rules(),
+        );
+        assert_eq!(r, Role::Skip);
+        assert!(why.source.contains("frozen"));
+    }
+}

@@ -1,0 +1,805 @@
+//! Scenario files (TOML): model, hardware profile name, meshes, topology, training shape,
+//! FSDP strategy and options, optimizer and plan overrides. Unknown keys are rejected and
+//! every error names the file, the line and the key.
+//!
+//! See README.md ("Scenario format") for the full key list with units and defaults.
+
+use crate::error::{PlanError, PlanResult};
+use crate::mesh::DeviceMesh;
+use crate::model::{DType, ExpertLayout, ModelIr, ModelOptions};
+use crate::planner::PlannerInput;
+use crate::planner::overrides::{PlanOverride, RawOverride};
+use crate::planner::templates::PlanAxes;
+use crate::topology::Topology;
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// FSDP strategies the simulator knows (the scenario's strategy and its baselines).
+pub const FSDP_STRATEGIES: &[&str] = &["hyperparallel", "fsdp2", "megatron-ddp"];
+/// Muon presets.
+pub const MUON_PRESETS: &[&str] = &[
+    "hyperparallel",
+    "keller-jordan",
+    "torch",
+    "moonlight",
+    "custom",
+];
+/// Distributed-Muon baselines.
+pub const MUON_BASELINES: &[&str] = &["naive", "moonlight", "dmuon", "matrixfsdp", "flexshard"];
+
+/// `[model]`: where the model comes from and how its parameters are named.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Path (relative to the scenario file) of a HuggingFace `config.json`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hf_config: Option<String>,
+    /// Path of a compact TOML model description (for models without an HF config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compact: Option<String>,
+    /// `fused` (transformers v5 in-memory names) or `per_expert` (checkpoint names).
+    #[serde(default)]
+    pub expert_layout: ExpertLayout,
+    /// Train the checkpoint's multi-token-prediction layers too.
+    #[serde(default)]
+    pub include_mtp: bool,
+    /// Master dtype of the parameters (`bf16` or `f32`).
+    #[serde(default = "default_bf16")]
+    pub dtype: String,
+}
+
+fn default_bf16() -> String {
+    "bf16".into()
+}
+fn one() -> usize {
+    1
+}
+fn yes() -> bool {
+    true
+}
+
+/// `[mesh]`: parallel degrees. The dense mesh is `dp_replicate x dp_shard x cp x tp`
+/// (row-major, `tp` fastest); the expert mesh is `edp_replicate x edp_shard x ep x etp`
+/// over the same ranks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshSection {
+    /// HSDP replicas of dense parameters.
+    #[serde(default = "one")]
+    pub dp_replicate: usize,
+    /// FSDP shard group of dense parameters.
+    #[serde(default = "one")]
+    pub dp_shard: usize,
+    /// Context parallelism.
+    #[serde(default = "one")]
+    pub cp: usize,
+    /// Tensor parallelism of dense layers.
+    #[serde(default = "one")]
+    pub tp: usize,
+    /// Expert parallelism.
+    #[serde(default = "one")]
+    pub ep: usize,
+    /// Tensor parallelism inside experts.
+    #[serde(default = "one")]
+    pub etp: usize,
+    /// HSDP replicas of expert parameters (default: as many as fit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edp_replicate: Option<usize>,
+    /// FSDP shard group of expert parameters (default: the rest of the world).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub edp_shard: Option<usize>,
+}
+
+/// `[topology]`: how ranks map to dies, machines and supernodes (contiguous blocks).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySection {
+    /// Ranks (dies) per machine.
+    pub dies_per_machine: usize,
+    /// Machines per supernode.
+    pub machines_per_supernode: usize,
+    /// Supernodes.
+    pub supernodes: usize,
+}
+
+/// Activation recomputation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RecomputeSpec {
+    /// `"off"` or `"full"` (all layers).
+    Mode(String),
+    /// `{ mode = "full", layers = "0..27" }` (half-open range of decoder layers).
+    Layers {
+        /// `full` or `selective`.
+        mode: String,
+        /// Half-open layer range `a..b`.
+        layers: String,
+    },
+}
+
+impl Default for RecomputeSpec {
+    fn default() -> Self {
+        RecomputeSpec::Mode("off".into())
+    }
+}
+
+/// Resolved recomputation: which layers recompute their forward in backward.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recompute {
+    /// `off`, `full` or `selective`.
+    pub mode: String,
+    /// Half-open range of recomputed decoder layers.
+    pub layers: std::ops::Range<usize>,
+}
+
+impl Recompute {
+    /// True if layer `i` recomputes.
+    pub fn covers(&self, layer: usize) -> bool {
+        self.mode != "off" && self.layers.contains(&layer)
+    }
+}
+
+/// `[train]`: the training shape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainSection {
+    /// Sequence length in tokens.
+    pub seq_len: u64,
+    /// Global batch in sequences.
+    pub global_batch: u64,
+    /// Micro batch in sequences per data-parallel rank.
+    pub micro_batch: u64,
+    /// Activation recomputation.
+    #[serde(default)]
+    pub recompute: RecomputeSpec,
+    /// Sequence parallelism between TP regions.
+    #[serde(default = "yes")]
+    pub sequence_parallel: bool,
+    /// Vocab-parallel loss.
+    #[serde(default)]
+    pub loss_parallel: bool,
+    /// Low-precision (fp8) training; gates `when = "low_precision"` overrides.
+    #[serde(default)]
+    pub low_precision: bool,
+}
+
+/// Per-baseline changes to the FSDP options (e.g. FSDP2 with prefetch depth 0).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpVariant {
+    /// Prefetch depth for this strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetch_depth: Option<usize>,
+    /// Reshard after forward for this strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reshard_after_forward: Option<bool>,
+    /// Gradient bucket size for megatron-ddp, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bucket_bytes: Option<u64>,
+}
+
+/// `[fsdp]`: the FSDP strategy, the baselines to compare with, and options.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpSection {
+    /// `hyperparallel`, `fsdp2` or `megatron-ddp`.
+    #[serde(default = "default_strategy")]
+    pub strategy: String,
+    /// Strategies to simulate beside it.
+    #[serde(default)]
+    pub baselines: Vec<String>,
+    /// Free gathered parameters after forward (gather again in backward).
+    #[serde(default = "yes")]
+    pub reshard_after_forward: bool,
+    /// Free gathered parameters after backward.
+    #[serde(default = "yes")]
+    pub reshard_after_backward: bool,
+    /// Units prefetched ahead in forward and backward.
+    #[serde(default = "one")]
+    pub prefetch_depth: usize,
+    /// Dtype of gathered parameters (compute dtype).
+    #[serde(default = "default_bf16")]
+    pub param_dtype: String,
+    /// Dtype of gradient reduction.
+    #[serde(default = "default_f32")]
+    pub reduce_dtype: String,
+    /// Per-strategy option changes, e.g. `[fsdp.variant.fsdp2] prefetch_depth = 0`.
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub variant: IndexMap<String, FsdpVariant>,
+}
+
+fn default_strategy() -> String {
+    "hyperparallel".into()
+}
+fn default_f32() -> String {
+    "f32".into()
+}
+
+impl Default for FsdpSection {
+    fn default() -> Self {
+        toml::from_str("").unwrap_or_else(|_| unreachable!("all fields default"))
+    }
+}
+
+/// Muon momentum: one coefficient or HyperParallel's two-coefficient form `(m1, m2)`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Momentum {
+    /// `u = g + m·buf`, `buf = m·buf + g`.
+    One(f64),
+    /// `u = g + m1·buf_old`, `buf = m2·buf_old + g`.
+    Two([f64; 2]),
+}
+
+/// `[optimizer.muon]` options; absent keys take the preset's values.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MuonOptions {
+    /// Learning rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+    /// Decoupled weight decay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_decay: Option<f64>,
+    /// Momentum coefficient(s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub momentum: Option<Momentum>,
+    /// Nesterov momentum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nesterov: Option<bool>,
+    /// Newton-Schulz iterations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_steps: Option<usize>,
+    /// Frobenius-normalization epsilon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_epsilon: Option<f64>,
+    /// Update RMS matched to AdamW (scale = rms·sqrt(max(m,n))).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matched_adamw_rms: Option<f64>,
+    /// Coefficient triples (a, b, c) per step for `preset = "custom"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coefficients: Option<Vec<[f64; 3]>>,
+    /// Replica subgroup size for replica-domain dedup (default: from devices per machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_count: Option<usize>,
+}
+
+/// `[optimizer.adamw]` options (for 1-D parameters, embeddings and heads).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdamwOptions {
+    /// Learning rate.
+    #[serde(default = "adamw_lr")]
+    pub lr: f64,
+    /// (beta1, beta2).
+    #[serde(default = "adamw_betas")]
+    pub betas: [f64; 2],
+    /// Denominator epsilon.
+    #[serde(default = "adamw_eps")]
+    pub eps: f64,
+    /// Decoupled weight decay.
+    #[serde(default = "adamw_wd")]
+    pub weight_decay: f64,
+}
+
+fn adamw_lr() -> f64 {
+    1e-3
+}
+fn adamw_betas() -> [f64; 2] {
+    [0.9, 0.95]
+}
+fn adamw_eps() -> f64 {
+    1e-8
+}
+fn adamw_wd() -> f64 {
+    1e-2
+}
+
+impl Default for AdamwOptions {
+    fn default() -> Self {
+        Self {
+            lr: adamw_lr(),
+            betas: adamw_betas(),
+            eps: adamw_eps(),
+            weight_decay: adamw_wd(),
+        }
+    }
+}
+
+/// `[optimizer]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OptimizerSection {
+    /// `muon+adamw` or `adamw`.
+    #[serde(default = "default_opt_kind")]
+    pub kind: String,
+    /// Muon preset: hyperparallel, keller-jordan, torch, moonlight, custom.
+    #[serde(default = "default_preset")]
+    pub preset: String,
+    /// Distributed-Muon baselines to simulate beside the hyperparallel optimizer.
+    #[serde(default)]
+    pub baselines: Vec<String>,
+    /// Muon options.
+    #[serde(default)]
+    pub muon: MuonOptions,
+    /// AdamW options.
+    #[serde(default)]
+    pub adamw: AdamwOptions,
+}
+
+fn default_opt_kind() -> String {
+    "muon+adamw".into()
+}
+fn default_preset() -> String {
+    "hyperparallel".into()
+}
+
+impl Default for OptimizerSection {
+    fn default() -> Self {
+        toml::from_str("").unwrap_or_else(|_| unreachable!("all fields default"))
+    }
+}
+
+/// `[plan]`: planner switches and overrides.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSection {
+    /// Downgrade uncovered trainable parameters from error to warning.
+    #[serde(default)]
+    pub allow_uncovered: bool,
+    /// `[[plan.override]]` entries.
+    #[serde(default, rename = "override")]
+    pub overrides: Vec<RawOverride>,
+}
+
+/// The scenario file as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioFile {
+    /// Short name.
+    pub name: String,
+    /// One-line description.
+    #[serde(default)]
+    pub description: String,
+    /// Hardware profile name (`scenarios/hardware/<name>.toml`).
+    pub hardware: String,
+    /// Model source.
+    pub model: ModelSection,
+    /// Parallel degrees.
+    pub mesh: MeshSection,
+    /// Physical topology.
+    pub topology: TopologySection,
+    /// Training shape.
+    pub train: TrainSection,
+    /// FSDP strategy.
+    #[serde(default)]
+    pub fsdp: FsdpSection,
+    /// Optimizer.
+    #[serde(default)]
+    pub optimizer: OptimizerSection,
+    /// Planner switches and overrides.
+    #[serde(default)]
+    pub plan: PlanSection,
+}
+
+/// A loaded, validated scenario with its model and meshes.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// The scenario file path.
+    pub path: PathBuf,
+    /// The file as written.
+    pub file: ScenarioFile,
+    /// The model.
+    pub model: ModelIr,
+    /// Dense mesh `dp_replicate x dp_shard x cp x tp`.
+    pub dense_mesh: DeviceMesh,
+    /// Expert mesh `edp_replicate x edp_shard x ep x etp`.
+    pub expert_mesh: DeviceMesh,
+    /// Topology.
+    pub topology: Topology,
+    /// Resolved recomputation.
+    pub recompute: Recompute,
+    /// Micro-batches per step per data-parallel rank.
+    pub grad_accum_steps: u64,
+    /// Parsed overrides.
+    pub overrides: Vec<PlanOverride>,
+    /// Master parameter dtype.
+    pub master_dtype: DType,
+    /// Gathered-parameter dtype.
+    pub param_dtype: DType,
+    /// Gradient-reduction dtype.
+    pub reduce_dtype: DType,
+}
+
+/// 1-based line of `key` inside `[section]` (dotted sections allowed; `""` = top level),
+/// or of the section header when the key is absent; 0 if neither is found.
+pub fn find_key_line(text: &str, section: &str, key: &str) -> usize {
+    let mut current = String::new();
+    let mut header_line = 0;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim();
+        if let Some(h) = t.strip_prefix("[[").and_then(|s| s.split("]]").next()) {
+            current = h.trim().to_string();
+            if current == section && header_line == 0 {
+                header_line = i + 1;
+            }
+            continue;
+        }
+        if let Some(h) = t.strip_prefix('[').and_then(|s| s.split(']').next()) {
+            current = h.trim().to_string();
+            if current == section {
+                header_line = i + 1;
+            }
+            continue;
+        }
+        if current == section
+            && let Some((k, _)) = t.split_once('=')
+            && k.trim().trim_matches('"') == key
+        {
+            return i + 1;
+        }
+    }
+    header_line
+}
+
+fn line_of_offset(text: &str, offset: usize) -> usize {
+    text[..offset.min(text.len())].matches('\n').count() + 1
+}
+
+/// Line of the `n`-th `[[plan.override]]` header (1-based lines, `n` from 0).
+fn override_line(text: &str, n: usize) -> usize {
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim().starts_with("[[plan.override]]"))
+        .nth(n)
+        .map_or(0, |(i, _)| i + 1)
+}
+
+fn parse_dtype(text: &str, file: &str, src: &str, section: &str, key: &str) -> PlanResult<DType> {
+    DType::parse(text).ok_or_else(|| PlanError::Scenario {
+        file: file.into(),
+        line: find_key_line(src, section, key),
+        message: format!("[{section}] {key} = \"{text}\" is not a dtype; use bf16, f16 or f32"),
+    })
+}
+
+fn parse_range(text: &str) -> Option<std::ops::Range<usize>> {
+    let (a, b) = text.split_once("..")?;
+    Some(a.trim().parse().ok()?..b.trim().parse().ok()?)
+}
+
+impl Scenario {
+    /// Reads, parses and validates a scenario file, loading its model relative to it.
+    pub fn load(path: &Path) -> PlanResult<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| PlanError::Scenario {
+            file: path.display().to_string(),
+            line: 0,
+            message: format!("cannot read the scenario file: {e}"),
+        })?;
+        Self::from_str_at(&text, path)
+    }
+
+    /// Parses scenario `text` as if read from `path` (model paths resolve relative to it).
+    pub fn from_str_at(text: &str, path: &Path) -> PlanResult<Self> {
+        let file_label = path.display().to_string();
+        let err = |line: usize, message: String| PlanError::Scenario {
+            file: file_label.clone(),
+            line,
+            message,
+        };
+        let raw: ScenarioFile = toml::from_str(text).map_err(|e| {
+            let line = e.span().map_or(0, |s| line_of_offset(text, s.start));
+            err(
+                line,
+                format!(
+                    "{}; see README.md \"Scenario format\" for the keys",
+                    e.message().trim()
+                ),
+            )
+        })?;
+        let key_err = |section: &str, key: &str, message: String| {
+            err(find_key_line(text, section, key), message)
+        };
+
+        // Model.
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let model_path = match (&raw.model.hf_config, &raw.model.compact) {
+            (Some(p), None) | (None, Some(p)) => dir.join(p),
+            (Some(_), Some(_)) => {
+                return Err(key_err(
+                    "model",
+                    "compact",
+                    "[model] sets both hf_config and compact; keep one".into(),
+                ));
+            }
+            (None, None) => {
+                return Err(key_err(
+                    "model",
+                    "hf_config",
+                    "[model] needs hf_config = \"path/to/config.json\" or compact = \"path/to/model.toml\"".into(),
+                ));
+            }
+        };
+        let master_dtype = parse_dtype(&raw.model.dtype, &file_label, text, "model", "dtype")?;
+        let options = ModelOptions {
+            expert_layout: raw.model.expert_layout,
+            include_mtp: raw.model.include_mtp,
+            param_dtype: master_dtype,
+        };
+        let model = ModelIr::load(&model_path, options).map_err(|e| {
+            let key = if raw.model.hf_config.is_some() {
+                "hf_config"
+            } else {
+                "compact"
+            };
+            key_err("model", key, format!("[model] {key}: {e}"))
+        })?;
+
+        // Meshes and topology.
+        let m = &raw.mesh;
+        for (key, v) in [
+            ("dp_replicate", m.dp_replicate),
+            ("dp_shard", m.dp_shard),
+            ("cp", m.cp),
+            ("tp", m.tp),
+            ("ep", m.ep),
+            ("etp", m.etp),
+        ] {
+            if v == 0 {
+                return Err(key_err(
+                    "mesh",
+                    key,
+                    format!("[mesh] {key} = 0; every degree must be at least 1"),
+                ));
+            }
+        }
+        let world = m.dp_replicate * m.dp_shard * m.cp * m.tp;
+        let dense_mesh = DeviceMesh::new([
+            ("dp_replicate", m.dp_replicate),
+            ("dp_shard", m.dp_shard),
+            ("cp", m.cp),
+            ("tp", m.tp),
+        ])
+        .map_err(|e| key_err("mesh", "dp_shard", e.to_string()))?;
+        let expert_block = m.ep * m.etp;
+        if world % expert_block != 0 {
+            return Err(key_err(
+                "mesh",
+                "ep",
+                format!(
+                    "[mesh] ep x etp = {expert_block} does not divide the {world} ranks of the dense mesh; choose ep and etp dividing it"
+                ),
+            ));
+        }
+        let edp = world / expert_block;
+        let edp_replicate = m.edp_replicate.unwrap_or_else(|| {
+            m.edp_shard
+                .map_or(m.dp_replicate.min(edp), |s| edp / s.max(1))
+        });
+        let edp_shard = m.edp_shard.unwrap_or(edp / edp_replicate.max(1));
+        if edp_replicate * edp_shard * expert_block != world {
+            return Err(key_err(
+                "mesh",
+                if m.edp_shard.is_some() {
+                    "edp_shard"
+                } else {
+                    "edp_replicate"
+                },
+                format!(
+                    "expert mesh edp_replicate {edp_replicate} x edp_shard {edp_shard} x ep {} x etp {} = {} ranks, but the dense mesh has {world}; make the products equal",
+                    m.ep,
+                    m.etp,
+                    edp_replicate * edp_shard * expert_block
+                ),
+            ));
+        }
+        let expert_mesh = DeviceMesh::new([
+            ("edp_replicate", edp_replicate),
+            ("edp_shard", edp_shard),
+            ("ep", m.ep),
+            ("etp", m.etp),
+        ])
+        .map_err(|e| key_err("mesh", "ep", e.to_string()))?;
+        let t = &raw.topology;
+        let topology = Topology::new(t.dies_per_machine, t.machines_per_supernode, t.supernodes)
+            .map_err(|e| key_err("topology", "dies_per_machine", e.to_string()))?;
+        topology
+            .check_world_size(world)
+            .map_err(|e| key_err("topology", "supernodes", e.to_string()))?;
+
+        // Training shape.
+        let tr = &raw.train;
+        for (key, v) in [
+            ("seq_len", tr.seq_len),
+            ("global_batch", tr.global_batch),
+            ("micro_batch", tr.micro_batch),
+        ] {
+            if v == 0 {
+                return Err(key_err(
+                    "train",
+                    key,
+                    format!("[train] {key} = 0; it must be positive"),
+                ));
+            }
+        }
+        let dp = (m.dp_replicate * m.dp_shard) as u64;
+        if tr.global_batch % (tr.micro_batch * dp) != 0 {
+            return Err(key_err(
+                "train",
+                "global_batch",
+                format!(
+                    "[train] global_batch {} is not a multiple of micro_batch {} x data-parallel ranks {dp}; \
+                     gradient accumulation needs a whole number of micro-batches",
+                    tr.global_batch, tr.micro_batch
+                ),
+            ));
+        }
+        let grad_accum_steps = tr.global_batch / (tr.micro_batch * dp);
+        let layers = model.config.num_hidden_layers;
+        let recompute = match &tr.recompute {
+            RecomputeSpec::Mode(mode) => match mode.as_str() {
+                "off" => Recompute {
+                    mode: "off".into(),
+                    layers: 0..0,
+                },
+                "full" | "selective" => Recompute {
+                    mode: mode.clone(),
+                    layers: 0..layers,
+                },
+                other => {
+                    return Err(key_err(
+                        "train",
+                        "recompute",
+                        format!(
+                            "[train] recompute = \"{other}\"; use off, full, selective or {{ mode, layers = \"a..b\" }}"
+                        ),
+                    ));
+                }
+            },
+            RecomputeSpec::Layers {
+                mode,
+                layers: range,
+            } => {
+                if !["full", "selective"].contains(&mode.as_str()) {
+                    return Err(key_err(
+                        "train",
+                        "recompute",
+                        format!("[train] recompute.mode = \"{mode}\"; use full or selective"),
+                    ));
+                }
+                let r = parse_range(range).filter(|r| r.start <= r.end && r.end <= layers).ok_or_else(|| {
+                    key_err("train", "recompute", format!("[train] recompute.layers = \"{range}\" is not a half-open range a..b within 0..{layers}"))
+                })?;
+                Recompute {
+                    mode: mode.clone(),
+                    layers: r,
+                }
+            }
+        };
+
+        // FSDP and optimizer names.
+        let f = &raw.fsdp;
+        for (key, s) in std::iter::once(("strategy", &f.strategy))
+            .chain(f.baselines.iter().map(|b| ("baselines", b)))
+        {
+            if !FSDP_STRATEGIES.contains(&s.as_str()) {
+                return Err(key_err(
+                    "fsdp",
+                    key,
+                    format!(
+                        "[fsdp] {key}: unknown strategy '{s}'; known: {}",
+                        FSDP_STRATEGIES.join(", ")
+                    ),
+                ));
+            }
+        }
+        for name in f.variant.keys() {
+            if !FSDP_STRATEGIES.contains(&name.as_str()) {
+                return Err(err(
+                    find_key_line(text, &format!("fsdp.variant.{name}"), ""),
+                    format!(
+                        "[fsdp.variant.{name}]: unknown strategy '{name}'; known: {}",
+                        FSDP_STRATEGIES.join(", ")
+                    ),
+                ));
+            }
+        }
+        let param_dtype = parse_dtype(&f.param_dtype, &file_label, text, "fsdp", "param_dtype")?;
+        let reduce_dtype = parse_dtype(&f.reduce_dtype, &file_label, text, "fsdp", "reduce_dtype")?;
+        let o = &raw.optimizer;
+        if !["muon+adamw", "adamw"].contains(&o.kind.as_str()) {
+            return Err(key_err(
+                "optimizer",
+                "kind",
+                format!("[optimizer] kind = \"{}\"; use muon+adamw or adamw", o.kind),
+            ));
+        }
+        if !MUON_PRESETS.contains(&o.preset.as_str()) {
+            return Err(key_err(
+                "optimizer",
+                "preset",
+                format!(
+                    "[optimizer] preset = \"{}\"; known presets: {}",
+                    o.preset,
+                    MUON_PRESETS.join(", ")
+                ),
+            ));
+        }
+        if (o.preset == "custom") != o.muon.coefficients.is_some() {
+            return Err(key_err(
+                "optimizer.muon",
+                "coefficients",
+                "[optimizer.muon] coefficients must be given exactly when preset = \"custom\""
+                    .into(),
+            ));
+        }
+        for b in &o.baselines {
+            if !MUON_BASELINES.contains(&b.as_str()) {
+                return Err(key_err(
+                    "optimizer",
+                    "baselines",
+                    format!(
+                        "[optimizer] baselines: unknown Muon baseline '{b}'; known: {}",
+                        MUON_BASELINES.join(", ")
+                    ),
+                ));
+            }
+        }
+
+        // Overrides.
+        let mut overrides = Vec::new();
+        for (i, ov) in raw.plan.overrides.iter().enumerate() {
+            let line = override_line(text, i);
+            let origin = format!("{file_label}:{line}");
+            overrides.push(
+                PlanOverride::parse(ov, &origin)
+                    .map_err(|msg| err(line, format!("[[plan.override]] #{}: {msg}", i + 1)))?,
+            );
+        }
+
+        Ok(Scenario {
+            path: path.to_path_buf(),
+            file: raw,
+            model,
+            dense_mesh,
+            expert_mesh,
+            topology,
+            recompute,
+            grad_accum_steps,
+            overrides,
+            master_dtype,
+            param_dtype,
+            reduce_dtype,
+        })
+    }
+
+    /// World size (ranks).
+    pub fn world_size(&self) -> usize {
+        self.dense_mesh.world_size()
+    }
+
+    /// Tokens processed per optimizer step.
+    pub fn tokens_per_step(&self) -> u64 {
+        self.file.train.global_batch * self.file.train.seq_len
+    }
+
+    /// The planner input of this scenario.
+    pub fn planner_input(&self) -> PlannerInput {
+        let m = &self.file.mesh;
+        PlannerInput {
+            axes: PlanAxes {
+                tp: m.tp,
+                cp: m.cp,
+                ep: m.ep,
+                etp: m.etp,
+                sequence_parallel: self.file.train.sequence_parallel,
+                loss_parallel: self.file.train.loss_parallel,
+            },
+            overrides: self.overrides.clone(),
+            low_precision: self.file.train.low_precision,
+            seq_len: self.file.train.seq_len,
+            allow_uncovered: self.file.plan.allow_uncovered,
+        }
+    }
+}

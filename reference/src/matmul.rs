@@ -1,0 +1,596 @@
+//! Matrix multiplication with a fixed accumulation order.
+//!
+//! Every output element is `c[i][j] = fma(a[i][k-1], b[k-1][j], ... fma(a[i][1], b[1][j],
+//! fma(a[i][0], b[0][j], 0)))`: the reduction index runs upward and **every step is one IEEE
+//! fused multiply-add** (`mul_add`). A correctly rounded fma gives the same bits everywhere, so
+//! the result is identical to the naive triple loop ([`matmul_reference`]) on every machine, at
+//! every thread count and for every kernel variant:
+//!
+//! - the work is split over blocks of output rows only (rayon), never over the reduction index;
+//! - the reduction index is cut into cache blocks of [`KC`]; a block's partial results are stored
+//!   to `C` as f32/f64 values and reloaded exactly, so blocking does not change the order;
+//! - packing pads partial tiles with zeros, but padded rows/columns are never stored;
+//! - the kernel is compiled three times: with `avx512f+fma`, with `avx2+fma` (hardware fma) and
+//!   without target features (where `mul_add` is the correctly rounded software `fma`), chosen
+//!   at run time by [`Isa::detect`]; tile sizes differ per variant, the bits do not.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+use crate::error::{RefError, RefResult};
+use crate::real::Real;
+use crate::tensor::Tensor;
+
+/// Reduction-dimension cache block.
+pub const KC: usize = 256;
+/// Largest row block handed to one task (a multiple of every micro-tile height used).
+const MC_MAX: usize = 96;
+/// Below this many multiply-adds the product runs on the calling thread.
+const PAR_THRESHOLD: usize = 1 << 16;
+
+/// A read-only strided matrix view: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a, T> {
+    data: &'a [T],
+    rows: usize,
+    cols: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl<'a, T: Real> MatRef<'a, T> {
+    /// A view with explicit strides; fails if any element would fall outside `data`.
+    pub fn new(data: &'a [T], rows: usize, cols: usize, rs: usize, cs: usize) -> RefResult<Self> {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1)
+                .checked_mul(rs)
+                .and_then(|x| (cols - 1).checked_mul(cs).and_then(|y| x.checked_add(y)));
+            match last {
+                Some(l) if l < data.len() => {}
+                _ => {
+                    return Err(RefError::shape(
+                        "MatRef::new",
+                        format!(
+                            "{rows}x{cols} view with strides ({rs}, {cs}) does not fit {} elements",
+                            data.len()
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(MatRef {
+            data,
+            rows,
+            cols,
+            rs,
+            cs,
+        })
+    }
+
+    /// A row-major `rows x cols` view (`data` may be longer).
+    pub fn row_major(data: &'a [T], rows: usize, cols: usize) -> RefResult<Self> {
+        Self::new(data, rows, cols, cols, 1)
+    }
+
+    /// A 2-D tensor as a row-major view.
+    pub fn from_tensor(t: &'a Tensor<T>, op: &'static str) -> RefResult<Self> {
+        let (r, c) = t.dims2(op)?;
+        Self::row_major(t.as_slice(), r, c)
+    }
+
+    /// The transposed view (no copy).
+    pub fn t(self) -> Self {
+        MatRef {
+            data: self.data,
+            rows: self.cols,
+            cols: self.rows,
+            rs: self.cs,
+            cs: self.rs,
+        }
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Number of columns.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Element `(i, j)`; the caller keeps `i < rows`, `j < cols`.
+    #[inline(always)]
+    pub fn at(&self, i: usize, j: usize) -> T {
+        self.data[i * self.rs + j * self.cs]
+    }
+}
+
+/// Which compiled kernel variant runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// x86-64 with AVX-512F and FMA.
+    Avx512,
+    /// x86-64 with AVX2 and FMA.
+    Avx2Fma,
+    /// No target features: portable code, software `fma` where the CPU has none.
+    Portable,
+}
+
+impl Isa {
+    /// The fastest variant this CPU supports (detected once).
+    pub fn detect() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            if Isa::Avx512.is_supported() {
+                Isa::Avx512
+            } else if Isa::Avx2Fma.is_supported() {
+                Isa::Avx2Fma
+            } else {
+                Isa::Portable
+            }
+        })
+    }
+
+    /// Whether this CPU can run the variant.
+    pub fn is_supported(self) -> bool {
+        match self {
+            Isa::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2Fma => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Short name (`avx512`, `avx2-fma`, `portable`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2Fma => "avx2-fma",
+            Isa::Portable => "portable",
+        }
+    }
+}
+
+/// The naive triple loop that defines the result: `acc = a[i][p].mul_add(b[p][j], acc)` for
+/// `p = 0, 1, ...`, starting from zero. Returns `C` row-major.
+pub fn matmul_reference<T: Real>(a: MatRef<'_, T>, b: MatRef<'_, T>) -> RefResult<Vec<T>> {
+    check_inner(&a, &b)?;
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    let mut c = vec![T::ZERO; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = T::ZERO;
+            for p in 0..k {
+                acc = a.at(i, p).mul_add(b.at(p, j), acc);
+            }
+            c[i * n + j] = acc;
+        }
+    }
+    Ok(c)
+}
+
+fn check_inner<T: Real>(a: &MatRef<'_, T>, b: &MatRef<'_, T>) -> RefResult<()> {
+    if a.cols != b.rows {
+        return Err(RefError::shape(
+            "gemm",
+            format!(
+                "inner dimensions differ: {}x{} times {}x{}",
+                a.rows, a.cols, b.rows, b.cols
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `C = A·B` into `c` (row-major `A.rows x B.cols`, overwritten) with the detected kernel.
+pub fn gemm<T: Real>(a: MatRef<'_, T>, b: MatRef<'_, T>, c: &mut [T]) -> RefResult<()> {
+    gemm_with(Isa::detect(), a, b, c)
+}
+
+/// [`gemm`] with an explicit kernel variant (for tests and benchmarks).
+pub fn gemm_with<T: Real>(
+    isa: Isa,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut [T],
+) -> RefResult<()> {
+    check_inner(&a, &b)?;
+    if c.len() != a.rows * b.cols {
+        return Err(RefError::shape(
+            "gemm",
+            format!(
+                "output has {} elements, expected {}x{}",
+                c.len(),
+                a.rows,
+                b.cols
+            ),
+        ));
+    }
+    if !isa.is_supported() {
+        return Err(RefError::Unsupported(isa.name()));
+    }
+    let wide = std::mem::size_of::<T>() == 8;
+    match (isa, wide) {
+        (Isa::Avx512, false) => gemm_tiled::<T, 8, 32>(isa, &a, &b, c),
+        (Isa::Avx512, true) => gemm_tiled::<T, 8, 16>(isa, &a, &b, c),
+        (Isa::Avx2Fma, false) => gemm_tiled::<T, 6, 16>(isa, &a, &b, c),
+        (Isa::Avx2Fma, true) => gemm_tiled::<T, 6, 8>(isa, &a, &b, c),
+        (Isa::Portable, _) => gemm_tiled::<T, 4, 8>(isa, &a, &b, c),
+    }
+    Ok(())
+}
+
+/// `[m,k] · [k,n] → [m,n]`.
+pub fn matmul<T: Real>(a: &Tensor<T>, b: &Tensor<T>) -> RefResult<Tensor<T>> {
+    let a = MatRef::from_tensor(a, "matmul")?;
+    let b = MatRef::from_tensor(b, "matmul")?;
+    product(a, b)
+}
+
+/// `[m,k] · [n,k]ᵀ → [m,n]` (e.g. `x · Wᵀ` for a `[out, in]` weight).
+pub fn matmul_nt<T: Real>(a: &Tensor<T>, b: &Tensor<T>) -> RefResult<Tensor<T>> {
+    let a = MatRef::from_tensor(a, "matmul_nt")?;
+    let b = MatRef::from_tensor(b, "matmul_nt")?.t();
+    product(a, b)
+}
+
+/// `[k,m]ᵀ · [k,n] → [m,n]` (e.g. a weight gradient `dyᵀ · x`).
+pub fn matmul_tn<T: Real>(a: &Tensor<T>, b: &Tensor<T>) -> RefResult<Tensor<T>> {
+    let a = MatRef::from_tensor(a, "matmul_tn")?.t();
+    let b = MatRef::from_tensor(b, "matmul_tn")?;
+    product(a, b)
+}
+
+/// `A·B` of two views into a new `[A.rows, B.cols]` tensor.
+pub fn product<T: Real>(a: MatRef<'_, T>, b: MatRef<'_, T>) -> RefResult<Tensor<T>> {
+    let mut c = vec![T::ZERO; a.rows * b.cols];
+    gemm(a, b, &mut c)?;
+    Tensor::from_vec(&[a.rows, b.cols], c)
+}
+
+/// Pack columns `[j0, j0+NR)` of `B` (all `k` rows) as `[k][NR]`, zero-padded.
+#[inline(always)]
+fn pack_b_panel<T: Real, const NR: usize>(b: &MatRef<'_, T>, j0: usize, out: &mut [T]) {
+    let nr = NR.min(b.cols - j0);
+    for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+        for (q, x) in row.iter_mut().enumerate() {
+            *x = if q < nr { b.at(p, j0 + q) } else { T::ZERO };
+        }
+    }
+}
+
+/// Pack rows `[i0, i0+rows)`, reduction range `[p0, p0+kc)` of `A` as `[tile][kc][MR]`.
+#[inline(always)]
+fn pack_a_block<T: Real, const MR: usize>(
+    a: &MatRef<'_, T>,
+    i0: usize,
+    rows: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [T],
+) {
+    for (tile, chunk) in out.chunks_exact_mut(kc * MR).enumerate() {
+        let r0 = tile * MR;
+        let mr = MR.min(rows - r0);
+        for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
+            for (r, x) in col.iter_mut().enumerate() {
+                *x = if r < mr {
+                    a.at(i0 + r0 + r, p0 + p)
+                } else {
+                    T::ZERO
+                };
+            }
+        }
+    }
+}
+
+/// One `MR x NR` tile over `kc` reduction steps; `first` starts from zero, otherwise from `c`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn micro_kernel<T: Real, const MR: usize, const NR: usize>(
+    a: &[T],
+    b: &[T],
+    c: &mut [T],
+    ldc: usize,
+    mr: usize,
+    nr: usize,
+    first: bool,
+) {
+    let mut acc = [[T::ZERO; NR]; MR];
+    if !first {
+        for (r, row) in acc.iter_mut().enumerate().take(mr) {
+            row[..nr].copy_from_slice(&c[r * ldc..r * ldc + nr]);
+        }
+    }
+    for (ap, bp) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
+        let ap: &[T; MR] = ap.try_into().expect("chunks_exact yields MR elements");
+        let bp: &[T; NR] = bp.try_into().expect("chunks_exact yields NR elements");
+        for r in 0..MR {
+            let av = ap[r];
+            for q in 0..NR {
+                acc[r][q] = av.mul_add(bp[q], acc[r][q]);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate().take(mr) {
+        c[r * ldc..r * ldc + nr].copy_from_slice(&row[..nr]);
+    }
+}
+
+/// All output rows `[i0, i0 + rows)`: `c` is that row block of `C` (`rows x n`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn row_block<T: Real, const MR: usize, const NR: usize>(
+    a: &MatRef<'_, T>,
+    i0: usize,
+    rows: usize,
+    packed_b: &[T],
+    c: &mut [T],
+    n: usize,
+    k: usize,
+) {
+    let tiles = rows.div_ceil(MR);
+    let panels = n.div_ceil(NR);
+    let mut packed_a = vec![T::ZERO; tiles * KC.min(k) * MR];
+    let mut p0 = 0;
+    while p0 < k {
+        let kc = KC.min(k - p0);
+        let pa = &mut packed_a[..tiles * kc * MR];
+        pack_a_block::<T, MR>(a, i0, rows, p0, kc, pa);
+        for jp in 0..panels {
+            let j0 = jp * NR;
+            let nr = NR.min(n - j0);
+            let pb = &packed_b[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR];
+            for (tile, ta) in pa.chunks_exact(kc * MR).enumerate() {
+                let r0 = tile * MR;
+                let mr = MR.min(rows - r0);
+                micro_kernel::<T, MR, NR>(ta, pb, &mut c[r0 * n + j0..], n, mr, nr, p0 == 0);
+            }
+        }
+        p0 += kc;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn row_block_avx512<T: Real, const MR: usize, const NR: usize>(
+    a: &MatRef<'_, T>,
+    i0: usize,
+    rows: usize,
+    packed_b: &[T],
+    c: &mut [T],
+    n: usize,
+    k: usize,
+) {
+    row_block::<T, MR, NR>(a, i0, rows, packed_b, c, n, k)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+fn row_block_avx2<T: Real, const MR: usize, const NR: usize>(
+    a: &MatRef<'_, T>,
+    i0: usize,
+    rows: usize,
+    packed_b: &[T],
+    c: &mut [T],
+    n: usize,
+    k: usize,
+) {
+    row_block::<T, MR, NR>(a, i0, rows, packed_b, c, n, k)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn dispatch_row_block<T: Real, const MR: usize, const NR: usize>(
+    isa: Isa,
+    a: &MatRef<'_, T>,
+    i0: usize,
+    rows: usize,
+    packed_b: &[T],
+    c: &mut [T],
+    n: usize,
+    k: usize,
+) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `gemm_with` only passes variants whose CPU features `Isa::is_supported` found.
+        Isa::Avx512 => unsafe { row_block_avx512::<T, MR, NR>(a, i0, rows, packed_b, c, n, k) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx2Fma => unsafe { row_block_avx2::<T, MR, NR>(a, i0, rows, packed_b, c, n, k) },
+        _ => row_block::<T, MR, NR>(a, i0, rows, packed_b, c, n, k),
+    }
+}
+
+fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
+    isa: Isa,
+    a: &MatRef<'_, T>,
+    b: &MatRef<'_, T>,
+    c: &mut [T],
+) {
+    let (m, k, n) = (a.rows, a.cols, b.cols);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(T::ZERO);
+        return;
+    }
+    let work = m * n * k;
+    let threads = rayon::current_num_threads();
+    let parallel = threads > 1 && work >= PAR_THRESHOLD;
+
+    let panels = n.div_ceil(NR);
+    let mut packed_b = vec![T::ZERO; panels * k * NR];
+    let pack = |(jp, panel): (usize, &mut [T])| pack_b_panel::<T, NR>(b, jp * NR, panel);
+    if parallel {
+        packed_b.par_chunks_mut(k * NR).enumerate().for_each(pack);
+    } else {
+        packed_b.chunks_mut(k * NR).enumerate().for_each(pack);
+    }
+
+    // Row-block height: enough blocks to balance the threads, capped for cache reuse. It changes
+    // only the grouping of whole output rows, never the order inside an output.
+    let mc_cap = MC_MAX - MC_MAX % MR;
+    let mc = if parallel {
+        m.div_ceil(threads * 4).next_multiple_of(MR).clamp(MR, mc_cap)
+    } else {
+        mc_cap
+    };
+    let block = |(ib, cb): (usize, &mut [T])| {
+        dispatch_row_block::<T, MR, NR>(isa, a, ib * mc, cb.len() / n, &packed_b, cb, n, k)
+    };
+    if parallel && m > mc {
+        c.par_chunks_mut(mc * n).enumerate().for_each(block);
+    } else {
+        c.chunks_mut(mc * n).enumerate().for_each(block);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::KeyedRng;
+
+    fn random(seed: u64, len: usize) -> Vec<f32> {
+        KeyedRng::new(seed, 0).normal_range(0, len as u64)
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn tiled_kernels_equal_the_naive_loop_bit_for_bit() {
+        let shapes = [
+            (1, 1, 1),
+            (3, 5, 7),
+            (7, 300, 33),
+            (13, 257, 65),
+            (37, 513, 19),
+            (101, 31, 130),
+            (6, 0, 4),
+        ];
+        for (m, k, n) in shapes {
+            let a = random(1, m * k);
+            let b = random(2, k * n);
+            let am = MatRef::row_major(&a, m, k).unwrap();
+            let bm = MatRef::row_major(&b, k, n).unwrap();
+            let want = bits(&matmul_reference(am, bm).unwrap());
+            for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Portable] {
+                if !isa.is_supported() {
+                    continue;
+                }
+                let mut c = vec![f32::NAN; m * n];
+                gemm_with(isa, am, bm, &mut c).unwrap();
+                assert_eq!(bits(&c), want, "{isa:?} {m}x{k}x{n}");
+            }
+        }
+    }
+
+    #[test]
+    fn transposed_variants_follow_the_same_order() {
+        let (m, k, n) = (19, 270, 23);
+        let a = Tensor::from_vec(&[m, k], random(3, m * k)).unwrap();
+        let bt = Tensor::from_vec(&[n, k], random(4, n * k)).unwrap();
+        let at = Tensor::from_vec(&[k, m], random(5, k * m)).unwrap();
+        let b = Tensor::from_vec(&[k, n], random(6, k * n)).unwrap();
+        let nt = matmul_nt(&a, &bt).unwrap();
+        let want_nt = matmul_reference(
+            MatRef::from_tensor(&a, "t").unwrap(),
+            MatRef::from_tensor(&bt, "t").unwrap().t(),
+        )
+        .unwrap();
+        assert_eq!(bits(nt.as_slice()), bits(&want_nt));
+        let tn = matmul_tn(&at, &b).unwrap();
+        let want_tn = matmul_reference(
+            MatRef::from_tensor(&at, "t").unwrap().t(),
+            MatRef::from_tensor(&b, "t").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(bits(tn.as_slice()), bits(&want_tn));
+    }
+
+    #[test]
+    fn one_thread_and_many_threads_agree() {
+        let (m, k, n) = (203, 611, 97);
+        let a = Tensor::from_vec(&[m, k], random(7, m * k)).unwrap();
+        let b = Tensor::from_vec(&[k, n], random(8, k * n)).unwrap();
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| matmul(&a, &b).unwrap())
+        };
+        let one = run(1);
+        for threads in [2, 3, 8] {
+            assert!(run(threads).bit_eq(&one), "{threads} threads");
+        }
+        let naive = matmul_reference(
+            MatRef::from_tensor(&a, "t").unwrap(),
+            MatRef::from_tensor(&b, "t").unwrap(),
+        )
+        .unwrap();
+        assert_eq!(bits(one.as_slice()), bits(&naive));
+    }
+
+    #[test]
+    fn fma_is_really_used() {
+        // a*b + c with one rounding differs from the two-rounding result here.
+        let x = 1.0f32 + 2f32.powi(-12);
+        let a = [x];
+        let b = [x];
+        let am = MatRef::row_major(&a, 1, 1).unwrap();
+        let bm = MatRef::row_major(&b, 1, 1).unwrap();
+        let c = matmul_reference(am, bm).unwrap();
+        assert_eq!(c[0], x.mul_add(x, 0.0));
+        let two_k = [x, -1.0];
+        let b2 = [x, 1.0];
+        let a2 = MatRef::row_major(&two_k, 1, 2).unwrap();
+        let bm2 = MatRef::row_major(&b2, 2, 1).unwrap();
+        let mut out = [0.0f32];
+        gemm(a2, bm2, &mut out).unwrap();
+        // fma(-1, 1, x*x rounded) = round(x*x) - 1, exact here.
+        assert_eq!(out[0], x.mul_add(x, 0.0) - 1.0);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let a = Tensor::<f32>::zeros(&[2, 3]);
+        let b = Tensor::<f32>::zeros(&[4, 2]);
+        assert!(matmul(&a, &b).is_err());
+        assert!(matmul_nt(&a, &b).is_err());
+        assert!(MatRef::new(&[0.0f32; 5], 2, 3, 3, 1).is_err());
+        let mut c = [0.0f32; 3];
+        let am = MatRef::row_major(&[0.0f32; 6], 2, 3).unwrap();
+        let bm = MatRef::row_major(&[0.0f32; 6], 3, 2).unwrap();
+        assert!(gemm(am, bm, &mut c).is_err());
+    }
+
+    #[test]
+    fn f64_kernel_matches_its_naive_loop() {
+        let (m, k, n) = (17, 300, 21);
+        let a: Vec<f64> = random(9, m * k).iter().map(|&x| f64::from(x)).collect();
+        let b: Vec<f64> = random(10, k * n).iter().map(|&x| f64::from(x) * 1.1).collect();
+        let am = MatRef::row_major(&a, m, k).unwrap();
+        let bm = MatRef::row_major(&b, k, n).unwrap();
+        let want = matmul_reference(am, bm).unwrap();
+        let mut c = vec![0.0f64; m * n];
+        gemm(am, bm, &mut c).unwrap();
+        assert!(c.iter().zip(&want).all(|(x, y)| x.to_bits() == y.to_bits()));
+    }
+}

@@ -1,0 +1,536 @@
+//! Hardware profiles: device peaks, the three network tiers and calibrated constants, read from
+//! TOML files in `scenarios/hardware/`. Every key carries its unit in its name.
+
+use hpfsdp_plan::{Tier, Topology};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use thiserror::Error;
+
+/// A profile file that cannot be read, parsed or validated; names the file, line and key.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("{file}:{line}: {key}: {message}")]
+pub struct ProfileError {
+    /// The profile file (or `<builtin NAME>`).
+    pub file: String,
+    /// 1-based line of the offending key (0 when unknown).
+    pub line: usize,
+    /// Dotted key path (`tiers.intra_machine.bandwidth_bytes_per_s`), or `-` for the file.
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+/// One accelerator (one simulated rank: an Ascend die, an NVIDIA GPU).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeviceSpec {
+    /// Marketing name of the die or GPU.
+    pub name: String,
+    /// Dense BF16 peak, FLOP per second.
+    pub bf16_flops_per_s: f64,
+    /// HBM capacity in bytes.
+    pub hbm_capacity_bytes: u64,
+    /// HBM bandwidth in bytes per second.
+    pub hbm_bandwidth_bytes_per_s: f64,
+}
+
+/// How ranks are packed into machines and supernodes (contiguous blocks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TopologySpec {
+    /// Ranks per machine.
+    pub dies_per_machine: usize,
+    /// Machines per supernode (1 when there is no scale-up domain beyond a machine).
+    pub machines_per_supernode: usize,
+}
+
+/// Collective algorithm used for a flat collective inside one tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Ring: `p - 1` latency steps per pass.
+    Ring,
+    /// Full mesh / switched fabric: one latency step per pass, all peers at once.
+    Mesh,
+}
+
+/// One network tier as seen by one rank.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSpec {
+    /// Link technology name (`UB-L1`, `RoCE`, `NVLink4`).
+    pub link: String,
+    /// Nominal unidirectional injection bandwidth per rank, bytes per second.
+    pub bandwidth_bytes_per_s: f64,
+    /// Bandwidth of one peer-to-peer link on full-mesh fabrics; caps a `p`-rank group at
+    /// `(p - 1) * per_peer`. Absent on switched fabrics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_peer_bandwidth_bytes_per_s: Option<f64>,
+    /// Per-step latency (alpha), microseconds.
+    pub latency_us: f64,
+    /// Calibrated fraction of the nominal bandwidth collectives achieve, in (0, 1].
+    pub efficiency: f64,
+    /// Algorithm for flat collectives on this tier.
+    pub algorithm: Algorithm,
+}
+
+impl TierSpec {
+    /// Achievable bandwidth for a phase over `group_ranks` ranks of this tier, bytes per second.
+    pub fn effective_bandwidth_bytes_per_s(&self, group_ranks: usize) -> f64 {
+        let mut bw = self.bandwidth_bytes_per_s;
+        if let Some(peer) = self.per_peer_bandwidth_bytes_per_s {
+            let peers = group_ranks.saturating_sub(1).max(1) as f64;
+            bw = bw.min(peer * peers);
+        }
+        bw * self.efficiency
+    }
+
+    /// Latency per step in seconds.
+    pub fn latency_s(&self) -> f64 {
+        self.latency_us * 1e-6
+    }
+}
+
+/// The three tiers of [`Tier`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TierSet {
+    /// Inside one machine.
+    pub intra_machine: TierSpec,
+    /// Between machines of one supernode.
+    pub intra_supernode: TierSpec,
+    /// Between supernodes.
+    pub inter_supernode: TierSpec,
+}
+
+impl TierSet {
+    /// The spec of `tier`.
+    pub fn get(&self, tier: Tier) -> &TierSpec {
+        match tier {
+            Tier::IntraMachine => &self.intra_machine,
+            Tier::IntraSupernode => &self.intra_supernode,
+            Tier::InterSupernode => &self.inter_supernode,
+        }
+    }
+}
+
+/// How collectives that span several machines or supernodes are decomposed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectiveSettings {
+    /// Two-level (intra then inter) decomposition for groups with several ranks per domain;
+    /// false runs flat collectives at the slowest tier's bandwidth.
+    pub hierarchical: bool,
+}
+
+impl Default for CollectiveSettings {
+    fn default() -> Self {
+        Self { hierarchical: true }
+    }
+}
+
+/// Constants fitted to measurements; each file names the figure it was (or will be) fitted to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Calibration {
+    /// Fraction of the BF16 peak that compute kernels reach, in (0, 1].
+    pub compute_efficiency: f64,
+    /// Fraction of the HBM bandwidth that memory-bound kernels reach, in (0, 1].
+    pub hbm_efficiency: f64,
+    /// Fraction of the HBM bandwidth that device copies reach, in (0, 1].
+    pub copy_efficiency: f64,
+    /// Host time to launch one kernel, microseconds.
+    pub host_launch_us_per_kernel: f64,
+    /// Host time to launch one collective, microseconds.
+    pub host_launch_us_per_collective: f64,
+    /// Fixed device time per kernel, microseconds.
+    pub device_launch_us_per_kernel: f64,
+    /// Fixed device time per collective on top of the alpha terms, microseconds.
+    pub collective_base_latency_us: f64,
+    /// Bandwidth multiplier for buffers not aligned to 512 bytes, in (0, 1].
+    pub unaligned_bandwidth_factor: f64,
+    /// Extra host time per kernel or collective in validation mode, microseconds.
+    pub validation_dispatch_us_per_op: f64,
+}
+
+/// A hardware profile: one TOML file in `scenarios/hardware/`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HardwareProfile {
+    /// Profile name; equals the file stem.
+    pub name: String,
+    /// One-line description.
+    #[serde(default)]
+    pub description: String,
+    /// The accelerator.
+    pub device: DeviceSpec,
+    /// Machine and supernode sizes.
+    pub topology: TopologySpec,
+    /// The network tiers.
+    pub tiers: TierSet,
+    /// Collective decomposition.
+    #[serde(default)]
+    pub collectives: CollectiveSettings,
+    /// Calibrated constants.
+    pub calibration: Calibration,
+}
+
+/// The profiles shipped in `scenarios/hardware/`, compiled in so the simulator works with no
+/// files around.
+pub const BUILTIN_PROFILES: [(&str, &str); 5] = [
+    (
+        "ascend-910c-a3",
+        include_str!("../../scenarios/hardware/ascend-910c-a3.toml"),
+    ),
+    (
+        "ascend-910b",
+        include_str!("../../scenarios/hardware/ascend-910b.toml"),
+    ),
+    (
+        "nvidia-h100-hgx",
+        include_str!("../../scenarios/hardware/nvidia-h100-hgx.toml"),
+    ),
+    (
+        "nvidia-h200-hgx",
+        include_str!("../../scenarios/hardware/nvidia-h200-hgx.toml"),
+    ),
+    (
+        "nvidia-gb200-nvl72",
+        include_str!("../../scenarios/hardware/nvidia-gb200-nvl72.toml"),
+    ),
+];
+
+impl HardwareProfile {
+    /// Reads and validates a profile file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ProfileError> {
+        let path = path.as_ref();
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ProfileError {
+            file: file.clone(),
+            line: 0,
+            key: "-".into(),
+            message: format!("cannot read the hardware profile: {e}"),
+        })?;
+        Self::parse(&text, &file)
+    }
+
+    /// Loads `DIR/NAME.toml`; falls back to the built-in copy when the file does not exist.
+    pub fn load_named(name: &str, dir: impl AsRef<Path>) -> Result<Self, ProfileError> {
+        let dir = dir.as_ref();
+        let path = dir.join(format!("{name}.toml"));
+        if path.exists() {
+            let profile = Self::load(&path)?;
+            if profile.name != name {
+                return Err(ProfileError {
+                    file: path.display().to_string(),
+                    line: line_of_key(
+                        &std::fs::read_to_string(&path).unwrap_or_default(),
+                        "name",
+                    ),
+                    key: "name".into(),
+                    message: format!(
+                        "profile is called '{}' but the file is '{name}.toml'; make them equal",
+                        profile.name
+                    ),
+                });
+            }
+            return Ok(profile);
+        }
+        Self::builtin(name).map_err(|_| {
+            let mut known: Vec<String> = std::fs::read_dir(dir)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter_map(|e| {
+                    let p = e.path();
+                    (p.extension()? == "toml").then(|| p.file_stem()?.to_str().map(String::from))?
+                })
+                .chain(BUILTIN_PROFILES.iter().map(|(n, _)| n.to_string()))
+                .collect();
+            known.sort();
+            known.dedup();
+            ProfileError {
+                file: path.display().to_string(),
+                line: 0,
+                key: "hardware".into(),
+                message: format!(
+                    "no hardware profile '{name}'; known profiles: {}",
+                    known.join(", ")
+                ),
+            }
+        })
+    }
+
+    /// A profile compiled into the binary (see [`BUILTIN_PROFILES`]).
+    pub fn builtin(name: &str) -> Result<Self, ProfileError> {
+        let (n, text) = BUILTIN_PROFILES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .ok_or_else(|| ProfileError {
+                file: format!("<builtin {name}>"),
+                line: 0,
+                key: "hardware".into(),
+                message: format!(
+                    "no built-in hardware profile '{name}'; built-in profiles: {}",
+                    BUILTIN_PROFILES
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        Self::parse(text, &format!("<builtin {n}>"))
+    }
+
+    /// Parses and validates profile text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Self, ProfileError> {
+        let profile: HardwareProfile = toml::from_str(text).map_err(|e| {
+            let (line, key) = match e.span() {
+                Some(span) => {
+                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    (line, key_at_line(text, line))
+                }
+                None => (0, "-".to_string()),
+            };
+            ProfileError {
+                file: file.to_string(),
+                line,
+                key,
+                message: e.message().trim().to_string(),
+            }
+        })?;
+        profile.validate().map_err(|(key, message)| ProfileError {
+            file: file.to_string(),
+            line: line_of_key(text, &key),
+            key,
+            message,
+        })?;
+        Ok(profile)
+    }
+
+    /// Checks every number: positive finite rates, efficiencies in (0, 1], non-negative
+    /// latencies and costs, non-zero counts. Returns the dotted key and the problem.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        fn positive(key: &str, v: f64) -> Result<(), (String, String)> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err((key.into(), format!("must be a positive number, got {v}")))
+            }
+        }
+        fn non_negative(key: &str, v: f64) -> Result<(), (String, String)> {
+            if v.is_finite() && v >= 0.0 {
+                Ok(())
+            } else {
+                Err((key.into(), format!("must be zero or positive, got {v}")))
+            }
+        }
+        fn fraction(key: &str, v: f64) -> Result<(), (String, String)> {
+            if v.is_finite() && v > 0.0 && v <= 1.0 {
+                Ok(())
+            } else {
+                Err((key.into(), format!("must be in (0, 1], got {v}")))
+            }
+        }
+        if self.name.trim().is_empty() {
+            return Err(("name".into(), "must not be empty".into()));
+        }
+        positive("device.bf16_flops_per_s", self.device.bf16_flops_per_s)?;
+        positive(
+            "device.hbm_bandwidth_bytes_per_s",
+            self.device.hbm_bandwidth_bytes_per_s,
+        )?;
+        if self.device.hbm_capacity_bytes == 0 {
+            return Err(("device.hbm_capacity_bytes".into(), "must be at least 1".into()));
+        }
+        if self.topology.dies_per_machine == 0 {
+            return Err(("topology.dies_per_machine".into(), "must be at least 1".into()));
+        }
+        if self.topology.machines_per_supernode == 0 {
+            return Err((
+                "topology.machines_per_supernode".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        for (name, t) in [
+            ("intra_machine", &self.tiers.intra_machine),
+            ("intra_supernode", &self.tiers.intra_supernode),
+            ("inter_supernode", &self.tiers.inter_supernode),
+        ] {
+            positive(
+                &format!("tiers.{name}.bandwidth_bytes_per_s"),
+                t.bandwidth_bytes_per_s,
+            )?;
+            if let Some(p) = t.per_peer_bandwidth_bytes_per_s {
+                positive(&format!("tiers.{name}.per_peer_bandwidth_bytes_per_s"), p)?;
+            }
+            non_negative(&format!("tiers.{name}.latency_us"), t.latency_us)?;
+            fraction(&format!("tiers.{name}.efficiency"), t.efficiency)?;
+        }
+        let c = &self.calibration;
+        fraction("calibration.compute_efficiency", c.compute_efficiency)?;
+        fraction("calibration.hbm_efficiency", c.hbm_efficiency)?;
+        fraction("calibration.copy_efficiency", c.copy_efficiency)?;
+        fraction(
+            "calibration.unaligned_bandwidth_factor",
+            c.unaligned_bandwidth_factor,
+        )?;
+        for (key, v) in [
+            (
+                "calibration.host_launch_us_per_kernel",
+                c.host_launch_us_per_kernel,
+            ),
+            (
+                "calibration.host_launch_us_per_collective",
+                c.host_launch_us_per_collective,
+            ),
+            (
+                "calibration.device_launch_us_per_kernel",
+                c.device_launch_us_per_kernel,
+            ),
+            (
+                "calibration.collective_base_latency_us",
+                c.collective_base_latency_us,
+            ),
+            (
+                "calibration.validation_dispatch_us_per_op",
+                c.validation_dispatch_us_per_op,
+            ),
+        ] {
+            non_negative(key, v)?;
+        }
+        Ok(())
+    }
+
+    /// The smallest topology of this hardware that holds `world_size` ranks (whole supernodes;
+    /// ranks beyond the job are never referenced).
+    pub fn topology_for(&self, world_size: usize) -> Topology {
+        let per_sn = self.topology.dies_per_machine * self.topology.machines_per_supernode;
+        Topology {
+            dies_per_machine: self.topology.dies_per_machine,
+            machines_per_supernode: self.topology.machines_per_supernode,
+            supernodes: world_size.div_ceil(per_sn).max(1),
+        }
+    }
+}
+
+/// Dotted key at a 1-based line: the enclosing `[table]` plus the key on that line.
+fn key_at_line(text: &str, line: usize) -> String {
+    let mut table = String::new();
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if let Some(h) = t.strip_prefix('[').and_then(|h| h.split(']').next()) {
+            table = h.trim().to_string();
+        }
+        if i + 1 == line {
+            let key = t.split('=').next().unwrap_or("").trim();
+            return match (table.is_empty(), key.is_empty() || t.starts_with('[')) {
+                (_, true) if !table.is_empty() => table,
+                (true, _) => key.to_string(),
+                (false, false) => format!("{table}.{key}"),
+                _ => "-".into(),
+            };
+        }
+    }
+    "-".into()
+}
+
+/// 1-based line where the dotted `key` is assigned (0 when not found).
+fn line_of_key(text: &str, key: &str) -> usize {
+    let (table, leaf) = match key.rsplit_once('.') {
+        Some((t, l)) => (t, l),
+        None => ("", key),
+    };
+    let mut current = String::new();
+    for (i, l) in text.lines().enumerate() {
+        let t = l.trim();
+        if let Some(h) = t.strip_prefix('[').and_then(|h| h.split(']').next()) {
+            current = h.trim().to_string();
+            continue;
+        }
+        if current == table && t.split('=').next().map(str::trim) == Some(leaf) && t.contains('=')
+        {
+            return i + 1;
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_profiles_load_and_match_their_names() {
+        for (name, _) in BUILTIN_PROFILES {
+            let p = HardwareProfile::builtin(name).unwrap();
+            assert_eq!(p.name, name);
+        }
+        let a3 = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        assert_eq!(a3.topology.dies_per_machine, 16);
+        assert_eq!(a3.topology.machines_per_supernode, 48);
+        assert!((a3.calibration.unaligned_bandwidth_factor - 51.13 / 101.96).abs() < 1e-3);
+        let ratio = a3.tiers.intra_supernode.bandwidth_bytes_per_s
+            / a3.tiers.inter_supernode.bandwidth_bytes_per_s;
+        assert!(ratio > 5.0, "RoCE must be much slower than UB");
+        let t = a3.topology_for(16);
+        assert_eq!(t.supernodes, 1);
+        assert_eq!(a3.topology_for(769).supernodes, 2);
+    }
+
+    #[test]
+    fn files_on_disk_load_by_name() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../scenarios/hardware");
+        let p = HardwareProfile::load_named("nvidia-h200-hgx", dir).unwrap();
+        assert_eq!(p.device.hbm_capacity_bytes, 141_000_000_000);
+        let err = HardwareProfile::load_named("tpu-v9", dir).unwrap_err();
+        assert!(err.message.contains("ascend-910c-a3"), "{err}");
+    }
+
+    #[test]
+    fn unknown_key_error_names_line_and_key() {
+        let text = BUILTIN_PROFILES[0].1.replace(
+            "latency_us = 2.1 ",
+            "latency_us = 2.1\nlatency_ms = 3 ",
+        );
+        let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("latency_ms"))
+            .unwrap()
+            + 1;
+        assert_eq!(err.line, line, "{err}");
+        assert_eq!(err.key, "tiers.intra_supernode.latency_ms", "{err}");
+        assert!(err.to_string().starts_with(&format!("a3.toml:{line}:")));
+        assert!(err.message.contains("unknown field"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_are_rejected_with_their_key() {
+        let text = BUILTIN_PROFILES[0].1.replace(
+            "bandwidth_bytes_per_s = 25e9 ",
+            "bandwidth_bytes_per_s = -25e9 ",
+        );
+        let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
+        assert_eq!(err.key, "tiers.inter_supernode.bandwidth_bytes_per_s");
+        let line = text.lines().position(|l| l.contains("-25e9")).unwrap() + 1;
+        assert_eq!(err.line, line);
+        assert!(err.message.contains("positive"));
+
+        let text = BUILTIN_PROFILES[0].1.replace(
+            "compute_efficiency = 0.70",
+            "compute_efficiency = 1.70",
+        );
+        let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
+        assert_eq!(err.key, "calibration.compute_efficiency");
+        assert!(err.line > 0);
+    }
+
+    #[test]
+    fn per_peer_bandwidth_caps_small_mesh_groups() {
+        let b = HardwareProfile::builtin("ascend-910b").unwrap();
+        let t = &b.tiers.intra_machine;
+        assert_eq!(t.effective_bandwidth_bytes_per_s(2), 56e9);
+        assert_eq!(t.effective_bandwidth_bytes_per_s(8), 392e9);
+    }
+}

@@ -1,0 +1,3 @@
+//! One module per CLI subcommand.
+
+pub mod plan;
