@@ -299,7 +299,7 @@ impl Layout {
                         .try_fold(0u64, |acc, &u| acc.checked_add(u))
                         .unwrap_or(0);
                     let prefix = product(&self.global_shape[..*dims]);
-                    if total == 0 || prefix % total != 0 {
+                    if total == 0 || !prefix.is_multiple_of(total) {
                         return Err(PlanError::Layout(format!(
                             "axis '{name}': RaggedShard units {local_units:?} sum to {total}, which \
                              does not divide the {prefix} cells of dims 0..{dims} of tensor \
@@ -418,7 +418,7 @@ impl Layout {
                     };
                     let cells = view[0];
                     let total: u64 = local_units.iter().fold(0u64, |s, &u| s.saturating_add(u));
-                    let per_unit = if total == 0 { 0 } else { cells / total };
+                    let per_unit = cells.checked_div(total).unwrap_or(0);
                     let i = i as usize;
                     let before: u64 = local_units
                         .iter()
@@ -481,12 +481,21 @@ impl Layout {
     /// collectives use.
     pub fn max_local_shape(&self, mesh: &DeviceMesh) -> Vec<u64> {
         let mut out = vec![0u64; self.index_shape().len()];
-        for rank in 0..mesh.world_size() {
+        for rank in self.canonical_ranks(mesh) {
             for (m, s) in out.iter_mut().zip(self.local_shape(mesh, rank)) {
                 *m = (*m).max(s);
             }
         }
         out
+    }
+
+    /// One rank per distinct local piece: the ranks with coordinate 0 on every axis that does
+    /// not split the tensor (see [`Layout::canonical_rank`]), in rank order.
+    pub fn canonical_ranks(&self, mesh: &DeviceMesh) -> Vec<usize> {
+        let axes: Vec<usize> = (0..mesh.ndim())
+            .filter(|&a| self.placements.get(a).is_some_and(Placement::is_shard))
+            .collect();
+        mesh.group_of(0, &axes)
     }
 
     /// Number of elements of [`Layout::max_local_shape`] (the padded local buffer).
@@ -497,7 +506,9 @@ impl Layout {
     /// True when every rank holds a piece of the same shape (no collective needs padding).
     pub fn is_even(&self, mesh: &DeviceMesh) -> bool {
         let first = self.local_shape(mesh, 0);
-        (1..mesh.world_size()).all(|r| self.local_shape(mesh, r) == first)
+        self.canonical_ranks(mesh)
+            .into_iter()
+            .all(|r| self.local_shape(mesh, r) == first)
     }
 
     /// Flat (row-major) global indices of `rank`'s local elements, in local order. Costs
@@ -599,10 +610,8 @@ pub fn gather_tensor<T: Copy + Default>(
     check_locals(locals, layout, mesh)?;
     let mut global = vec![T::default(); layout.global_numel() as usize];
     let view = layout.index_shape();
-    for (rank, local) in locals.iter().enumerate() {
-        if layout.canonical_rank(mesh, rank) != rank {
-            continue;
-        }
+    for rank in layout.canonical_ranks(mesh) {
+        let local = &locals[rank];
         let sets = layout.local_index_sets(mesh, rank);
         let mut at = 0usize;
         for_each_run(&sets, &view, |s, l| {

@@ -252,13 +252,14 @@ fn keep_mask(src: &[Placement], dst: &[Placement]) -> Vec<bool> {
             if src[a] != dst[a] {
                 return false;
             }
-            if true { return true; }
             let Some(dim) = src[a].shard_dim() else {
                 return true;
             };
             let (cs, cd) = (chain(src, dim), chain(dst, dim));
             let prefix = cs.iter().zip(&cd).take_while(|(x, y)| x == y).count();
-            cs.iter().position(|(b, _)| *b == a).is_some_and(|i| i < prefix)
+            cs.iter()
+                .position(|(b, _)| *b == a)
+                .is_some_and(|i| i < prefix)
         })
         .collect()
 }
@@ -446,7 +447,12 @@ mod tests {
         (mesh, Topology::new(world, 1, 1).unwrap())
     }
 
-    fn lower(sizes: &[usize], shape: &[u64], src: Vec<Placement>, dst: Vec<Placement>) -> TransitionPlan {
+    fn lower(
+        sizes: &[usize],
+        shape: &[u64],
+        src: Vec<Placement>,
+        dst: Vec<Placement>,
+    ) -> TransitionPlan {
         let (mesh, topo) = setup(sizes);
         let src = Layout::new(shape.to_vec(), src, &mesh).unwrap();
         let dst = Layout::new(shape.to_vec(), dst, &mesh).unwrap();
@@ -454,7 +460,10 @@ mod tests {
     }
 
     fn summary(plan: &TransitionPlan) -> Vec<(&'static str, usize)> {
-        plan.steps.iter().map(|s| (s.action.name(), s.mesh_axis)).collect()
+        plan.steps
+            .iter()
+            .map(|s| (s.action.name(), s.mesh_axis))
+            .collect()
     }
 
     #[test]
@@ -478,18 +487,44 @@ mod tests {
     fn bytes_per_step() {
         // [8, 4] f16 over 4 ranks: shard = 8 elements = 16 bytes.
         let ag = lower(&[4], &[8, 4], vec![s(0)], vec![R]);
-        assert_eq!((ag.steps[0].bytes_in_per_rank, ag.steps[0].bytes_out_per_rank), (16, 64));
+        assert_eq!(
+            (
+                ag.steps[0].bytes_in_per_rank,
+                ag.steps[0].bytes_out_per_rank
+            ),
+            (16, 64)
+        );
         let rs = lower(&[4], &[8, 4], vec![p()], vec![s(0)]);
-        assert_eq!((rs.steps[0].bytes_in_per_rank, rs.steps[0].bytes_out_per_rank), (64, 16));
+        assert_eq!(
+            (
+                rs.steps[0].bytes_in_per_rank,
+                rs.steps[0].bytes_out_per_rank
+            ),
+            (64, 16)
+        );
         let ar = lower(&[4], &[8, 4], vec![p()], vec![R]);
-        assert_eq!((ar.steps[0].bytes_in_per_rank, ar.steps[0].bytes_out_per_rank), (64, 64));
+        assert_eq!(
+            (
+                ar.steps[0].bytes_in_per_rank,
+                ar.steps[0].bytes_out_per_rank
+            ),
+            (64, 64)
+        );
         let a2a = lower(&[4], &[8, 4], vec![s(0)], vec![s(1)]);
-        assert_eq!((a2a.steps[0].bytes_in_per_rank, a2a.steps[0].bytes_out_per_rank), (16, 16));
+        assert_eq!(
+            (
+                a2a.steps[0].bytes_in_per_rank,
+                a2a.steps[0].bytes_out_per_rank
+            ),
+            (16, 16)
+        );
         // Uneven: 5 rows over 4 ranks pad to 2 rows.
         let uneven = lower(&[4], &[5, 4], vec![s(0)], vec![R]);
         assert_eq!(uneven.steps[0].bytes_in_per_rank, 16);
         assert_eq!(uneven.steps[0].bytes_out_per_rank, 64);
         assert_eq!(uneven.comm_bytes_in_per_rank(), 16);
+        let empty = lower(&[4], &[0, 4], vec![s(0)], vec![R]);
+        assert_eq!(empty.steps[0].bytes_out_per_rank, 0);
     }
 
     #[test]
@@ -511,11 +546,17 @@ mod tests {
     #[test]
     fn hsdp_gradient_reduce_scatter_then_all_reduce() {
         let plan = lower(&[2, 4], &[8, 4], vec![p(), p()], vec![R, s(0)]);
-        assert_eq!(summary(&plan), vec![("reduce-scatter", 1), ("all-reduce", 0)]);
+        assert_eq!(
+            summary(&plan),
+            vec![("reduce-scatter", 1), ("all-reduce", 0)]
+        );
         assert_eq!(plan.steps[1].bytes_in_per_rank, 16);
         // Two FSDP axes on one dim reduce-scatter outer first.
         let plan = lower(&[2, 2], &[8, 4], vec![p(), p()], vec![s(0), s(0)]);
-        assert_eq!(summary(&plan), vec![("reduce-scatter", 0), ("reduce-scatter", 1)]);
+        assert_eq!(
+            summary(&plan),
+            vec![("reduce-scatter", 0), ("reduce-scatter", 1)]
+        );
         // Partial next to a shard: all-reduce the small pieces before gathering.
         let plan = lower(&[2, 2], &[8, 4], vec![s(0), p()], vec![R, R]);
         assert_eq!(summary(&plan), vec![("all-reduce", 1), ("all-gather", 0)]);
@@ -524,7 +565,10 @@ mod tests {
     #[test]
     fn generic_fallbacks() {
         let plan = lower(&[4], &[8], vec![s(0)], vec![p()]);
-        assert_eq!(summary(&plan), vec![("all-gather", 0), ("local-partial", 0)]);
+        assert_eq!(
+            summary(&plan),
+            vec![("all-gather", 0), ("local-partial", 0)]
+        );
         let ss = Placement::StridedShard {
             dim: 0,
             split_factor: 2,
@@ -538,7 +582,10 @@ mod tests {
         );
         let max = Placement::Partial { op: ReduceOp::Max };
         let plan = lower(&[2], &[4], vec![p()], vec![max]);
-        assert_eq!(summary(&plan), vec![("all-reduce", 0), ("local-partial", 0)]);
+        assert_eq!(
+            summary(&plan),
+            vec![("all-reduce", 0), ("local-partial", 0)]
+        );
     }
 
     #[test]
@@ -547,15 +594,28 @@ mod tests {
             dims: 1,
             local_units: units,
         };
-        let plan = lower(&[2, 3], &[6, 2], vec![R, rs(vec![1, 1, 1])], vec![R, rs(vec![3, 2, 1])]);
+        let plan = lower(
+            &[2, 3],
+            &[6, 2],
+            vec![R, rs(vec![1, 1, 1])],
+            vec![R, rs(vec![3, 2, 1])],
+        );
         assert_eq!(summary(&plan), vec![("all-to-all-v", 1)]);
         assert_eq!(plan.steps[0].bytes_in_per_rank, 2 * 2 * 2);
         assert_eq!(plan.steps[0].bytes_out_per_rank, 3 * 2 * 2);
         let plan = lower(&[2, 3], &[6, 2], vec![p(), p()], vec![R, rs(vec![1, 2, 3])]);
-        assert_eq!(summary(&plan), vec![("all-reduce", 0), ("reduce-scatter", 1)]);
+        assert_eq!(
+            summary(&plan),
+            vec![("all-reduce", 0), ("reduce-scatter", 1)]
+        );
         let plan = lower(&[2, 3], &[6, 2], vec![R, rs(vec![1, 2, 3])], vec![s(1), R]);
         assert_eq!(summary(&plan), vec![("all-gather", 1), ("local-slice", 0)]);
-        let plan = lower(&[2, 3], &[6, 2], vec![s(0), s(1)], vec![R, rs(vec![1, 2, 3])]);
+        let plan = lower(
+            &[2, 3],
+            &[6, 2],
+            vec![s(0), s(1)],
+            vec![R, rs(vec![1, 2, 3])],
+        );
         assert_eq!(
             summary(&plan),
             vec![("all-gather", 1), ("all-gather", 0), ("local-slice", 1)]
@@ -597,13 +657,17 @@ mod tests {
         let (mesh, topo) = setup(&[2]);
         let a = Layout::new(vec![4], vec![s(0)], &mesh).unwrap();
         let b = Layout::new(vec![6], vec![R], &mesh).unwrap();
-        let e = lower_transition(&a, &b, &mesh, &topo, 2).unwrap_err().to_string();
+        let e = lower_transition(&a, &b, &mesh, &topo, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("global shape"), "{e}");
         let bad = Layout {
             global_shape: vec![4],
             placements: vec![s(3)],
         };
-        let e = lower_transition(&a, &bad, &mesh, &topo, 2).unwrap_err().to_string();
+        let e = lower_transition(&a, &bad, &mesh, &topo, 2)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("dim 3"), "{e}");
     }
 
@@ -613,10 +677,16 @@ mod tests {
             dim: 0,
             split_factor: 2,
         };
-        assert_eq!(classify_transition(&[s(1), s(0)], &[s(1), s(0)]), "identity");
+        assert_eq!(
+            classify_transition(&[s(1), s(0)], &[s(1), s(0)]),
+            "identity"
+        );
         assert_eq!(classify_transition(&[s(1), s(0)], &[s(1), R]), "all_gather");
         assert_eq!(classify_transition(&[p(), s(0)], &[R, s(0)]), "all_reduce");
-        assert_eq!(classify_transition(&[p(), p()], &[R, s(0)]), "reduce_scatter");
+        assert_eq!(
+            classify_transition(&[p(), p()], &[R, s(0)]),
+            "reduce_scatter"
+        );
         assert_eq!(classify_transition(&[s(0)], &[s(1)]), "all_to_all");
         assert_eq!(classify_transition(&[R, R], &[ss, s(0)]), "local_slice");
         assert_eq!(classify_transition(&[s(0)], &[p()]), "redistribute");

@@ -290,6 +290,10 @@ proptest! {
             shapes.push(local_shape);
         }
         prop_assert!(owners.iter().all(|&c| c == 1), "owners {:?}", owners);
+        let canonical: Vec<usize> = (0..mesh.world_size())
+            .filter(|&r| layout.canonical_rank(&mesh, r) == r)
+            .collect();
+        prop_assert_eq!(layout.canonical_ranks(&mesh), canonical);
         prop_assert_eq!(layout.is_even(&mesh), shapes.iter().all(|s| *s == shapes[0]));
     }
 
@@ -314,5 +318,25 @@ proptest! {
         }
         // Identity transitions cost nothing.
         prop_assert!(lower_transition(&dst, &dst, &mesh, &topo, 2).unwrap().is_identity());
+    }
+    #[test]
+    fn ragged_to_ragged_on_one_axis((shape, sizes, ca, cb) in case()) {
+        let mesh = make_mesh(&sizes);
+        let topo = Topology::new(mesh.world_size(), 1, 1).unwrap();
+        let (mut ca, mut cb) = (ca, cb);
+        ca[0] = 6;
+        cb[0] = 6;
+        cb[1] = ca[1];
+        cb[2] = ca[2];
+        let src = build_layout(&shape, &mesh, &ca, false);
+        let dst = build_layout(&shape, &mesh, &cb, false);
+        let global = global_values(&src);
+        let mut data = locals_for(&global, &src, &mesh, 5);
+        let plan = lower_transition(&src, &dst, &mesh, &topo, 4).unwrap();
+        prop_assert!(plan.steps.len() <= 1);
+        execute(&plan, &mesh, &mut data, 4);
+        for (rank, local) in data.iter().enumerate() {
+            prop_assert_eq!(local, &shard_tensor(&global, &dst, &mesh, rank).unwrap());
+        }
     }
 }

@@ -21,7 +21,8 @@
 //! sliding_window = 4096              # optional; every layer attends to at most this many tokens
 //! mtp_layers = 0                     # optional; multi-token-prediction layers, default 0
 //! mtp_own_embeddings = true          # optional; MTP layers store their own embed/head copies
-//!                                    # (DeepSeek-V3 checkpoints do); default true
+//!                                    # (DeepSeek-V3 checkpoints do); default true for
+//!                                    # deepseek_v3, false otherwise (as HF configs give)
 //!
 //! [moe]                              # optional; required for qwen3_moe
 //! num_experts = 384                  # routed experts per MoE layer
@@ -110,7 +111,9 @@ pub(crate) fn parse_compact(text: &str, file: &str) -> PlanResult<(String, Model
         (Some(mla), _) => mla.qk_nope_head_dim.saturating_add(mla.qk_rope_head_dim),
         (None, Some(d)) => d,
         (None, None) => {
-            if raw.num_attention_heads == 0 || raw.hidden_size % raw.num_attention_heads != 0 {
+            if raw.num_attention_heads == 0
+                || !raw.hidden_size.is_multiple_of(raw.num_attention_heads)
+            {
                 return Err(model_err(format!(
                     "hidden_size {} is not a multiple of num_attention_heads {}; give head_dim explicitly",
                     raw.hidden_size, raw.num_attention_heads
@@ -152,7 +155,9 @@ pub(crate) fn parse_compact(text: &str, file: &str) -> PlanResult<(String, Model
         tie_word_embeddings: raw.tie_word_embeddings,
         sliding_window: raw.sliding_window,
         mtp_layers: raw.mtp_layers,
-        mtp_own_embeddings: raw.mtp_own_embeddings.unwrap_or(true),
+        mtp_own_embeddings: raw
+            .mtp_own_embeddings
+            .unwrap_or(family == ModelFamily::DeepseekV3),
         moe,
         mla: raw.mla.map(|m| MlaConfig {
             q_lora_rank: m.q_lora_rank,

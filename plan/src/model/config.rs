@@ -125,7 +125,11 @@ impl ModelConfig {
                 self.num_hidden_layers.saturating_add(self.mtp_layers)
             ));
         }
-        if self.mla.is_none() && self.num_attention_heads % self.num_key_value_heads != 0 {
+        if self.mla.is_none()
+            && !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads

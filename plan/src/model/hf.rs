@@ -115,7 +115,7 @@ fn parse_llama(f: &Fields<'_>) -> PlanResult<ModelConfig> {
     let head_dim = match f.opt_u64("head_dim")? {
         Some(d) => d,
         None => {
-            if c.num_attention_heads == 0 || c.hidden_size % c.num_attention_heads != 0 {
+            if c.num_attention_heads == 0 || !c.hidden_size.is_multiple_of(c.num_attention_heads) {
                 return Err(f.key_err(
                     "num_attention_heads",
                     &format!(
@@ -162,7 +162,7 @@ fn parse_qwen3(f: &Fields<'_>, family: ModelFamily) -> PlanResult<ModelConfig> {
         }
         // transformers: a layer is sparse iff not in mlp_only_layers and (i+1) % step == 0.
         let extra_dense_layers = (0..layers)
-            .filter(|&l| mlp_only.contains(&l) || (l as u64 + 1) % step != 0)
+            .filter(|&l| mlp_only.contains(&l) || !(l as u64 + 1).is_multiple_of(step))
             .collect();
         config.moe = Some(MoeConfig {
             num_experts,
@@ -202,7 +202,7 @@ fn parse_deepseek_v3(f: &Fields<'_>) -> PlanResult<ModelConfig> {
         }
         // transformers: a layer is sparse iff i >= first_k_dense_replace and i % moe_layer_freq == 0.
         let extra_dense_layers = (first_dense.min(layers)..layers)
-            .filter(|&l| l as u64 % freq != 0)
+            .filter(|&l| !(l as u64).is_multiple_of(freq))
             .collect();
         config.moe = Some(MoeConfig {
             num_experts,

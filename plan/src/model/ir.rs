@@ -43,7 +43,7 @@ impl ModelIr {
         Self::from_hf_config_str(&text, &path.display().to_string(), options)
     }
 
-    /// Parses a compact TOML description (format: see the `compact` module docs);
+    /// Parses a compact TOML description (format: see [`crate::model::compact`]);
     /// `file_label` names it in errors, the description's `name` names the model.
     pub fn from_compact_toml_str(
         text: &str,

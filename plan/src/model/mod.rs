@@ -8,7 +8,7 @@
 
 use serde::{Deserialize, Serialize};
 
-mod compact;
+pub mod compact;
 mod compute;
 mod config;
 mod hf;

@@ -194,26 +194,39 @@ pub fn default_rules() -> Vec<NameRule> {
     ]
 }
 
+/// Rules for multi-token-prediction layers, shared by every family: the MTP projection
+/// `eh_proj` is replicated and `shared_head.head` is an output head.
+fn mtp_rules() -> Vec<NameRule> {
+    vec![
+        NameRule::new(&["eh_proj"], Role::Replicated, MatchMode::SegmentExact),
+        NameRule::new(
+            &["shared_head.head.weight"],
+            Role::LmHead,
+            MatchMode::Substring,
+        ),
+    ]
+}
+
 /// The per-architecture rules that extend the defaults (checked first).
 ///
 /// DeepSeek-V3 MLA follows torchtitan's plan: the low-rank down projections `q_a_proj` and
 /// `kv_a_proj_with_mqa` are replicated (`NoParallel`), `q_b_proj` and `kv_b_proj` are
-/// column-parallel; the MTP layer's `eh_proj` is replicated and `shared_head.head` is an
-/// output head.
+/// column-parallel. Every family also gets the MTP rules.
 pub fn family_rules(family: ModelFamily) -> Vec<NameRule> {
     use MatchMode::*;
-    match family {
+    let mut rules = match family {
         ModelFamily::DeepseekV3 => vec![
             NameRule::new(
-                &["q_a_proj", "kv_a_proj_with_mqa", "eh_proj"],
+                &["q_a_proj", "kv_a_proj_with_mqa"],
                 Role::Replicated,
                 SegmentExact,
             ),
             NameRule::new(&["q_b_proj", "kv_b_proj"], Role::Colwise, SegmentExact),
-            NameRule::new(&["shared_head.head.weight"], Role::LmHead, Substring),
         ],
         ModelFamily::Llama | ModelFamily::Qwen3 | ModelFamily::Qwen3Moe => Vec::new(),
-    }
+    };
+    rules.extend(mtp_rules());
+    rules
 }
 
 /// Where a role came from, for `--explain`.
