@@ -184,15 +184,18 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
         "dense.replicate".to_string(),
         GroupSpec::along(&scenario.dense_mesh, topo, &["dp_replicate"]),
     );
-    groups.insert(
-        "expert.shard".to_string(),
-        GroupSpec::along(&scenario.expert_mesh, topo, &["edp_shard"]),
-    );
-    groups.insert(
-        "expert.replicate".to_string(),
-        GroupSpec::along(&scenario.expert_mesh, topo, &["edp_replicate"]),
-    );
+    // Expert groups exist only with expert parallelism; otherwise experts are dense params.
     let expert_parallel = scenario.file.mesh.ep > 1;
+    if expert_parallel {
+        groups.insert(
+            "expert.shard".to_string(),
+            GroupSpec::along(&scenario.expert_mesh, topo, &["edp_shard"]),
+        );
+        groups.insert(
+            "expert.replicate".to_string(),
+            GroupSpec::along(&scenario.expert_mesh, topo, &["edp_replicate"]),
+        );
+    }
     let pd = scenario.param_dtype;
     let rd = scenario.reduce_dtype;
 
@@ -311,7 +314,7 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
             } else {
                 "expert.replicate"
             };
-            if groups[key].size <= 1 {
+            if groups.get(key).is_none_or(|g| g.size <= 1) {
                 continue;
             }
             let mut offset = 0;
