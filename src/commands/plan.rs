@@ -244,7 +244,7 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
         .filter(|p| p.route == OptimizerRoute::Muon)
         .count();
     out.push_str(&format!(
-        "optimizer {} Muon / {} AdamW params; {} Muon batches; replica subgroup {}\n",
+        "optimizer  {} Muon / {} AdamW params; {} Muon batches; replica subgroup {}\n",
         muon_n,
         m.params.len() - muon_n,
         m.batches.len(),
