@@ -235,11 +235,12 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
             // Per-expert weights: size the collectives by the owning rank's whole matrix.
             plan_local = p.shape.clone();
         }
-        let shard_dim = if plan_local.len() > 1 && plan_local[0] < s && plan_local[1] % s == 0 {
-            1
-        } else {
-            0
-        };
+        let shard_dim =
+            if plan_local.len() > 1 && plan_local[0] < s && plan_local[1].is_multiple_of(s) {
+                1
+            } else {
+                0
+            };
         let n = plan_local
             .first()
             .copied()
@@ -273,12 +274,12 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
                 CollectiveSize {
                     bytes_in_per_rank: ag_in,
                     bytes_out_per_rank: ag_in * s,
-                    aligned_512: (ag_in * s) % 512 == 0,
+                    aligned_512: (ag_in * s).is_multiple_of(512),
                 },
                 CollectiveSize {
                     bytes_in_per_rank: rs_out * s,
                     bytes_out_per_rank: rs_out,
-                    aligned_512: (rs_out * s) % 512 == 0,
+                    aligned_512: (rs_out * s).is_multiple_of(512),
                 },
             )
         } else {

@@ -199,7 +199,7 @@ pub fn replica_subgroup_size(group_size: usize, devices_per_machine: usize) -> O
     }
     (1..=devices_per_machine.min(group_size))
         .rev()
-        .find(|d| group_size % d == 0)
+        .find(|d| group_size.is_multiple_of(*d))
 }
 
 fn muon_param(

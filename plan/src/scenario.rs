@@ -563,7 +563,7 @@ impl Scenario {
         ])
         .map_err(|e| key_err("mesh", "dp_shard", e.to_string()))?;
         let expert_block = m.ep * m.etp;
-        if world % expert_block != 0 {
+        if !world.is_multiple_of(expert_block) {
             return Err(key_err(
                 "mesh",
                 "ep",
@@ -624,7 +624,7 @@ impl Scenario {
             }
         }
         let dp = (m.dp_replicate * m.dp_shard) as u64;
-        if tr.global_batch % (tr.micro_batch * dp) != 0 {
+        if !tr.global_batch.is_multiple_of(tr.micro_batch * dp) {
             return Err(key_err(
                 "train",
                 "global_batch",

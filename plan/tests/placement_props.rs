@@ -19,7 +19,7 @@ fn build_layout(shape: &[u64], mesh: &DeviceMesh, choices: &[u32], allow_partial
         let axis = c(1) % n;
         let dims = 1 + c(2) % ndim;
         let prefix: u64 = shape[..dims].iter().product();
-        let divisors: Vec<u64> = (1..=prefix).filter(|d| prefix % d == 0).collect();
+        let divisors: Vec<u64> = (1..=prefix).filter(|d| prefix.is_multiple_of(*d)).collect();
         let total = divisors[c(3) % divisors.len()];
         let k = mesh.axes()[axis].size;
         let mut units = Vec::with_capacity(k);

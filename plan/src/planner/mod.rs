@@ -1,9 +1,11 @@
 //! The sharding planner: six passes from a model and the plan axes to a linted,
 //! serializable sharding plan.
 //!
-//! 1. role classification ([`roles`]), 2. boundary grouping and 3. type inference
-//! ([`boundary`]), 4. template instantiation ([`templates`]), 5. override merging
-//! ([`overrides`]), 6. static lint ([`lint`]).
+//! 1. role classification ([`roles`]);
+//! 2. boundary grouping and 3. type inference ([`boundary`]);
+//! 4. template instantiation ([`templates`]);
+//! 5. override merging ([`overrides`]);
+//! 6. static lint ([`lint`]).
 
 pub mod boundary;
 pub mod lint;
@@ -667,7 +669,7 @@ fn lint_params(
     let tp = axes.tp as u64;
     if cfg.mla.is_none() {
         compat(
-            cfg.num_attention_heads % tp != 0,
+            !cfg.num_attention_heads.is_multiple_of(tp),
             "heads-not-divisible",
             "tp",
             format!(
@@ -677,7 +679,7 @@ fn lint_params(
             "choose tp dividing the head count".into(),
         );
         compat(
-            cfg.num_key_value_heads % tp != 0,
+            !cfg.num_key_value_heads.is_multiple_of(tp),
             "kv-heads-not-divisible",
             "tp",
             format!(
@@ -688,7 +690,7 @@ fn lint_params(
         );
     } else {
         compat(
-            cfg.num_attention_heads % tp != 0,
+            !cfg.num_attention_heads.is_multiple_of(tp),
             "heads-not-divisible",
             "tp",
             format!(
@@ -700,7 +702,7 @@ fn lint_params(
     }
     let cp = axes.cp as u64;
     compat(
-        cp > 1 && input.seq_len % (2 * cp) != 0,
+        cp > 1 && !input.seq_len.is_multiple_of(2 * cp),
         "seq-not-divisible",
         "cp",
         format!(
