@@ -6,6 +6,21 @@
 //!
 //! Every backend reduces in ascending rank order ([`reduce`]) so results are bit-identical
 //! across backends, runs and thread timings, and records a per-rank [`TraceEvent`] list.
+//!
+//! ```
+//! use hpfsdp_backends::{Collective, CollectiveExt, Group, InProcWorld, ReduceOp};
+//!
+//! let run = InProcWorld::run(4, |comm| {
+//!     let dp = Group::new("dp", vec![0, 1, 2, 3])?;
+//!     let mine = vec![comm.rank() as f32; 2];
+//!     comm.all_reduce_vec(&dp, mine, ReduceOp::Sum)
+//! })?;
+//! for result in run.results {
+//!     assert_eq!(result?, vec![6.0, 6.0]); // 0 + 1 + 2 + 3, added in rank order
+//! }
+//! assert_eq!(run.traces[0][0].kind.name(), "all-reduce");
+//! # Ok::<(), hpfsdp_backends::CommError>(())
+//! ```
 
 pub mod buffer;
 pub mod collective;

@@ -154,11 +154,9 @@ fn many_async_collectives_in_flight_on_two_groups() {
             c.barrier(&g)?,
         ];
         let outs = wait_all(handles)?;
-        Ok::<_, CommError>(
-            outs.into_iter()
-                .map(|b| b.into_vec::<f32>())
-                .collect::<Result<Vec<_>, _>>()?,
-        )
+        outs.into_iter()
+            .map(|b| b.into_vec::<f32>())
+            .collect::<Result<Vec<_>, CommError>>()
     })
     .unwrap();
     for (rank, res) in run.results.into_iter().enumerate() {

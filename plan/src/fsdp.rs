@@ -230,11 +230,12 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
         };
         let shard = &groups[&format!("{key}.shard")];
         let s = shard.size as u64;
-        let mut plan_local = plan.local_shape(p, &zero_coord);
-        if p.ep_owner.is_some() {
-            // Per-expert weights: size the collectives by the owning rank's whole matrix.
-            plan_local = p.shape.clone();
-        }
+        // Per-expert weights: size the collectives by the owning EP rank's matrix (whole on
+        // `ep`, still split by expert TP), not by rank 0's empty share.
+        let plan_local = match p.ep_owner {
+            Some(owner) => plan.local_shape(p, &BTreeMap::from([("ep".to_string(), owner)])),
+            None => plan.local_shape(p, &zero_coord),
+        };
         let shard_dim =
             if plan_local.len() > 1 && plan_local[0] < s && plan_local[1].is_multiple_of(s) {
                 1

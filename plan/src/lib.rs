@@ -25,6 +25,11 @@ pub use layout::{
 pub use mesh::{DeviceMesh, MeshAxis};
 pub use model::{DType, ExpertLayout, ModelConfig, ModelFamily, ModelIr, ModelOptions, ParamSpec};
 pub use placement::{Placement, ReduceOp};
+pub use program::{
+    Category, CollectiveOp, ComputeWork, CopyWork, Group, GroupId, MemTag, MemoryEffect, Op, OpId,
+    OpSpan, Payload, ProgramBuilder, ProgramError, RankRange, RankTimeline, ResidentMemory,
+    StepProgram, Stream, Timeline, TimelineKind, TimelineSource,
+};
 pub use topology::{DeviceLocation, Tier, Topology};
 pub use transition::{
     TransitionAction, TransitionPlan, TransitionStep, classify_transition, lower_transition,

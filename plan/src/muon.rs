@@ -3,7 +3,7 @@
 //! shard and replica domains, replica subgroups from devices per machine, and each batch's
 //! communication (fused gathers per shard axis, relay broadcasts, replica broadcasts).
 
-use crate::fsdp::{DataDomain, FsdpPlan};
+use crate::fsdp::{DataDomain, FsdpPlan, ParamFsdp};
 use crate::planner::{ParamPlan, ShardingPlan};
 use crate::scenario::Scenario;
 use serde::{Deserialize, Serialize};
@@ -204,12 +204,11 @@ pub fn replica_subgroup_size(group_size: usize, devices_per_machine: usize) -> O
 
 fn muon_param(
     p: &ParamPlan,
-    fsdp: &FsdpPlan,
+    f: Option<&ParamFsdp>,
     scenario: &Scenario,
     kind_is_muon: bool,
 ) -> MuonParam {
     let (route, route_reason) = route(&p.name, p.shape.len(), kind_is_muon);
-    let f = fsdp.param(&p.name);
     let domain = f.map_or(DataDomain::Dense, |f| f.domain);
     let m = &scenario.file.mesh;
     let mut shard_axes = Vec::new();
@@ -271,11 +270,13 @@ fn muon_param(
 /// Builds the Muon plan of a scenario.
 pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan) -> MuonPlan {
     let kind_is_muon = scenario.file.optimizer.kind == "muon+adamw";
+    let fsdp_by_name: BTreeMap<&str, &ParamFsdp> =
+        fsdp.params.iter().map(|f| (f.name.as_str(), f)).collect();
     let params: Vec<MuonParam> = plan
         .params
         .iter()
         .filter(|p| p.trainable)
-        .map(|p| muon_param(p, fsdp, scenario, kind_is_muon))
+        .map(|p| muon_param(p, fsdp_by_name.get(p.name.as_str()).copied(), scenario, kind_is_muon))
         .collect();
     let dpm = scenario.topology.dies_per_machine;
     let replica_count = scenario.file.optimizer.muon.replica_count.or_else(|| {

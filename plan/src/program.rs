@@ -279,7 +279,9 @@ pub struct CopyWork {
 /// - reduce-scatter: `input_bytes = p * output_bytes`;
 /// - all-reduce and broadcast: `input_bytes = output_bytes` (the whole buffer);
 /// - all-to-all: `input_bytes = output_bytes` = everything this rank sends (own chunk included);
-/// - all-to-all-v: what this rank sends and what it receives, which may differ;
+/// - all-to-all-v: the largest per-rank send and receive totals over the group (the
+///   convention of [`crate::collective`]; a rank's own totals also work, since the simulator
+///   takes the maximum over participants);
 /// - send/recv: group of two ranks, bytes sent and bytes received.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct CollectiveOp {
@@ -584,7 +586,7 @@ impl StepProgram {
         }
         let mut live = [0u64; MemTag::ALL.len()];
         for r in &self.resident {
-            live[r.tag.index()] += r.bytes;
+            live[r.tag.index()] = live[r.tag.index()].saturating_add(r.bytes);
         }
         for (index, op) in self.ops.iter().enumerate() {
             if op.id.index() != index {
@@ -603,7 +605,7 @@ impl StepProgram {
             }
             self.validate_payload(op)?;
             for m in &op.memory {
-                live[m.tag.index()] += m.alloc_bytes;
+                live[m.tag.index()] = live[m.tag.index()].saturating_add(m.alloc_bytes);
             }
             for m in &op.memory {
                 let slot = &mut live[m.tag.index()];

@@ -447,6 +447,27 @@ fn line_of_offset(text: &str, offset: usize) -> usize {
     text[..offset.min(text.len())].matches('\n').count() + 1
 }
 
+/// The dotted `section.key` of a `key = value` pair written on 1-based `line`, if any.
+fn key_at_line(text: &str, line: usize) -> Option<String> {
+    let written = text.lines().nth(line.checked_sub(1)?)?.trim();
+    if written.starts_with('[') {
+        return None;
+    }
+    let key = written.split_once('=')?.0.trim().trim_matches('"');
+    let section = text
+        .lines()
+        .take(line)
+        .filter_map(|l| l.trim().strip_prefix('['))
+        .map(|h| h.trim_start_matches('[').split(']').next().unwrap_or("").trim())
+        .last()
+        .unwrap_or("");
+    Some(if section.is_empty() {
+        key.to_string()
+    } else {
+        format!("{section}.{key}")
+    })
+}
+
 /// Line of the `n`-th `[[plan.override]]` header (1-based lines, `n` from 0).
 fn override_line(text: &str, n: usize) -> usize {
     text.lines()
@@ -490,12 +511,15 @@ impl Scenario {
         };
         let raw: ScenarioFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of_offset(text, s.start));
+            let message = e.message().trim();
+            // Type errors do not name their key; add the one written on that line.
+            let at = key_at_line(text, line)
+                .filter(|k| !message.contains(&format!("`{}`", k.rsplit('.').next().unwrap_or(k))))
+                .map(|k| format!(" (key `{k}`)"))
+                .unwrap_or_default();
             err(
                 line,
-                format!(
-                    "{}; see README.md \"Scenario format\" for the keys",
-                    e.message().trim()
-                ),
+                format!("{message}{at}; see README.md \"Scenario format\" for the keys"),
             )
         })?;
         let key_err = |section: &str, key: &str, message: String| {

@@ -1,1 +1,5 @@
-fn main() {}
+//! `cargo run --release -p hpfsdp-reference --example matmul_bench`
+
+fn main() {
+    print!("{}", hpfsdp_reference::bench::matmul_bench_report());
+}

@@ -65,7 +65,11 @@ mod tests {
     #[test]
     fn edge_cases() {
         assert_eq!(round_to_bf16(f32::MAX).to_bits(), 0x7F80, "overflow to inf");
-        assert_eq!(round_to_bf16(f32::from_bits(0x0000_8001)).to_bits(), 0x0001, "subnormal kept");
+        assert_eq!(
+            round_to_bf16(f32::from_bits(0x0000_8001)).to_bits(),
+            0x0001,
+            "subnormal kept"
+        );
         assert!(round_to_bf16(f32::NAN).is_nan());
         assert_eq!(round_to_bf16(-0.0).to_bits(), 0x8000);
     }
@@ -101,7 +105,10 @@ mod tests {
         // is 0x3F81, and `from_f64` gives 0x3F80.
         let x = 1.0 + 2f64.powi(-8) + 2f64.powi(-52);
         assert_eq!(half::bf16::from_f64(x).to_bits(), 0x3F80);
-        assert_eq!(round_to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-23)).to_bits(), 0x3F81);
+        assert_eq!(
+            round_to_bf16(1.0 + 2f32.powi(-8) + 2f32.powi(-23)).to_bits(),
+            0x3F81
+        );
     }
 
     #[test]

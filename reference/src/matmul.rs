@@ -15,6 +15,7 @@
 //!   at run time by [`Isa::detect`]; tile sizes differ per variant, the bits do not.
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use rayon::prelude::*;
 
@@ -118,7 +119,36 @@ pub enum Isa {
     Portable,
 }
 
+/// Process-wide kernel override (0 = none), see [`Isa::force`].
+static FORCED: AtomicU8 = AtomicU8::new(0);
+
 impl Isa {
+    /// The variant [`gemm`] uses: the forced one if any, else [`Isa::detect`].
+    pub fn active() -> Isa {
+        match FORCED.load(Ordering::Relaxed) {
+            1 => Isa::Avx512,
+            2 => Isa::Avx2Fma,
+            3 => Isa::Portable,
+            _ => Isa::detect(),
+        }
+    }
+
+    /// Make every later [`gemm`] in this process use `isa` (`None`: back to detection).
+    ///
+    /// For tests and benchmarks that show the bits do not depend on the kernel; fails if the
+    /// CPU cannot run `isa`. Results never change, only speed.
+    pub fn force(isa: Option<Isa>) -> RefResult<()> {
+        let code = match isa {
+            None => 0,
+            Some(i) if !i.is_supported() => return Err(RefError::Unsupported(i.name())),
+            Some(Isa::Avx512) => 1,
+            Some(Isa::Avx2Fma) => 2,
+            Some(Isa::Portable) => 3,
+        };
+        FORCED.store(code, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// The fastest variant this CPU supports (detected once).
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
@@ -194,9 +224,9 @@ fn check_inner<T: Real>(a: &MatRef<'_, T>, b: &MatRef<'_, T>) -> RefResult<()> {
     Ok(())
 }
 
-/// `C = A·B` into `c` (row-major `A.rows x B.cols`, overwritten) with the detected kernel.
+/// `C = A·B` into `c` (row-major `A.rows x B.cols`, overwritten) with [`Isa::active`].
 pub fn gemm<T: Real>(a: MatRef<'_, T>, b: MatRef<'_, T>, c: &mut [T]) -> RefResult<()> {
-    gemm_with(Isa::detect(), a, b, c)
+    gemm_with(Isa::active(), a, b, c)
 }
 
 /// [`gemm`] with an explicit kernel variant (for tests and benchmarks).
@@ -446,7 +476,9 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     // only the grouping of whole output rows, never the order inside an output.
     let mc_cap = MC_MAX - MC_MAX % MR;
     let mc = if parallel {
-        m.div_ceil(threads * 4).next_multiple_of(MR).clamp(MR, mc_cap)
+        m.div_ceil(threads * 4)
+            .next_multiple_of(MR)
+            .clamp(MR, mc_cap)
     } else {
         mc_cap
     };
@@ -585,7 +617,10 @@ mod tests {
     fn f64_kernel_matches_its_naive_loop() {
         let (m, k, n) = (17, 300, 21);
         let a: Vec<f64> = random(9, m * k).iter().map(|&x| f64::from(x)).collect();
-        let b: Vec<f64> = random(10, k * n).iter().map(|&x| f64::from(x) * 1.1).collect();
+        let b: Vec<f64> = random(10, k * n)
+            .iter()
+            .map(|&x| f64::from(x) * 1.1)
+            .collect();
         let am = MatRef::row_major(&a, m, k).unwrap();
         let bm = MatRef::row_major(&b, k, n).unwrap();
         let want = matmul_reference(am, bm).unwrap();

@@ -25,7 +25,11 @@ impl<T: Real> Tensor<T> {
         if numel(shape) != data.len() {
             return Err(RefError::shape(
                 "Tensor::from_vec",
-                format!("shape {shape:?} needs {} elements, got {}", numel(shape), data.len()),
+                format!(
+                    "shape {shape:?} needs {} elements, got {}",
+                    numel(shape),
+                    data.len()
+                ),
             ));
         }
         Ok(Tensor {
@@ -141,13 +145,19 @@ impl<T: Real> Tensor<T> {
         }
     }
 
-    /// Row `i` of a tensor viewed as `[shape[0], rest]` (the caller checks `i` is in range).
+    /// Row `i` of a tensor viewed as `[shape[0], rest]`.
+    ///
+    /// # Panics
+    /// If `i >= shape[0]`, like slice indexing.
     pub fn row(&self, i: usize) -> &[T] {
         let w = self.row_len();
         &self.data[i * w..(i + 1) * w]
     }
 
-    /// Mutable row `i` (see [`Tensor::row`]).
+    /// Mutable row `i`.
+    ///
+    /// # Panics
+    /// If `i >= shape[0]`, like slice indexing.
     pub fn row_mut(&mut self, i: usize) -> &mut [T] {
         let w = self.row_len();
         &mut self.data[i * w..(i + 1) * w]

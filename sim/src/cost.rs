@@ -273,7 +273,8 @@ pub fn collective_phases(
     }
     let n = formula_bytes(kind, input_bytes, output_bytes) as f64;
     let factor = profile.calibration.unaligned_bandwidth_factor;
-    let link = |tier: Tier, ranks: usize| Link::of(profile.tiers.get(tier), ranks, aligned_512, factor);
+    let link =
+        |tier: Tier, ranks: usize| Link::of(profile.tiers.get(tier), ranks, aligned_512, factor);
     let mut phases: Vec<Phase> = match shape.split {
         Some(s) if profile.collectives.hierarchical && kind != CollectiveKind::SendRecv => {
             let (a, b) = (s.per_domain, s.domains);
@@ -281,13 +282,17 @@ pub fn collective_phases(
             let outer = link(shape.tier, b);
             let (i, o) = (s.inner_tier, shape.tier);
             match kind {
-                CollectiveKind::AllGather => zip(&[i, o], &hierarchical_all_gather(a, b, n, &inner, &outer)),
-                CollectiveKind::ReduceScatter => {
-                    zip(&[o, i], &hierarchical_reduce_scatter(a, b, n, &inner, &outer))
+                CollectiveKind::AllGather => {
+                    zip(&[i, o], &hierarchical_all_gather(a, b, n, &inner, &outer))
                 }
-                CollectiveKind::AllReduce => {
-                    zip(&[i, o, i], &hierarchical_all_reduce(a, b, n, &inner, &outer))
-                }
+                CollectiveKind::ReduceScatter => zip(
+                    &[o, i],
+                    &hierarchical_reduce_scatter(a, b, n, &inner, &outer),
+                ),
+                CollectiveKind::AllReduce => zip(
+                    &[i, o, i],
+                    &hierarchical_all_reduce(a, b, n, &inner, &outer),
+                ),
                 CollectiveKind::Broadcast => {
                     zip(&[o, i], &hierarchical_broadcast(a, b, n, &inner, &outer))
                 }
@@ -455,13 +460,30 @@ mod tests {
         let topo = p.topology_for(1536);
         // 16 ranks of one machine: flat mesh on the intra-machine tier.
         let shape = GroupShape::of(&(0..16).collect::<Vec<_>>(), &topo);
-        let ph = collective_phases(CollectiveKind::AllGather, &shape, 1 << 20, 16 << 20, true, &p);
+        let ph = collective_phases(
+            CollectiveKind::AllGather,
+            &shape,
+            1 << 20,
+            16 << 20,
+            true,
+            &p,
+        );
         assert_eq!(ph.len(), 1);
         let bw = 196e9 * p.tiers.intra_machine.efficiency;
-        close(ph[0].cost.transfer_s, 15.0 / 16.0 * (16u64 << 20) as f64 / bw);
+        close(
+            ph[0].cost.transfer_s,
+            15.0 / 16.0 * (16u64 << 20) as f64 / bw,
+        );
         close(ph[0].cost.latency_s, 1.3e-6);
         // Unaligned: slower by the factor.
-        let un = collective_phases(CollectiveKind::AllGather, &shape, 1 << 20, 16 << 20, false, &p);
+        let un = collective_phases(
+            CollectiveKind::AllGather,
+            &shape,
+            1 << 20,
+            16 << 20,
+            false,
+            &p,
+        );
         close(
             un[0].cost.transfer_s,
             ph[0].cost.transfer_s / p.calibration.unaligned_bandwidth_factor,
@@ -474,6 +496,16 @@ mod tests {
             vec![Tier::InterSupernode, Tier::IntraSupernode]
         );
         let t = Topology::new(16, 48, 1).unwrap();
-        assert!(collective_phases(CollectiveKind::AllReduce, &GroupShape::of(&[3], &t), 8, 8, true, &p).is_empty());
+        assert!(
+            collective_phases(
+                CollectiveKind::AllReduce,
+                &GroupShape::of(&[3], &t),
+                8,
+                8,
+                true,
+                &p
+            )
+            .is_empty()
+        );
     }
 }

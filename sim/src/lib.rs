@@ -1,7 +1,40 @@
 //! hpfsdp-sim: the discrete-event two-tier simulator that times step programs.
 //!
-//! This crate is a placeholder until the simulator issue lands; it exists so the workspace
-//! layout matches DESIGN.md and the CLI can depend on it.
+//! - [`profile`]: hardware profiles (TOML in `scenarios/hardware/`), with calibrated constants;
+//! - [`cost`]: alpha-beta collective, copy and roofline compute cost models (pure functions);
+//! - [`shape`]: how a process group sits on the topology (flat or two-level);
+//! - [`workload`] and [`fold`]: the programs of one job, folded into symmetry classes;
+//! - [`engine`]: the discrete-event engine (host threads, streams, rendezvous, shared links);
+//! - [`net`]: fair bandwidth sharing on tier links;
+//! - [`memory`]: live-memory accounting;
+//! - [`metrics`] and [`result`]: breakdowns (exposed communication, overlap) and results;
+//! - [`bench`]: synthetic SPMD workloads and the simulator benchmark.
+//!
+//! Typical use: build per-rank [`StepProgram`](hpfsdp_plan::program::StepProgram)s, then
+//! [`simulate_programs`] (or [`Workload::fold_with`] + [`simulate`] for very large jobs).
+
+pub mod bench;
+pub mod cost;
+pub mod engine;
+pub mod error;
+pub mod fold;
+pub mod memory;
+pub mod metrics;
+pub mod net;
+pub mod profile;
+pub mod result;
+pub mod shape;
+pub mod workload;
+
+pub use bench::{BenchReport, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program};
+pub use engine::{SimOptions, simulate, simulate_programs};
+pub use error::SimError;
+pub use memory::{MemoryReport, MemorySample};
+pub use metrics::{Breakdown, CategoryTime};
+pub use profile::{HardwareProfile, ProfileError};
+pub use result::{CollectiveStats, RankResult, SimResult};
+pub use shape::GroupShape;
+pub use workload::{SimUnit, Workload};
 
 /// The crate version, so the CLI can report which simulator produced a prediction.
 pub const SIM_VERSION: &str = env!("CARGO_PKG_VERSION");

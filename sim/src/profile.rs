@@ -223,10 +223,7 @@ impl HardwareProfile {
             if profile.name != name {
                 return Err(ProfileError {
                     file: path.display().to_string(),
-                    line: line_of_key(
-                        &std::fs::read_to_string(&path).unwrap_or_default(),
-                        "name",
-                    ),
+                    line: line_of_key(&std::fs::read_to_string(&path).unwrap_or_default(), "name"),
                     key: "name".into(),
                     message: format!(
                         "profile is called '{}' but the file is '{name}.toml'; make them equal",
@@ -287,7 +284,8 @@ impl HardwareProfile {
         let profile: HardwareProfile = toml::from_str(text).map_err(|e| {
             let (line, key) = match e.span() {
                 Some(span) => {
-                    let line = text[..span.start.min(text.len())].matches('\n').count() + 1;
+                    let before = text.get(..span.start).unwrap_or(text);
+                    let line = before.matches('\n').count() + 1;
                     (line, key_at_line(text, line))
                 }
                 None => (0, "-".to_string()),
@@ -341,10 +339,16 @@ impl HardwareProfile {
             self.device.hbm_bandwidth_bytes_per_s,
         )?;
         if self.device.hbm_capacity_bytes == 0 {
-            return Err(("device.hbm_capacity_bytes".into(), "must be at least 1".into()));
+            return Err((
+                "device.hbm_capacity_bytes".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.topology.dies_per_machine == 0 {
-            return Err(("topology.dies_per_machine".into(), "must be at least 1".into()));
+            return Err((
+                "topology.dies_per_machine".into(),
+                "must be at least 1".into(),
+            ));
         }
         if self.topology.machines_per_supernode == 0 {
             return Err((
@@ -448,8 +452,7 @@ fn line_of_key(text: &str, key: &str) -> usize {
             current = h.trim().to_string();
             continue;
         }
-        if current == table && t.split('=').next().map(str::trim) == Some(leaf) && t.contains('=')
-        {
+        if current == table && t.split('=').next().map(str::trim) == Some(leaf) && t.contains('=') {
             return i + 1;
         }
     }
@@ -489,10 +492,9 @@ mod tests {
 
     #[test]
     fn unknown_key_error_names_line_and_key() {
-        let text = BUILTIN_PROFILES[0].1.replace(
-            "latency_us = 2.1 ",
-            "latency_us = 2.1\nlatency_ms = 3 ",
-        );
+        let text = BUILTIN_PROFILES[0]
+            .1
+            .replace("latency_us = 2.1 ", "latency_us = 2.1\nlatency_ms = 3 ");
         let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
         let line = text
             .lines()
@@ -517,10 +519,9 @@ mod tests {
         assert_eq!(err.line, line);
         assert!(err.message.contains("positive"));
 
-        let text = BUILTIN_PROFILES[0].1.replace(
-            "compute_efficiency = 0.70",
-            "compute_efficiency = 1.70",
-        );
+        let text = BUILTIN_PROFILES[0]
+            .1
+            .replace("compute_efficiency = 0.70", "compute_efficiency = 1.70");
         let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
         assert_eq!(err.key, "calibration.compute_efficiency");
         assert!(err.line > 0);

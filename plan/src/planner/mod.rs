@@ -326,9 +326,14 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
         .moe
         .as_ref()
         .map_or(0, |m| m.num_experts as usize);
+    let index_of: BTreeMap<String, usize> = params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.clone(), i))
+        .collect();
     for b in &boundaries {
         for (name, pl) in &b.params {
-            if let Some(p) = params.iter_mut().find(|p| &p.name == name) {
+            if let Some(p) = index_of.get(name).map(|&i| &mut params[i]) {
                 p.boundary = Some(b.module.clone());
                 p.placements = pl.clone();
                 if p.role == Role::MoeExpert

@@ -1,0 +1,9 @@
+//! Prints the simulator benchmark: `cargo run --release -p hpfsdp-sim --example bench`.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let profile = hpfsdp_sim::HardwareProfile::builtin("ascend-910c-a3")?;
+    for report in hpfsdp_sim::bench_suite(&profile)? {
+        println!("{report}");
+    }
+    Ok(())
+}

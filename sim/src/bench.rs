@@ -1,0 +1,298 @@
+//! Synthetic SPMD workloads and the simulator benchmark (`hpfsdp bench`).
+//!
+//! The synthetic step is an FSDP/HSDP training step with `layers` identical layers: forward
+//! (all-gather with prefetch depth 1, compute that reshards), backward (all-gather, compute,
+//! reduce-scatter, and a cross-replica all-reduce when `dp_replicate > 1`), an optimizer
+//! kernel and a final host synchronization. Sizes default to a Qwen3-30B-A3B-like layer.
+
+use crate::engine::{SimOptions, simulate};
+use crate::error::SimError;
+use crate::profile::HardwareProfile;
+use crate::workload::Workload;
+use hpfsdp_plan::program::{
+    Category, CollectiveOp, ComputeWork, Group, MemTag, OpId, ProgramBuilder, StepProgram, Stream,
+};
+use hpfsdp_plan::{CollectiveKind, DType, Topology};
+use serde::{Deserialize, Serialize};
+use std::time::Instant;
+
+/// Shape of a synthetic FSDP/HSDP step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SyntheticConfig {
+    /// Name printed by the benchmark.
+    pub name: String,
+    /// Replicas (outer mesh axis).
+    pub dp_replicate: usize,
+    /// Shards per replica (inner mesh axis, contiguous ranks).
+    pub dp_shard: usize,
+    /// Transformer layers.
+    pub layers: usize,
+    /// Unsharded bf16 parameter bytes per layer.
+    pub layer_param_bytes: u64,
+    /// Forward FLOPs per layer per rank (backward is twice this).
+    pub layer_fwd_flops: u64,
+    /// Activation bytes saved per layer per rank.
+    pub layer_activation_bytes: u64,
+    /// Kernels per layer forward (backward launches twice as many).
+    pub layer_kernels: u32,
+    /// Optional straggler: (rank, compute multiplier), making the job asymmetric.
+    pub straggler: Option<(usize, u64)>,
+}
+
+impl SyntheticConfig {
+    /// A Qwen3-30B-A3B-like layer (about 0.6 B parameters per layer, 3 B activated of 30 B)
+    /// at micro-batch 2 x 4,096 tokens, on `dp_replicate x dp_shard` ranks.
+    pub fn qwen3_like(name: &str, dp_replicate: usize, dp_shard: usize, layers: usize) -> Self {
+        Self {
+            name: name.into(),
+            dp_replicate,
+            dp_shard,
+            layers,
+            layer_param_bytes: 1_250_000_000,
+            layer_fwd_flops: 1_000_000_000_000,
+            layer_activation_bytes: 400_000_000,
+            layer_kernels: 40,
+            straggler: None,
+        }
+    }
+
+    /// 768 ranks = 48 machines of 16 (one A3 supernode): shard 16 inside a machine,
+    /// replicate 48 across the supernode.
+    pub fn ranks_768() -> Self {
+        Self::qwen3_like("768 ranks (48 x 16), 48 layers", 48, 16, 48)
+    }
+
+    /// 100,608 ranks = 131 A3 supernodes: shard 768 inside a supernode, replicate 131
+    /// across supernodes over RoCE.
+    pub fn ranks_100k() -> Self {
+        Self::qwen3_like("100,608 ranks (131 x 768), 48 layers", 131, 768, 48)
+    }
+
+    /// Ranks in the job.
+    pub fn world_size(&self) -> usize {
+        self.dp_replicate * self.dp_shard
+    }
+}
+
+/// The synthetic program of `rank` (see the module documentation).
+pub fn synthetic_program(
+    cfg: &SyntheticConfig,
+    topology: &Topology,
+    rank: usize,
+) -> Result<StepProgram, SimError> {
+    let s = cfg.dp_shard.max(1);
+    let shard_ranks: Vec<usize> = (rank / s * s..rank / s * s + s).collect();
+    let replica_ranks: Vec<usize> = (0..cfg.dp_replicate).map(|k| k * s + rank % s).collect();
+    let shard_tier = topology.tier_of(&shard_ranks);
+    let replica_tier = topology.tier_of(&replica_ranks);
+    let mut b = ProgramBuilder::new(rank);
+    let shard_group = b.group(Group::new("dp_shard", shard_ranks)?);
+    let replica_group = b.group(Group::new("dp_replicate", replica_ranks)?);
+
+    let shard_bytes = cfg.layer_param_bytes.div_ceil(s as u64);
+    let full_bytes = shard_bytes * s as u64;
+    let layers = cfg.layers;
+    let slow = match cfg.straggler {
+        Some((r, m)) if r == rank => m.max(1),
+        _ => 1,
+    };
+    let work = |flops: u64, kernels: u32| ComputeWork {
+        flops: flops * slow,
+        hbm_bytes: full_bytes * 2,
+        kernels,
+    };
+    let coll = |kind, group, tier, input_bytes, output_bytes| CollectiveOp {
+        kind,
+        group,
+        tier,
+        input_bytes,
+        output_bytes,
+        dtype: DType::Bf16,
+        aligned_512: true,
+    };
+    let ag = coll(
+        CollectiveKind::AllGather,
+        shard_group,
+        shard_tier,
+        shard_bytes,
+        full_bytes,
+    );
+    let rs = coll(
+        CollectiveKind::ReduceScatter,
+        shard_group,
+        shard_tier,
+        full_bytes,
+        shard_bytes,
+    );
+    let ar = coll(
+        CollectiveKind::AllReduce,
+        replica_group,
+        replica_tier,
+        shard_bytes,
+        shard_bytes,
+    );
+
+    b.resident(MemTag::Params, shard_bytes * layers as u64);
+    b.resident(MemTag::Optimizer, 4 * shard_bytes * layers as u64);
+
+    // Forward with prefetch depth 1: all-gather i+1 is issued before compute i and waits for
+    // compute i-1 to reshard.
+    let mut fwd: Vec<OpId> = Vec::with_capacity(layers);
+    let mut next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &[]));
+    for i in 0..layers {
+        let this_ag = next_ag.take();
+        if let Some(a) = this_ag {
+            b.alloc(a, MemTag::Params, full_bytes);
+        }
+        if i + 1 < layers {
+            let deps: Vec<OpId> = i.checked_sub(1).map(|j| fwd[j]).into_iter().collect();
+            next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &deps));
+        }
+        let deps: Vec<OpId> = this_ag.into_iter().collect();
+        let f = b.compute(work(cfg.layer_fwd_flops, cfg.layer_kernels), &deps);
+        b.alloc(f, MemTag::Activations, cfg.layer_activation_bytes)
+            .free(f, MemTag::Params, full_bytes);
+        fwd.push(f);
+    }
+
+    // Backward in reverse layer order.
+    let mut last_rs = None;
+    let mut last_ar = None;
+    let mut bwd: Vec<OpId> = Vec::with_capacity(layers);
+    let first_dep: Vec<OpId> = fwd.last().copied().into_iter().collect();
+    let mut next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &first_dep));
+    for i in (0..layers).rev() {
+        let this_ag = next_ag.take();
+        if let Some(a) = this_ag {
+            b.alloc(a, MemTag::Params, full_bytes);
+        }
+        if i > 0 {
+            let deps: Vec<OpId> = bwd.last().copied().into_iter().collect();
+            next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &deps));
+        }
+        let deps: Vec<OpId> = this_ag.into_iter().collect();
+        let g = b.compute(work(2 * cfg.layer_fwd_flops, 2 * cfg.layer_kernels), &deps);
+        b.alloc(g, MemTag::Grads, full_bytes)
+            .free(g, MemTag::Params, full_bytes)
+            .free(g, MemTag::Activations, cfg.layer_activation_bytes);
+        bwd.push(g);
+        let r = b.collective(Stream::ReduceScatter, Category::FsdpRs, rs, &[g]);
+        b.alloc(r, MemTag::Grads, shard_bytes)
+            .free(r, MemTag::Grads, full_bytes);
+        last_rs = Some(r);
+        if cfg.dp_replicate > 1 {
+            last_ar = Some(b.collective(Stream::AllReduce, Category::FsdpAr, ar, &[r]));
+        }
+    }
+
+    let deps: Vec<OpId> = last_rs.into_iter().chain(last_ar).collect();
+    let opt = b.compute_on(
+        Stream::Compute,
+        Category::Optimizer,
+        ComputeWork {
+            flops: 10 * shard_bytes * layers as u64,
+            hbm_bytes: 12 * shard_bytes * layers as u64,
+            kernels: 4 * layers as u32,
+        },
+        &deps,
+    );
+    b.free(opt, MemTag::Grads, shard_bytes * layers as u64);
+    b.host(Category::Host, 20_000, &[opt]);
+    Ok(b.build()?)
+}
+
+/// Wall-clock figures of one benchmark run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchReport {
+    /// Configuration name.
+    pub name: String,
+    /// Ranks in the job.
+    pub world_size: usize,
+    /// Ranks simulated after folding.
+    pub simulated_ranks: usize,
+    /// Whether folding was on.
+    pub folded: bool,
+    /// Ops per rank program.
+    pub ops_per_rank: usize,
+    /// Seconds to generate (and fold) the programs.
+    pub prepare_s: f64,
+    /// Seconds to simulate the step.
+    pub simulate_s: f64,
+    /// Events processed.
+    pub events: u64,
+    /// Events per second of simulation wall time.
+    pub events_per_s: f64,
+    /// Predicted step time, seconds.
+    pub step_time_s: f64,
+}
+
+impl BenchReport {
+    /// Wall time for one simulated step: preparing plus simulating, seconds.
+    pub fn wall_s(&self) -> f64 {
+        self.prepare_s + self.simulate_s
+    }
+}
+
+impl std::fmt::Display for BenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}: {} ranks ({} simulated, folding {}), {} ops/rank; prepare {:.3} s, simulate {:.3} ms, \
+             {} events ({:.2} M events/s), predicted step {:.3} s",
+            self.name,
+            self.world_size,
+            self.simulated_ranks,
+            if self.folded { "on" } else { "off" },
+            self.ops_per_rank,
+            self.prepare_s,
+            self.simulate_s * 1e3,
+            self.events,
+            self.events_per_s / 1e6,
+            self.step_time_s
+        )
+    }
+}
+
+/// Generates, optionally folds, and simulates a synthetic step, timing each part.
+pub fn bench_synthetic(
+    cfg: &SyntheticConfig,
+    profile: &HardwareProfile,
+    fold: bool,
+) -> Result<BenchReport, SimError> {
+    let world = cfg.world_size();
+    let topology = profile.topology_for(world);
+    let t0 = Instant::now();
+    let workload = if fold {
+        Workload::fold_with(world, topology, |r| synthetic_program(cfg, &topology, r))?
+    } else {
+        let programs = (0..world)
+            .map(|r| synthetic_program(cfg, &topology, r))
+            .collect::<Result<Vec<_>, _>>()?;
+        Workload::unfolded(programs, topology)?
+    };
+    let prepare_s = t0.elapsed().as_secs_f64();
+    let t1 = Instant::now();
+    let result = simulate(&workload, profile, &SimOptions::default())?;
+    let simulate_s = t1.elapsed().as_secs_f64();
+    Ok(BenchReport {
+        name: cfg.name.clone(),
+        world_size: world,
+        simulated_ranks: result.simulated_ranks,
+        folded: fold,
+        ops_per_rank: workload.units.first().map_or(0, |u| u.program.ops.len()),
+        prepare_s,
+        simulate_s,
+        events: result.events_processed,
+        events_per_s: result.events_processed as f64 / simulate_s.max(1e-9),
+        step_time_s: result.step_time_s(),
+    })
+}
+
+/// The standard benchmark: 768 ranks folded and unfolded, 100,608 ranks folded.
+pub fn bench_suite(profile: &HardwareProfile) -> Result<Vec<BenchReport>, SimError> {
+    Ok(vec![
+        bench_synthetic(&SyntheticConfig::ranks_768(), profile, true)?,
+        bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
+        bench_synthetic(&SyntheticConfig::ranks_100k(), profile, true)?,
+    ])
+}

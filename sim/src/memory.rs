@@ -1,0 +1,200 @@
+//! Live-memory accounting per simulated rank: bytes allocated when ops start and freed when
+//! they end, per tag, giving the peak and a memory-over-time series.
+
+use hpfsdp_plan::program::{MemTag, MemoryEffect, ResidentMemory};
+use serde::{Deserialize, Serialize};
+
+/// Live bytes at one instant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemorySample {
+    /// Nanoseconds from the start of the step.
+    pub time_ns: u64,
+    /// Bytes live after every change at this instant.
+    pub live_bytes: u64,
+}
+
+/// Bytes of one tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TagBytes {
+    /// The tag.
+    pub tag: MemTag,
+    /// Bytes.
+    pub bytes: u64,
+}
+
+/// Memory figures of one simulated rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryReport {
+    /// Highest live total (the "peak allocated" figure).
+    pub peak_bytes: u64,
+    /// First instant the peak was reached.
+    pub peak_time_ns: u64,
+    /// What was live at the peak, per tag (tags with zero bytes omitted).
+    pub at_peak: Vec<TagBytes>,
+    /// Highest live bytes each tag reached on its own (tags with zero bytes omitted).
+    pub peak_by_tag: Vec<TagBytes>,
+    /// Live bytes at the end of the step.
+    pub end_bytes: u64,
+    /// Live total after every change (one sample per instant); empty when not recorded.
+    pub series: Vec<MemorySample>,
+}
+
+const TAGS: usize = MemTag::ALL.len();
+
+/// Tracks live bytes of one simulated rank while the engine runs.
+#[derive(Debug, Clone)]
+pub struct MemoryTracker {
+    live: [u64; TAGS],
+    total: u64,
+    peak: u64,
+    peak_time_ns: u64,
+    at_peak: [u64; TAGS],
+    peak_by_tag: [u64; TAGS],
+    series: Option<Vec<MemorySample>>,
+}
+
+impl MemoryTracker {
+    /// Starts with the resident memory at time 0; `record_series` keeps the time series.
+    pub fn new(resident: &[ResidentMemory], record_series: bool) -> Self {
+        let mut t = Self {
+            live: [0; TAGS],
+            total: 0,
+            peak: 0,
+            peak_time_ns: 0,
+            at_peak: [0; TAGS],
+            peak_by_tag: [0; TAGS],
+            series: record_series.then(Vec::new),
+        };
+        for r in resident {
+            t.live[r.tag.index()] = t.live[r.tag.index()].saturating_add(r.bytes);
+            t.total = t.total.saturating_add(r.bytes);
+        }
+        t.observe(0);
+        t
+    }
+
+    /// Applies the allocations of an op starting at `time_ns`.
+    pub fn on_start(&mut self, time_ns: u64, effects: &[MemoryEffect]) {
+        let mut changed = false;
+        for e in effects.iter().filter(|e| e.alloc_bytes > 0) {
+            self.live[e.tag.index()] = self.live[e.tag.index()].saturating_add(e.alloc_bytes);
+            self.total = self.total.saturating_add(e.alloc_bytes);
+            changed = true;
+        }
+        if changed {
+            self.observe(time_ns);
+        }
+    }
+
+    /// Applies the frees of an op ending at `time_ns`. Frees never take a tag below zero
+    /// (programs are validated so they cannot in issue order).
+    pub fn on_end(&mut self, time_ns: u64, effects: &[MemoryEffect]) {
+        let mut changed = false;
+        for e in effects.iter().filter(|e| e.free_bytes > 0) {
+            let slot = &mut self.live[e.tag.index()];
+            let freed = e.free_bytes.min(*slot);
+            *slot -= freed;
+            self.total = self.total.saturating_sub(freed);
+            changed = true;
+        }
+        if changed {
+            self.observe(time_ns);
+        }
+    }
+
+    fn observe(&mut self, time_ns: u64) {
+        if self.total > self.peak || (self.peak == 0 && time_ns == 0) {
+            self.peak = self.total;
+            self.peak_time_ns = time_ns;
+            self.at_peak = self.live;
+        }
+        for (p, l) in self.peak_by_tag.iter_mut().zip(self.live) {
+            *p = (*p).max(l);
+        }
+        if let Some(series) = &mut self.series {
+            match series.last_mut() {
+                Some(last) if last.time_ns == time_ns => last.live_bytes = self.total,
+                _ => series.push(MemorySample {
+                    time_ns,
+                    live_bytes: self.total,
+                }),
+            }
+        }
+    }
+
+    /// The figures so far.
+    pub fn report(&self) -> MemoryReport {
+        let tags = |a: &[u64; TAGS]| {
+            MemTag::ALL
+                .iter()
+                .zip(a)
+                .filter(|(_, b)| **b > 0)
+                .map(|(&tag, &bytes)| TagBytes { tag, bytes })
+                .collect()
+        };
+        MemoryReport {
+            peak_bytes: self.peak,
+            peak_time_ns: self.peak_time_ns,
+            at_peak: tags(&self.at_peak),
+            peak_by_tag: tags(&self.peak_by_tag),
+            end_bytes: self.total,
+            series: self.series.clone().unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_and_series() {
+        let mut m = MemoryTracker::new(
+            &[ResidentMemory {
+                tag: MemTag::Params,
+                bytes: 10,
+            }],
+            true,
+        );
+        let ag = [MemoryEffect {
+            tag: MemTag::Params,
+            alloc_bytes: 40,
+            free_bytes: 0,
+        }];
+        let act = [
+            MemoryEffect {
+                tag: MemTag::Activations,
+                alloc_bytes: 5,
+                free_bytes: 0,
+            },
+            MemoryEffect {
+                tag: MemTag::Params,
+                alloc_bytes: 0,
+                free_bytes: 40,
+            },
+        ];
+        m.on_start(100, &ag);
+        m.on_start(200, &act);
+        m.on_end(300, &act);
+        m.on_start(300, &ag);
+        let r = m.report();
+        assert_eq!(r.peak_bytes, 55);
+        assert_eq!(r.peak_time_ns, 200);
+        assert_eq!(r.end_bytes, 55);
+        assert_eq!(
+            r.at_peak,
+            vec![
+                TagBytes {
+                    tag: MemTag::Params,
+                    bytes: 50
+                },
+                TagBytes {
+                    tag: MemTag::Activations,
+                    bytes: 5
+                }
+            ]
+        );
+        let times: Vec<_> = r.series.iter().map(|s| (s.time_ns, s.live_bytes)).collect();
+        assert_eq!(times, vec![(0, 10), (100, 50), (200, 55), (300, 55)]);
+    }
+}

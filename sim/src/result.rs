@@ -1,0 +1,217 @@
+//! Simulation results: step time, breakdowns, traffic, memory and the predicted timeline.
+
+use crate::memory::MemoryReport;
+use crate::metrics::{Breakdown, breakdown};
+use crate::profile::HardwareProfile;
+use crate::workload::Workload;
+use crate::{SIM_VERSION, engine::SimOptions};
+use hpfsdp_plan::program::{
+    OpSpan, Payload, RankRange, RankTimeline, Timeline, TimelineKind, TimelineSource,
+};
+use hpfsdp_plan::{CollectiveKind, Tier};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Collectives of one kind on one tier issued by one rank.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveStats {
+    /// The kind.
+    pub kind: CollectiveKind,
+    /// The tier (slowest link of the group).
+    pub tier: Tier,
+    /// Number of calls.
+    pub count: u64,
+    /// Sum of per-rank input bytes.
+    pub input_bytes: u64,
+    /// Sum of per-rank output bytes.
+    pub output_bytes: u64,
+}
+
+/// Results of one simulated rank (standing for every rank in `represents`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankResult {
+    /// The representative rank.
+    pub rank: usize,
+    /// Every rank this result stands for.
+    pub represents: Vec<RankRange>,
+    /// When the rank's last op ended, nanoseconds.
+    pub end_ns: u64,
+    /// Time breakdown over the job's step time.
+    pub breakdown: Breakdown,
+    /// Collective counts and bytes per (kind, tier), sorted.
+    pub collectives: Vec<CollectiveStats>,
+    /// Live-memory figures.
+    pub memory: MemoryReport,
+}
+
+/// The prediction for one training step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SimResult {
+    /// Simulator version.
+    pub simulator: String,
+    /// Hardware profile name.
+    pub profile: String,
+    /// Ranks in the job.
+    pub world_size: usize,
+    /// Ranks actually simulated (symmetry classes).
+    pub simulated_ranks: usize,
+    /// True when symmetric ranks were folded.
+    pub folded: bool,
+    /// Step time: the latest op end over all ranks, nanoseconds.
+    pub step_time_ns: u64,
+    /// The rank that finished last (lowest on ties); the summary figures are its own.
+    pub critical_rank: usize,
+    /// Breakdown of the critical rank.
+    pub breakdown: Breakdown,
+    /// Tokens per second, when tokens per step were given.
+    pub tokens_per_s: Option<f64>,
+    /// Model FLOPs utilisation, when model FLOPs per step were given.
+    pub mfu: Option<f64>,
+    /// Highest peak memory over all ranks, bytes.
+    pub peak_memory_bytes: u64,
+    /// True when that peak fits in the device's HBM capacity.
+    pub memory_fits: bool,
+    /// Per simulated rank, ascending.
+    pub ranks: Vec<RankResult>,
+    /// Predicted per-op spans of every simulated rank (absent when not recorded).
+    pub timeline: Option<Timeline>,
+    /// Events the engine processed.
+    pub events_processed: u64,
+}
+
+impl SimResult {
+    /// Step time in seconds.
+    pub fn step_time_s(&self) -> f64 {
+        self.step_time_ns as f64 * 1e-9
+    }
+
+    /// The result of the simulated rank standing for `rank`.
+    pub fn rank(&self, rank: usize) -> Option<&RankResult> {
+        self.ranks.iter().find(|r| {
+            r.represents
+                .iter()
+                .any(|x| (x.start..x.end).contains(&rank))
+        })
+    }
+
+    /// Collective stats of the critical rank summed per tier: (tier, count, output bytes).
+    pub fn traffic_per_tier(&self) -> Vec<(Tier, u64, u64)> {
+        let mut out: BTreeMap<Tier, (u64, u64)> = BTreeMap::new();
+        if let Some(r) = self.rank(self.critical_rank) {
+            for c in &r.collectives {
+                let e = out.entry(c.tier).or_default();
+                e.0 += c.count;
+                e.1 += c.output_bytes;
+            }
+        }
+        out.into_iter().map(|(t, (n, b))| (t, n, b)).collect()
+    }
+}
+
+/// What the engine hands over per simulated rank.
+#[derive(Debug, Clone)]
+pub(crate) struct UnitOutcome {
+    pub spans: Vec<OpSpan>,
+    pub host_busy_ns: u64,
+    pub memory: MemoryReport,
+}
+
+pub(crate) fn assemble(
+    workload: &Workload,
+    profile: &HardwareProfile,
+    options: &SimOptions,
+    outcomes: Vec<UnitOutcome>,
+    events_processed: u64,
+) -> SimResult {
+    let ends: Vec<u64> = outcomes
+        .iter()
+        .map(|o| o.spans.iter().map(|s| s.end_ns).max().unwrap_or(0))
+        .collect();
+    let step_time_ns = ends.iter().copied().max().unwrap_or(0);
+    let mut ranks = Vec::with_capacity(outcomes.len());
+    let mut timeline = Vec::new();
+    for ((unit, outcome), end_ns) in workload.units.iter().zip(outcomes).zip(ends) {
+        let program = &unit.program;
+        let mut stats: BTreeMap<(CollectiveKind, Tier), (u64, u64, u64)> = BTreeMap::new();
+        for op in &program.ops {
+            if let Payload::Collective(c) = &op.payload {
+                let e = stats.entry((c.kind, c.tier)).or_default();
+                e.0 += 1;
+                e.1 += c.input_bytes;
+                e.2 += c.output_bytes;
+            }
+        }
+        ranks.push(RankResult {
+            rank: program.rank,
+            represents: unit.ranks.clone(),
+            end_ns,
+            breakdown: breakdown(program, &outcome.spans, step_time_ns, outcome.host_busy_ns),
+            collectives: stats
+                .into_iter()
+                .map(
+                    |((kind, tier), (count, input_bytes, output_bytes))| CollectiveStats {
+                        kind,
+                        tier,
+                        count,
+                        input_bytes,
+                        output_bytes,
+                    },
+                )
+                .collect(),
+            memory: outcome.memory,
+        });
+        if options.record_timeline {
+            timeline.push(RankTimeline {
+                rank: program.rank,
+                represents: unit.ranks.clone(),
+                spans: outcome.spans,
+            });
+        }
+    }
+    let critical = ranks
+        .iter()
+        .max_by_key(|r| (r.end_ns, std::cmp::Reverse(r.rank)))
+        .map_or(0, |r| r.rank);
+    let breakdown = ranks
+        .iter()
+        .find(|r| r.rank == critical)
+        .map(|r| r.breakdown.clone())
+        .unwrap_or_else(|| crate::metrics::breakdown(&empty_program(), &[], 0, 0));
+    let peak_memory_bytes = ranks.iter().map(|r| r.memory.peak_bytes).max().unwrap_or(0);
+    let step_s = step_time_ns as f64 * 1e-9;
+    let per_s = |x: f64| (step_s > 0.0).then(|| x / step_s);
+    SimResult {
+        simulator: format!("hpfsdp-sim {SIM_VERSION}"),
+        profile: profile.name.clone(),
+        world_size: workload.world_size,
+        simulated_ranks: workload.units.len(),
+        folded: workload.folded,
+        step_time_ns,
+        critical_rank: critical,
+        breakdown,
+        tokens_per_s: options.tokens_per_step.and_then(|t| per_s(t as f64)),
+        mfu: options.model_flops_per_step.and_then(|f| {
+            per_s(f).map(|fps| fps / (workload.world_size as f64 * profile.device.bf16_flops_per_s))
+        }),
+        peak_memory_bytes,
+        memory_fits: peak_memory_bytes <= profile.device.hbm_capacity_bytes,
+        ranks,
+        timeline: options.record_timeline.then(|| Timeline {
+            source: TimelineSource {
+                kind: TimelineKind::Predicted,
+                producer: format!("hpfsdp-sim {SIM_VERSION} / {}", profile.name),
+            },
+            ranks: timeline,
+        }),
+        events_processed,
+    }
+}
+
+fn empty_program() -> hpfsdp_plan::program::StepProgram {
+    hpfsdp_plan::program::StepProgram {
+        rank: 0,
+        groups: Vec::new(),
+        resident: Vec::new(),
+        ops: Vec::new(),
+    }
+}

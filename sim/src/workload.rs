@@ -1,0 +1,159 @@
+//! Workloads: the programs of one job, either one per rank or one per symmetry class.
+
+use crate::error::SimError;
+use crate::fold::{self, Classes, check_program};
+use hpfsdp_plan::Topology;
+use hpfsdp_plan::program::{Payload, RankRange, StepProgram};
+use std::borrow::Cow;
+
+/// One simulated rank: a representative program standing for one or more identical ranks.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimUnit {
+    /// The representative's program (its `rank` is the smallest rank of the class).
+    pub program: StepProgram,
+    /// Every rank the unit stands for, itself included.
+    pub ranks: Vec<RankRange>,
+}
+
+/// The programs of one job on one topology, ready to simulate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Workload {
+    /// Number of ranks in the job.
+    pub world_size: usize,
+    /// Where the ranks sit.
+    pub topology: Topology,
+    /// Simulated units, ascending by representative rank.
+    pub units: Vec<SimUnit>,
+    /// Unit index of every rank.
+    pub rank_unit: Vec<u32>,
+    /// True when some unit stands for more than one rank.
+    pub folded: bool,
+}
+
+impl Workload {
+    /// One unit per rank (folding disabled); `programs[r]` must be rank `r`'s program.
+    pub fn unfolded(programs: Vec<StepProgram>, topology: Topology) -> Result<Self, SimError> {
+        let world_size = programs.len();
+        check_world(world_size, &topology)?;
+        for (r, p) in programs.iter().enumerate() {
+            check_program(p, r, world_size)?;
+            check_tiers(p, &topology)?;
+        }
+        let classes = Classes::identity(world_size);
+        Ok(Self::assemble_reps(world_size, topology, classes, programs))
+    }
+
+    /// Folds explicit per-rank programs into symmetry classes (see [`crate::fold`]).
+    pub fn folded(programs: Vec<StepProgram>, topology: Topology) -> Result<Self, SimError> {
+        let world_size = programs.len();
+        check_world(world_size, &topology)?;
+        let classes = fold::classes(world_size, &topology, |r| Ok(Cow::Borrowed(&programs[r])))?;
+        let mut programs: Vec<Option<StepProgram>> = programs.into_iter().map(Some).collect();
+        let reps = classes
+            .members
+            .iter()
+            .map(|m| {
+                // Classes are disjoint, so every representative's program is taken once.
+                let p = programs[m[0]].take().ok_or_else(|| {
+                    SimError::Workload(format!("rank {} represents two classes", m[0]))
+                })?;
+                check_tiers(&p, &topology)?;
+                Ok(p)
+            })
+            .collect::<Result<Vec<_>, SimError>>()?;
+        Ok(Self::assemble_reps(world_size, topology, classes, reps))
+    }
+
+    /// Folds a job whose programs come from a generator, never holding more than one
+    /// non-representative program at a time; `program(rank)` is called once per rank and once
+    /// more per representative. This is how 100,000-rank jobs are simulated.
+    pub fn fold_with<F>(world_size: usize, topology: Topology, program: F) -> Result<Self, SimError>
+    where
+        F: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+    {
+        check_world(world_size, &topology)?;
+        let classes = fold::classes(world_size, &topology, |r| program(r).map(Cow::Owned))?;
+        let reps = classes
+            .members
+            .iter()
+            .map(|m| {
+                let p = program(m[0])?;
+                check_tiers(&p, &topology)?;
+                Ok(p)
+            })
+            .collect::<Result<Vec<_>, SimError>>()?;
+        Ok(Self::assemble_reps(world_size, topology, classes, reps))
+    }
+
+    fn assemble_reps(
+        world_size: usize,
+        topology: Topology,
+        classes: Classes,
+        reps: Vec<StepProgram>,
+    ) -> Self {
+        let folded = classes.members.iter().any(|m| m.len() > 1);
+        let units = reps
+            .into_iter()
+            .zip(&classes.members)
+            .map(|(program, m)| SimUnit {
+                program,
+                ranks: RankRange::compress(m),
+            })
+            .collect();
+        Self {
+            world_size,
+            topology,
+            units,
+            rank_unit: classes.rank_class,
+            folded,
+        }
+    }
+
+    /// Total number of ops over the simulated units.
+    pub fn simulated_ops(&self) -> usize {
+        self.units.iter().map(|u| u.program.ops.len()).sum()
+    }
+}
+
+fn check_world(world_size: usize, topology: &Topology) -> Result<(), SimError> {
+    if world_size == 0 {
+        return Err(SimError::Workload("the job has no ranks".into()));
+    }
+    if world_size > topology.world_size() {
+        return Err(SimError::Workload(format!(
+            "the job has {world_size} ranks but the topology holds only {} ({} per machine x {} machines per supernode x {} supernodes)",
+            topology.world_size(),
+            topology.dies_per_machine,
+            topology.machines_per_supernode,
+            topology.supernodes
+        )));
+    }
+    Ok(())
+}
+
+/// Every collective's declared tier must be the tier its group crosses on this topology.
+fn check_tiers(program: &StepProgram, topology: &Topology) -> Result<(), SimError> {
+    let tiers: Vec<_> = program
+        .groups
+        .iter()
+        .map(|g| topology.tier_of(&g.ranks))
+        .collect();
+    for op in &program.ops {
+        if let Payload::Collective(c) = &op.payload {
+            let actual = tiers[c.group.index()];
+            if c.tier != actual {
+                let g = &program.groups[c.group.index()];
+                return Err(SimError::Workload(format!(
+                    "rank {}: {} declares tier {} but group '{}' ({} ranks) crosses {} on this topology",
+                    program.rank,
+                    op.id,
+                    c.tier,
+                    g.label,
+                    g.ranks.len(),
+                    actual
+                )));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,416 @@
+//! Engine behaviour on small hand-checkable programs.
+
+use hpfsdp_plan::program::{
+    Category, CollectiveOp, ComputeWork, Group, GroupId, MemTag, ProgramBuilder, StepProgram,
+    Stream,
+};
+use hpfsdp_plan::{CollectiveKind, DType, Tier, Topology};
+use hpfsdp_sim::cost::{collective_phases, compute_s};
+use hpfsdp_sim::{
+    GroupShape, HardwareProfile, SimError, SimOptions, SyntheticConfig, Workload, simulate,
+    simulate_programs, synthetic_program,
+};
+
+fn a3() -> HardwareProfile {
+    HardwareProfile::builtin("ascend-910c-a3").unwrap()
+}
+
+fn ns(s: f64) -> u64 {
+    (s * 1e9).round() as u64
+}
+
+fn work(flops: u64) -> ComputeWork {
+    ComputeWork {
+        flops,
+        hbm_bytes: 0,
+        kernels: 1,
+    }
+}
+
+fn ag(group: GroupId, p: u64, shard: u64) -> CollectiveOp {
+    CollectiveOp {
+        kind: CollectiveKind::AllGather,
+        group,
+        tier: Tier::IntraMachine,
+        input_bytes: shard,
+        output_bytes: shard * p,
+        dtype: DType::Bf16,
+        aligned_512: true,
+    }
+}
+
+#[test]
+fn compute_waits_for_host_launch() {
+    let p = a3();
+    let mut b = ProgramBuilder::new(0);
+    b.compute(work(1_000_000_000_000), &[]);
+    let r = simulate_programs(vec![b.build().unwrap()], &p, false, &SimOptions::default()).unwrap();
+    let launch = ns(p.calibration.host_launch_us_per_kernel * 1e-6);
+    let expected = launch + ns(compute_s(1_000_000_000_000, 0, 1, &p));
+    assert_eq!(r.step_time_ns, expected);
+    assert_eq!(r.breakdown.idle_ns, launch);
+    assert_eq!(r.breakdown.host_busy_ns, launch);
+}
+
+#[test]
+fn host_bound_programs_idle_the_device_and_validation_mode_costs_more() {
+    let p = a3();
+    let mut b = ProgramBuilder::new(0);
+    for _ in 0..100 {
+        b.compute(work(1), &[]);
+    }
+    let prog = b.build().unwrap();
+    let r = simulate_programs(vec![prog.clone()], &p, false, &SimOptions::default()).unwrap();
+    let launch = ns(p.calibration.host_launch_us_per_kernel * 1e-6);
+    let kernel = ns(compute_s(1, 0, 1, &p));
+    assert!(launch > kernel, "the test needs launch-bound kernels");
+    assert_eq!(r.step_time_ns, 100 * launch + kernel);
+    let v = simulate_programs(
+        vec![prog],
+        &p,
+        false,
+        &SimOptions {
+            validation_mode: true,
+            ..SimOptions::default()
+        },
+    )
+    .unwrap();
+    let extra = ns((p.calibration.host_launch_us_per_kernel
+        + p.calibration.validation_dispatch_us_per_op)
+        * 1e-6);
+    assert_eq!(v.step_time_ns, 100 * extra + kernel);
+}
+
+/// Two ranks; rank 1 computes before its all-gather, so rank 0 waits at the rendezvous.
+fn rendezvous_programs() -> (Vec<StepProgram>, u64) {
+    let mut programs = Vec::new();
+    for rank in 0..2 {
+        let mut b = ProgramBuilder::new(rank);
+        let g = b.group(Group::new("dp_shard", vec![0, 1]).unwrap());
+        let mut deps = vec![];
+        if rank == 1 {
+            deps.push(b.compute(work(376_000_000_000), &[]));
+        }
+        let a = b.collective(
+            Stream::AllGather,
+            Category::FsdpAg,
+            ag(g, 2, 1 << 24),
+            &deps,
+        );
+        b.alloc(a, MemTag::Params, 2 << 24);
+        let c = b.compute(work(1), &[a]);
+        b.free(c, MemTag::Params, 2 << 24);
+        programs.push(b.build().unwrap());
+    }
+    (programs, 376_000_000_000)
+}
+
+#[test]
+fn collectives_rendezvous_and_finish_together() {
+    let p = a3();
+    let (programs, flops) = rendezvous_programs();
+    let r = simulate_programs(programs, &p, false, &SimOptions::default()).unwrap();
+    let t = r.timeline.as_ref().unwrap();
+    let (s0, s1) = (&t.ranks[0].spans, &t.ranks[1].spans);
+    // Rank 0's all-gather starts after one launch, rank 1's after its compute.
+    let launch_k = ns(p.calibration.host_launch_us_per_kernel * 1e-6);
+    let launch_c = ns(p.calibration.host_launch_us_per_collective * 1e-6);
+    assert_eq!(s0[0].start_ns, launch_c);
+    let arrive1 = launch_k + ns(compute_s(flops, 0, 1, &p));
+    assert_eq!(s1[1].start_ns, arrive1);
+    assert_eq!(s0[0].transfer_start_ns, Some(arrive1));
+    let shape = GroupShape::of(&[0, 1], &p.topology_for(2));
+    let ph = collective_phases(
+        CollectiveKind::AllGather,
+        &shape,
+        1 << 24,
+        2 << 24,
+        true,
+        &p,
+    );
+    let dur: u64 = ph
+        .iter()
+        .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
+        .sum();
+    assert_eq!(s0[0].end_ns, arrive1 + dur);
+    assert_eq!(s1[1].end_ns, arrive1 + dur);
+    // Rank 0's wait is exposed communication.
+    let r0 = r.rank(0).unwrap();
+    assert_eq!(r0.breakdown.comm_ns, arrive1 + dur - launch_c);
+    assert!(r0.breakdown.exposed_comm_ns >= arrive1 - launch_c);
+    assert_eq!(r0.memory.peak_bytes, 2 << 24);
+    assert_eq!(r0.memory.end_bytes, 0);
+    assert_eq!(r0.collectives[0].count, 1);
+    assert_eq!(r0.collectives[0].output_bytes, 2 << 24);
+}
+
+#[test]
+fn concurrent_transfers_share_the_link() {
+    // One rank pair, two all-gathers on two communicators (labels) at once, on two streams:
+    // each gets half the bandwidth, so both end after twice the transfer time.
+    let p = a3();
+    let bytes = 1u64 << 30;
+    let mut programs = Vec::new();
+    for rank in 0..2 {
+        let mut b = ProgramBuilder::new(rank);
+        let g1 = b.group(Group::new("a", vec![0, 1]).unwrap());
+        let g2 = b.group(Group::new("b", vec![0, 1]).unwrap());
+        b.collective(Stream::AllGather, Category::FsdpAg, ag(g1, 2, bytes), &[]);
+        b.collective(Stream::Parallel, Category::Tp, ag(g2, 2, bytes), &[]);
+        programs.push(b.build().unwrap());
+    }
+    let r = simulate_programs(programs, &p, false, &SimOptions::default()).unwrap();
+    let shape = GroupShape::of(&[0, 1], &p.topology_for(2));
+    let ph = collective_phases(
+        CollectiveKind::AllGather,
+        &shape,
+        bytes,
+        2 * bytes,
+        true,
+        &p,
+    )[0];
+    let (lat, xfer) = (ns(ph.cost.latency_s), ns(ph.cost.transfer_s));
+    let t = &r.timeline.as_ref().unwrap().ranks[0].spans;
+    let launch_c = ns(p.calibration.host_launch_us_per_collective * 1e-6);
+    // First transfer runs alone for one launch interval, then both share.
+    let start1 = launch_c + lat;
+    let start2 = 2 * launch_c + lat;
+    let alone = start2 - start1;
+    let end1 = start2 + (xfer - alone) * 2;
+    assert_eq!(t[0].end_ns, end1);
+    // The second had `alone` ns of work left when the first finished... by symmetry it ends
+    // `alone` later than the first, at full rate again.
+    assert_eq!(t[1].end_ns, end1 + alone);
+    assert!(r.breakdown.comm_ns > 2 * xfer - alone - 10);
+}
+
+#[test]
+fn host_ops_wait_for_the_device() {
+    let p = a3();
+    let mut b = ProgramBuilder::new(0);
+    let c = b.compute(work(376_000_000_000), &[]);
+    let h = b.host(Category::Host, 1_000, &[c]);
+    b.compute(work(1), &[h]);
+    let r = simulate_programs(vec![b.build().unwrap()], &p, false, &SimOptions::default()).unwrap();
+    let s = &r.timeline.as_ref().unwrap().ranks[0].spans;
+    assert_eq!(s[1].start_ns, s[0].end_ns);
+    assert_eq!(s[1].end_ns, s[0].end_ns + 1_000);
+    let launch = ns(p.calibration.host_launch_us_per_kernel * 1e-6);
+    assert_eq!(s[2].start_ns, s[1].end_ns + launch);
+}
+
+#[test]
+fn mismatched_and_missing_collectives_are_reported() {
+    let p = a3();
+    let mut programs = Vec::new();
+    for rank in 0..2 {
+        let mut b = ProgramBuilder::new(rank);
+        let g = b.group(Group::new("dp_shard", vec![0, 1]).unwrap());
+        let mut c = ag(g, 2, 512);
+        if rank == 1 {
+            c.kind = CollectiveKind::ReduceScatter;
+            c.input_bytes = 1024;
+            c.output_bytes = 512;
+        }
+        b.collective(Stream::AllGather, Category::FsdpAg, c, &[]);
+        programs.push(b.build().unwrap());
+    }
+    let err = simulate_programs(programs, &p, false, &SimOptions::default()).unwrap_err();
+    assert!(matches!(err, SimError::CollectiveMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("dp_shard"));
+
+    let mut programs = Vec::new();
+    for rank in 0..2 {
+        let mut b = ProgramBuilder::new(rank);
+        let g = b.group(Group::new("dp_shard", vec![0, 1]).unwrap());
+        if rank == 0 {
+            b.collective(Stream::AllGather, Category::FsdpAg, ag(g, 2, 512), &[]);
+        } else {
+            b.compute(work(1), &[]);
+        }
+        programs.push(b.build().unwrap());
+    }
+    let err = simulate_programs(programs, &p, false, &SimOptions::default()).unwrap_err();
+    assert!(matches!(err, SimError::Deadlock(_)), "{err}");
+    assert!(err.to_string().contains("rank 0"), "{err}");
+}
+
+#[test]
+fn declared_tiers_must_match_the_topology() {
+    let p = a3();
+    let mut programs = Vec::new();
+    for rank in 0..17 {
+        let mut b = ProgramBuilder::new(rank);
+        if rank == 0 || rank == 16 {
+            let g = b.group(Group::new("x", vec![0, 16]).unwrap());
+            b.collective(Stream::AllGather, Category::FsdpAg, ag(g, 2, 512), &[]);
+        } else {
+            b.compute(work(1), &[]);
+        }
+        programs.push(b.build().unwrap());
+    }
+    let err = simulate_programs(programs, &p, false, &SimOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("crosses intra-supernode"), "{err}");
+}
+
+fn small_cfg(straggler: Option<(usize, u64)>) -> SyntheticConfig {
+    SyntheticConfig {
+        straggler,
+        layer_param_bytes: 64 << 20,
+        layer_fwd_flops: 20_000_000_000,
+        ..SyntheticConfig::qwen3_like("8 ranks", 2, 4, 4)
+    }
+}
+
+fn run_small(cfg: &SyntheticConfig, fold: bool) -> hpfsdp_sim::SimResult {
+    let p = a3();
+    // 2 machines of 4 dies: shard groups inside a machine, replica groups across machines.
+    let topology = Topology::new(4, 2, 1).unwrap();
+    let make = |r| synthetic_program(cfg, &topology, r);
+    let w = if fold {
+        Workload::fold_with(8, topology, make).unwrap()
+    } else {
+        Workload::unfolded((0..8).map(|r| make(r).unwrap()).collect(), topology).unwrap()
+    };
+    simulate(&w, &p, &SimOptions::default()).unwrap()
+}
+
+fn assert_same_per_rank(folded: &hpfsdp_sim::SimResult, flat: &hpfsdp_sim::SimResult) {
+    assert_eq!(folded.step_time_ns, flat.step_time_ns);
+    assert_eq!(folded.critical_rank, flat.critical_rank);
+    assert_eq!(folded.breakdown, flat.breakdown);
+    assert_eq!(folded.peak_memory_bytes, flat.peak_memory_bytes);
+    let (ft, ut) = (
+        folded.timeline.as_ref().unwrap(),
+        flat.timeline.as_ref().unwrap(),
+    );
+    for rank in 0..8 {
+        let (a, b) = (folded.rank(rank).unwrap(), flat.rank(rank).unwrap());
+        assert_eq!(a.breakdown, b.breakdown, "rank {rank}");
+        assert_eq!(a.memory, b.memory, "rank {rank}");
+        assert_eq!(a.collectives, b.collectives, "rank {rank}");
+        assert_eq!(
+            ft.rank(rank).unwrap().spans,
+            ut.rank(rank).unwrap().spans,
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
+fn folding_gives_identical_results_on_8_ranks() {
+    let cfg = small_cfg(None);
+    let folded = run_small(&cfg, true);
+    let flat = run_small(&cfg, false);
+    assert_eq!(folded.simulated_ranks, 1);
+    assert!(folded.folded);
+    assert_eq!(flat.simulated_ranks, 8);
+    assert!(folded.events_processed < flat.events_processed);
+    assert_same_per_rank(&folded, &flat);
+    // Both tiers carry traffic.
+    let tiers: Vec<Tier> = flat.traffic_per_tier().iter().map(|t| t.0).collect();
+    assert_eq!(tiers, vec![Tier::IntraMachine, Tier::IntraSupernode]);
+}
+
+#[test]
+fn folding_separates_ranks_that_share_a_group_with_a_straggler() {
+    let cfg = small_cfg(Some((0, 3)));
+    let folded = run_small(&cfg, true);
+    let flat = run_small(&cfg, false);
+    // Classes: {0}, {1,2,3} (share a shard group with 0), {4} (shares a replica group with 0),
+    // {5,6,7}.
+    assert_eq!(folded.simulated_ranks, 4);
+    let reps: Vec<usize> = folded.ranks.iter().map(|r| r.rank).collect();
+    assert_eq!(reps, vec![0, 1, 4, 5]);
+    assert_same_per_rank(&folded, &flat);
+    let symmetric = run_small(&small_cfg(None), true);
+    assert!(folded.step_time_ns > symmetric.step_time_ns);
+}
+
+#[test]
+fn results_are_byte_identical_across_runs() {
+    let cfg = small_cfg(Some((5, 2)));
+    let a = serde_json::to_string(&run_small(&cfg, false)).unwrap();
+    let b = serde_json::to_string(&run_small(&cfg, false)).unwrap();
+    assert_eq!(a, b);
+    let c = serde_json::to_string(&run_small(&cfg, true)).unwrap();
+    let d = serde_json::to_string(&run_small(&cfg, true)).unwrap();
+    assert_eq!(c, d);
+}
+
+#[test]
+fn synthetic_step_is_sane() {
+    let r = run_small(&small_cfg(None), true);
+    let b = &r.breakdown;
+    assert!(b.compute_ns > 0 && b.comm_ns > 0);
+    assert!(b.exposed_comm_ns <= b.comm_ns);
+    assert!((0.0..=1.0).contains(&b.overlap_rate));
+    let by_cat: u64 = b.by_category.iter().map(|c| c.exposed_comm_ns).sum();
+    assert_eq!(by_cat, b.exposed_comm_ns);
+    assert!(b.compute_ns + b.idle_ns <= r.step_time_ns + b.comm_ns);
+    // Memory: resident shards + optimizer, plus gathered layers and activations at the peak.
+    let m = &r.ranks[0].memory;
+    assert!(m.peak_bytes > m.series[0].live_bytes);
+    assert!(!m.series.is_empty());
+}
+
+#[test]
+fn bench_runs_on_a_small_case() {
+    let p = a3();
+    let cfg = SyntheticConfig::qwen3_like("test", 4, 16, 4);
+    let folded = hpfsdp_sim::bench_synthetic(&cfg, &p, true).unwrap();
+    let flat = hpfsdp_sim::bench_synthetic(&cfg, &p, false).unwrap();
+    assert_eq!(folded.world_size, 64);
+    assert_eq!(folded.simulated_ranks, 1);
+    assert_eq!(flat.simulated_ranks, 64);
+    assert_eq!(folded.step_time_s, flat.step_time_s);
+    assert!(folded.events > 0 && folded.to_string().contains("64 ranks"));
+}
+
+#[test]
+fn groups_spanning_machines_run_two_level_collectives() {
+    let p = a3();
+    let topology = Topology::new(4, 2, 1).unwrap();
+    let ranks: Vec<usize> = (0..8).collect();
+    let programs: Vec<StepProgram> = (0..8)
+        .map(|rank| {
+            let mut b = ProgramBuilder::new(rank);
+            let g = b.group(Group::new("dp_shard", ranks.clone()).unwrap());
+            let mut c = ag(g, 8, 1 << 26);
+            c.tier = Tier::IntraSupernode;
+            c.aligned_512 = false;
+            b.collective(Stream::AllGather, Category::FsdpAg, c, &[]);
+            b.build().unwrap()
+        })
+        .collect();
+    let shape = GroupShape::of(&ranks, &topology);
+    assert!(shape.split.is_some());
+    let phases = collective_phases(
+        CollectiveKind::AllGather,
+        &shape,
+        1 << 26,
+        8 << 26,
+        false,
+        &p,
+    );
+    assert_eq!(
+        phases.iter().map(|x| x.tier).collect::<Vec<_>>(),
+        vec![Tier::IntraMachine, Tier::IntraSupernode]
+    );
+    let dur: u64 = phases
+        .iter()
+        .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
+        .sum();
+    let launch_c = ns(p.calibration.host_launch_us_per_collective * 1e-6);
+    for fold in [false, true] {
+        let w = if fold {
+            Workload::folded(programs.clone(), topology).unwrap()
+        } else {
+            Workload::unfolded(programs.clone(), topology).unwrap()
+        };
+        let r = simulate(&w, &p, &SimOptions::default()).unwrap();
+        assert_eq!(r.step_time_ns, launch_c + dur, "fold {fold}");
+        assert_eq!(r.breakdown.exposed_comm_ns, dur);
+        assert_eq!(r.breakdown.overlap_rate, 0.0);
+    }
+}
