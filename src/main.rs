@@ -32,6 +32,13 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Time the simulator itself: wall time per simulated step and events per second for a
+    /// synthetic 48-layer SPMD step on 768 ranks (folded and unfolded) and on ~100k ranks.
+    Bench {
+        /// Hardware profile name (scenarios/hardware/<name>.toml or a built-in copy).
+        #[arg(long, default_value = "ascend-910c-a3")]
+        hardware: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -43,6 +50,7 @@ fn main() -> ExitCode {
             explain,
             all,
         } => commands::plan::run(&scenario, json, explain.as_deref(), all),
+        Command::Bench { hardware } => commands::bench::run(&hardware),
     };
     match result {
         Ok(code) => code,

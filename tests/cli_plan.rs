@@ -57,7 +57,10 @@ fn all_flag_lists_every_layer() {
     let o = hpfsdp(&["plan", EXP_B, "--all"]);
     assert_eq!(o.status.code(), Some(0));
     let out = stdout(&o);
-    assert!(out.contains("model.layers.47.mlp.experts.gate_up_proj"), "{out}");
+    assert!(
+        out.contains("model.layers.47.mlp.experts.gate_up_proj"),
+        "{out}"
+    );
     assert!(!out.contains("model.layers.{L}.self_attn.q_proj.weight"));
 }
 
@@ -84,7 +87,10 @@ fn json_report_parses_and_has_the_plans() {
         .unwrap();
     assert_eq!(fq["local_shape"], serde_json::json!([256, 2048]));
     assert_eq!(fq["all_gather"]["bytes_in_per_rank"], 1_048_576);
-    assert_eq!(v["muon"]["batches"].as_array().expect("muon.batches").len(), 42);
+    assert_eq!(
+        v["muon"]["batches"].as_array().expect("muon.batches").len(),
+        42
+    );
     let digest = v["digest"].as_str().expect("digest");
     assert_eq!(digest.len(), 64);
     assert!(digest.chars().all(|c| c.is_ascii_hexdigit()));
@@ -104,7 +110,10 @@ fn explain_names_role_boundary_and_rule() {
     let out = stdout(&o);
     assert!(out.starts_with(name), "{out}");
     assert!(out.contains("MOE_EXPERT"), "{out}");
-    assert!(out.contains("default rule #4") && out.contains("pattern 'experts'"), "{out}");
+    assert!(
+        out.contains("default rule #4") && out.contains("pattern 'experts'"),
+        "{out}"
+    );
     assert!(
         out.contains("boundary   model.layers.0.mlp (moe_mlp"),
         "{out}"
@@ -128,7 +137,9 @@ fn lint_errors_exit_with_status_1() {
     assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
     assert!(out.contains("LINT: 4 error(s)"), "{out}");
     assert!(
-        out.contains("error[uncovered-param]: trainable param 'model.layers.0.self_attn.q_proj.weight'"),
+        out.contains(
+            "error[uncovered-param]: trainable param 'model.layers.0.self_attn.q_proj.weight'"
+        ),
         "{out}"
     );
     assert!(out.contains("fix: add a [[plan.override]]"), "{out}");

@@ -276,7 +276,14 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
         .params
         .iter()
         .filter(|p| p.trainable)
-        .map(|p| muon_param(p, fsdp_by_name.get(p.name.as_str()).copied(), scenario, kind_is_muon))
+        .map(|p| {
+            muon_param(
+                p,
+                fsdp_by_name.get(p.name.as_str()).copied(),
+                scenario,
+                kind_is_muon,
+            )
+        })
         .collect();
     let dpm = scenario.topology.dies_per_machine;
     let replica_count = scenario.file.optimizer.muon.replica_count.or_else(|| {

@@ -458,7 +458,13 @@ fn key_at_line(text: &str, line: usize) -> Option<String> {
         .lines()
         .take(line)
         .filter_map(|l| l.trim().strip_prefix('['))
-        .map(|h| h.trim_start_matches('[').split(']').next().unwrap_or("").trim())
+        .map(|h| {
+            h.trim_start_matches('[')
+                .split(']')
+                .next()
+                .unwrap_or("")
+                .trim()
+        })
         .last()
         .unwrap_or("");
     Some(if section.is_empty() {

@@ -40,7 +40,12 @@ fn fixture(name: &str) -> PathBuf {
 fn plans(path: &Path) -> Plans {
     let scenario = Scenario::load(path).unwrap_or_else(|e| panic!("{e}"));
     let sharding = plan(&scenario.model, &scenario.planner_input());
-    assert!(!sharding.has_errors(), "{}: {:?}", path.display(), sharding.lints);
+    assert!(
+        !sharding.has_errors(),
+        "{}: {:?}",
+        path.display(),
+        sharding.lints
+    );
     let fsdp = build_fsdp_plan(&scenario, &sharding);
     let muon = build_muon_plan(&scenario, &sharding, &fsdp);
     Plans {
@@ -140,7 +145,10 @@ fn exp_b_collective_counts_per_micro_batch() {
     assert_eq!(p.fsdp.units[1].name, "model.layers.0");
     assert_eq!(p.fsdp.units[1].layer, Some(0));
     assert_eq!(p.fsdp.units[1].params.len(), 11);
-    assert_eq!(p.fsdp.units[49].params, ["model.norm.weight", "lm_head.weight"]);
+    assert_eq!(
+        p.fsdp.units[49].params,
+        ["model.norm.weight", "lm_head.weight"]
+    );
     let _ = &p.sharding;
 }
 
@@ -150,11 +158,31 @@ fn uneven_shards_pad_to_the_ceil_chunk() {
     let p = plans(&fixture("fsdp-uneven.toml"));
     assert_eq!(p.fsdp.groups["dense.shard"].size, 6);
     let cases: [(&str, &[u64], &[u64], u64); 6] = [
-        ("model.layers.0.self_attn.q_proj.weight", &[40, 40], &[7, 40], 280),
-        ("model.layers.0.self_attn.k_proj.weight", &[20, 40], &[4, 40], 160),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            &[40, 40],
+            &[7, 40],
+            280,
+        ),
+        (
+            "model.layers.0.self_attn.k_proj.weight",
+            &[20, 40],
+            &[4, 40],
+            160,
+        ),
         ("model.embed_tokens.weight", &[100, 40], &[17, 40], 680),
-        ("model.layers.1.mlp.gate_proj.weight", &[72, 40], &[12, 40], 480),
-        ("model.layers.1.mlp.down_proj.weight", &[40, 72], &[7, 72], 504),
+        (
+            "model.layers.1.mlp.gate_proj.weight",
+            &[72, 40],
+            &[12, 40],
+            480,
+        ),
+        (
+            "model.layers.1.mlp.down_proj.weight",
+            &[40, 72],
+            &[7, 72],
+            504,
+        ),
         ("model.norm.weight", &[40], &[7], 7),
     ];
     for (name, full, local, padded) in cases {
@@ -220,7 +248,10 @@ fn per_expert_weights_are_sized_on_their_owner_with_expert_tp() {
     let p = plans(&fixture("fsdp-per-expert.toml"));
     assert_eq!(p.fsdp.groups["expert.shard"].size, 2);
     let e = |i: u32, w: &str| format!("model.layers.1.mlp.experts.{i}.{w}.weight");
-    assert_eq!(p.sharding.param(&e(5, "down_proj")).unwrap().ep_owner, Some(1));
+    assert_eq!(
+        p.sharding.param(&e(5, "down_proj")).unwrap().ep_owner,
+        Some(1)
+    );
     // down_proj [64,32] rowwise etp S(1) -> [64,16] on its owner -> [32,16] per edp shard.
     let d = fp(&p, &e(5, "down_proj"));
     assert_eq!(d.domain, DataDomain::Expert);
@@ -312,7 +343,10 @@ fn check_batch_invariants(p: &Plans) {
         }
         assert_eq!(
             b.numel,
-            b.params.iter().map(|&i| p.muon.params[i].numel()).sum::<u64>()
+            b.params
+                .iter()
+                .map(|&i| p.muon.params[i].numel())
+                .sum::<u64>()
         );
         let first = &p.muon.params[b.params[0]];
         let cap = if b.shard_path {
@@ -339,7 +373,10 @@ fn check_batch_invariants(p: &Plans) {
             .iter()
             .map(|(_, s)| p.muon.replica_count.map_or(*s, |c| (*s).min(c)))
             .collect();
-        for (owners, sizes) in [(&b.shard_owner, shard_sizes), (&b.replica_owner, replica_sizes)] {
+        for (owners, sizes) in [
+            (&b.shard_owner, shard_sizes),
+            (&b.replica_owner, replica_sizes),
+        ] {
             if owners.is_empty() {
                 continue;
             }
@@ -348,17 +385,28 @@ fn check_batch_invariants(p: &Plans) {
             let mut load: BTreeMap<&Vec<usize>, u64> = BTreeMap::new();
             for (i, c) in owners.iter() {
                 assert_eq!(c.len(), sizes.len());
-                assert!(c.iter().zip(&sizes).all(|(x, s)| x < s), "{c:?} outside {sizes:?}");
+                assert!(
+                    c.iter().zip(&sizes).all(|(x, s)| x < s),
+                    "{c:?} outside {sizes:?}"
+                );
                 *load.entry(c).or_default() += p.muon.params[*i].numel();
             }
-            let biggest = b.params.iter().map(|&i| p.muon.params[i].numel()).max().unwrap();
+            let biggest = b
+                .params
+                .iter()
+                .map(|&i| p.muon.params[i].numel())
+                .max()
+                .unwrap();
             let max = load.values().copied().max().unwrap();
             let min = if load.len() < coords {
                 0
             } else {
                 load.values().copied().min().unwrap()
             };
-            assert!(max - min <= biggest, "loads {min}..{max} differ by more than {biggest}");
+            assert!(
+                max - min <= biggest,
+                "loads {min}..{max} differ by more than {biggest}"
+            );
         }
     }
     let muon_params = p
@@ -391,7 +439,10 @@ fn exp_b_muon_routing_and_shapes() {
     assert_eq!(q.core_shape, Some((4096, 2048)));
     assert_eq!(q.matrices, 1);
     assert_eq!(q.shard_axes.len(), 1);
-    assert_eq!((q.shard_axes[0].axis.as_str(), q.shard_axes[0].tensor_dim), ("dp_shard", 0));
+    assert_eq!(
+        (q.shard_axes[0].axis.as_str(), q.shard_axes[0].tensor_dim),
+        ("dp_shard", 0)
+    );
     assert_eq!(q.shard_size(), 16);
     assert!(q.replicate_axes.is_empty());
     assert!(q.needs_gather);
@@ -411,7 +462,11 @@ fn exp_b_muon_routing_and_shapes() {
     assert!(!batch_of(&p, gi).shard_path);
 
     assert_eq!(
-        p.muon.params.iter().filter(|x| x.route == OptimizerRoute::Muon).count(),
+        p.muon
+            .params
+            .iter()
+            .filter(|x| x.route == OptimizerRoute::Muon)
+            .count(),
         48 * 7
     );
     assert_eq!(p.muon.replica_count, None);
@@ -463,7 +518,11 @@ fn exp_b_muon_batches_by_hand() {
     );
     // Relay: one broadcast per owner coordinate with its four full updates.
     assert_eq!(big.relay_broadcasts.len(), 16);
-    assert!(big.relay_broadcasts.iter().all(|(a, n)| a == "dp_shard" && *n == 67_108_864));
+    assert!(
+        big.relay_broadcasts
+            .iter()
+            .all(|(a, n)| a == "dp_shard" && *n == 67_108_864)
+    );
     let rest = &b[41];
     assert!(rest.shard_path);
     assert_eq!(rest.params.len(), 32 + 96 + 48);

@@ -179,8 +179,17 @@ fn assert_fully_covered(p: &ShardingPlan, what: &str) {
             );
             assert!(pp.boundary.is_some(), "{what}: {} has no boundary", pp.name);
         } else {
-            assert_eq!(pp.role, Role::Skip, "{what}: frozen {} must be SKIP", pp.name);
-            assert!(pp.boundary.is_none(), "{what}: frozen {} is sharded", pp.name);
+            assert_eq!(
+                pp.role,
+                Role::Skip,
+                "{what}: frozen {} must be SKIP",
+                pp.name
+            );
+            assert!(
+                pp.boundary.is_none(),
+                "{what}: frozen {} is sharded",
+                pp.name
+            );
         }
     }
 }
@@ -195,15 +204,50 @@ fn llama_tp4_matches_torchtitan_plan() {
     let attn = "model.layers.0.self_attn";
     let mlp = "model.layers.0.mlp";
     use BoundaryType as B;
-    expect(&p, "model.embed_tokens.weight", Role::Embed, "model.embed_tokens", B::Embed, "tp=S(0)");
+    expect(
+        &p,
+        "model.embed_tokens.weight",
+        Role::Embed,
+        "model.embed_tokens",
+        B::Embed,
+        "tp=S(0)",
+    );
     for x in ["q_proj", "k_proj", "v_proj"] {
-        expect(&p, &format!("{attn}.{x}.weight"), Role::Colwise, attn, B::Attention, "tp=S(0)");
+        expect(
+            &p,
+            &format!("{attn}.{x}.weight"),
+            Role::Colwise,
+            attn,
+            B::Attention,
+            "tp=S(0)",
+        );
     }
-    expect(&p, &format!("{attn}.o_proj.weight"), Role::Rowwise, attn, B::Attention, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{attn}.o_proj.weight"),
+        Role::Rowwise,
+        attn,
+        B::Attention,
+        "tp=S(1)",
+    );
     for x in ["gate_proj", "up_proj"] {
-        expect(&p, &format!("{mlp}.{x}.weight"), Role::Colwise, mlp, B::Mlp, "tp=S(0)");
+        expect(
+            &p,
+            &format!("{mlp}.{x}.weight"),
+            Role::Colwise,
+            mlp,
+            B::Mlp,
+            "tp=S(0)",
+        );
     }
-    expect(&p, &format!("{mlp}.down_proj.weight"), Role::Rowwise, mlp, B::Mlp, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{mlp}.down_proj.weight"),
+        Role::Rowwise,
+        mlp,
+        B::Mlp,
+        "tp=S(1)",
+    );
     expect(
         &p,
         "model.layers.31.input_layernorm.weight",
@@ -212,8 +256,22 @@ fn llama_tp4_matches_torchtitan_plan() {
         B::Norm,
         "R",
     );
-    expect(&p, "model.norm.weight", Role::Norm, "model.norm", B::Norm, "R");
-    expect(&p, "lm_head.weight", Role::LmHead, "lm_head", B::LmHead, "tp=S(0)");
+    expect(
+        &p,
+        "model.norm.weight",
+        Role::Norm,
+        "model.norm",
+        B::Norm,
+        "R",
+    );
+    expect(
+        &p,
+        "lm_head.weight",
+        Role::LmHead,
+        "lm_head",
+        B::LmHead,
+        "tp=S(0)",
+    );
 
     // Plan-local shapes on tp rank 1: q/o [4096,4096], k/v [1024,4096], gate [14336,4096].
     let l0 = |n: &str| local(&p, &format!("model.layers.0.{n}"), &[("tp", 1)]);
@@ -255,9 +313,30 @@ fn qwen3_dense_tp8_roles_and_shapes() {
     assert_fully_covered(&p, "qwen3-14b tp8");
     use BoundaryType as B;
     let attn = "model.layers.39.self_attn";
-    expect(&p, &format!("{attn}.q_proj.weight"), Role::Colwise, attn, B::Attention, "tp=S(0)");
-    expect(&p, &format!("{attn}.v_proj.weight"), Role::Colwise, attn, B::Attention, "tp=S(0)");
-    expect(&p, &format!("{attn}.o_proj.weight"), Role::Rowwise, attn, B::Attention, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{attn}.q_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{attn}.v_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{attn}.o_proj.weight"),
+        Role::Rowwise,
+        attn,
+        B::Attention,
+        "tp=S(1)",
+    );
     // Per-head q/k norms are their own (replicated) norm boundaries.
     for n in ["q_norm", "k_norm"] {
         expect(
@@ -278,13 +357,22 @@ fn qwen3_dense_tp8_roles_and_shapes() {
         "tp=S(0)",
     );
     // q/o [5120,5120], k/v [1024,5120], gate/up [17408,5120], vocab 151936.
-    assert_eq!(local(&p, &format!("{attn}.q_proj.weight"), &[("tp", 7)]), [640, 5120]);
-    assert_eq!(local(&p, &format!("{attn}.k_proj.weight"), &[("tp", 7)]), [128, 5120]);
+    assert_eq!(
+        local(&p, &format!("{attn}.q_proj.weight"), &[("tp", 7)]),
+        [640, 5120]
+    );
+    assert_eq!(
+        local(&p, &format!("{attn}.k_proj.weight"), &[("tp", 7)]),
+        [128, 5120]
+    );
     assert_eq!(
         local(&p, "model.layers.39.mlp.down_proj.weight", &[("tp", 0)]),
         [5120, 2176]
     );
-    assert_eq!(local(&p, "model.embed_tokens.weight", &[("tp", 5)]), [18992, 5120]);
+    assert_eq!(
+        local(&p, "model.embed_tokens.weight", &[("tp", 5)]),
+        [18992, 5120]
+    );
 }
 
 // ---------------------------------------------------------------- Qwen3-30B-A3B
@@ -296,7 +384,14 @@ fn qwen3_moe_fused_tp4_ep4() {
     assert_fully_covered(&p, "qwen3-30b tp4 ep4");
     use BoundaryType as B;
     let mlp = "model.layers.7.mlp";
-    expect(&p, &format!("{mlp}.gate.weight"), Role::MoeGate, mlp, B::MoeMlp, "R");
+    expect(
+        &p,
+        &format!("{mlp}.gate.weight"),
+        Role::MoeGate,
+        mlp,
+        B::MoeMlp,
+        "R",
+    );
     expect(
         &p,
         &format!("{mlp}.experts.gate_up_proj"),
@@ -314,18 +409,39 @@ fn qwen3_moe_fused_tp4_ep4() {
         "ep=S(0)",
     );
     let attn = "model.layers.7.self_attn";
-    expect(&p, &format!("{attn}.k_proj.weight"), Role::Colwise, attn, B::Attention, "tp=S(0)");
-    expect(&p, &format!("{attn}.o_proj.weight"), Role::Rowwise, attn, B::Attention, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{attn}.k_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{attn}.o_proj.weight"),
+        Role::Rowwise,
+        attn,
+        B::Attention,
+        "tp=S(1)",
+    );
     // [128,1536,2048] / ep 4 -> 32 experts per rank; k_proj [512,2048] / tp 4.
     assert_eq!(
-        local(&p, &format!("{mlp}.experts.gate_up_proj"), &[("ep", 3), ("tp", 1)]),
+        local(
+            &p,
+            &format!("{mlp}.experts.gate_up_proj"),
+            &[("ep", 3), ("tp", 1)]
+        ),
         [32, 1536, 2048]
     );
     assert_eq!(
         local(&p, &format!("{mlp}.experts.down_proj"), &[("ep", 0)]),
         [32, 2048, 768]
     );
-    assert_eq!(local(&p, &format!("{attn}.k_proj.weight"), &[("tp", 2)]), [128, 2048]);
+    assert_eq!(
+        local(&p, &format!("{attn}.k_proj.weight"), &[("tp", 2)]),
+        [128, 2048]
+    );
     // The MoE block runs as a local map; its router output is EP-sharded.
     let b = p.boundaries.iter().find(|b| b.module == mlp).unwrap();
     assert!(b.flags.use_local_map);
@@ -343,12 +459,15 @@ fn qwen3_moe_expert_tp_on_fused_gate_up_is_an_error() {
     let p = plan(qwen3_moe(), &input(axes(2, 1, 2, 2)));
     let gu = "model.layers.0.mlp.experts.gate_up_proj";
     let down = "model.layers.0.mlp.experts.down_proj";
-    assert_eq!(format_axis_placements(&p.param(gu).unwrap().placements), "ep=S(0) etp=S(1)");
-    assert_eq!(format_axis_placements(&p.param(down).unwrap().placements), "ep=S(0) etp=S(2)");
     assert_eq!(
-        local(&p, down, &[("ep", 1), ("etp", 1)]),
-        [64, 2048, 384]
+        format_axis_placements(&p.param(gu).unwrap().placements),
+        "ep=S(0) etp=S(1)"
     );
+    assert_eq!(
+        format_axis_placements(&p.param(down).unwrap().placements),
+        "ep=S(0) etp=S(2)"
+    );
+    assert_eq!(local(&p, down, &[("ep", 1), ("etp", 1)]), [64, 2048, 384]);
     let fused = lints_with(&p, "fused-expert-tp");
     assert_eq!(fused.len(), 48, "one per layer's gate_up_proj");
     let l = fused
@@ -359,7 +478,10 @@ fn qwen3_moe_expert_tp_on_fused_gate_up_is_an_error() {
     assert_eq!(l.boundary.as_deref(), Some("model.layers.0.mlp"));
     assert_eq!(l.axis.as_deref(), Some("etp"));
     assert!(l.message.contains(gu), "{l}");
-    assert!(l.fix.contains("per_expert") && l.fix.contains("ep > 1"), "{l}");
+    assert!(
+        l.fix.contains("per_expert") && l.fix.contains("ep > 1"),
+        "{l}"
+    );
     // down_proj is not fused: no lint for it.
     assert!(fused.iter().all(|l| l.param.as_deref() != Some(down)));
     // Expert TP without EP is the same error.
@@ -380,14 +502,42 @@ fn qwen3_moe_per_expert_names_get_ep_owners() {
     let mlp = "model.layers.5.mlp";
     let e = |i: u32, w: &str| format!("{mlp}.experts.{i}.{w}.weight");
     // 128 experts over ep 4: 32 per coordinate; expert TP colwise S(0) / rowwise S(1) on 2-D.
-    expect(&p, &e(37, "gate_proj"), Role::MoeExpert, mlp, B::MoeMlp, "etp=S(0)");
-    expect(&p, &e(37, "up_proj"), Role::MoeExpert, mlp, B::MoeMlp, "etp=S(0)");
-    expect(&p, &e(37, "down_proj"), Role::MoeExpert, mlp, B::MoeMlp, "etp=S(1)");
+    expect(
+        &p,
+        &e(37, "gate_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "etp=S(0)",
+    );
+    expect(
+        &p,
+        &e(37, "up_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "etp=S(0)",
+    );
+    expect(
+        &p,
+        &e(37, "down_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "etp=S(1)",
+    );
     for (i, owner) in [(0, 0), (31, 0), (32, 1), (37, 1), (64, 2), (127, 3)] {
-        assert_eq!(p.param(&e(i, "down_proj")).unwrap().ep_owner, Some(owner), "expert {i}");
+        assert_eq!(
+            p.param(&e(i, "down_proj")).unwrap().ep_owner,
+            Some(owner),
+            "expert {i}"
+        );
     }
     // The owner holds the whole expert (then split by etp); other EP ranks hold nothing.
-    assert_eq!(local(&p, &e(37, "gate_proj"), &[("ep", 1), ("etp", 1)]), [384, 2048]);
+    assert_eq!(
+        local(&p, &e(37, "gate_proj"), &[("ep", 1), ("etp", 1)]),
+        [384, 2048]
+    );
     assert_eq!(local(&p, &e(37, "down_proj"), &[("ep", 1)]), [2048, 384]);
     assert_eq!(local(&p, &e(37, "gate_proj"), &[("ep", 0)]), [0, 2048]);
     // Per-expert weights are never the fused-expert TP hazard.
@@ -408,7 +558,14 @@ fn deepseek_v3_mla_dense_and_moe_layers() {
     use BoundaryType as B;
     let attn = "model.layers.0.self_attn";
     // torchtitan: wq_a/wkv_a NoParallel, wq_b/wkv_b colwise, wo rowwise, q/kv norms replicated.
-    expect(&p, &format!("{attn}.q_a_proj.weight"), Role::Replicated, attn, B::Attention, "R");
+    expect(
+        &p,
+        &format!("{attn}.q_a_proj.weight"),
+        Role::Replicated,
+        attn,
+        B::Attention,
+        "R",
+    );
     expect(
         &p,
         &format!("{attn}.kv_a_proj_with_mqa.weight"),
@@ -417,9 +574,30 @@ fn deepseek_v3_mla_dense_and_moe_layers() {
         B::Attention,
         "R",
     );
-    expect(&p, &format!("{attn}.q_b_proj.weight"), Role::Colwise, attn, B::Attention, "tp=S(0)");
-    expect(&p, &format!("{attn}.kv_b_proj.weight"), Role::Colwise, attn, B::Attention, "tp=S(0)");
-    expect(&p, &format!("{attn}.o_proj.weight"), Role::Rowwise, attn, B::Attention, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{attn}.q_b_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{attn}.kv_b_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{attn}.o_proj.weight"),
+        Role::Rowwise,
+        attn,
+        B::Attention,
+        "tp=S(1)",
+    );
     for n in ["q_a_layernorm", "kv_a_layernorm"] {
         expect(
             &p,
@@ -440,31 +618,99 @@ fn deepseek_v3_mla_dense_and_moe_layers() {
 
     // Layers 0-2 are dense (first_k_dense_replace = 3).
     let mlp2 = "model.layers.2.mlp";
-    expect(&p, &format!("{mlp2}.gate_proj.weight"), Role::Colwise, mlp2, B::Mlp, "tp=S(0)");
-    expect(&p, &format!("{mlp2}.down_proj.weight"), Role::Rowwise, mlp2, B::Mlp, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{mlp2}.gate_proj.weight"),
+        Role::Colwise,
+        mlp2,
+        B::Mlp,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{mlp2}.down_proj.weight"),
+        Role::Rowwise,
+        mlp2,
+        B::Mlp,
+        "tp=S(1)",
+    );
 
     // Layer 3 is MoE: routed experts EP S(0), router replicated, its correction bias frozen,
     // shared experts a colwise/rowwise mlp boundary of their own.
     let mlp = "model.layers.3.mlp";
     let shared = "model.layers.3.mlp.shared_experts";
-    expect(&p, &format!("{mlp}.experts.gate_up_proj"), Role::MoeExpert, mlp, B::MoeMlp, "ep=S(0)");
-    expect(&p, &format!("{mlp}.experts.down_proj"), Role::MoeExpert, mlp, B::MoeMlp, "ep=S(0)");
-    expect(&p, &format!("{mlp}.gate.weight"), Role::MoeGate, mlp, B::MoeMlp, "R");
-    let bias = p.param(&format!("{mlp}.gate.e_score_correction_bias")).unwrap();
+    expect(
+        &p,
+        &format!("{mlp}.experts.gate_up_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "ep=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{mlp}.experts.down_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "ep=S(0)",
+    );
+    expect(
+        &p,
+        &format!("{mlp}.gate.weight"),
+        Role::MoeGate,
+        mlp,
+        B::MoeMlp,
+        "R",
+    );
+    let bias = p
+        .param(&format!("{mlp}.gate.e_score_correction_bias"))
+        .unwrap();
     assert!(!bias.trainable);
     assert_eq!(bias.role, Role::Skip);
     assert_eq!(bias.boundary, None);
     for (w, pl, role_dim) in [("gate_proj", "tp=S(0)", 256), ("up_proj", "tp=S(0)", 256)] {
-        expect(&p, &format!("{shared}.{w}.weight"), Role::SharedExpert, shared, B::Mlp, pl);
-        assert_eq!(local(&p, &format!("{shared}.{w}.weight"), &[("tp", 1)]), [role_dim, 7168]);
+        expect(
+            &p,
+            &format!("{shared}.{w}.weight"),
+            Role::SharedExpert,
+            shared,
+            B::Mlp,
+            pl,
+        );
+        assert_eq!(
+            local(&p, &format!("{shared}.{w}.weight"), &[("tp", 1)]),
+            [role_dim, 7168]
+        );
     }
-    expect(&p, &format!("{shared}.down_proj.weight"), Role::SharedExpert, shared, B::Mlp, "tp=S(1)");
+    expect(
+        &p,
+        &format!("{shared}.down_proj.weight"),
+        Role::SharedExpert,
+        shared,
+        B::Mlp,
+        "tp=S(1)",
+    );
     assert_eq!(
         local(&p, &format!("{mlp}.experts.gate_up_proj"), &[("ep", 7)]),
         [32, 4096, 7168]
     );
-    expect(&p, "model.embed_tokens.weight", Role::Embed, "model.embed_tokens", B::Embed, "tp=S(0)");
-    expect(&p, "lm_head.weight", Role::LmHead, "lm_head", B::LmHead, "tp=S(0)");
+    expect(
+        &p,
+        "model.embed_tokens.weight",
+        Role::Embed,
+        "model.embed_tokens",
+        B::Embed,
+        "tp=S(0)",
+    );
+    expect(
+        &p,
+        "lm_head.weight",
+        Role::LmHead,
+        "lm_head",
+        B::LmHead,
+        "tp=S(0)",
+    );
     assert_eq!(local(&p, "lm_head.weight", &[("tp", 0)]), [16160, 7168]);
 }
 
@@ -482,7 +728,14 @@ fn deepseek_v3_mtp_layer_is_fully_covered() {
         "tp=S(0)",
     );
     for n in ["enorm", "hnorm", "shared_head.norm"] {
-        expect(&p, &format!("{m}.{n}.weight"), Role::Norm, &format!("{m}.{n}"), B::Norm, "R");
+        expect(
+            &p,
+            &format!("{m}.{n}.weight"),
+            Role::Norm,
+            &format!("{m}.{n}"),
+            B::Norm,
+            "R",
+        );
     }
     expect(
         &p,
@@ -523,11 +776,17 @@ fn deepseek_v3_mtp_layer_is_fully_covered() {
         .filter(|pp| pp.name.starts_with("model.layers.61."))
         .collect();
     assert!(mtp.len() > 15, "{}", mtp.len());
-    assert!(mtp.iter().filter(|pp| pp.trainable).all(|pp| pp.boundary.is_some()));
     assert!(
-        p.lints
-            .iter()
-            .all(|l| !l.param.as_deref().unwrap_or("").starts_with("model.layers.61.")),
+        mtp.iter()
+            .filter(|pp| pp.trainable)
+            .all(|pp| pp.boundary.is_some())
+    );
+    assert!(
+        p.lints.iter().all(|l| !l
+            .param
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("model.layers.61.")),
         "{:?}",
         p.lints
     );
@@ -567,7 +826,11 @@ fn every_family_is_fully_covered_at_tp1_and_tp_gt_1() {
         ("qwen3-14b tp4", qwen3_dense(), axes(4, 1, 1, 1)),
         ("qwen3-30b tp1", qwen3_moe(), axes(1, 1, 1, 1)),
         ("qwen3-30b tp4 ep8", qwen3_moe(), axes(4, 1, 8, 1)),
-        ("qwen3-30b per-expert tp2 ep2", qwen3_moe_per_expert(), axes(2, 1, 2, 1)),
+        (
+            "qwen3-30b per-expert tp2 ep2",
+            qwen3_moe_per_expert(),
+            axes(2, 1, 2, 1),
+        ),
         ("deepseek tp1", deepseek(), axes(1, 1, 1, 1)),
         ("deepseek tp16 ep16", deepseek(), axes(16, 1, 16, 1)),
     ];
@@ -581,7 +844,9 @@ fn every_family_is_fully_covered_at_tp1_and_tp_gt_1() {
         assert_eq!(names, model_names, "{what}: model order kept");
         // Roles never fall through to SKIP for trainable parameters.
         assert!(
-            p.params.iter().all(|x| !x.trainable || x.role != Role::Skip),
+            p.params
+                .iter()
+                .all(|x| !x.trainable || x.role != Role::Skip),
             "{what}"
         );
     }
@@ -619,9 +884,15 @@ fn plans_are_deterministic_and_digests_track_overrides() {
         .unwrap();
     assert_eq!(b.source, BoundarySource::Overridden);
     assert_eq!(b.overrides, ["t.toml:1"]);
-    assert_eq!(format_axis_placements(&b.out_dst.as_ref().unwrap()["output"]), "tp=R");
+    assert_eq!(
+        format_axis_placements(&b.out_dst.as_ref().unwrap()["output"]),
+        "tp=R"
+    );
     // A different plan axis changes the digest too.
-    assert_ne!(plan(qwen3_moe(), &input(axes(2, 1, 4, 1))).digest(), a.digest());
+    assert_ne!(
+        plan(qwen3_moe(), &input(axes(2, 1, 4, 1))).digest(),
+        a.digest()
+    );
 }
 
 // ---------------------------------------------------------------- lint errors
@@ -638,7 +909,10 @@ fn indivisible_tp_names_param_boundary_axis_and_fix() {
     assert_eq!(l.severity, Severity::Error);
     assert_eq!(l.boundary.as_deref(), Some("model.layers.0.self_attn"));
     assert_eq!(l.axis.as_deref(), Some("tp"));
-    assert!(l.message.contains(q) && l.message.contains("shape[0]=4096"), "{l}");
+    assert!(
+        l.message.contains(q) && l.message.contains("shape[0]=4096"),
+        "{l}"
+    );
     assert!(l.message.contains("tp size 3"), "{l}");
     assert!(l.fix.contains("tp") && l.fix.contains("4096"), "{l}");
     // o_proj is split on dim 1.
@@ -657,7 +931,11 @@ fn indivisible_tp_names_param_boundary_axis_and_fix() {
     let heads = lints_with(&p, "heads-not-divisible");
     assert_eq!(heads.len(), 1);
     assert_eq!(heads[0].axis.as_deref(), Some("tp"));
-    assert!(heads[0].message.contains("32") && heads[0].message.contains("tp 3"), "{}", heads[0]);
+    assert!(
+        heads[0].message.contains("32") && heads[0].message.contains("tp 3"),
+        "{}",
+        heads[0]
+    );
     assert!(!heads[0].fix.is_empty());
     assert_eq!(lints_with(&p, "kv-heads-not-divisible").len(), 1);
     // The rendered form carries the context and the fix.
@@ -732,8 +1010,16 @@ fn nested_override_wins_over_derived_ancestor() {
     let d = p.param("model.layers.0.mlp.down_proj.weight").unwrap();
     assert_eq!(d.boundary.as_deref(), Some("model.layers.0.mlp.down_proj"));
     assert_eq!(format_axis_placements(&d.placements), "tp=R");
-    assert!(d.notes.iter().any(|n| n.contains("dropped from derived boundary")));
-    let mlp = p.boundaries.iter().find(|b| b.module == "model.layers.0.mlp").unwrap();
+    assert!(
+        d.notes
+            .iter()
+            .any(|n| n.contains("dropped from derived boundary"))
+    );
+    let mlp = p
+        .boundaries
+        .iter()
+        .find(|b| b.module == "model.layers.0.mlp")
+        .unwrap();
     assert_eq!(mlp.params.len(), 2);
 }
 
@@ -743,7 +1029,10 @@ fn uncovered_trainable_param_after_clearing_attention() {
         "match = \"model.layers.0.self_attn\"\nparams = \"none\"",
         "s.toml:7",
     )];
-    let p = plan(llama(), &with_overrides(axes(2, 1, 1, 1), overrides.clone()));
+    let p = plan(
+        llama(),
+        &with_overrides(axes(2, 1, 1, 1), overrides.clone()),
+    );
     let unc = lints_with(&p, "uncovered-param");
     let names: Vec<&str> = unc.iter().filter_map(|l| l.param.as_deref()).collect();
     assert_eq!(
@@ -755,17 +1044,34 @@ fn uncovered_trainable_param_after_clearing_attention() {
         assert_eq!(l.severity, Severity::Error);
         assert!(l.message.contains(l.param.as_deref().unwrap()), "{l}");
         assert!(l.message.contains("not sharded by any boundary"), "{l}");
-        assert!(l.fix.contains("[[plan.override]]") && l.fix.contains("allow_uncovered"), "{l}");
+        assert!(
+            l.fix.contains("[[plan.override]]") && l.fix.contains("allow_uncovered"),
+            "{l}"
+        );
     }
-    assert!(p.param("model.layers.0.self_attn.q_proj.weight").unwrap().boundary.is_none());
-    assert!(p.param("model.layers.1.self_attn.q_proj.weight").unwrap().boundary.is_some());
+    assert!(
+        p.param("model.layers.0.self_attn.q_proj.weight")
+            .unwrap()
+            .boundary
+            .is_none()
+    );
+    assert!(
+        p.param("model.layers.1.self_attn.q_proj.weight")
+            .unwrap()
+            .boundary
+            .is_some()
+    );
     // allow_uncovered downgrades them to warnings.
     let mut i = with_overrides(axes(2, 1, 1, 1), overrides);
     i.allow_uncovered = true;
     let p = plan(llama(), &i);
     assert!(!p.has_errors());
     assert_eq!(lints_with(&p, "uncovered-param").len(), 4);
-    assert!(lints_with(&p, "uncovered-param").iter().all(|l| l.severity == Severity::Warning));
+    assert!(
+        lints_with(&p, "uncovered-param")
+            .iter()
+            .all(|l| l.severity == Severity::Warning)
+    );
 }
 
 #[test]
@@ -776,11 +1082,16 @@ fn unknown_and_dp_axes_in_overrides_are_parse_errors() {
         "s.toml:5",
     )
     .unwrap_err();
-    assert!(e.contains("unknown axis 'tq'") && e.contains("gate_proj.weight"), "{e}");
+    assert!(
+        e.contains("unknown axis 'tq'") && e.contains("gate_proj.weight"),
+        "{e}"
+    );
     assert!(e.contains("tp, cp, ep, etp"), "{e}");
     for dp in ["dp_shard", "dp_replicate", "edp_shard", "dp"] {
         let e = PlanOverride::parse(
-            &raw(&format!("match = \"model.layers.*.mlp\"\nout_dst = {{ {dp} = \"shard(1)\" }}")),
+            &raw(&format!(
+                "match = \"model.layers.*.mlp\"\nout_dst = {{ {dp} = \"shard(1)\" }}"
+            )),
             "s.toml:5",
         )
         .unwrap_err();
@@ -793,7 +1104,10 @@ fn unknown_and_dp_axes_in_overrides_are_parse_errors() {
 #[test]
 fn override_that_matches_nothing() {
     let overrides = vec![
-        ov("match = \"model.layers.0.self_atn\"\nout_dst = { tp = \"replicate\" }", "s.toml:3"),
+        ov(
+            "match = \"model.layers.0.self_atn\"\nout_dst = { tp = \"replicate\" }",
+            "s.toml:3",
+        ),
         ov(
             "match = \"model.layers.0.self_attn.q_proj.weight\"\nout_dst = { tp = \"replicate\" }",
             "s.toml:7",
@@ -821,7 +1135,11 @@ fn override_that_matches_nothing() {
     );
     assert_eq!(none[2].boundary.as_deref(), Some("model.blocks.*.attn"));
     // Nothing else changed.
-    assert!(p.boundaries.iter().all(|b| b.source == BoundarySource::Derived));
+    assert!(
+        p.boundaries
+            .iter()
+            .all(|b| b.source == BoundarySource::Derived)
+    );
 }
 
 #[test]
@@ -831,13 +1149,21 @@ fn ep_without_moe_and_experts_not_divisible() {
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].severity, Severity::Error);
     assert_eq!(l[0].axis.as_deref(), Some("ep"));
-    assert!(l[0].message.contains("ep = 2") && l[0].fix.contains("ep = 1"), "{}", l[0]);
+    assert!(
+        l[0].message.contains("ep = 2") && l[0].fix.contains("ep = 1"),
+        "{}",
+        l[0]
+    );
 
     let p = plan(qwen3_moe(), &input(axes(1, 1, 3, 1)));
     let l = lints_with(&p, "experts-not-divisible");
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].axis.as_deref(), Some("ep"));
-    assert!(l[0].message.contains("128") && l[0].message.contains("ep 3"), "{}", l[0]);
+    assert!(
+        l[0].message.contains("128") && l[0].message.contains("ep 3"),
+        "{}",
+        l[0]
+    );
     assert!(l[0].fix.contains("128"));
     // The fused expert tensors are flagged individually as well.
     let gu = "model.layers.0.mlp.experts.gate_up_proj";
@@ -857,13 +1183,21 @@ fn seq_len_must_divide_by_twice_cp() {
     let l = lints_with(&p, "seq-not-divisible");
     assert_eq!(l.len(), 1);
     assert_eq!(l[0].axis.as_deref(), Some("cp"));
-    assert!(l[0].message.contains("4098") && l[0].message.contains("2*cp = 4"), "{}", l[0]);
+    assert!(
+        l[0].message.contains("4098") && l[0].message.contains("2*cp = 4"),
+        "{}",
+        l[0]
+    );
     assert!(!l[0].fix.is_empty());
     i.seq_len = 4096;
     assert!(lints_with(&plan(llama(), &i), "seq-not-divisible").is_empty());
     // Attention boundaries get the CP wrapper flag only with cp > 1.
     let p = plan(llama(), &i);
-    let a = p.boundaries.iter().find(|b| b.module == "model.layers.0.self_attn").unwrap();
+    let a = p
+        .boundaries
+        .iter()
+        .find(|b| b.module == "model.layers.0.self_attn")
+        .unwrap();
     assert!(a.flags.needs_cp_attn);
 }
 
@@ -881,13 +1215,19 @@ fn when_gate_applies_only_with_its_axis() {
             .unwrap()
     };
     // cp = 1: ignored entirely.
-    let off = plan(llama(), &with_overrides(axes(2, 1, 1, 1), vec![entry.clone()]));
+    let off = plan(
+        llama(),
+        &with_overrides(axes(2, 1, 1, 1), vec![entry.clone()]),
+    );
     assert_clean(&off, "when cp, cp=1");
     assert_eq!(off, plan(llama(), &input(axes(2, 1, 1, 1))));
     let b = attn(&off);
     assert_eq!(b.source, BoundarySource::Derived);
     assert!(b.overrides.is_empty());
-    assert_eq!(format_axis_placements(&b.out_dst.unwrap()["hidden_states"]), "tp=S(1)");
+    assert_eq!(
+        format_axis_placements(&b.out_dst.unwrap()["hidden_states"]),
+        "tp=S(1)"
+    );
     // cp = 2: applied to every attention boundary.
     let on = plan(llama(), &with_overrides(axes(2, 2, 1, 1), vec![entry]));
     assert_clean(&on, "when cp, cp=2");
@@ -913,11 +1253,18 @@ fn same_match_entries_merge_fieldwise_later_wins() {
             "match = \"model.layers.0.mlp\"\nin_src = { hidden_states = { tp = \"replicate\" } }\nout_dst = { tp = \"replicate\" }",
             "s.toml:1",
         ),
-        ov("match = \"model.layers.0.mlp\"\nout_dst = \"none\"", "s.toml:5"),
+        ov(
+            "match = \"model.layers.0.mlp\"\nout_dst = \"none\"",
+            "s.toml:5",
+        ),
     ];
     let p = plan(llama(), &with_overrides(axes(2, 1, 1, 1), overrides));
     assert_clean(&p, "merged");
-    let b = p.boundaries.iter().find(|b| b.module == "model.layers.0.mlp").unwrap();
+    let b = p
+        .boundaries
+        .iter()
+        .find(|b| b.module == "model.layers.0.mlp")
+        .unwrap();
     assert_eq!(b.out_dst, None);
     assert_eq!(
         format_axis_placements(&b.in_src.as_ref().unwrap()["hidden_states"]),

@@ -30,7 +30,10 @@ fn load_err(name: &str) -> (usize, String) {
     match err {
         PlanError::Scenario { file, line, .. } => {
             assert_eq!(file, path.display().to_string(), "{text}");
-            assert!(text.starts_with(&format!("{}:{line}: ", path.display())), "{text}");
+            assert!(
+                text.starts_with(&format!("{}:{line}: ", path.display())),
+                "{text}"
+            );
             assert!(text.contains(name), "{text}");
             (line, text)
         }
@@ -58,17 +61,29 @@ fn valid_tiny_fixture_loads() {
 
 #[test]
 fn unknown_key_at_top_level() {
-    check("err-unknown-top.toml", 4, &["unknown field `descripton`", "description"]);
+    check(
+        "err-unknown-top.toml",
+        4,
+        &["unknown field `descripton`", "description"],
+    );
 }
 
 #[test]
 fn unknown_key_in_a_section() {
-    check("err-unknown-mesh.toml", 10, &["unknown field `dp_shrad`", "dp_shard"]);
+    check(
+        "err-unknown-mesh.toml",
+        10,
+        &["unknown field `dp_shrad`", "dp_shard"],
+    );
 }
 
 #[test]
 fn wrong_type() {
-    check("err-wrong-type.toml", 9, &["invalid type", "usize", "mesh.dp_shard"]);
+    check(
+        "err-wrong-type.toml",
+        9,
+        &["invalid type", "usize", "mesh.dp_shard"],
+    );
 }
 
 #[test]
@@ -97,7 +112,11 @@ fn global_batch_not_divisible() {
 
 #[test]
 fn bad_recompute_range() {
-    check("err-recompute.toml", 20, &["recompute.layers = \"0..5\"", "within 0..2"]);
+    check(
+        "err-recompute.toml",
+        20,
+        &["recompute.layers = \"0..5\"", "within 0..2"],
+    );
 }
 
 #[test]
@@ -105,23 +124,39 @@ fn unknown_fsdp_strategy() {
     check(
         "err-strategy.toml",
         22,
-        &["[fsdp] strategy", "'zero3'", "hyperparallel, fsdp2, megatron-ddp"],
+        &[
+            "[fsdp] strategy",
+            "'zero3'",
+            "hyperparallel, fsdp2, megatron-ddp",
+        ],
     );
 }
 
 #[test]
 fn unknown_muon_baseline() {
-    check("err-baseline.toml", 23, &["[optimizer] baselines", "'shampoo'", "flexshard"]);
+    check(
+        "err-baseline.toml",
+        23,
+        &["[optimizer] baselines", "'shampoo'", "flexshard"],
+    );
 }
 
 #[test]
 fn unknown_preset() {
-    check("err-preset.toml", 22, &["[optimizer] preset", "adam-ish", "keller-jordan"]);
+    check(
+        "err-preset.toml",
+        22,
+        &["[optimizer] preset", "adam-ish", "keller-jordan"],
+    );
 }
 
 #[test]
 fn bad_dtype() {
-    check("err-dtype.toml", 23, &["[fsdp] reduce_dtype", "\"int4\"", "bf16"]);
+    check(
+        "err-dtype.toml",
+        23,
+        &["[fsdp] reduce_dtype", "\"int4\"", "bf16"],
+    );
 }
 
 #[test]
@@ -135,7 +170,11 @@ fn missing_model_file() {
 
 #[test]
 fn both_hf_config_and_compact() {
-    check("err-model-both.toml", 7, &["hf_config", "compact", "keep one"]);
+    check(
+        "err-model-both.toml",
+        7,
+        &["hf_config", "compact", "keep one"],
+    );
 }
 
 #[test]
@@ -143,7 +182,12 @@ fn override_with_unknown_axis_points_at_its_header() {
     check(
         "err-override-axis.toml",
         25,
-        &["[[plan.override]] #2", "unknown axis 'tq'", "gate.weight", "tp, cp, ep, etp"],
+        &[
+            "[[plan.override]] #2",
+            "unknown axis 'tq'",
+            "gate.weight",
+            "tp, cp, ep, etp",
+        ],
     );
 }
 
@@ -152,7 +196,12 @@ fn override_with_dp_axis_points_at_its_header() {
     check(
         "err-override-dp.toml",
         21,
-        &["[[plan.override]] #1", "dp_shard", "DP placement", "q_proj.weight"],
+        &[
+            "[[plan.override]] #1",
+            "dp_shard",
+            "DP placement",
+            "q_proj.weight",
+        ],
     );
 }
 
@@ -160,7 +209,10 @@ fn override_with_dp_axis_points_at_its_header() {
 fn unreadable_scenario_file() {
     let path = fixture("does-not-exist.toml");
     let e = Scenario::load(&path).unwrap_err().to_string();
-    assert!(e.contains("does-not-exist.toml") && e.contains("cannot read"), "{e}");
+    assert!(
+        e.contains("does-not-exist.toml") && e.contains("cannot read"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -179,8 +231,13 @@ fn in_memory_variants_of_the_valid_fixture() {
     let e = err(&format!("{base}recompute = \"sometimes\"\n"));
     assert!(e.contains(":20: ") && e.contains("sometimes"), "{e}");
     // An unknown fsdp variant section names its header line.
-    let e = err(&format!("{base}\n[fsdp.variant.zero2]\nprefetch_depth = 0\n"));
-    assert!(e.contains(":21: ") && e.contains("[fsdp.variant.zero2]"), "{e}");
+    let e = err(&format!(
+        "{base}\n[fsdp.variant.zero2]\nprefetch_depth = 0\n"
+    ));
+    assert!(
+        e.contains(":21: ") && e.contains("[fsdp.variant.zero2]"),
+        "{e}"
+    );
     // A custom preset needs coefficients.
     let e = err(&format!("{base}\n[optimizer]\npreset = \"custom\"\n"));
     assert!(e.contains("coefficients") && e.contains("custom"), "{e}");
@@ -226,17 +283,23 @@ fn all_paper_scenarios_load_and_plan_without_lint_errors() {
             .filter(|l| l.severity == Severity::Error)
             .map(|l| l.to_string())
             .collect();
-        assert!(errors.is_empty(), "{}:\n{}", path.display(), errors.join("\n"));
         assert!(
-            p.params.iter().filter(|x| x.trainable).all(|x| x.boundary.is_some()),
+            errors.is_empty(),
+            "{}:\n{}",
+            path.display(),
+            errors.join("\n")
+        );
+        assert!(
+            p.params
+                .iter()
+                .filter(|x| x.trainable)
+                .all(|x| x.boundary.is_some()),
             "{}",
             path.display()
         );
         assert_eq!(
             s.world_size(),
-            s.topology.dies_per_machine
-                * s.topology.machines_per_supernode
-                * s.topology.supernodes
+            s.topology.dies_per_machine * s.topology.machines_per_supernode * s.topology.supernodes
         );
     }
 }

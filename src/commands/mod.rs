@@ -1,3 +1,4 @@
 //! One module per CLI subcommand.
 
+pub mod bench;
 pub mod plan;
