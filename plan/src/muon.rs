@@ -238,7 +238,11 @@ fn muon_param(
             let e = &scenario.expert_mesh;
             push("edp_replicate", e.axis_size("edp_replicate"), None);
             push("edp_shard", e.axis_size("edp_shard"), fsdp_dim);
-            push("ep", m.ep, plan_dim("ep").or(p.ep_owner.map(|_| 0)));
+            // Per-expert weights live whole on their owning EP rank: ep neither shards nor
+            // replicates them, so it is no Muon domain axis.
+            if p.ep_owner.is_none() {
+                push("ep", m.ep, plan_dim("ep"));
+            }
             push("etp", m.etp, plan_dim("etp"));
         }
     }

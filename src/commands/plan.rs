@@ -2,7 +2,7 @@
 
 use crate::table::Table;
 use anyhow::Result;
-use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan, GroupSpec, build_fsdp_plan};
+use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan, GroupSpec, ParamFsdp, build_fsdp_plan};
 use hpfsdp_plan::muon::{MuonPlan, OptimizerRoute, build_muon_plan};
 use hpfsdp_plan::planner::lint::Severity;
 use hpfsdp_plan::planner::templates::{Contract, format_axis_placements};
@@ -148,8 +148,8 @@ fn shape(s: &[u64]) -> String {
     )
 }
 
-fn full_placements(scenario: &Scenario, fsdp: &FsdpPlan, name: &str, plan_pl: &str) -> String {
-    let Some(f) = fsdp.param(name) else {
+fn full_placements(scenario: &Scenario, fp: Option<&ParamFsdp>, plan_pl: &str) -> String {
+    let Some(f) = fp else {
         return plan_pl.to_string();
     };
     let m = &scenario.file.mesh;
@@ -298,7 +298,7 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
             p.role.name().to_string(),
             p.boundary.as_deref().map_or("-".into(), |b| fold_name(b).0),
             if p.trainable {
-                format!("{}{owner}", full_placements(scenario, f, &p.name, &pl))
+                format!("{}{owner}", full_placements(scenario, fp, &pl))
             } else {
                 "frozen".into()
             },
@@ -482,7 +482,7 @@ fn explain_param(
     let pl = format_axis_placements(&p.placements);
     out.push_str(&format!(
         "placement  plan axes: {pl}; full mesh: {}\n",
-        full_placements(scenario, f, &p.name, &pl)
+        full_placements(scenario, f.param(name), &pl)
     ));
     if let Some(o) = p.ep_owner {
         out.push_str(&format!("ep owner   whole matrix on ep coordinate {o}\n"));
