@@ -37,36 +37,10 @@ impl fmt::Display for DType {
     }
 }
 
-/// Element-wise reduction applied by all-reduce and reduce-scatter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
-    /// Sum, in ascending rank order.
-    Sum,
-    /// Sum in ascending rank order, then one division by the group size.
-    Avg,
-    /// Maximum (NaN propagates).
-    Max,
-    /// Minimum (NaN propagates).
-    Min,
-}
-
-impl ReduceOp {
-    /// Lower-case name (`sum`, `avg`, `max`, `min`).
-    pub fn name(self) -> &'static str {
-        match self {
-            ReduceOp::Sum => "sum",
-            ReduceOp::Avg => "avg",
-            ReduceOp::Max => "max",
-            ReduceOp::Min => "min",
-        }
-    }
-}
-
-impl fmt::Display for ReduceOp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// Element-wise reduction applied by all-reduce and reduce-scatter: the plan's own type,
+/// so plans and backends cannot disagree. Every backend reduces in ascending rank order;
+/// `Avg` is one division by the group size at the end; `Max`/`Min` propagate NaN.
+pub use hpfsdp_plan::ReduceOp;
 
 /// The kind of a communication call, as recorded in traces and error messages.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
