@@ -32,6 +32,44 @@ enum Command {
         #[arg(long)]
         all: bool,
     },
+    /// Predict one training step of the scenario's strategy and its baselines: step time,
+    /// tokens/s, MFU, exposed communication per category, overlap, traffic per tier, peak memory.
+    Simulate {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+        /// Strategy to simulate (repeatable; default: the scenario's strategy and baselines).
+        #[arg(long = "strategy", value_name = "S")]
+        strategies: Vec<String>,
+        /// Print the results as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Write report.html, summary.csv, timeline.csv and trace.json into DIR.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Hardware profile name, overriding the scenario's `hardware`.
+        #[arg(long)]
+        hardware: Option<String>,
+        /// Simulate every rank separately instead of folding symmetric ranks (slow).
+        #[arg(long)]
+        no_fold: bool,
+        /// Charge validation-mode dispatch costs on every launch.
+        #[arg(long)]
+        validation_mode: bool,
+    },
+    /// Compare the hardware profile's predictions with the held-in measured runs (experiment B,
+    /// experiment A micro batch 2), optionally fit its calibrated constants, and write the
+    /// comparison report. Exit status 1 when experiment B leaves its tolerances.
+    Calibrate {
+        /// Hardware profile name (scenarios/hardware/<name>.toml).
+        #[arg(long, default_value = "ascend-910c-a3")]
+        hardware: String,
+        /// Fit the calibrated constants (prints the fitted values; does not edit the profile).
+        #[arg(long)]
+        fit: bool,
+        /// Where to write report.html, comparison.csv and comparison.md.
+        #[arg(long, default_value = "reports/calibration")]
+        out: PathBuf,
+    },
     /// Time the simulator itself: wall time per simulated step and events per second for a
     /// synthetic 48-layer SPMD step on 768 ranks (folded and unfolded) and on ~100k ranks.
     Bench {
@@ -50,6 +88,24 @@ fn main() -> ExitCode {
             explain,
             all,
         } => commands::plan::run(&scenario, json, explain.as_deref(), all),
+        Command::Simulate {
+            scenario,
+            strategies,
+            json,
+            out,
+            hardware,
+            no_fold,
+            validation_mode,
+        } => commands::simulate::run(&commands::simulate::SimulateArgs {
+            scenario,
+            strategies,
+            json,
+            out,
+            hardware,
+            no_fold,
+            validation_mode,
+        }),
+        Command::Calibrate { hardware, fit, out } => commands::calibrate::run(&hardware, fit, &out),
         Command::Bench { hardware } => commands::bench::run(&hardware),
     };
     match result {

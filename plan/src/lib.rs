@@ -14,6 +14,7 @@ pub mod placement;
 pub mod planner;
 pub mod program;
 pub mod scenario;
+pub mod strategy;
 pub mod topology;
 pub mod transition;
 
@@ -30,6 +31,7 @@ pub use program::{
     OpSpan, Payload, ProgramBuilder, ProgramError, RankRange, RankTimeline, ResidentMemory,
     StepProgram, Stream, Timeline, TimelineKind, TimelineSource,
 };
+pub use strategy::{ProgramGenerator, StrategyError, StrategyKind, StrategyOptions};
 pub use topology::{DeviceLocation, Tier, Topology};
 pub use transition::{
     TransitionAction, TransitionPlan, TransitionStep, classify_transition, lower_transition,

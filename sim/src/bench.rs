@@ -14,6 +14,8 @@ use hpfsdp_plan::program::{
 };
 use hpfsdp_plan::{CollectiveKind, DType, Topology};
 use serde::{Deserialize, Serialize};
+use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
+use hpfsdp_plan::scenario::Scenario;
 use std::time::Instant;
 
 /// Shape of a synthetic FSDP/HSDP step.
@@ -288,11 +290,90 @@ pub fn bench_synthetic(
     })
 }
 
-/// The standard benchmark: 768 ranks folded and unfolded, 100,608 ranks folded.
-pub fn bench_suite(profile: &HardwareProfile) -> Result<Vec<BenchReport>, SimError> {
-    Ok(vec![
+/// Derives the plans of `scenario`, generates its strategy's programs, folds and simulates
+/// them, timing the whole (the `prepare` figure covers planning and program generation).
+pub fn bench_scenario(
+    name: &str,
+    scenario: Scenario,
+    strategy: &str,
+    profile: &HardwareProfile,
+) -> Result<BenchReport, SimError> {
+    let t0 = Instant::now();
+    let plans = ScenarioPlans::new(scenario);
+    let prepared = prepare(&plans, strategy, true)?;
+    let prepare_s = t0.elapsed().as_secs_f64();
+    let options = RunOptions {
+        fold: true,
+        validation_mode: false,
+        record_timeline: false,
+    };
+    let t1 = Instant::now();
+    let run = run_prepared(&prepared, profile, &options)?;
+    let simulate_s = t1.elapsed().as_secs_f64();
+    let r = &run.result;
+    Ok(BenchReport {
+        name: name.to_string(),
+        world_size: r.world_size,
+        simulated_ranks: r.simulated_ranks,
+        folded: r.folded,
+        ops_per_rank: run.rank0_program.ops.len(),
+        prepare_s,
+        simulate_s,
+        events: r.events_processed,
+        events_per_s: r.events_processed as f64 / simulate_s.max(1e-9),
+        step_time_s: r.step_time_s(),
+    })
+}
+
+/// `scenario` scaled to about `target_ranks` ranks by multiplying both replicate axes (and
+/// the supernode count) by the same factor: the same job, more replicas.
+pub fn scaled_scenario(scenario: &Scenario, target_ranks: usize) -> Result<Scenario, SimError> {
+    let bad = |m: String| SimError::Workload(format!("scaling {}: {m}", scenario.path.display()));
+    let world = scenario.world_size();
+    let factor = target_ranks.div_ceil(world).max(1);
+    let text = std::fs::read_to_string(&scenario.path).map_err(|e| bad(e.to_string()))?;
+    let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    let scale = |doc: &mut toml::Table, section: &str, key: &str, default: i64| {
+        let t = doc
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        if let Some(t) = t.as_table_mut() {
+            let v = t.get(key).and_then(toml::Value::as_integer).unwrap_or(default);
+            t.insert(key.into(), toml::Value::Integer(v * factor as i64));
+        }
+    };
+    scale(&mut doc, "mesh", "dp_replicate", 1);
+    let edp = scenario.expert_mesh.axis_size("edp_replicate") as i64;
+    if let Some(m) = doc.get_mut("mesh").and_then(toml::Value::as_table_mut) {
+        m.insert("edp_replicate".into(), toml::Value::Integer(edp));
+    }
+    scale(&mut doc, "mesh", "edp_replicate", 1);
+    scale(&mut doc, "topology", "supernodes", 1);
+    if let Some(t) = doc.get_mut("train").and_then(toml::Value::as_table_mut) {
+        let gb = t.get("global_batch").and_then(toml::Value::as_integer).unwrap_or(1);
+        t.insert("global_batch".into(), toml::Value::Integer(gb * factor as i64));
+    }
+    let text = toml::to_string(&doc).map_err(|e| bad(e.to_string()))?;
+    Scenario::from_str_at(&text, &scenario.path).map_err(|e| bad(e.to_string()))
+}
+
+/// The standard benchmark: the synthetic 768-rank step folded and unfolded, then the real
+/// `exp-d` scenario (768 ranks, hyperparallel programs from its plans) and exp-d scaled to
+/// about 100,000 ranks, when `exp_d` is given.
+pub fn bench_suite(
+    profile: &HardwareProfile,
+    exp_d: Option<&Scenario>,
+) -> Result<Vec<BenchReport>, SimError> {
+    let mut out = vec![
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, true)?,
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
-        bench_synthetic(&SyntheticConfig::ranks_100k(), profile, true)?,
-    ])
+    ];
+    if let Some(d) = exp_d {
+        out.push(bench_scenario("exp-d", d.clone(), "hyperparallel", profile)?);
+        let big = scaled_scenario(d, 100_000)?;
+        out.push(bench_scenario("exp-d x131 replicas", big, "hyperparallel", profile)?);
+    } else {
+        out.push(bench_synthetic(&SyntheticConfig::ranks_100k(), profile, true)?);
+    }
+    Ok(out)
 }

@@ -89,17 +89,34 @@ struct ChunkDigests {
     new_groups: HashMap<u128, (Group, GroupShape)>,
 }
 
-/// Digests ranks `range`: validates each program, hashes it with its groups relabeled to
+/// What the digest pass needs to know about one rank: a digest of its program with the
+/// groups left out (ops and resident memory), and its group table.
+pub(crate) struct RankView<'a> {
+    /// Digest of the rank's ops and resident memory, groups excluded.
+    pub ops_digest: u128,
+    /// The rank's groups, in program order.
+    pub groups: Cow<'a, [Group]>,
+}
+
+/// Digest of a program's ops and resident memory (its groups excluded).
+pub(crate) fn ops_digest(prog: &StepProgram) -> u128 {
+    let mut sink = ByteSink(Vec::new());
+    prog.ops.hash(&mut sink);
+    prog.resident.hash(&mut sink);
+    digest(&sink.0)
+}
+
+/// Digests ranks `range`: hashes each rank's program digest with its groups relabeled to
 /// (label, shape), and hashes each group's identity (label and ranks). A small cache makes
 /// the common case (neighbouring ranks share groups) a memory comparison.
 fn digest_chunk<'a, F>(
     range: std::ops::Range<usize>,
     world_size: usize,
     topology: &Topology,
-    program: &F,
+    view: &F,
 ) -> Result<ChunkDigests, SimError>
 where
-    F: Fn(usize) -> Result<Cow<'a, StepProgram>, SimError>,
+    F: Fn(usize) -> Result<RankView<'a>, SimError>,
 {
     let mut out = ChunkDigests {
         local: Vec::with_capacity(range.len()),
@@ -111,12 +128,11 @@ where
     let mut sink = ByteSink(Vec::new());
     let mut gsink = ByteSink(Vec::new());
     for rank in range {
-        let prog = program(rank)?;
-        check_program(&prog, rank, world_size)?;
+        let rv = view(rank)?;
+        check_groups(&rv.groups, rank, world_size)?;
         sink.0.clear();
-        prog.ops.hash(&mut sink);
-        prog.resident.hash(&mut sink);
-        for g in &prog.groups {
+        rv.ops_digest.hash(&mut sink);
+        for g in rv.groups.iter() {
             let (id, shape) = match cache.iter().position(|(c, _, _)| c == g) {
                 Some(i) => (cache[i].1, cache[i].2),
                 None => {
@@ -154,6 +170,29 @@ pub fn classes<'a, F>(
 ) -> Result<Classes, SimError>
 where
     F: Fn(usize) -> Result<Cow<'a, StepProgram>, SimError> + Sync,
+{
+    classes_of_views(world_size, topology, |rank| {
+        let prog = program(rank)?;
+        check_program(&prog, rank, world_size)?;
+        let ops_digest = ops_digest(&prog);
+        let groups = match prog {
+            Cow::Borrowed(p) => Cow::Borrowed(p.groups.as_slice()),
+            Cow::Owned(p) => Cow::Owned(p.groups),
+        };
+        Ok(RankView { ops_digest, groups })
+    })
+}
+
+/// Computes the classes from per-rank views (program digest without groups, plus the group
+/// table); [`classes`] builds the views from whole programs, templated workloads from one
+/// program per template and a cheap group table per rank.
+pub(crate) fn classes_of_views<'a, F>(
+    world_size: usize,
+    topology: &Topology,
+    program: F,
+) -> Result<Classes, SimError>
+where
+    F: Fn(usize) -> Result<RankView<'a>, SimError> + Sync,
 {
     let threads = if world_size >= 4096 {
         std::thread::available_parallelism().map_or(1, |n| n.get().min(16))
@@ -280,7 +319,12 @@ pub(crate) fn check_program(
         )));
     }
     prog.validate()?;
-    for g in &prog.groups {
+    check_groups(&prog.groups, rank, world_size)
+}
+
+/// Checks that every group of `rank` contains only ranks of the job.
+pub(crate) fn check_groups(groups: &[Group], rank: usize, world_size: usize) -> Result<(), SimError> {
+    for g in groups {
         if let Some(&last) = g.ranks.last()
             && last >= world_size
         {

@@ -14,6 +14,7 @@
 //! [`simulate_programs`] (or [`Workload::fold_with`] + [`simulate`] for very large jobs).
 
 pub mod bench;
+pub mod calibration;
 pub mod cost;
 pub mod engine;
 pub mod error;
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod net;
 pub mod profile;
 pub mod result;
+pub mod scenario_run;
 pub mod shape;
 pub mod workload;
 

@@ -1,9 +1,10 @@
 //! Workloads: the programs of one job, either one per rank or one per symmetry class.
 
 use crate::error::SimError;
-use crate::fold::{self, Classes, check_program};
+use crate::fold::{self, Classes, RankView, check_program};
+use std::collections::HashMap;
 use hpfsdp_plan::Topology;
-use hpfsdp_plan::program::{Payload, RankRange, StepProgram};
+use hpfsdp_plan::program::{Group, Payload, RankRange, StepProgram};
 use std::borrow::Cow;
 
 /// One simulated rank: a representative program standing for one or more identical ranks.
@@ -78,6 +79,54 @@ impl Workload {
             .iter()
             .map(|m| {
                 let p = program(m[0])?;
+                check_tiers(&p, &topology)?;
+                Ok(p)
+            })
+            .collect::<Result<Vec<_>, SimError>>()?;
+        Ok(Self::assemble_reps(world_size, topology, classes, reps))
+    }
+
+    /// Folds a job whose ranks share a few program **templates**: `template_key(rank)` is
+    /// equal for two ranks exactly when their programs are identical except for the ranks
+    /// inside their groups, and `groups(rank)` is the group table of `rank`'s program. Only
+    /// one program per template plus one per class representative is generated, so a
+    /// 100,000-rank job costs group tables, not programs. The classes are the same as
+    /// [`Workload::fold_with`] finds when the key is honest; a test checks this.
+    pub fn fold_templated<K, G, P>(
+        world_size: usize,
+        topology: Topology,
+        template_key: K,
+        groups: G,
+        program: P,
+    ) -> Result<Self, SimError>
+    where
+        K: Fn(usize) -> u64 + Sync,
+        G: Fn(usize) -> Result<Vec<Group>, SimError> + Sync,
+        P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+    {
+        check_world(world_size, &topology)?;
+        // One digest per template, from its first rank's program.
+        let mut template_digest: HashMap<u64, u128> = HashMap::new();
+        for rank in 0..world_size {
+            let key = template_key(rank);
+            if let std::collections::hash_map::Entry::Vacant(e) = template_digest.entry(key) {
+                let p = program(rank)?;
+                check_program(&p, rank, world_size)?;
+                e.insert(fold::ops_digest(&p));
+            }
+        }
+        let classes = fold::classes_of_views(world_size, &topology, |rank| {
+            Ok(RankView {
+                ops_digest: template_digest[&template_key(rank)],
+                groups: Cow::Owned(groups(rank)?),
+            })
+        })?;
+        let reps = classes
+            .members
+            .iter()
+            .map(|m| {
+                let p = program(m[0])?;
+                check_program(&p, m[0], world_size)?;
                 check_tiers(&p, &topology)?;
                 Ok(p)
             })

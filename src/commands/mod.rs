@@ -1,4 +1,7 @@
 //! One module per CLI subcommand.
 
 pub mod bench;
+pub mod calibrate;
 pub mod plan;
+pub mod sim_summary;
+pub mod simulate;

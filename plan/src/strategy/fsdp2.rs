@@ -1,0 +1,430 @@
+//! PyTorch FSDP2 (`fully_shard`, notes `pytorch-baselines.md` 1.1-1.8).
+//!
+//! - **Units:** one `fully_shard` per decoder block plus the root `fully_shard(model)`, which
+//!   takes every remaining parameter (embedding, final norm, `lm_head`). With expert parallelism
+//!   a block's routed experts form a second parameter group on the expert mesh. The root is
+//!   not resharded after forward (`reshard_after_forward=None` gives `False` for the root).
+//! - **All-gather** per unit and parameter group, of the concatenated padded shards:
+//!   copy-in on the copy stream (`all_gather_copy_in`, one foreach copy of the shard bytes),
+//!   the collective on the all-gather stream, copy-out on the compute stream
+//!   (`split_with_sizes_copy` of the whole output, plus one chunk/cat pass per `Shard(1)`
+//!   parameter). Buffers whose length is not a multiple of 512 bytes are flagged unaligned.
+//!   The copy-in of a unit waits for the copy-out two units earlier (at most about two
+//!   all-gather outputs alive, 1.3.5).
+//! - **Prefetch:** depth `d` issues the copy-in and all-gather of the next `d` units right
+//!   after a unit's copy-out (explicit prefetch, 1.7); `d = 0` issues each unit's all-gather in
+//!   its own pre-forward/pre-backward hook (implicit forward prefetch, backward prefetch
+//!   disabled). The copy-out of a unit is issued in its own pre-hook.
+//! - **Reduce-scatter** per unit and group: the compute stream first waits for the previous
+//!   unit's reduce-scatter (1.4.1), then runs the reduce-scatter copy-in (`chunk_cat`) of the
+//!   gradients; the collective runs on the reduce-scatter stream. With replicas the
+//!   reduce-scatter output is all-reduced on the all-reduce stream right after it (the
+//!   same-layer RS -> AR chain, 1.4.4), on every micro-batch (FSDP2's default gradient sync).
+//! - The root's reduce-scatter runs at the end of backward (its post-backward fires last).
+
+use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::optimizer::optimizer_step;
+use super::parallel::CollSpec;
+use super::{Ctx, GroupKind, StrategyError};
+use crate::CollectiveKind;
+use crate::fsdp::{DataDomain, ParamFsdp};
+use crate::program::{Category, Group, MemTag, OpId, StepProgram, Stream};
+use crate::topology::Tier;
+
+/// One FSDP2 parameter group (the params of one unit in one data domain).
+struct CommGroup {
+    domain: DataDomain,
+    params: u32,
+    shard_elems: u64,
+    /// Parameters sharded on dim 1 (extra chunk/cat pass in copy-out and copy-in).
+    dim1: u32,
+    ag_in: u64,
+    ag_out: u64,
+    rs_in: u64,
+    rs_out: u64,
+}
+
+struct Unit {
+    name: String,
+    root: bool,
+    groups: Vec<CommGroup>,
+}
+
+fn short(name: &str) -> &str {
+    name.strip_prefix("model.").unwrap_or(name)
+}
+
+fn comm_groups(ctx: &Ctx, params: &[&ParamFsdp]) -> Vec<CommGroup> {
+    let pd = ctx.opts.param_dtype.bytes();
+    let rd = ctx.opts.reduce_dtype.bytes();
+    let mut out = Vec::new();
+    for domain in [DataDomain::Dense, DataDomain::Expert] {
+        let ps: Vec<&&ParamFsdp> = params.iter().filter(|p| p.domain == domain).collect();
+        if ps.is_empty() {
+            continue;
+        }
+        let s = ctx.shard_size[Ctx::domain_index(domain)] as u64;
+        let shard_elems: u64 = ps.iter().map(|p| p.padded_shard_numel).sum();
+        out.push(CommGroup {
+            domain,
+            params: ps.len() as u32,
+            shard_elems,
+            dim1: ps.iter().filter(|p| p.shard_dim != 0).count() as u32,
+            ag_in: shard_elems * pd,
+            ag_out: shard_elems * pd * s,
+            rs_in: shard_elems * rd * s,
+            rs_out: shard_elems * rd,
+        });
+    }
+    out
+}
+
+fn shard_group(d: DataDomain) -> GroupKind {
+    match d {
+        DataDomain::Dense => GroupKind::DenseShard,
+        DataDomain::Expert => GroupKind::ExpertShard,
+    }
+}
+
+fn replicate_group(d: DataDomain) -> GroupKind {
+    match d {
+        DataDomain::Dense => GroupKind::DenseReplicate,
+        DataDomain::Expert => GroupKind::ExpertReplicate,
+    }
+}
+
+fn group_name(unit: &str, d: DataDomain) -> String {
+    match d {
+        DataDomain::Dense => unit.to_string(),
+        DataDomain::Expert => format!("{unit}.experts"),
+    }
+}
+
+struct F2<'c> {
+    e: Emitter<'c>,
+    units: Vec<Unit>,
+    /// Pending all-gathers (group index, op) awaiting copy-out, per unit.
+    ag: Vec<Vec<(usize, OpId)>>,
+    gathered: Vec<bool>,
+    /// Copy-outs issued so far (for the two-buffer limit of copy-in).
+    copy_outs: Vec<OpId>,
+    /// Reduce-scatter (and all-reduce) ops of the last unit reduced.
+    prev_reduce: Vec<OpId>,
+    /// Reduce ops per unit (waited by the optimizer).
+    reduce_ops: Vec<Vec<OpId>>,
+}
+
+impl F2<'_> {
+    fn unshard(&mut self, u: usize, bwd: bool) {
+        if self.gathered[u] || !self.ag[u].is_empty() {
+            return;
+        }
+        let o = &self.e.ctx.opts;
+        let (pd, cast) = (o.param_dtype, o.param_dtype != o.master_dtype);
+        let name = short(&self.units[u].name).to_string();
+        let phase = if bwd { ".bwd" } else { "" };
+        for gi in 0..self.units[u].groups.len() {
+            let g = &self.units[u].groups[gi];
+            if self.e.ctx.shard_size[Ctx::domain_index(g.domain)] <= 1 {
+                continue;
+            }
+            let (ag_in, ag_out, domain) = (g.ag_in, g.ag_out, g.domain);
+            let gname = group_name(&name, domain);
+            let deps: Vec<OpId> = self
+                .copy_outs
+                .len()
+                .checked_sub(2)
+                .map(|i| self.copy_outs[i])
+                .into_iter()
+                .collect();
+            // Copy-in: cast into the flat param-dtype buffer (mixed precision) and pack into
+            // this rank's slot of the output (1.3.2).
+            let copy_bytes = if cast { 2 * ag_in } else { ag_in };
+            let cin = self.e.copy(
+                Stream::Copy,
+                copy_bytes,
+                1 + cast as u32,
+                &deps,
+                &format!("{gname}.copy_in{phase}"),
+            );
+            self.e.alloc(cin, MemTag::Buffers, ag_out);
+            let spec = CollSpec {
+                kind: CollectiveKind::AllGather,
+                input_bytes: ag_in,
+                output_bytes: ag_out,
+            };
+            if let Some(op) = self.e.collective(
+                Stream::AllGather,
+                Category::FsdpAg,
+                shard_group(domain),
+                spec,
+                pd,
+                ag_out.is_multiple_of(512),
+                &[cin],
+                &format!("{gname}.ag{phase}"),
+            ) {
+                self.ag[u].push((gi, op));
+            }
+        }
+    }
+
+    /// Copy-out of a unit's all-gathers on the compute stream; returns the last copy-out.
+    fn wait_unshard(&mut self, u: usize, bwd: bool) -> Option<OpId> {
+        let pending = std::mem::take(&mut self.ag[u]);
+        let name = short(&self.units[u].name).to_string();
+        let phase = if bwd { ".bwd" } else { "" };
+        let mut last = None;
+        for (gi, ag) in pending {
+            let g = &self.units[u].groups[gi];
+            let (ag_out, dim1, domain) = (g.ag_out, g.dim1, g.domain);
+            let op = self.e.copy(
+                Stream::Compute,
+                ag_out,
+                1 + dim1,
+                &[ag],
+                &format!("{}.copy_out{phase}", group_name(&name, domain)),
+            );
+            self.e.alloc(op, MemTag::Params, ag_out);
+            self.e.free(op, MemTag::Buffers, ag_out);
+            self.copy_outs.push(op);
+            last = Some(op);
+        }
+        if last.is_some() {
+            self.gathered[u] = true;
+        }
+        last
+    }
+
+    fn reshard(&mut self, u: usize, at: OpId) {
+        if !self.gathered[u] {
+            return;
+        }
+        let bytes: u64 = self.units[u]
+            .groups
+            .iter()
+            .filter(|g| self.e.ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
+            .map(|g| g.ag_out)
+            .sum();
+        self.e.free(at, MemTag::Params, bytes);
+        self.gathered[u] = false;
+    }
+
+    fn reduce(&mut self, u: usize, first_mb: bool) {
+        let o = &self.e.ctx.opts;
+        let rd = o.reduce_dtype;
+        let name = short(&self.units[u].name).to_string();
+        let wait = std::mem::take(&mut self.prev_reduce);
+        let mut ops = Vec::new();
+        for gi in 0..self.units[u].groups.len() {
+            let g = &self.units[u].groups[gi];
+            let (rs_in, rs_out, dim1, domain) = (g.rs_in, g.rs_out, g.dim1, g.domain);
+            let di = Ctx::domain_index(domain);
+            if self.e.ctx.shard_size[di] <= 1 {
+                continue;
+            }
+            let gname = group_name(&name, domain);
+            // The compute stream waits for the previous unit's reduce-scatter, then packs.
+            let cin = self.e.copy(
+                Stream::Compute,
+                rs_in,
+                1 + dim1,
+                &wait,
+                &format!("{gname}.rs_copy_in"),
+            );
+            self.e.alloc(cin, MemTag::Buffers, rs_in);
+            self.e.free(cin, MemTag::Grads, rs_in);
+            let spec = CollSpec {
+                kind: CollectiveKind::ReduceScatter,
+                input_bytes: rs_in,
+                output_bytes: rs_out,
+            };
+            let Some(rs) = self.e.collective(
+                Stream::ReduceScatter,
+                Category::FsdpRs,
+                shard_group(domain),
+                spec,
+                rd,
+                rs_in.is_multiple_of(512),
+                &[cin],
+                &format!("{gname}.rs"),
+            ) else {
+                continue;
+            };
+            self.e.free(rs, MemTag::Buffers, rs_in);
+            if first_mb {
+                self.e.alloc(rs, MemTag::Grads, rs_out);
+            }
+            ops.push(rs);
+            let spec = CollSpec {
+                kind: CollectiveKind::AllReduce,
+                input_bytes: rs_out,
+                output_bytes: rs_out,
+            };
+            if let Some(ar) = self.e.collective(
+                Stream::AllReduce,
+                Category::FsdpAr,
+                replicate_group(domain),
+                spec,
+                rd,
+                rs_out.is_multiple_of(512),
+                &[rs],
+                &format!("{gname}.ar"),
+            ) {
+                ops.push(ar);
+            }
+        }
+        self.reduce_ops[u].extend(ops.iter().copied());
+        self.prev_reduce = ops;
+    }
+}
+
+/// Generates the FSDP2 program of `rank`.
+pub(crate) fn generate(
+    ctx: &Ctx,
+    rank: usize,
+    groups: Vec<(Group, Tier)>,
+) -> Result<StepProgram, StrategyError> {
+    let o = &ctx.opts;
+    let class = &ctx.classes[ctx.class_of(rank)];
+    // FSDP2 units: the root (every non-layer FSDP unit) first, then one per block.
+    let mut stage_unit = vec![usize::MAX; ctx.stages.len()];
+    let mut root_params: Vec<&ParamFsdp> = Vec::new();
+    let mut blocks: Vec<(usize, Vec<&ParamFsdp>, String)> = Vec::new();
+    for (fu, idx) in class.units.iter().enumerate() {
+        let params: Vec<&ParamFsdp> = idx.iter().map(|&i| &ctx.fsdp.params[i as usize]).collect();
+        let unit = &ctx.fsdp.units[fu];
+        if unit.layer.is_some() {
+            blocks.push((ctx.unit_stage[fu], params, unit.name.clone()));
+        } else {
+            root_params.extend(params);
+            stage_unit[ctx.unit_stage[fu]] = 0;
+        }
+    }
+    blocks.sort_by_key(|b| b.0);
+    let mut units = vec![Unit {
+        name: "model".into(),
+        root: true,
+        groups: comm_groups(ctx, &root_params),
+    }];
+    for (s, params, name) in blocks {
+        stage_unit[s] = units.len();
+        units.push(Unit {
+            name,
+            root: false,
+            groups: comm_groups(ctx, &params),
+        });
+    }
+    let n = units.len();
+    let mut f = F2 {
+        e: Emitter::new(ctx, rank, groups),
+        units,
+        ag: vec![Vec::new(); n],
+        gathered: vec![false; n],
+        copy_outs: Vec::new(),
+        prev_reduce: Vec::new(),
+        reduce_ops: vec![Vec::new(); n],
+    };
+    let shard_elems: u64 = f
+        .units
+        .iter()
+        .flat_map(|u| u.groups.iter().map(|g| g.shard_elems))
+        .sum();
+    f.e.resident(MemTag::Params, shard_elems * o.master_dtype.bytes());
+    f.e.resident(
+        MemTag::Optimizer,
+        shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+    );
+
+    let d = o.prefetch_depth;
+    for m in 0..o.grad_accum_steps {
+        let last_mb = m + 1 == o.grad_accum_steps;
+        f.e.set_micro_batch(m);
+        // Forward: units in order 0 (root), 1.. (blocks).
+        let mut seen = vec![false; n];
+        for (si, stage) in ctx.stages.iter().enumerate() {
+            let u = stage_unit[si];
+            let mut deps = Vec::new();
+            if u != usize::MAX && !seen[u] {
+                seen[u] = true;
+                f.unshard(u, false);
+                deps.extend(f.wait_unshard(u, false));
+                // Explicit prefetch of the next `d` units after this unit's copy-out.
+                for j in u + 1..=(u + d).min(n - 1) {
+                    f.unshard(j, false);
+                }
+            }
+            let (_, last) = f.e.stage_forward(stage, &deps, false);
+            forward_activations(&mut f.e, stage, last);
+            if u != usize::MAX && !f.units[u].root && o.reshard_after_forward {
+                f.reshard(u, last);
+            }
+        }
+        // Backward: blocks in reverse, the root last.
+        let mut done = vec![false; n];
+        for (si, stage) in ctx.stages.iter().enumerate().rev() {
+            let u = stage_unit[si];
+            let mut deps = Vec::new();
+            if u != usize::MAX && !f.units[u].root {
+                f.unshard(u, true);
+                deps.extend(f.wait_unshard(u, true));
+                for k in 1..=d {
+                    if u > k {
+                        f.unshard(u - k, true);
+                    }
+                }
+            }
+            let (first, last) = backward_with_recompute(&mut f.e, stage, &deps);
+            if u == usize::MAX {
+                continue;
+            }
+            let grads: u64 = if f.units[u].root && done[u] {
+                0
+            } else {
+                f.units[u]
+                    .groups
+                    .iter()
+                    .filter(|g| ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
+                    .map(|g| g.rs_in)
+                    .sum()
+            };
+            f.e.alloc(first, MemTag::Grads, grads);
+            done[u] = true;
+            if !f.units[u].root {
+                if o.reshard_after_backward || last_mb {
+                    f.reshard(u, last);
+                }
+                f.reduce(u, m == 0);
+            }
+        }
+        // Root post-backward fires when the whole model's backward is done.
+        let root_last = f.e.last_compute;
+        if let Some(l) = root_last
+            && (o.reshard_after_backward || last_mb)
+        {
+            f.reshard(0, l);
+        }
+        f.reduce(0, m == 0);
+    }
+
+    // Optimizer per unit, forward order, after its reductions (finalize_backward waits them).
+    f.e.mb_prefix.clear();
+    for u in 0..n {
+        let elems: u64 = f.units[u].groups.iter().map(|g| g.shard_elems).sum();
+        let tensors: u32 = f.units[u].groups.iter().map(|g| g.params).sum();
+        if tensors == 0 {
+            continue;
+        }
+        let grads: u64 = f.units[u]
+            .groups
+            .iter()
+            .filter(|g| ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
+            .map(|g| g.rs_out)
+            .sum();
+        let mut deps = f.e.issue_point();
+        deps.extend(f.reduce_ops[u].iter().copied());
+        let name = short(&f.units[u].name).to_string();
+        let op = optimizer_step(&mut f.e, &name, elems, tensors, o.reduce_dtype, &deps);
+        f.e.free(op, MemTag::Grads, grads);
+    }
+    f.e.build()
+}

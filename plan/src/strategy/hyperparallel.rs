@@ -1,0 +1,398 @@
+//! HyperParallel-FSDP (`comm_fusion=False`, notes `hyper-parallel.md` 5.2-5.6 and 8.1).
+//!
+//! - **All-gather** per sharded parameter, zero-copy into its persistent buffer, on the
+//!   all-gather stream inside the shard group (FSDP plan sizes and alignment). Prefetch depth
+//!   `d`: before the compute of unit `u` the all-gathers of units `u..=u+d` are issued (forward
+//!   order in forward, reverse order in backward). Every unit reshards after forward when
+//!   `reshard_after_forward` (no root exception: 8.1 counts `2 P_u` all-gathers per unit) and
+//!   after backward when `reshard_after_backward`.
+//! - **Reduce-scatter** per sharded parameter on the reduce-scatter stream, into views of the
+//!   unit's fused all-reduce buffer.
+//! - **Four-step post-backward pipeline** (5.4), per unit `u` after its backward, with `prev`
+//!   the unit processed just before it: (1) wait the reduce-scatters of `prev` and (2) settle
+//!   them: one small division/accumulation kernel per parameter on the compute stream, each
+//!   depending on its reduce-scatter; (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
+//!   all-reduce over the replicate group (one per unit and data domain, only when the
+//!   replicate group has more than one rank). The root callback at the end of backward waits
+//!   the last reduce-scatters, issues the last all-reduce and waits all of them; with replicas
+//!   each gradient is then split out of its buffer view and divided by the replica count (one
+//!   kernel per parameter).
+//! - **Gradient accumulation** (5.3, 5.6): reduce-scatter on every micro-batch (the settle step
+//!   accumulates into `reduce_partial_output`), the all-reduce only on the last micro-batch
+//!   (`set_requires_all_reduce(False)` on the others).
+//! - TP/CP/EP boundary collectives, recompute and the placeholder optimizer are shared.
+
+use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::optimizer::optimizer_step;
+use super::parallel::CollSpec;
+use super::{Ctx, GroupKind, StrategyError};
+use crate::fsdp::{DataDomain, ParamFsdp, round_up_512};
+use crate::program::{Category, ComputeWork, Group, MemTag, OpId, StepProgram, Stream};
+use crate::topology::Tier;
+
+/// Per-unit data of one rank's parameter class.
+struct UnitInfo<'a> {
+    /// The unit's parameters this rank holds.
+    params: Vec<&'a ParamFsdp>,
+    /// Bytes of the gathered (unsharded, local) parameters.
+    gathered_bytes: u64,
+    /// Unsharded gradient bytes in the reduce dtype (reduce-scatter inputs).
+    grad_in_bytes: u64,
+    /// Sharded gradient bytes (reduce-scatter outputs).
+    grad_out_bytes: u64,
+    /// Fused all-reduce buffer bytes per domain (0: no all-reduce).
+    ar_bytes: [u64; 2],
+    /// Local shard elements.
+    shard_elems: u64,
+}
+
+fn short(name: &str) -> &str {
+    name.strip_prefix("model.").unwrap_or(name)
+}
+
+fn domain_groups(d: DataDomain) -> (GroupKind, GroupKind) {
+    match d {
+        DataDomain::Dense => (GroupKind::DenseShard, GroupKind::DenseReplicate),
+        DataDomain::Expert => (GroupKind::ExpertShard, GroupKind::ExpertReplicate),
+    }
+}
+
+fn sharded(p: &ParamFsdp) -> bool {
+    p.all_gather.bytes_out_per_rank > 0
+}
+
+fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
+    let class = &ctx.classes[ctx.class_of(rank)];
+    let rd = ctx.opts.reduce_dtype.bytes();
+    class
+        .units
+        .iter()
+        .map(|idx| {
+            let params: Vec<&ParamFsdp> =
+                idx.iter().map(|&i| &ctx.fsdp.params[i as usize]).collect();
+            let mut ar = [0u64; 2];
+            for p in &params {
+                let d = Ctx::domain_index(p.domain);
+                if ctx.replicate_size[d] > 1 {
+                    ar[d] += p.padded_shard_numel * rd;
+                }
+            }
+            UnitInfo {
+                gathered_bytes: params.iter().map(|p| p.all_gather.bytes_out_per_rank).sum(),
+                grad_in_bytes: params
+                    .iter()
+                    .map(|p| p.reduce_scatter.bytes_in_per_rank)
+                    .sum(),
+                grad_out_bytes: params
+                    .iter()
+                    .map(|p| p.reduce_scatter.bytes_out_per_rank)
+                    .sum(),
+                ar_bytes: ar.map(round_up_512),
+                shard_elems: params.iter().map(|p| p.padded_shard_numel).sum(),
+                params,
+            }
+        })
+        .collect()
+}
+
+struct Hp<'a, 'c> {
+    e: Emitter<'c>,
+    units: Vec<UnitInfo<'a>>,
+    /// Units in forward order.
+    order: Vec<usize>,
+    /// Last all-gather op of each unit in the current phase.
+    ag: Vec<Option<OpId>>,
+    /// Whether each unit's parameters are currently gathered.
+    gathered: Vec<bool>,
+    /// Reduce-scatter op of each parameter of the previously processed unit.
+    prev_rs: Vec<(usize, OpId)>,
+    prev_unit: Option<usize>,
+    /// All-reduce ops per unit (last micro-batch).
+    ar_ops: Vec<Vec<OpId>>,
+}
+
+impl<'a, 'c> Hp<'a, 'c> {
+    fn gather(&mut self, u: usize, bwd: bool) {
+        if self.gathered[u] || self.ag[u].is_some() {
+            return;
+        }
+        let pd = self.e.ctx.opts.param_dtype;
+        let deps = self.e.issue_point();
+        let mut last = None;
+        for p in self.units[u].params.iter().filter(|p| sharded(p)) {
+            let (shard, _) = domain_groups(p.domain);
+            let spec = CollSpec {
+                kind: crate::CollectiveKind::AllGather,
+                input_bytes: p.all_gather.bytes_in_per_rank,
+                output_bytes: p.all_gather.bytes_out_per_rank,
+            };
+            let name = if bwd {
+                format!("{}.ag.bwd", short(&p.name))
+            } else {
+                format!("{}.ag", short(&p.name))
+            };
+            if let Some(op) = self.e.collective(
+                Stream::AllGather,
+                Category::FsdpAg,
+                shard,
+                spec,
+                pd,
+                p.all_gather.aligned_512,
+                &deps,
+                &name,
+            ) {
+                self.e
+                    .alloc(op, MemTag::Params, p.all_gather.bytes_out_per_rank);
+                last = Some(op);
+            }
+        }
+        self.ag[u] = last;
+        self.gathered[u] = last.is_some();
+    }
+
+    fn settle_prev(&mut self, last_mb: bool) {
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let prev = std::mem::take(&mut self.prev_rs);
+        for (pi, rs) in prev {
+            let Some(u) = self.prev_unit else { break };
+            let p = self.units[u].params[pi];
+            let out = p.reduce_scatter.bytes_out_per_rank;
+            let elems = out / rd.bytes();
+            // Division (last micro-batch) or accumulation into the partial output: read and
+            // write the shard, plus the partial output when accumulating.
+            let hbm = if last_mb { 2 * out } else { 3 * out };
+            self.e.compute(
+                Stream::Compute,
+                Category::FsdpRs,
+                ComputeWork {
+                    flops: elems,
+                    hbm_bytes: hbm,
+                    kernels: 1,
+                },
+                &[rs],
+                &format!("{}.settle", short(&p.name)),
+            );
+        }
+    }
+
+    fn all_reduce_prev(&mut self) {
+        let Some(u) = self.prev_unit else { return };
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let name = short(&self.e.ctx.fsdp.units[u].name).to_string();
+        for d in [DataDomain::Dense, DataDomain::Expert] {
+            let bytes = self.units[u].ar_bytes[Ctx::domain_index(d)];
+            if bytes == 0 {
+                continue;
+            }
+            let (_, rep) = domain_groups(d);
+            let deps = self.e.issue_point();
+            let label = match d {
+                DataDomain::Dense => format!("{name}.ar"),
+                DataDomain::Expert => format!("{name}.experts.ar"),
+            };
+            let spec = CollSpec {
+                kind: crate::CollectiveKind::AllReduce,
+                input_bytes: bytes,
+                output_bytes: bytes,
+            };
+            if let Some(op) = self.e.collective(
+                Stream::AllReduce,
+                Category::FsdpAr,
+                rep,
+                spec,
+                rd,
+                true,
+                &deps,
+                &label,
+            ) {
+                self.e.alloc(op, MemTag::Buffers, bytes);
+                self.ar_ops[u].push(op);
+            }
+        }
+    }
+}
+
+/// Generates the HyperParallel-FSDP program of `rank`.
+pub(crate) fn generate(
+    ctx: &Ctx,
+    rank: usize,
+    groups: Vec<(Group, Tier)>,
+) -> Result<StepProgram, StrategyError> {
+    let o = &ctx.opts;
+    let units = unit_infos(ctx, rank);
+    let n = units.len();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by_key(|&u| (ctx.unit_stage[u], u));
+    let mut stage_units: Vec<Vec<usize>> = vec![Vec::new(); ctx.stages.len()];
+    for &u in &order {
+        stage_units[ctx.unit_stage[u]].push(u);
+    }
+    let mut hp = Hp {
+        e: Emitter::new(ctx, rank, groups),
+        units,
+        order,
+        ag: vec![None; n],
+        gathered: vec![false; n],
+        prev_rs: Vec::new(),
+        prev_unit: None,
+        ar_ops: vec![Vec::new(); n],
+    };
+
+    // Resident: sharded master parameters and AdamW moments.
+    let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
+    hp.e.resident(MemTag::Params, shard_elems * o.master_dtype.bytes());
+    hp.e.resident(
+        MemTag::Optimizer,
+        shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+    );
+
+    let d = o.prefetch_depth;
+    let m_steps = o.grad_accum_steps;
+    for m in 0..m_steps {
+        let last_mb = m + 1 == m_steps;
+        hp.e.set_micro_batch(m);
+        // Forward.
+        hp.ag.iter_mut().for_each(|a| *a = None);
+        for (si, stage) in ctx.stages.iter().enumerate() {
+            let mut deps = Vec::new();
+            for &u in &stage_units[si] {
+                let k = hp.order.iter().position(|&x| x == u).unwrap_or(0);
+                let ahead: Vec<usize> = hp.order[k..=(k + d).min(n - 1)].to_vec();
+                for uj in ahead {
+                    hp.gather(uj, false);
+                }
+                deps.extend(hp.ag[u]);
+            }
+            let (_, last) = hp.e.stage_forward(stage, &deps, false);
+            forward_activations(&mut hp.e, stage, last);
+            if o.reshard_after_forward {
+                for &u in &stage_units[si] {
+                    if hp.gathered[u] {
+                        let b = hp.units[u].gathered_bytes;
+                        hp.e.free(last, MemTag::Params, b);
+                        hp.gathered[u] = false;
+                    }
+                }
+            }
+        }
+        // Backward.
+        hp.ag.iter_mut().for_each(|a| *a = None);
+        let bwd_order: Vec<usize> = hp.order.iter().rev().copied().collect();
+        for (si, stage) in ctx.stages.iter().enumerate().rev() {
+            let mut deps = Vec::new();
+            for &u in stage_units[si].iter().rev() {
+                let k = bwd_order.iter().position(|&x| x == u).unwrap_or(0);
+                for &uj in &bwd_order[k..=(k + d).min(n - 1)] {
+                    hp.gather(uj, true);
+                }
+                deps.extend(hp.ag[u]);
+            }
+            let (first, last) = backward_with_recompute(&mut hp.e, stage, &deps);
+            for &u in stage_units[si].iter().rev() {
+                hp.e.alloc(first, MemTag::Grads, hp.units[u].grad_in_bytes);
+                if o.reshard_after_backward || last_mb {
+                    if hp.gathered[u] {
+                        let b = hp.units[u].gathered_bytes;
+                        hp.e.free(last, MemTag::Params, b);
+                    }
+                    hp.gathered[u] = false;
+                }
+                // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
+                hp.settle_prev(last_mb);
+                // Step 3: this unit's reduce-scatters.
+                let deps = hp.e.issue_point();
+                let rd = o.reduce_dtype;
+                let mut rs_ops = Vec::new();
+                for (pi, p) in hp.units[u].params.iter().enumerate() {
+                    if !sharded(p) {
+                        continue;
+                    }
+                    let (shard, _) = domain_groups(p.domain);
+                    let spec = CollSpec {
+                        kind: crate::CollectiveKind::ReduceScatter,
+                        input_bytes: p.reduce_scatter.bytes_in_per_rank,
+                        output_bytes: p.reduce_scatter.bytes_out_per_rank,
+                    };
+                    if let Some(op) = hp.e.collective(
+                        Stream::ReduceScatter,
+                        Category::FsdpRs,
+                        shard,
+                        spec,
+                        rd,
+                        p.reduce_scatter.aligned_512,
+                        &deps,
+                        &format!("{}.rs", short(&p.name)),
+                    ) {
+                        if m == 0 {
+                            hp.e.alloc(op, MemTag::Grads, spec.output_bytes);
+                        }
+                        hp.e.free(op, MemTag::Grads, spec.input_bytes);
+                        rs_ops.push((pi, op));
+                    }
+                }
+                // Step 4: the previous unit's fused all-reduce (last micro-batch only).
+                if last_mb {
+                    hp.all_reduce_prev();
+                }
+                hp.prev_rs = rs_ops;
+                hp.prev_unit = Some(u);
+            }
+        }
+        // Root callback: wait the last reduce-scatters, issue the last all-reduce.
+        hp.settle_prev(last_mb);
+        if last_mb {
+            hp.all_reduce_prev();
+        }
+        hp.prev_unit = None;
+    }
+
+    // Wait all all-reduces; split and divide by the replica count.
+    for &u in hp.order.clone().iter().rev() {
+        let ars = hp.ar_ops[u].clone();
+        if ars.is_empty() {
+            continue;
+        }
+        let rd = o.reduce_dtype;
+        let mut last = None;
+        for i in 0..hp.units[u].params.len() {
+            let p = hp.units[u].params[i];
+            let bytes = p.padded_shard_numel * rd.bytes();
+            let op = hp.e.compute(
+                Stream::Compute,
+                Category::FsdpAr,
+                ComputeWork {
+                    flops: p.padded_shard_numel,
+                    hbm_bytes: 2 * bytes,
+                    kernels: 1,
+                },
+                &ars,
+                &format!("{}.ar_div", short(&p.name)),
+            );
+            last = Some(op);
+        }
+        if let Some(l) = last {
+            let buf: u64 = hp.units[u].ar_bytes.iter().sum();
+            hp.e.free(l, MemTag::Buffers, buf);
+        }
+    }
+
+    // Optimizer per unit, forward order.
+    hp.e.set_micro_batch(0);
+    hp.e.mb_prefix.clear();
+    for &u in &hp.order.clone() {
+        let info = &hp.units[u];
+        if info.params.is_empty() {
+            continue;
+        }
+        let name = short(&ctx.fsdp.units[u].name).to_string();
+        let (elems, tensors, out) = (
+            info.shard_elems,
+            info.params.len() as u32,
+            info.grad_out_bytes,
+        );
+        let deps = hp.e.issue_point();
+        let op = optimizer_step(&mut hp.e, &name, elems, tensors, o.reduce_dtype, &deps);
+        hp.e.free(op, MemTag::Grads, out);
+    }
+    hp.e.build()
+}

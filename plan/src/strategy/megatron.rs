@@ -1,0 +1,291 @@
+//! Megatron-LM DDP with the distributed optimizer (notes `pytorch-baselines.md` 4).
+//!
+//! - **Buffers and buckets (4.2):** one contiguous gradient buffer per data domain (dense over
+//!   `dp_replicate x dp_shard x cp`, routed experts over `edp_replicate x edp_shard`),
+//!   parameters in reverse model order, each padded to 64 elements, cut into buckets of
+//!   `bucket_bytes / grad_bytes` elements (`[fsdp.variant.megatron-ddp] bucket_bytes`; default
+//!   Megatron's max(40M, 1M x dp) elements), each bucket padded to `lcm(dp, 128)` elements.
+//!   Gradients are kept in the reduce dtype (`grad_reduce_in_fp32` when it is f32).
+//! - **Parameters are not sharded for compute:** full local (TP/EP-sharded) parameters and the
+//!   full gradient buffer stay resident; only the fp32 main parameters and AdamW moments are
+//!   sharded over the data-parallel group.
+//! - **Backward (4.3.1):** `overlap_grad_reduce=True`: on the last micro-batch only, when every
+//!   parameter of a bucket has its gradient (after the backward of the earliest stage it
+//!   holds), the bucket is scaled by 1/dp (one kernel) and reduce-scattered in place. Earlier
+//!   micro-batches accumulate into the buffer without communication.
+//! - **Optimizer (4.3.3):** per bucket, on the rank's shard, then cast into the bf16 parameter
+//!   buffer.
+//! - **Parameter all-gather (4.3.4):** modelled with `overlap_param_gather=True`, the steady
+//!   state: the all-gathers of the parameters updated by the previous step run in this step's
+//!   first forward, each bucket dispatched at its first use and the next bucket prefetched
+//!   (1-ahead). The alternative (`overlap_param_gather=False`, a synchronous all-gather right
+//!   after the optimizer step) moves the same collectives after the optimizer.
+
+use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::optimizer::optimizer_step;
+use super::parallel::CollSpec;
+use super::{Ctx, GroupKind, StrategyError};
+use crate::CollectiveKind;
+use crate::fsdp::DataDomain;
+use crate::program::{Category, ComputeWork, Group, MemTag, StepProgram, Stream};
+use crate::topology::Tier;
+
+/// Parameter start alignment in the buffer, in elements (4.2).
+pub const PARAM_ALIGN_ELEMS: u64 = 64;
+
+/// One gradient/parameter bucket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bucket {
+    /// Data domain (which buffer and group).
+    pub domain: DataDomain,
+    /// Padded bucket length in elements (a multiple of the group size).
+    pub padded_elems: u64,
+    /// Parameter tensors in the bucket.
+    pub params: u32,
+    /// Earliest forward stage holding one of its parameters: first forward use, and the stage
+    /// after whose backward the bucket is ready.
+    pub stage: usize,
+    /// Data-parallel group size of the domain.
+    pub dp: u64,
+}
+
+/// The bucket layout (rank-independent; every expert-parallel class has the same sizes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// Buckets in buffer order (reverse model order: bucket 0 is ready first in backward).
+    pub buckets: Vec<Bucket>,
+    /// Local (TP/EP-sharded) parameter elements of one rank.
+    pub param_elems: u64,
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+fn lcm(a: u64, b: u64) -> u64 {
+    a / gcd(a, b) * b
+}
+
+impl Layout {
+    /// Lays out the buckets of EP class 0.
+    pub(crate) fn new(ctx: &Ctx) -> Self {
+        let o = &ctx.opts;
+        let grad_bytes = o.reduce_dtype.bytes();
+        let class = &ctx.classes[0];
+        let mut param_elems = 0;
+        let mut buckets = Vec::new();
+        for domain in [DataDomain::Dense, DataDomain::Expert] {
+            let di = Ctx::domain_index(domain);
+            let dp = (ctx.shard_size[di] * ctx.replicate_size[di]) as u64;
+            let bucket_elems = match o.bucket_bytes {
+                Some(b) => (b / grad_bytes).max(1),
+                None => 40_000_000u64.max(1_000_000 * dp),
+            };
+            let pad = lcm(dp.max(1), 128);
+            let mut cur: Option<Bucket> = None;
+            let mut cur_elems = 0u64;
+            // Parameters in reverse model order (roughly backward order).
+            for (u, idx) in class.units.iter().enumerate().rev() {
+                for &i in idx.iter().rev() {
+                    let p = &ctx.fsdp.params[i as usize];
+                    if p.domain != domain {
+                        continue;
+                    }
+                    let numel = ctx.local_numel[i as usize];
+                    param_elems += numel;
+                    let stage = ctx.unit_stage[u];
+                    let b = cur.get_or_insert(Bucket {
+                        domain,
+                        padded_elems: 0,
+                        params: 0,
+                        stage,
+                        dp,
+                    });
+                    cur_elems += numel.div_ceil(PARAM_ALIGN_ELEMS) * PARAM_ALIGN_ELEMS;
+                    b.params += 1;
+                    b.stage = b.stage.min(stage);
+                    if cur_elems >= bucket_elems {
+                        let mut b = cur.take().unwrap_or_else(|| unreachable_bucket(domain));
+                        b.padded_elems = cur_elems.div_ceil(pad) * pad;
+                        buckets.push(b);
+                        cur_elems = 0;
+                    }
+                }
+            }
+            if let Some(mut b) = cur.take() {
+                b.padded_elems = cur_elems.div_ceil(pad) * pad;
+                buckets.push(b);
+            }
+        }
+        Self {
+            buckets,
+            param_elems,
+        }
+    }
+}
+
+fn unreachable_bucket(domain: DataDomain) -> Bucket {
+    Bucket {
+        domain,
+        padded_elems: 0,
+        params: 0,
+        stage: 0,
+        dp: 1,
+    }
+}
+
+fn dp_group(d: DataDomain) -> GroupKind {
+    match d {
+        DataDomain::Dense => GroupKind::DataParallel,
+        DataDomain::Expert => GroupKind::ExpertDataParallel,
+    }
+}
+
+/// Generates the Megatron DDP program of `rank`.
+pub(crate) fn generate(
+    ctx: &Ctx,
+    layout: &Layout,
+    rank: usize,
+    groups: Vec<(Group, Tier)>,
+) -> Result<StepProgram, StrategyError> {
+    let o = &ctx.opts;
+    let (pd, gd) = (o.param_dtype, o.reduce_dtype);
+    let mut e = Emitter::new(ctx, rank, groups);
+    let grad_buffer: u64 = layout
+        .buckets
+        .iter()
+        .map(|b| b.padded_elems * gd.bytes())
+        .sum();
+    let shard_elems: u64 = layout
+        .buckets
+        .iter()
+        .map(|b| b.padded_elems / b.dp.max(1))
+        .sum();
+    e.resident(MemTag::Params, layout.param_elems * pd.bytes());
+    e.resident(MemTag::Grads, grad_buffer);
+    // fp32 main parameters plus two fp32 AdamW moments on the shard.
+    e.resident(
+        MemTag::Optimizer,
+        shard_elems * (4 + super::optimizer::ADAMW_STATE_BYTES_PER_ELEM),
+    );
+
+    // Buckets in forward order of first use (stable by buffer position, reversed).
+    let mut fwd_order: Vec<usize> = (0..layout.buckets.len()).rev().collect();
+    fwd_order.sort_by_key(|&b| layout.buckets[b].stage);
+    let mut rs_ops = vec![None; layout.buckets.len()];
+    for m in 0..o.grad_accum_steps {
+        let last_mb = m + 1 == o.grad_accum_steps;
+        e.set_micro_batch(m);
+        let mut ag_ops = vec![None; layout.buckets.len()];
+        let mut next = 0usize;
+        for (si, stage) in ctx.stages.iter().enumerate() {
+            let mut deps = Vec::new();
+            if m == 0 {
+                // Dispatch every bucket first used here (and not prefetched), then 1 ahead.
+                let issue =
+                    |e: &mut Emitter, k: usize, ag_ops: &mut Vec<Option<crate::program::OpId>>| {
+                        let b = &layout.buckets[k];
+                        let full = b.padded_elems * pd.bytes();
+                        let spec = CollSpec {
+                            kind: CollectiveKind::AllGather,
+                            input_bytes: full / b.dp.max(1),
+                            output_bytes: full,
+                        };
+                        let dl = e.issue_point();
+                        ag_ops[k] = e.collective(
+                            Stream::AllGather,
+                            Category::FsdpAg,
+                            dp_group(b.domain),
+                            spec,
+                            pd,
+                            full.is_multiple_of(512),
+                            &dl,
+                            &format!("bucket{k}.param_ag"),
+                        );
+                    };
+                while next < fwd_order.len() && layout.buckets[fwd_order[next]].stage <= si {
+                    issue(&mut e, fwd_order[next], &mut ag_ops);
+                    next += 1;
+                }
+                deps.extend(
+                    fwd_order[..next]
+                        .iter()
+                        .filter(|&&k| layout.buckets[k].stage == si)
+                        .filter_map(|&k| ag_ops[k]),
+                );
+                if next < fwd_order.len() {
+                    issue(&mut e, fwd_order[next], &mut ag_ops);
+                    next += 1;
+                }
+            }
+            let (_, last) = e.stage_forward(stage, &deps, false);
+            forward_activations(&mut e, stage, last);
+        }
+        for (si, stage) in ctx.stages.iter().enumerate().rev() {
+            backward_with_recompute(&mut e, stage, &[]);
+            if !last_mb {
+                continue;
+            }
+            for (k, b) in layout.buckets.iter().enumerate() {
+                if b.stage != si {
+                    continue;
+                }
+                let bytes = b.padded_elems * gd.bytes();
+                let scale = e.compute(
+                    Stream::Compute,
+                    Category::FsdpRs,
+                    ComputeWork {
+                        flops: b.padded_elems,
+                        hbm_bytes: 2 * bytes,
+                        kernels: 1,
+                    },
+                    &[],
+                    &format!("bucket{k}.grad_scale"),
+                );
+                let spec = CollSpec {
+                    kind: CollectiveKind::ReduceScatter,
+                    input_bytes: bytes,
+                    output_bytes: bytes / b.dp.max(1),
+                };
+                rs_ops[k] = e.collective(
+                    Stream::ReduceScatter,
+                    Category::FsdpRs,
+                    dp_group(b.domain),
+                    spec,
+                    gd,
+                    bytes.is_multiple_of(512),
+                    &[scale],
+                    &format!("bucket{k}.grad_rs"),
+                );
+            }
+        }
+    }
+    // finish_grad_sync waits every reduce-scatter; optimizer per bucket on the shard.
+    e.mb_prefix.clear();
+    for (k, b) in layout.buckets.iter().enumerate() {
+        let mut deps = e.issue_point();
+        deps.extend(rs_ops[k]);
+        optimizer_step(
+            &mut e,
+            &format!("bucket{k}"),
+            b.padded_elems / b.dp.max(1),
+            b.params,
+            gd,
+            &deps,
+        );
+    }
+    e.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_padding_is_lcm_of_dp_and_128() {
+        assert_eq!(lcm(32, 128), 128);
+        assert_eq!(lcm(192, 128), 384);
+        assert_eq!(lcm(3, 128), 384);
+        assert_eq!(gcd(12, 18), 6);
+    }
+}

@@ -1,0 +1,581 @@
+//! Strategies: generate the [`StepProgram`] of one training step for any rank.
+//!
+//! A [`ProgramGenerator`] is built once per (scenario, strategy). It precomputes everything
+//! that does not depend on the rank (compute stages, parallel boundary collectives, the
+//! parameters each expert-parallel coordinate holds, bucket layouts), so that
+//! [`ProgramGenerator::program`] only walks the schedule and [`ProgramGenerator::template_key`]
+//! and [`ProgramGenerator::groups`] are cheap.
+//!
+//! Submodules: [`compute`] (compute stages from the model's compute profile), [`parallel`]
+//! (TP/CP/EP boundary collectives from the sharding plan), `emit` (the shared program
+//! emitter), [`hyperparallel`], [`fsdp2`], [`megatron`] (the strategies) and [`optimizer`]
+//! (the placeholder optimizer step).
+
+pub mod compute;
+mod emit;
+pub mod fsdp2;
+pub mod hyperparallel;
+pub mod megatron;
+pub mod optimizer;
+pub mod parallel;
+
+use crate::fsdp::{DataDomain, FsdpPlan};
+use crate::mesh::DeviceMesh;
+use crate::model::DType;
+use crate::planner::ShardingPlan;
+use crate::program::{Group, ProgramError, StepProgram};
+use crate::scenario::Scenario;
+use crate::topology::{Tier, Topology};
+use compute::Stage;
+use serde::{Deserialize, Serialize};
+use std::hash::{Hash, Hasher};
+use thiserror::Error;
+
+/// The strategies a step program can be generated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StrategyKind {
+    /// HyperParallel-FSDP: per-parameter zero-copy AG/RS, fused replica all-reduce, four-step
+    /// post-backward pipeline.
+    HyperParallel,
+    /// PyTorch FSDP2 (`fully_shard`): fused units with copy-in/copy-out.
+    Fsdp2,
+    /// Megatron-LM DDP with the distributed optimizer and gradient buckets.
+    MegatronDdp,
+}
+
+impl StrategyKind {
+    /// Every strategy, in a stable order.
+    pub const ALL: [StrategyKind; 3] = [
+        StrategyKind::HyperParallel,
+        StrategyKind::Fsdp2,
+        StrategyKind::MegatronDdp,
+    ];
+
+    /// The scenario-file name (`hyperparallel`, `fsdp2`, `megatron-ddp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            StrategyKind::HyperParallel => "hyperparallel",
+            StrategyKind::Fsdp2 => "fsdp2",
+            StrategyKind::MegatronDdp => "megatron-ddp",
+        }
+    }
+
+    /// Parses a scenario-file name; unknown names give an error listing the known ones.
+    pub fn parse(name: &str) -> Result<Self, StrategyError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| StrategyError::UnknownStrategy {
+                name: name.to_string(),
+            })
+    }
+}
+
+impl std::str::FromStr for StrategyKind {
+    type Err = StrategyError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+impl std::fmt::Display for StrategyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a program cannot be generated. Messages name the scenario key and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum StrategyError {
+    /// A strategy name that is not known.
+    #[error(
+        "[fsdp] strategy/baselines: unknown strategy '{name}'; use one of hyperparallel, fsdp2, megatron-ddp"
+    )]
+    UnknownStrategy {
+        /// The name given.
+        name: String,
+    },
+    /// The global batch is not a whole number of micro-batches per data-parallel rank.
+    #[error(
+        "[train] global_batch {global_batch} is not a multiple of micro_batch {micro_batch} x data-parallel degree {dp} (dp_replicate x dp_shard); change global_batch or micro_batch so that gradient accumulation has a whole number of micro-batches"
+    )]
+    IndivisibleBatch {
+        /// `[train] global_batch`.
+        global_batch: u64,
+        /// `[train] micro_batch`.
+        micro_batch: u64,
+        /// Data-parallel degree.
+        dp: u64,
+    },
+    /// A zero in the training shape.
+    #[error("[train] {key} = 0; it must be positive")]
+    ZeroShape {
+        /// The key.
+        key: &'static str,
+    },
+    /// The FSDP plan and the sharding plan disagree (they must come from the same scenario).
+    #[error(
+        "the FSDP plan does not match the sharding plan ({detail}); build both from the same scenario with build_fsdp_plan(scenario, plan)"
+    )]
+    PlanMismatch {
+        /// What differs.
+        detail: String,
+    },
+    /// A rank outside the job.
+    #[error("rank {rank} is outside the job of {world_size} ranks")]
+    RankOutOfRange {
+        /// The rank asked for.
+        rank: usize,
+        /// Ranks in the job.
+        world_size: usize,
+    },
+    /// The generated program failed validation (a bug in a strategy).
+    #[error("generated program is invalid: {0}")]
+    Program(#[from] ProgramError),
+}
+
+/// The options one strategy runs with: the scenario's `[fsdp]` values overridden by
+/// `[fsdp.variant.<strategy>]`, plus the training shape.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StrategyOptions {
+    /// The strategy.
+    pub kind: StrategyKind,
+    /// Units (or buckets) prefetched ahead in forward and backward.
+    pub prefetch_depth: usize,
+    /// Free gathered parameters after forward and gather them again in backward.
+    pub reshard_after_forward: bool,
+    /// Free gathered parameters after backward.
+    pub reshard_after_backward: bool,
+    /// Megatron gradient bucket size in bytes (`None`: Megatron's default of
+    /// max(40M, 1M x dp) elements).
+    pub bucket_bytes: Option<u64>,
+    /// Gathered-parameter (compute) dtype.
+    pub param_dtype: DType,
+    /// Gradient-reduction dtype.
+    pub reduce_dtype: DType,
+    /// Master (sharded parameter) dtype.
+    pub master_dtype: DType,
+    /// Micro-batches per optimizer step (gradient accumulation steps).
+    pub grad_accum_steps: u64,
+    /// Sequences per micro-batch per data-parallel rank.
+    pub micro_batch: u64,
+    /// Tokens per sequence.
+    pub seq_len: u64,
+}
+
+impl StrategyOptions {
+    /// Resolves the options of `kind` from a scenario; checks the gradient-accumulation shape.
+    pub fn resolve(scenario: &Scenario, kind: StrategyKind) -> Result<Self, StrategyError> {
+        let f = &scenario.file.fsdp;
+        let t = &scenario.file.train;
+        for (key, v) in [
+            ("seq_len", t.seq_len),
+            ("global_batch", t.global_batch),
+            ("micro_batch", t.micro_batch),
+        ] {
+            if v == 0 {
+                return Err(StrategyError::ZeroShape { key });
+            }
+        }
+        let m = &scenario.file.mesh;
+        let dp = (m.dp_replicate * m.dp_shard) as u64;
+        let per_step = t.micro_batch * dp;
+        if per_step == 0 || !t.global_batch.is_multiple_of(per_step) {
+            return Err(StrategyError::IndivisibleBatch {
+                global_batch: t.global_batch,
+                micro_batch: t.micro_batch,
+                dp,
+            });
+        }
+        let v = f.variant.get(kind.name()).cloned().unwrap_or_default();
+        Ok(Self {
+            kind,
+            prefetch_depth: v.prefetch_depth.unwrap_or(f.prefetch_depth),
+            reshard_after_forward: v.reshard_after_forward.unwrap_or(f.reshard_after_forward),
+            reshard_after_backward: f.reshard_after_backward,
+            bucket_bytes: v.bucket_bytes,
+            param_dtype: scenario.param_dtype,
+            reduce_dtype: scenario.reduce_dtype,
+            master_dtype: scenario.master_dtype,
+            grad_accum_steps: t.global_batch / per_step,
+            micro_batch: t.micro_batch,
+            seq_len: t.seq_len,
+        })
+    }
+}
+
+/// The process-group families a program can use, in group-table order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum GroupKind {
+    /// FSDP shard group of dense parameters (`dp_shard` x `cp`).
+    DenseShard,
+    /// HSDP replicate group of dense parameters (`dp_replicate`).
+    DenseReplicate,
+    /// FSDP shard group of routed experts (`edp_shard`).
+    ExpertShard,
+    /// HSDP replicate group of routed experts (`edp_replicate`).
+    ExpertReplicate,
+    /// Megatron data-parallel group (`dp_replicate` x `dp_shard` x `cp`).
+    DataParallel,
+    /// Megatron expert data-parallel group (`edp_replicate` x `edp_shard`).
+    ExpertDataParallel,
+    /// Tensor parallel.
+    Tp,
+    /// Context parallel.
+    Cp,
+    /// Expert parallel.
+    Ep,
+}
+
+pub(crate) const GROUP_KINDS: usize = 9;
+
+impl GroupKind {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One group family: which mesh, which axes, its label and size.
+#[derive(Debug, Clone)]
+pub(crate) struct GroupFamily {
+    kind: GroupKind,
+    expert_mesh: bool,
+    axes: Vec<usize>,
+    label: String,
+    size: usize,
+}
+
+/// The parameters one expert-parallel coordinate holds (all ranks hold the same set unless
+/// per-expert weights are owned by one EP rank each).
+#[derive(Debug, Clone)]
+pub(crate) struct ParamClass {
+    /// Per FSDP unit: indices into `FsdpPlan::params` this class holds, in model order.
+    pub units: Vec<Vec<u32>>,
+}
+
+/// Everything rank-independent a strategy needs, shared by all strategies.
+#[derive(Debug, Clone)]
+pub(crate) struct Ctx {
+    pub opts: StrategyOptions,
+    pub fsdp: FsdpPlan,
+    /// `plan_local` element count of every FSDP parameter (same order as `fsdp.params`).
+    pub local_numel: Vec<u64>,
+    /// Compute stages in forward order.
+    pub stages: Vec<Stage>,
+    /// Stage index of every FSDP unit.
+    pub unit_stage: Vec<usize>,
+    /// Parameter sets per EP class.
+    pub classes: Vec<ParamClass>,
+    /// Whether classes differ by the `ep` coordinate.
+    pub per_expert_owner: bool,
+    /// Shard / replicate group sizes per domain.
+    pub shard_size: [usize; 2],
+    pub replicate_size: [usize; 2],
+    dense_mesh: DeviceMesh,
+    expert_mesh: DeviceMesh,
+    topology: Topology,
+    families: Vec<GroupFamily>,
+    slot: [Option<usize>; GROUP_KINDS],
+}
+
+impl Ctx {
+    /// Table position of a group family in every program, `None` when not used or of size 1.
+    pub fn slot(&self, kind: GroupKind) -> Option<usize> {
+        self.slot[kind.index()]
+    }
+
+    /// The EP class of a rank.
+    pub fn class_of(&self, rank: usize) -> usize {
+        if !self.per_expert_owner {
+            return 0;
+        }
+        let i = self.expert_mesh.axis_index("ep").unwrap_or(0);
+        self.expert_mesh.coords_of(rank)[i]
+    }
+
+    fn group_ranks(&self, fam: &GroupFamily, rank: usize) -> Vec<usize> {
+        let mesh = if fam.expert_mesh {
+            &self.expert_mesh
+        } else {
+            &self.dense_mesh
+        };
+        mesh.group_of(rank, &fam.axes)
+    }
+
+    /// The group table of `rank` and the tier of each group.
+    pub fn groups(&self, rank: usize) -> Result<Vec<(Group, Tier)>, StrategyError> {
+        self.families
+            .iter()
+            .map(|f| {
+                let ranks = self.group_ranks(f, rank);
+                let tier = self.topology.tier_of(&ranks);
+                Ok((Group::new(f.label.clone(), ranks)?, tier))
+            })
+            .collect()
+    }
+
+    /// Domain index (0 dense, 1 expert).
+    pub fn domain_index(d: DataDomain) -> usize {
+        match d {
+            DataDomain::Dense => 0,
+            DataDomain::Expert => 1,
+        }
+    }
+}
+
+/// Generates the step program of any rank for one (scenario, strategy).
+#[derive(Debug, Clone)]
+pub struct ProgramGenerator {
+    ctx: Ctx,
+    world_size: usize,
+    tokens_per_step: u64,
+    model_flops_per_step: f64,
+    megatron: Option<megatron::Layout>,
+}
+
+impl ProgramGenerator {
+    /// Precomputes everything rank-independent for `kind` on this scenario.
+    pub fn new(
+        scenario: &Scenario,
+        plan: &ShardingPlan,
+        fsdp: &FsdpPlan,
+        kind: StrategyKind,
+    ) -> Result<Self, StrategyError> {
+        let opts = StrategyOptions::resolve(scenario, kind)?;
+        let trainable: Vec<_> = plan.params.iter().filter(|p| p.trainable).collect();
+        if trainable.len() != fsdp.params.len() {
+            return Err(StrategyError::PlanMismatch {
+                detail: format!(
+                    "{} trainable parameters in the sharding plan, {} in the FSDP plan",
+                    trainable.len(),
+                    fsdp.params.len()
+                ),
+            });
+        }
+        let ep = scenario.file.mesh.ep.max(1);
+        let per_expert_owner = ep > 1 && trainable.iter().any(|p| p.ep_owner.is_some());
+        let nclasses = if per_expert_owner { ep } else { 1 };
+        let mut classes = vec![
+            ParamClass {
+                units: vec![Vec::new(); fsdp.units.len()],
+            };
+            nclasses
+        ];
+        let mut local_numel = Vec::with_capacity(fsdp.params.len());
+        for (i, (pp, fp)) in trainable.iter().zip(&fsdp.params).enumerate() {
+            if pp.name != fp.name {
+                return Err(StrategyError::PlanMismatch {
+                    detail: format!("parameter {i} is '{}' vs '{}'", pp.name, fp.name),
+                });
+            }
+            if fp.unit >= fsdp.units.len() {
+                return Err(StrategyError::PlanMismatch {
+                    detail: format!(
+                        "'{}' names unit {} of {}",
+                        fp.name,
+                        fp.unit,
+                        fsdp.units.len()
+                    ),
+                });
+            }
+            local_numel.push(fp.plan_local_shape.iter().product::<u64>());
+            for (c, class) in classes.iter_mut().enumerate() {
+                if pp.ep_owner.is_none_or(|o| o == c) {
+                    class.units[fp.unit].push(i as u32);
+                }
+            }
+        }
+
+        let m = &scenario.file.mesh;
+        let sp = scenario.file.train.sequence_parallel;
+        let (stages, unit_stage) = compute::build_stages(scenario, plan, fsdp, &opts, sp)?;
+
+        let size = |s: Option<&crate::fsdp::GroupSpec>| s.map_or(1, |g| g.size);
+        let shard_size = [
+            size(fsdp.groups.get("dense.shard")),
+            size(fsdp.groups.get("expert.shard")),
+        ];
+        let replicate_size = [
+            size(fsdp.groups.get("dense.replicate")),
+            size(fsdp.groups.get("expert.replicate")),
+        ];
+
+        // Group families this strategy uses (size > 1 only), in table order.
+        let dm = &scenario.dense_mesh;
+        let em = &scenario.expert_mesh;
+        let fam = |kind, expert_mesh: bool, names: &[&str]| {
+            let mesh = if expert_mesh { em } else { dm };
+            let axes: Vec<usize> = names.iter().filter_map(|n| mesh.axis_index(n)).collect();
+            let size = axes.iter().map(|&a| mesh.axes()[a].size).product();
+            GroupFamily {
+                kind,
+                expert_mesh,
+                axes,
+                label: names.join("+"),
+                size,
+            }
+        };
+        let expert_domain = m.ep > 1;
+        let mut wanted = Vec::new();
+        match kind {
+            StrategyKind::HyperParallel | StrategyKind::Fsdp2 => {
+                wanted.push(fam(GroupKind::DenseShard, false, &["dp_shard", "cp"]));
+                wanted.push(fam(GroupKind::DenseReplicate, false, &["dp_replicate"]));
+                if expert_domain {
+                    wanted.push(fam(GroupKind::ExpertShard, true, &["edp_shard"]));
+                    wanted.push(fam(GroupKind::ExpertReplicate, true, &["edp_replicate"]));
+                }
+            }
+            StrategyKind::MegatronDdp => {
+                wanted.push(fam(
+                    GroupKind::DataParallel,
+                    false,
+                    &["dp_replicate", "dp_shard", "cp"],
+                ));
+                if expert_domain {
+                    wanted.push(fam(
+                        GroupKind::ExpertDataParallel,
+                        true,
+                        &["edp_replicate", "edp_shard"],
+                    ));
+                }
+            }
+        }
+        wanted.push(fam(GroupKind::Tp, false, &["tp"]));
+        wanted.push(fam(GroupKind::Cp, false, &["cp"]));
+        wanted.push(fam(GroupKind::Ep, true, &["ep"]));
+        let families: Vec<GroupFamily> = wanted.into_iter().filter(|f| f.size > 1).collect();
+        let mut slot = [None; GROUP_KINDS];
+        for (i, f) in families.iter().enumerate() {
+            slot[f.kind.index()] = Some(i);
+        }
+
+        let ctx = Ctx {
+            opts,
+            fsdp: fsdp.clone(),
+            local_numel,
+            stages,
+            unit_stage,
+            classes,
+            per_expert_owner,
+            shard_size,
+            replicate_size,
+            dense_mesh: dm.clone(),
+            expert_mesh: em.clone(),
+            topology: scenario.topology,
+            families,
+            slot,
+        };
+        let tokens_per_step = scenario.file.train.global_batch * scenario.file.train.seq_len;
+        let model_flops_per_step = 3.0
+            * tokens_per_step as f64
+            * scenario
+                .model
+                .compute_profile(scenario.file.train.seq_len)
+                .iter()
+                .map(|l| l.fwd_flops_per_token())
+                .sum::<f64>();
+        let megatron = (kind == StrategyKind::MegatronDdp).then(|| megatron::Layout::new(&ctx));
+        Ok(Self {
+            ctx,
+            world_size: scenario.world_size(),
+            tokens_per_step,
+            model_flops_per_step,
+            megatron,
+        })
+    }
+
+    /// Ranks in the job.
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+
+    /// The options this generator runs with.
+    pub fn options(&self) -> &StrategyOptions {
+        &self.ctx.opts
+    }
+
+    /// Tokens of the whole job per optimizer step.
+    pub fn tokens_per_step(&self) -> u64 {
+        self.tokens_per_step
+    }
+
+    /// Model FLOPs of the whole job per step (forward + backward = 3x forward; recompute
+    /// excluded), for MFU.
+    pub fn model_flops_per_step(&self) -> f64 {
+        self.model_flops_per_step
+    }
+
+    fn check_rank(&self, rank: usize) -> Result<(), StrategyError> {
+        if rank >= self.world_size {
+            return Err(StrategyError::RankOutOfRange {
+                rank,
+                world_size: self.world_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// The full, validated step program of `rank`.
+    pub fn program(&self, rank: usize) -> Result<StepProgram, StrategyError> {
+        self.check_rank(rank)?;
+        let groups = self.ctx.groups(rank)?;
+        let program = match self.ctx.opts.kind {
+            StrategyKind::HyperParallel => hyperparallel::generate(&self.ctx, rank, groups)?,
+            StrategyKind::Fsdp2 => fsdp2::generate(&self.ctx, rank, groups)?,
+            StrategyKind::MegatronDdp => match &self.megatron {
+                Some(layout) => megatron::generate(&self.ctx, layout, rank, groups)?,
+                None => unreachable_layout()?,
+            },
+        };
+        Ok(program)
+    }
+
+    /// A key such that two ranks with equal keys get programs that are identical except for
+    /// the ranks inside their groups (same ops, same group table order, labels and sizes).
+    /// It hashes the rank's expert-parallel class (when per-expert weights make the parameter
+    /// sets differ) and the tier of each of its groups (collectives carry their tier).
+    /// Cost: one group construction per family, O(group sizes).
+    pub fn template_key(&self, rank: usize) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.ctx
+            .class_of(rank.min(self.world_size.saturating_sub(1)))
+            .hash(&mut h);
+        for f in &self.ctx.families {
+            let ranks = self.ctx.group_ranks(f, rank);
+            self.ctx.topology.tier_of(&ranks).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// The group table of `rank`'s program (same order as `program(rank).groups`).
+    pub fn groups(&self, rank: usize) -> Result<Vec<Group>, StrategyError> {
+        self.check_rank(rank)?;
+        Ok(self.ctx.groups(rank)?.into_iter().map(|(g, _)| g).collect())
+    }
+}
+
+fn unreachable_layout() -> Result<StepProgram, StrategyError> {
+    Err(StrategyError::PlanMismatch {
+        detail: "megatron layout missing".into(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strategy_names_round_trip() {
+        for k in StrategyKind::ALL {
+            assert_eq!(StrategyKind::parse(k.name()).unwrap(), k);
+            assert_eq!(k.to_string().parse::<StrategyKind>().unwrap(), k);
+        }
+        let err = StrategyKind::parse("ddp").unwrap_err().to_string();
+        assert!(
+            err.contains("[fsdp] strategy") && err.contains("fsdp2"),
+            "{err}"
+        );
+    }
+}

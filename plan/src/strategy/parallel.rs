@@ -1,0 +1,389 @@
+//! Model-parallel (TP, CP, EP) collectives at module boundaries, derived from the sharding
+//! plan's layout contracts.
+//!
+//! Per boundary and per plan axis (`tp`, `cp`), the input transition `in_src -> in_dst` and the
+//! output transition `out_src -> out_dst` of every activation tensor lower as in Megatron:
+//!
+//! | transition | forward | backward |
+//! |---|---|---|
+//! | `S -> R` (SP gather, lm_head input) | all-gather | reduce-scatter |
+//! | `P -> S` (SP row-parallel output) | reduce-scatter | all-gather |
+//! | `P -> R` (row-parallel output, no SP) | all-reduce | none |
+//! | `R -> R` on the input of a body with a `P` output (Megatron's `f`) | none | all-reduce |
+//! | `S(a) -> S(b)` | all-to-all | all-to-all |
+//! | `R -> S` | local slice | none |
+//!
+//! An attention boundary flagged `needs_cp_attn` gathers K/V over `cp` in forward and
+//! reduce-scatters their gradients in backward (all-gather context parallelism). An MoE boundary
+//! run as a local map with `ep > 1` dispatches tokens to experts with an all-to-all after the
+//! router and combines them with a second all-to-all (both repeated in backward).
+//!
+//! Sizes are per rank per micro-batch: an activation of width `w` over the micro-batch holds
+//! `micro_batch * seq_len * w * 2` bytes (bf16), divided by every other axis it is sharded on.
+
+use crate::collective::CollectiveKind;
+use crate::placement::Placement;
+use crate::planner::BoundarySpec;
+use crate::planner::templates::Contract;
+use crate::program::Category;
+
+/// Bytes per activation element on the wire (bf16).
+pub const ACT_WIRE_BYTES: u64 = 2;
+
+/// The group a model-parallel collective runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParAxis {
+    /// Tensor parallel group.
+    Tp,
+    /// Context parallel group.
+    Cp,
+    /// Expert parallel group.
+    Ep,
+}
+
+impl ParAxis {
+    /// Report category of the collective.
+    pub fn category(self) -> Category {
+        match self {
+            ParAxis::Tp => Category::Tp,
+            ParAxis::Cp => Category::Cp,
+            ParAxis::Ep => Category::Ep,
+        }
+    }
+}
+
+/// One collective call's kind and per-rank sizes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CollSpec {
+    /// Collective kind.
+    pub kind: CollectiveKind,
+    /// This rank's send-buffer bytes.
+    pub input_bytes: u64,
+    /// This rank's receive-buffer bytes.
+    pub output_bytes: u64,
+}
+
+/// A model-parallel collective at a boundary, with its forward and backward forms.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ParColl {
+    /// Readable name (`layers.3.self_attn.in.hidden_states.tp`).
+    pub name: String,
+    /// The group.
+    pub axis: ParAxis,
+    /// Forward collective, if any.
+    pub fwd: Option<CollSpec>,
+    /// Backward collective, if any.
+    pub bwd: Option<CollSpec>,
+}
+
+/// Sizes the boundary collectives need.
+#[derive(Debug, Clone, Copy)]
+pub struct ParDims {
+    /// Tensor-parallel degree.
+    pub tp: u64,
+    /// Context-parallel degree.
+    pub cp: u64,
+    /// Expert-parallel degree.
+    pub ep: u64,
+    /// Sequence parallelism between TP regions.
+    pub sequence_parallel: bool,
+    /// Tokens per micro-batch per data-parallel rank (`micro_batch * seq_len`).
+    pub tokens: u64,
+    /// Hidden size.
+    pub hidden: u64,
+    /// Vocabulary size.
+    pub vocab: u64,
+    /// Routed experts (0 for dense models).
+    pub experts: u64,
+    /// Experts per token.
+    pub top_k: u64,
+    /// Width of the K/V exchanged by context parallelism, before TP sharding.
+    pub kv_width: u64,
+}
+
+impl ParDims {
+    fn size(&self, axis: &str) -> u64 {
+        match axis {
+            "tp" => self.tp,
+            "cp" => self.cp,
+            "ep" => self.ep,
+            _ => 1,
+        }
+    }
+
+    fn width(&self, tensor: &str) -> Option<u64> {
+        match tensor {
+            "input_ids" => None,
+            "logits" => Some(self.vocab),
+            "router_logits" => Some(self.experts.max(1)),
+            _ => Some(self.hidden),
+        }
+    }
+
+    /// Tokens each rank dispatches to experts: split over `tp` first when SP is on.
+    pub fn dispatch_tokens(&self) -> u64 {
+        let tp_split = if self.sequence_parallel { self.tp } else { 1 };
+        (self.tokens / self.cp.max(1)).div_ceil(tp_split.max(1))
+    }
+}
+
+fn placement<'a>(c: &'a Contract, tensor: &str, axis: &str) -> Option<&'a Placement> {
+    c.get(tensor).and_then(|p| p.get(axis))
+}
+
+fn is_shard(p: Option<&Placement>) -> bool {
+    p.is_some_and(|p| p.is_shard())
+}
+
+fn is_partial(p: Option<&Placement>) -> bool {
+    p.is_some_and(|p| p.is_partial())
+}
+
+fn gather(full: u64, p: u64) -> CollSpec {
+    let shard = full.div_ceil(p);
+    CollSpec {
+        kind: CollectiveKind::AllGather,
+        input_bytes: shard,
+        output_bytes: shard * p,
+    }
+}
+
+fn scatter(full: u64, p: u64) -> CollSpec {
+    let shard = full.div_ceil(p);
+    CollSpec {
+        kind: CollectiveKind::ReduceScatter,
+        input_bytes: shard * p,
+        output_bytes: shard,
+    }
+}
+
+fn reduce(full: u64) -> CollSpec {
+    CollSpec {
+        kind: CollectiveKind::AllReduce,
+        input_bytes: full,
+        output_bytes: full,
+    }
+}
+
+fn all_to_all(bytes: u64) -> CollSpec {
+    CollSpec {
+        kind: CollectiveKind::AllToAll,
+        input_bytes: bytes,
+        output_bytes: bytes,
+    }
+}
+
+/// Which side of the boundary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The input transition (`in_src -> in_dst`).
+    In,
+    /// The output transition (`out_src -> out_dst`).
+    Out,
+}
+
+/// The TP/CP collectives of one side of a boundary.
+pub fn boundary_collectives(b: &BoundarySpec, side: Side, d: &ParDims) -> Vec<ParColl> {
+    let (src, dst) = match side {
+        Side::In => (&b.in_src, &b.in_dst),
+        Side::Out => (&b.out_src, &b.out_dst),
+    };
+    match (src, dst) {
+        (Some(src), Some(dst)) => transitions(b, src, dst, side, false, d),
+        _ => Vec::new(),
+    }
+}
+
+/// The TP/CP collectives entering (`Side::In`) or leaving (`Side::Out`) a boundary nested in
+/// `parent` (e.g. shared experts inside an MoE block): the nested body starts from the
+/// parent's body layout (`parent.in_dst`) and hands its output back in the parent's body
+/// output layout (`parent.out_src`).
+pub fn nested_collectives(
+    b: &BoundarySpec,
+    parent: &BoundarySpec,
+    side: Side,
+    d: &ParDims,
+) -> Vec<ParColl> {
+    let (src, dst) = match side {
+        Side::In => (&parent.in_dst, &b.in_dst),
+        Side::Out => (&b.out_src, &parent.out_src),
+    };
+    match (src, dst) {
+        (Some(src), Some(dst)) => transitions(b, src, dst, side, true, d),
+        _ => Vec::new(),
+    }
+}
+
+fn transitions(
+    b: &BoundarySpec,
+    src: &Contract,
+    dst: &Contract,
+    side: Side,
+    nested: bool,
+    d: &ParDims,
+) -> Vec<ParColl> {
+    let body_partial = |axis: &str| {
+        !nested
+            && b.out_src
+                .as_ref()
+                .is_some_and(|c| c.values().any(|p| is_partial(p.get(axis))))
+    };
+    let module = b.module.strip_prefix("model.").unwrap_or(&b.module);
+    let side_name = if side == Side::In { "in" } else { "out" };
+    let mut out = Vec::new();
+    for tensor in src.keys() {
+        let Some(width) = d.width(tensor) else {
+            continue;
+        };
+        for (axis_name, axis) in [("tp", ParAxis::Tp), ("cp", ParAxis::Cp)] {
+            let p = d.size(axis_name);
+            if p <= 1 {
+                continue;
+            }
+            let s = placement(src, tensor, axis_name);
+            let t = placement(dst, tensor, axis_name);
+            // Bytes of the tensor replicated on `axis`, sharded on the other axes as in `src`.
+            let mut full = d.tokens * width * ACT_WIRE_BYTES;
+            for other in ["tp", "cp"] {
+                if other != axis_name && is_shard(placement(src, tensor, other)) {
+                    full /= d.size(other).max(1);
+                }
+            }
+            let (fwd, bwd) = match (s, t) {
+                (Some(a), Some(b)) if a.is_shard() && b.is_shard() && a != b => {
+                    let shard = full.div_ceil(p);
+                    (Some(all_to_all(shard)), Some(all_to_all(shard)))
+                }
+                (Some(a), t) if a.is_shard() && t.is_none_or(|t| t.is_replicate()) => {
+                    (Some(gather(full, p)), Some(scatter(full, p)))
+                }
+                (Some(a), Some(b)) if a.is_partial() && b.is_shard() => {
+                    (Some(scatter(full, p)), Some(gather(full, p)))
+                }
+                (Some(a), t) if a.is_partial() && t.is_none_or(|t| t.is_replicate()) => {
+                    (Some(reduce(full)), None)
+                }
+                (s, t)
+                    if side == Side::In
+                        && s.is_none_or(|s| s.is_replicate())
+                        && t.is_none_or(|t| t.is_replicate())
+                        && tensor == "hidden_states"
+                        && body_partial(axis_name) =>
+                {
+                    (None, Some(reduce(full)))
+                }
+                _ => (None, None),
+            };
+            if fwd.is_some() || bwd.is_some() {
+                out.push(ParColl {
+                    name: format!("{module}.{side_name}.{tensor}.{axis_name}"),
+                    axis,
+                    fwd,
+                    bwd,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The context-parallel K/V exchange of an attention boundary (`needs_cp_attn`).
+pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
+    if !b.flags.needs_cp_attn || d.cp <= 1 {
+        return None;
+    }
+    let module = b.module.strip_prefix("model.").unwrap_or(&b.module);
+    // Local K and V of this rank: its tokens, K/V heads split over tp.
+    let local = (d.tokens / d.cp) * d.kv_width.div_ceil(d.tp.max(1)) * ACT_WIRE_BYTES;
+    Some(ParColl {
+        name: format!("{module}.kv.cp"),
+        axis: ParAxis::Cp,
+        fwd: Some(gather(local * d.cp, d.cp)),
+        bwd: Some(scatter(local * d.cp, d.cp)),
+    })
+}
+
+/// The expert-parallel token dispatch (after the router) or combine (before the weighted
+/// sum) all-to-all: every rank sends `dispatch_tokens * top_k` hidden vectors.
+pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Option<ParColl> {
+    if d.ep <= 1 {
+        return None;
+    }
+    let bytes = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * ACT_WIRE_BYTES;
+    let module = module.strip_prefix("model.").unwrap_or(module);
+    Some(ParColl {
+        name: format!("{module}.{what}.ep"),
+        axis: ParAxis::Ep,
+        fwd: Some(all_to_all(bytes)),
+        bwd: Some(all_to_all(bytes)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::plan;
+    use crate::scenario::Scenario;
+
+    #[test]
+    fn sequence_parallel_attention_gathers_in_and_scatters_out() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/verify/dense-tp2-fsdp2.toml");
+        let s = Scenario::load(&path).unwrap();
+        let p = plan(&s.model, &s.planner_input());
+        let b = p
+            .boundaries
+            .iter()
+            .find(|b| b.module == "model.layers.0.self_attn")
+            .unwrap();
+        let d = ParDims {
+            tp: 2,
+            cp: 1,
+            ep: 1,
+            sequence_parallel: true,
+            tokens: 64,
+            hidden: 16,
+            vocab: 100,
+            experts: 0,
+            top_k: 0,
+            kv_width: 8,
+        };
+        // Between regions: sequence-sharded on tp with SP, replicated without.
+        let with = |between: Placement| {
+            let mut x = b.clone();
+            for c in [&mut x.in_src, &mut x.out_dst].into_iter().flatten() {
+                for v in c.values_mut() {
+                    v.insert("tp".into(), between.clone());
+                }
+            }
+            x
+        };
+        let sp = with(Placement::shard(1));
+        let i = boundary_collectives(&sp, Side::In, &d);
+        let o = boundary_collectives(&sp, Side::Out, &d);
+        assert_eq!(i.len(), 1);
+        assert_eq!(i[0].fwd.unwrap().kind, CollectiveKind::AllGather);
+        assert_eq!(i[0].bwd.unwrap().kind, CollectiveKind::ReduceScatter);
+        assert_eq!(i[0].fwd.unwrap().output_bytes, 64 * 16 * 2);
+        assert_eq!(o[0].fwd.unwrap().kind, CollectiveKind::ReduceScatter);
+        assert_eq!(o[0].bwd.unwrap().kind, CollectiveKind::AllGather);
+        // Without SP: Megatron's g (all-reduce forward) and f (all-reduce backward).
+        let mut plain = b.clone();
+        let r = || Placement::Replicate;
+        for c in [&mut plain.in_src, &mut plain.out_dst]
+            .into_iter()
+            .flatten()
+        {
+            for v in c.values_mut() {
+                v.insert("tp".into(), r());
+            }
+        }
+        let i = boundary_collectives(&plain, Side::In, &d);
+        let o = boundary_collectives(&plain, Side::Out, &d);
+        assert!(i[0].fwd.is_none());
+        assert_eq!(i[0].bwd.unwrap().kind, CollectiveKind::AllReduce);
+        assert_eq!(o[0].fwd.unwrap().kind, CollectiveKind::AllReduce);
+        assert!(o[0].bwd.is_none());
+        assert!(ep_exchange("model.layers.0.mlp", "dispatch", &d).is_none());
+    }
+}

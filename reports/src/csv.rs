@@ -1,0 +1,160 @@
+//! CSV exports of a [`SimReport`]: a per-strategy summary and the rank timelines.
+//!
+//! Numbers are written raw (seconds, bytes, nanoseconds) with Rust's shortest round-trip
+//! float formatting, so the files are exact, deterministic and easy to load elsewhere; a
+//! missing optional value is an empty field.
+
+use crate::model::SimReport;
+use crate::order;
+
+/// Writes `records` as CSV. Writing to memory cannot fail and `flexible` allows any record
+/// length, so no error can occur; were one to, the output would be cut short, not panic.
+pub(crate) fn write_records<I>(records: I) -> String
+where
+    I: IntoIterator<Item = Vec<String>>,
+{
+    let mut writer = ::csv::WriterBuilder::new()
+        .flexible(true)
+        .from_writer(Vec::new());
+    for record in records {
+        if writer.write_record(&record).is_err() {
+            break;
+        }
+    }
+    let bytes = writer.into_inner().unwrap_or_default();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Formats an optional float, empty when absent.
+fn opt(v: Option<f64>) -> String {
+    v.map_or_else(String::new, |v| v.to_string())
+}
+
+/// One row per strategy with every summary metric as a column: times in seconds, exposed
+/// communication per category (`exposed_comm_<category>_s`), collective calls and bytes per
+/// tier (`<tier>_collectives`, `<tier>_bytes`) and peak memory per tag (`peak_<tag>_bytes`).
+/// Column sets are the union over strategies, in canonical order; absent entries are 0.
+pub fn summary_csv(report: &SimReport) -> String {
+    let cats = order::categories(
+        report
+            .runs
+            .iter()
+            .flat_map(|r| r.exposed_comm_by_category_s.keys().map(String::as_str)),
+    );
+    let tiers = order::tiers(
+        report
+            .runs
+            .iter()
+            .flat_map(|r| r.tier_bytes.iter().map(|t| t.tier.as_str())),
+    );
+    let tags = order::mem_tags(
+        report
+            .runs
+            .iter()
+            .flat_map(|r| r.peak_memory_by_tag.keys().map(String::as_str)),
+    );
+    let mut header: Vec<String> = [
+        "scenario",
+        "hardware",
+        "world_size",
+        "strategy",
+        "step_time_s",
+        "tokens_per_s",
+        "mfu",
+        "compute_s",
+        "copy_s",
+        "host_s",
+        "idle_s",
+        "comm_s",
+        "exposed_comm_s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    header.extend(cats.iter().map(|c| format!("exposed_comm_{c}_s")));
+    header.push("overlap_rate".into());
+    for t in &tiers {
+        header.push(format!("{t}_collectives"));
+        header.push(format!("{t}_bytes"));
+    }
+    header.push("peak_memory_bytes".into());
+    header.extend(tags.iter().map(|t| format!("peak_{t}_bytes")));
+    header.push("memory_fits".into());
+
+    let rows = report.runs.iter().map(|r| {
+        let mut row = vec![
+            report.scenario.clone(),
+            report.hardware.clone(),
+            report.world_size.to_string(),
+            r.strategy.clone(),
+            r.step_time_s.to_string(),
+            opt(r.tokens_per_s),
+            opt(r.mfu),
+            r.compute_s.to_string(),
+            r.copy_s.to_string(),
+            r.host_s.to_string(),
+            r.idle_s.to_string(),
+            r.comm_s.to_string(),
+            r.exposed_comm_s.to_string(),
+        ];
+        row.extend(cats.iter().map(|c| {
+            r.exposed_comm_by_category_s
+                .get(c)
+                .copied()
+                .unwrap_or(0.0)
+                .to_string()
+        }));
+        row.push(r.overlap_rate.to_string());
+        for t in &tiers {
+            let (n, b) = r
+                .tier_bytes
+                .iter()
+                .filter(|x| x.tier == *t)
+                .fold((0u64, 0u64), |(n, b), x| {
+                    (n.saturating_add(x.collectives), b.saturating_add(x.bytes))
+                });
+            row.push(n.to_string());
+            row.push(b.to_string());
+        }
+        row.push(r.peak_memory_bytes.to_string());
+        row.extend(tags.iter().map(|t| {
+            r.peak_memory_by_tag
+                .get(t)
+                .copied()
+                .unwrap_or(0)
+                .to_string()
+        }));
+        row.push(r.memory_fits.to_string());
+        row
+    });
+    write_records(std::iter::once(header).chain(rows))
+}
+
+/// Every recorded span, one row each: `strategy, rank, stream, category, op, start_ns,
+/// end_ns, bytes` (bytes empty when the op moves no data). Strategies in report order, spans
+/// in recorded order.
+pub fn timeline_csv(report: &SimReport) -> String {
+    let header: Vec<String> = [
+        "strategy", "rank", "stream", "category", "op", "start_ns", "end_ns", "bytes",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows = report.runs.iter().flat_map(|r| {
+        r.rank0_timeline.iter().flat_map(move |view| {
+            view.spans.iter().map(move |s| {
+                vec![
+                    r.strategy.clone(),
+                    view.rank.to_string(),
+                    s.stream.clone(),
+                    s.category.clone(),
+                    s.op.clone(),
+                    s.start_ns.to_string(),
+                    s.end_ns.to_string(),
+                    s.bytes.map_or_else(String::new, |b| b.to_string()),
+                ]
+            })
+        })
+    });
+    write_records(std::iter::once(header).chain(rows))
+}

@@ -1,0 +1,270 @@
+//! The self-contained HTML simulation report: summary tables and inline SVG charts.
+
+use crate::charts::{self, ChartError};
+use crate::model::SimReport;
+use crate::page::{self, escape};
+use crate::{order, units};
+use std::fmt::Write as _;
+
+/// Renders `report` as one self-contained HTML page (inline CSS and SVG, no scripts, no
+/// external resources). The output is a pure function of the input: rendering the same report
+/// twice gives byte-identical HTML. A chart that cannot be drawn is replaced by a note.
+pub fn sim_report_html(report: &SimReport) -> String {
+    let mut body = String::new();
+    let _ = writeln!(body, "<h1>{}</h1>", escape(&report.scenario));
+    let _ = writeln!(
+        body,
+        "<p class=\"sub\">Hardware <b>{}</b> · world size <b>{}</b> · {} strateg{}</p>",
+        escape(&report.hardware),
+        report.world_size,
+        report.runs.len(),
+        if report.runs.len() == 1 { "y" } else { "ies" }
+    );
+    if !report.description.is_empty() {
+        let _ = writeln!(body, "<p>{}</p>", escape(&report.description));
+    }
+
+    body.push_str("<h2>Summary</h2>\n");
+    body.push_str(
+        "<p class=\"sub\">Times in milliseconds on the critical rank. Exposed communication is \
+         collective time not overlapped by compute or copy; overlap = 1 − exposed / \
+         communication.</p>\n",
+    );
+    let (headers, rows) = summary_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Collectives</h2>\n");
+    let (headers, rows) = collectives_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Peak memory by tag</h2>\n");
+    let (headers, rows) = memory_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Charts</h2>\n");
+    figure(
+        &mut body,
+        charts::step_breakdown_svg(report),
+        "Step time per strategy: compute, copy not hidden under compute, exposed communication \
+         per category and idle. The black tick marks the step time.",
+    );
+    figure(
+        &mut body,
+        charts::tier_traffic_svg(report),
+        "Collective bytes per tier issued by the critical rank.",
+    );
+    figure(
+        &mut body,
+        charts::memory_svg(report),
+        "Live device memory over the step.",
+    );
+    let span_ns = report
+        .runs
+        .iter()
+        .map(|r| step_ns(r.step_time_s))
+        .max()
+        .unwrap_or(0);
+    for run in &report.runs {
+        match charts::timeline_svg(run, span_ns) {
+            Ok(None) => {}
+            Ok(Some(t)) => {
+                let caption = format!(
+                    "{}: rank {} per stream, coloured by category; {} spans drawn as {} \
+                     rectangles (merged per pixel column).",
+                    run.strategy,
+                    run.rank0_timeline.as_ref().map_or(0, |v| v.rank),
+                    units::count(t.spans as u64),
+                    units::count(t.rectangles as u64)
+                );
+                figure(&mut body, Ok(t.svg), &caption);
+            }
+            Err(e) => figure(&mut body, Err(e), &run.strategy),
+        }
+    }
+    page::page(&format!("{} — hpfsdp simulation", report.scenario), &body)
+}
+
+/// Seconds to whole nanoseconds (0 for negative or non-finite input).
+fn step_ns(seconds: f64) -> u64 {
+    if seconds.is_finite() && seconds > 0.0 {
+        (seconds * 1e9).round() as u64
+    } else {
+        0
+    }
+}
+
+/// Appends a `<figure>` with an SVG (trusted: produced by plotters, text escaped there) or a
+/// note saying why the chart is missing; the caption is escaped here.
+fn figure(body: &mut String, svg: Result<String, ChartError>, caption: &str) {
+    body.push_str("<figure>\n");
+    match svg {
+        Ok(svg) => body.push_str(strip_xml_declaration(&svg)),
+        Err(e) => {
+            let _ = writeln!(body, "<p>{}</p>", escape(&e.to_string()));
+        }
+    }
+    let _ = writeln!(
+        body,
+        "<figcaption>{}</figcaption>\n</figure>",
+        escape(caption)
+    );
+}
+
+/// An SVG document without a leading `<?xml …?>` declaration (not allowed inline in HTML).
+fn strip_xml_declaration(svg: &str) -> &str {
+    let trimmed = svg.trim_start();
+    if trimmed.starts_with("<?xml")
+        && let Some(end) = trimmed.find("?>")
+    {
+        return trimmed[end + 2..].trim_start();
+    }
+    trimmed
+}
+
+/// Exposed-communication category names over all runs, in canonical order.
+fn exposed_categories(report: &SimReport) -> Vec<String> {
+    order::categories(
+        report
+            .runs
+            .iter()
+            .flat_map(|r| r.exposed_comm_by_category_s.keys().map(String::as_str)),
+    )
+}
+
+/// Tier names over all runs, in canonical order.
+fn tier_names(report: &SimReport) -> Vec<String> {
+    order::tiers(
+        report
+            .runs
+            .iter()
+            .flat_map(|r| r.tier_bytes.iter().map(|t| t.tier.as_str())),
+    )
+}
+
+/// The per-strategy summary table (headers, rows), formatted for reading.
+fn summary_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let cats = exposed_categories(report);
+    let tiers = tier_names(report);
+    let mut headers: Vec<String> = [
+        "strategy",
+        "step (ms)",
+        "tokens/s",
+        "MFU",
+        "compute (ms)",
+        "copy (ms)",
+        "host (ms)",
+        "idle (ms)",
+        "comm (ms)",
+        "exposed comm (ms)",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    headers.extend(cats.iter().map(|c| format!("exposed {c} (ms)")));
+    headers.push("overlap".into());
+    for t in &tiers {
+        headers.push(format!("{t} collectives"));
+        headers.push(format!("{t} bytes"));
+    }
+    headers.push("peak memory".into());
+    headers.push("fits".into());
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let mut row = vec![
+                r.strategy.clone(),
+                units::ms(r.step_time_s),
+                units::opt_rate(r.tokens_per_s),
+                units::opt_percent(r.mfu),
+                units::ms(r.compute_s),
+                units::ms(r.copy_s),
+                units::ms(r.host_s),
+                units::ms(r.idle_s),
+                units::ms(r.comm_s),
+                units::ms(r.exposed_comm_s),
+            ];
+            row.extend(cats.iter().map(|c| {
+                r.exposed_comm_by_category_s
+                    .get(c)
+                    .map_or_else(|| units::ms(0.0), |s| units::ms(*s))
+            }));
+            row.push(units::percent(r.overlap_rate));
+            for t in &tiers {
+                let matching = r.tier_bytes.iter().filter(|x| x.tier == *t);
+                let (n, b) = matching.fold((0u64, 0u64), |(n, b), x| {
+                    (n.saturating_add(x.collectives), b.saturating_add(x.bytes))
+                });
+                row.push(units::count(n));
+                row.push(units::bytes(b));
+            }
+            row.push(units::bytes(r.peak_memory_bytes));
+            row.push(if r.memory_fits { "yes" } else { "NO" }.into());
+            row
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Collective calls per strategy, kind and tier.
+fn collectives_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let headers = ["strategy", "kind", "tier", "calls", "bytes"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let rows = report
+        .runs
+        .iter()
+        .flat_map(|r| {
+            r.collectives.iter().map(|c| {
+                vec![
+                    r.strategy.clone(),
+                    c.kind.clone(),
+                    c.tier.clone(),
+                    units::count(c.count),
+                    units::bytes(c.bytes),
+                ]
+            })
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Peak memory per strategy and tag.
+fn memory_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let tags = order::mem_tags(
+        report
+            .runs
+            .iter()
+            .flat_map(|r| r.peak_memory_by_tag.keys().map(String::as_str)),
+    );
+    let mut headers = vec!["strategy".to_string(), "peak".to_string()];
+    headers.extend(tags.iter().cloned());
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.strategy.clone(), units::bytes(r.peak_memory_bytes)];
+            row.extend(
+                tags.iter()
+                    .map(|t| units::bytes(r.peak_memory_by_tag.get(t).copied().unwrap_or(0))),
+            );
+            row
+        })
+        .collect();
+    (headers, rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_declaration() {
+        assert_eq!(
+            strip_xml_declaration("<?xml version=\"1.0\"?>\n<svg/>"),
+            "<svg/>"
+        );
+        assert_eq!(strip_xml_declaration("<svg/>"), "<svg/>");
+    }
+}

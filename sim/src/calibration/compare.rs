@@ -1,0 +1,193 @@
+//! Simulates every held-in measured run and puts predicted figures beside measured ones.
+
+use super::measured::{EXP_B_MEASURED_DIFF, Figure, MeasuredRun, measured_runs};
+use crate::error::SimError;
+use crate::profile::HardwareProfile;
+use crate::result::SimResult;
+use crate::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
+use hpfsdp_plan::CollectiveKind;
+use hpfsdp_plan::program::{Category, Payload};
+use hpfsdp_plan::scenario::Scenario;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One figure of one run: measured and predicted.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FigureRow {
+    /// Experiment label.
+    pub experiment: &'static str,
+    /// Run label.
+    pub run: &'static str,
+    /// The figure.
+    pub figure: Figure,
+    /// Measured value.
+    pub measured: f64,
+    /// Predicted value.
+    pub predicted: f64,
+}
+
+impl FigureRow {
+    /// `predicted / measured - 1`, or `None` when the measured value is zero.
+    pub fn relative_error(&self) -> Option<f64> {
+        (self.measured != 0.0).then(|| self.predicted / self.measured - 1.0)
+    }
+}
+
+/// The whole comparison.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Comparison {
+    /// Hardware profile used.
+    pub profile: String,
+    /// Every figure of every run, in run order.
+    pub rows: Vec<FigureRow>,
+    /// Predicted experiment-B step-time difference of HyperParallel-FSDP vs FSDP2.
+    pub exp_b_predicted_diff: f64,
+    /// Measured experiment-B difference (-29.7%).
+    pub exp_b_measured_diff: f64,
+}
+
+impl Comparison {
+    /// The row of (`run`, `figure`), when present.
+    pub fn row(&self, run: &str, figure: Figure) -> Option<&FigureRow> {
+        self.rows.iter().find(|r| r.run == run && r.figure == figure)
+    }
+}
+
+/// The predicted value of every figure from one simulated run.
+pub fn predicted_figures(
+    result: &SimResult,
+    rank0: &hpfsdp_plan::program::StepProgram,
+    profile: &HardwareProfile,
+    validation_mode: bool,
+) -> BTreeMap<Figure, f64> {
+    let b = &result.breakdown;
+    let mut out = BTreeMap::new();
+    out.insert(Figure::StepTimeS, result.step_time_s());
+    out.insert(Figure::ExposedCommS, b.exposed_comm_ns as f64 * 1e-9);
+    out.insert(Figure::OverlapRate, b.overlap_rate);
+    out.insert(Figure::CopyS, b.copy_ns as f64 * 1e-9);
+    let (mut ag, mut rs, mut ag_bytes, mut rs_bytes, mut collectives) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    for op in &rank0.ops {
+        if let Payload::Collective(c) = &op.payload {
+            collectives += 1;
+            match c.kind {
+                CollectiveKind::AllGather => {
+                    ag += 1;
+                    ag_bytes += c.input_bytes;
+                }
+                CollectiveKind::ReduceScatter => {
+                    rs += 1;
+                    rs_bytes += c.output_bytes;
+                }
+                _ => {}
+            }
+        }
+    }
+    out.insert(Figure::AllGathers, ag as f64);
+    out.insert(Figure::ReduceScatters, rs as f64);
+    out.insert(Figure::AllGatherBytes, ag_bytes as f64);
+    out.insert(Figure::ReduceScatterBytes, rs_bytes as f64);
+    let per_call_us = profile.calibration.host_launch_us_per_collective
+        + if validation_mode {
+            profile.calibration.validation_dispatch_us_per_op
+        } else {
+            0.0
+        };
+    out.insert(Figure::HostCollectiveS, collectives as f64 * per_call_us * 1e-6);
+    out.insert(Figure::PeakAllocatedBytes, result.peak_memory_bytes as f64);
+    out.insert(Figure::WeightedBandwidth, weighted_fsdp_bandwidth(result, rank0));
+    out
+}
+
+/// Bytes of rank 0's FSDP collectives (the larger of send and receive buffer) over the sum of
+/// their transfer times (from the moment all peers arrived to the end), bytes per second; 0
+/// without a timeline.
+pub fn weighted_fsdp_bandwidth(
+    result: &SimResult,
+    rank0: &hpfsdp_plan::program::StepProgram,
+) -> f64 {
+    let Some(t) = result.timeline.as_ref().and_then(|t| t.rank(0)) else {
+        return 0.0;
+    };
+    let (mut bytes, mut ns) = (0u64, 0u64);
+    for s in &t.spans {
+        let Some(op) = rank0.op(s.op) else { continue };
+        let fsdp = matches!(
+            op.category,
+            Category::FsdpAg | Category::FsdpRs | Category::FsdpAr
+        );
+        if let (true, Payload::Collective(c)) = (fsdp, &op.payload) {
+            let start = s.transfer_start_ns.unwrap_or(s.start_ns);
+            bytes += c.input_bytes.max(c.output_bytes);
+            ns += s.end_ns.saturating_sub(start);
+        }
+    }
+    if ns == 0 { 0.0 } else { bytes as f64 / (ns as f64 * 1e-9) }
+}
+
+/// Loaded scenarios of the measured runs, shared across evaluations (the fit simulates the
+/// same scenarios hundreds of times).
+#[derive(Debug, Clone)]
+pub struct CalibrationSet {
+    runs: Vec<(MeasuredRun, usize)>,
+    plans: Vec<ScenarioPlans>,
+}
+
+impl CalibrationSet {
+    /// Loads the scenarios of every measured run from the repository at `root`.
+    pub fn load(root: &Path) -> Result<Self, SimError> {
+        let mut plans: Vec<ScenarioPlans> = Vec::new();
+        let mut paths: Vec<&str> = Vec::new();
+        let mut runs = Vec::new();
+        for run in measured_runs() {
+            let idx = match paths.iter().position(|p| *p == run.scenario) {
+                Some(i) => i,
+                None => {
+                    let path = root.join(run.scenario);
+                    let scenario = Scenario::load(&path).map_err(|e| {
+                        SimError::Workload(format!("calibration scenario {}: {e}", path.display()))
+                    })?;
+                    plans.push(ScenarioPlans::new(scenario));
+                    paths.push(run.scenario);
+                    plans.len() - 1
+                }
+            };
+            runs.push((run, idx));
+        }
+        Ok(Self { runs, plans })
+    }
+
+    /// Simulates every run with `profile` and compares.
+    pub fn compare(&self, profile: &HardwareProfile) -> Result<Comparison, SimError> {
+        let mut rows = Vec::new();
+        let mut step: BTreeMap<(&str, &str), f64> = BTreeMap::new();
+        for (run, idx) in &self.runs {
+            let options = RunOptions {
+                fold: true,
+                validation_mode: run.validation_mode,
+                record_timeline: true,
+            };
+            let sim = simulate_strategy(&self.plans[*idx], run.strategy, profile, &options)?;
+            let predicted =
+                predicted_figures(&sim.result, &sim.rank0_program, profile, run.validation_mode);
+            step.insert((run.experiment, run.strategy), sim.result.step_time_s());
+            for m in &run.figures {
+                rows.push(FigureRow {
+                    experiment: run.experiment,
+                    run: run.label,
+                    figure: m.figure,
+                    measured: m.value,
+                    predicted: predicted[&m.figure],
+                });
+            }
+        }
+        let hp = step.get(&("B", "hyperparallel")).copied().unwrap_or(f64::NAN);
+        let f2 = step.get(&("B", "fsdp2")).copied().unwrap_or(f64::NAN);
+        Ok(Comparison {
+            profile: profile.name.clone(),
+            rows,
+            exp_b_predicted_diff: hp / f2 - 1.0,
+            exp_b_measured_diff: EXP_B_MEASURED_DIFF,
+        })
+    }
+}

@@ -1,0 +1,175 @@
+//! Simulating a scenario: strategy programs → folded workload → engine → result.
+//!
+//! This is the one place that joins a scenario's plans with a strategy's program generator and
+//! the engine, so the CLI, the calibration report and the benchmark all simulate the same way.
+
+use crate::engine::{SimOptions, simulate};
+use crate::error::SimError;
+use crate::profile::HardwareProfile;
+use crate::result::SimResult;
+use crate::workload::Workload;
+use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
+use hpfsdp_plan::planner::{ShardingPlan, plan};
+use hpfsdp_plan::program::StepProgram;
+use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
+use std::path::{Path, PathBuf};
+
+/// The plans of a scenario, derived once and shared by every strategy simulated on it.
+#[derive(Debug, Clone)]
+pub struct ScenarioPlans {
+    /// The scenario.
+    pub scenario: Scenario,
+    /// Its sharding plan.
+    pub sharding: ShardingPlan,
+    /// Its FSDP/HSDP plan.
+    pub fsdp: FsdpPlan,
+}
+
+impl ScenarioPlans {
+    /// Derives the sharding and FSDP plans of `scenario`.
+    pub fn new(scenario: Scenario) -> Self {
+        let sharding = plan(&scenario.model, &scenario.planner_input());
+        let fsdp = build_fsdp_plan(&scenario, &sharding);
+        Self {
+            scenario,
+            sharding,
+            fsdp,
+        }
+    }
+
+    /// The strategies a scenario asks for: its `fsdp.strategy` followed by its baselines.
+    pub fn listed_strategies(&self) -> Vec<String> {
+        let mut names = vec![self.scenario.file.fsdp.strategy.clone()];
+        for b in &self.scenario.file.fsdp.baselines {
+            if !names.contains(b) {
+                names.push(b.clone());
+            }
+        }
+        names
+    }
+}
+
+/// How to run one simulation of a scenario.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Fold symmetric ranks (the result does not change; only the speed does).
+    pub fold: bool,
+    /// Charge the profile's validation-mode dispatch cost on every launch.
+    pub validation_mode: bool,
+    /// Keep the per-op timeline of every simulated rank.
+    pub record_timeline: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            fold: true,
+            validation_mode: false,
+            record_timeline: true,
+        }
+    }
+}
+
+/// One strategy simulated on one scenario.
+#[derive(Debug, Clone)]
+pub struct StrategyRun {
+    /// Strategy name (`hyperparallel`, `fsdp2`, `megatron-ddp`).
+    pub strategy: String,
+    /// Rank 0's program, to name the spans of its timeline.
+    pub rank0_program: StepProgram,
+    /// The prediction.
+    pub result: SimResult,
+}
+
+/// A strategy's programs for one scenario, folded (or not) and ready to simulate.
+#[derive(Debug, Clone)]
+pub struct PreparedRun {
+    /// Strategy name.
+    pub strategy: String,
+    /// The workload.
+    pub workload: Workload,
+    /// Tokens per step of the whole job.
+    pub tokens_per_step: u64,
+    /// Model FLOPs per step of the whole job, recompute excluded.
+    pub model_flops_per_step: f64,
+}
+
+/// Generates `strategy`'s programs on the scenario's plans and folds them when `fold`.
+pub fn prepare(plans: &ScenarioPlans, strategy: &str, fold: bool) -> Result<PreparedRun, SimError> {
+    let kind = StrategyKind::parse(strategy).map_err(|e| SimError::Workload(e.to_string()))?;
+    let generator = ProgramGenerator::new(&plans.scenario, &plans.sharding, &plans.fsdp, kind)
+        .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
+    let world_size = generator.world_size();
+    let topology = plans.scenario.topology.clone();
+    let gen_err = |e: hpfsdp_plan::strategy::StrategyError| {
+        SimError::Workload(format!("strategy '{strategy}': {e}"))
+    };
+    let workload = if fold {
+        Workload::fold_templated(
+            world_size,
+            topology,
+            |r| generator.template_key(r),
+            |r| generator.groups(r).map_err(gen_err),
+            |r| generator.program(r).map_err(gen_err),
+        )?
+    } else {
+        let programs = (0..world_size)
+            .map(|r| generator.program(r).map_err(gen_err))
+            .collect::<Result<Vec<_>, _>>()?;
+        Workload::unfolded(programs, topology)?
+    };
+    Ok(PreparedRun {
+        strategy: strategy.to_string(),
+        workload,
+        tokens_per_step: generator.tokens_per_step(),
+        model_flops_per_step: generator.model_flops_per_step(),
+    })
+}
+
+/// Simulates a prepared workload with `profile`.
+pub fn run_prepared(
+    prepared: &PreparedRun,
+    profile: &HardwareProfile,
+    options: &RunOptions,
+) -> Result<StrategyRun, SimError> {
+    let sim_options = SimOptions {
+        validation_mode: options.validation_mode,
+        record_timeline: options.record_timeline,
+        record_memory_series: true,
+        tokens_per_step: Some(prepared.tokens_per_step),
+        model_flops_per_step: Some(prepared.model_flops_per_step),
+    };
+    let result = simulate(&prepared.workload, profile, &sim_options)?;
+    Ok(StrategyRun {
+        strategy: prepared.strategy.clone(),
+        rank0_program: prepared.workload.units[0].program.clone(),
+        result,
+    })
+}
+
+/// Simulates `strategy` on the scenario's plans with `profile` ([`prepare`] then
+/// [`run_prepared`]).
+pub fn simulate_strategy(
+    plans: &ScenarioPlans,
+    strategy: &str,
+    profile: &HardwareProfile,
+    options: &RunOptions,
+) -> Result<StrategyRun, SimError> {
+    let prepared = prepare(plans, strategy, options.fold)?;
+    run_prepared(&prepared, profile, options)
+}
+
+/// Where a scenario's hardware profile lives: `<scenario dir>/../hardware/<name>.toml` when
+/// that directory exists (the repository layout), else `scenarios/hardware` under the
+/// working directory; [`HardwareProfile::load_named`] falls back to the built-in copy.
+pub fn hardware_dir_for(scenario_path: &Path) -> PathBuf {
+    let beside = scenario_path
+        .parent()
+        .and_then(Path::parent)
+        .map(|p| p.join("hardware"));
+    match beside {
+        Some(dir) if dir.is_dir() => dir,
+        _ => PathBuf::from("scenarios/hardware"),
+    }
+}

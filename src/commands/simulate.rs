@@ -1,0 +1,220 @@
+//! `hpfsdp simulate`: predict one training step of a scenario's strategy and its baselines.
+
+use crate::commands::sim_summary::{StrategySummary, summarize, to_report_run};
+use crate::table::Table;
+use anyhow::{Context, Result, bail};
+use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
+use hpfsdp_reports::model::SimReport;
+use hpfsdp_sim::HardwareProfile;
+use hpfsdp_sim::scenario_run::{
+    RunOptions, ScenarioPlans, StrategyRun, hardware_dir_for, simulate_strategy,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Options of `hpfsdp simulate`.
+pub struct SimulateArgs {
+    /// Scenario file.
+    pub scenario: PathBuf,
+    /// Strategies to simulate; empty = the scenario's strategy and its baselines.
+    pub strategies: Vec<String>,
+    /// Print JSON instead of the table.
+    pub json: bool,
+    /// Write report.html, summary.csv, timeline.csv and trace.json here.
+    pub out: Option<PathBuf>,
+    /// Hardware profile name overriding the scenario's `hardware`.
+    pub hardware: Option<String>,
+    /// Simulate every rank separately (slow; for checking the folding).
+    pub no_fold: bool,
+    /// Charge validation-mode dispatch costs.
+    pub validation_mode: bool,
+}
+
+/// The `--json` document.
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    scenario: &'a str,
+    hardware: &'a str,
+    world_size: usize,
+    results: &'a [StrategySummary],
+}
+
+/// Runs the command.
+pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let hardware = args
+        .hardware
+        .clone()
+        .unwrap_or_else(|| scenario.file.hardware.clone());
+    let profile = HardwareProfile::load_named(&hardware, hardware_dir_for(&args.scenario))
+        .with_context(|| format!("loading hardware profile '{hardware}'"))?;
+    let plans = ScenarioPlans::new(scenario);
+    let strategies = if args.strategies.is_empty() {
+        plans.listed_strategies()
+    } else {
+        args.strategies.clone()
+    };
+    for s in &strategies {
+        if !FSDP_STRATEGIES.contains(&s.as_str()) {
+            bail!(
+                "--strategy {s}: unknown strategy; choose one of {}",
+                FSDP_STRATEGIES.join(", ")
+            );
+        }
+    }
+    let options = RunOptions {
+        fold: !args.no_fold,
+        validation_mode: args.validation_mode,
+        record_timeline: true,
+    };
+    let runs = simulate_all(&plans, &strategies, &profile, &options)?;
+    let summaries: Vec<StrategySummary> = runs.iter().map(summarize).collect();
+    let name = plans.scenario.file.name.clone();
+    if args.json {
+        let out = JsonOut {
+            scenario: &name,
+            hardware: &profile.name,
+            world_size: summaries.first().map_or(0, |s| s.world_size),
+            results: &summaries,
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        print!("{}", render_table(&plans, &profile, &summaries));
+    }
+    if let Some(dir) = &args.out {
+        let report = SimReport {
+            scenario: name,
+            description: plans.scenario.file.description.clone(),
+            hardware: profile.name.clone(),
+            world_size: summaries.first().map_or(0, |s| s.world_size),
+            runs: summaries
+                .iter()
+                .zip(&runs)
+                .map(|(s, r)| to_report_run(s, r))
+                .collect(),
+        };
+        let written = hpfsdp_reports::write_sim_report(dir, &report)
+            .with_context(|| format!("writing the report into {}", dir.display()))?;
+        if !args.json {
+            for p in written {
+                println!("wrote {}", p.display());
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Simulates each strategy in turn, with a spinner on stderr (hidden when stderr is not a
+/// terminal).
+pub fn simulate_all(
+    plans: &ScenarioPlans,
+    strategies: &[String],
+    profile: &HardwareProfile,
+    options: &RunOptions,
+) -> Result<Vec<StrategyRun>> {
+    let bar = ProgressBar::new(strategies.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} [{pos}/{len}] simulating {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.enable_steady_tick(Duration::from_millis(200));
+    let mut runs = Vec::with_capacity(strategies.len());
+    for s in strategies {
+        bar.set_message(s.clone());
+        let run = simulate_strategy(plans, s, profile, options)
+            .with_context(|| format!("simulating strategy '{s}'"))?;
+        runs.push(run);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(runs)
+}
+
+fn gb(bytes: u64) -> String {
+    format!("{:.2} GB", bytes as f64 / 1e9)
+}
+
+fn ms(s: f64) -> String {
+    format!("{:.1} ms", s * 1e3)
+}
+
+/// The terminal table: one column per strategy.
+fn render_table(plans: &ScenarioPlans, profile: &HardwareProfile, runs: &[StrategySummary]) -> String {
+    let sc = &plans.scenario;
+    let mut out = format!(
+        "scenario {} on {} ({} ranks; {} micro-batch(es) of {} x {} tokens per rank)\n\n",
+        sc.file.name,
+        profile.name,
+        runs.first().map_or(0, |r| r.world_size),
+        sc.grad_accum_steps,
+        sc.file.train.micro_batch,
+        sc.file.train.seq_len,
+    );
+    let mut header = vec!["figure"];
+    header.extend(runs.iter().map(|r| r.strategy.as_str()));
+    let mut t = Table::new(&header);
+    let mut row = |name: &str, f: &dyn Fn(&StrategySummary) -> String| {
+        let mut cells = vec![name.to_string()];
+        cells.extend(runs.iter().map(f));
+        t.row(cells);
+    };
+    row("step time", &|r| format!("{:.3} s", r.step_time_s));
+    if let Some(base) = runs.first() {
+        row("vs first", &|r| {
+            format!("{:+.1}%", (r.step_time_s / base.step_time_s - 1.0) * 100.0)
+        });
+    }
+    row("tokens/s", &|r| {
+        r.tokens_per_s.map_or("-".into(), |x| format!("{:.0}", x))
+    });
+    row("MFU", &|r| r.mfu.map_or("-".into(), |x| format!("{:.1}%", x * 100.0)));
+    row("compute", &|r| ms(r.compute_s));
+    row("copy", &|r| ms(r.copy_s));
+    row("communication", &|r| ms(r.comm_s));
+    row("exposed comm", &|r| ms(r.exposed_comm_total_s));
+    let mut cats: Vec<&String> = runs.iter().flat_map(|r| r.exposed_comm_s.keys()).collect();
+    cats.sort();
+    cats.dedup();
+    for c in cats {
+        row(&format!("  exposed {c}"), &|r| {
+            r.exposed_comm_s.get(c).map_or("-".into(), |x| ms(*x))
+        });
+    }
+    row("idle", &|r| ms(r.idle_s));
+    row("host busy", &|r| ms(r.host_s));
+    row("overlap rate", &|r| format!("{:.2}%", r.overlap_rate * 100.0));
+    let mut kinds: Vec<&String> = runs.iter().flat_map(|r| r.collectives.keys()).collect();
+    kinds.sort();
+    kinds.dedup();
+    for k in kinds {
+        row(&format!("{k} (count, bytes)"), &|r| {
+            r.collectives
+                .get(k)
+                .map_or("-".into(), |c| format!("{} / {}", c.count, gb(c.output_bytes)))
+        });
+    }
+    let mut tiers: Vec<&String> = runs.iter().flat_map(|r| r.tier_bytes.keys()).collect();
+    tiers.sort();
+    tiers.dedup();
+    for k in tiers {
+        row(&format!("{k} traffic"), &|r| {
+            r.tier_bytes.get(k).map_or("-".into(), |c| gb(c.bytes))
+        });
+    }
+    row("peak memory", &|r| {
+        format!(
+            "{}{}",
+            gb(r.peak_memory_bytes),
+            if r.memory_fits { "" } else { " (DOES NOT FIT)" }
+        )
+    });
+    row("simulated ranks", &|r| format!("{} of {}", r.simulated_ranks, r.world_size));
+    out.push_str(&t.render());
+    out.push_str(
+        "\nPer-rank figures are the critical rank's (the one that finishes last); bytes are receive-buffer bytes per step.\n",
+    );
+    out
+}
