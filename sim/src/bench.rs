@@ -216,6 +216,9 @@ pub struct BenchReport {
     pub folded: bool,
     /// Ops per rank program.
     pub ops_per_rank: usize,
+    /// Seconds to derive the scenario's sharding and FSDP plans (0 for synthetic steps);
+    /// done once per scenario, not per simulated step.
+    pub plan_s: f64,
     /// Seconds to generate (and fold) the programs.
     pub prepare_s: f64,
     /// Seconds to simulate the step.
@@ -239,15 +242,17 @@ impl std::fmt::Display for BenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{}: {} ranks ({} simulated, folding {}), {} ops/rank; prepare {:.3} s, simulate {:.3} ms, \
-             {} events ({:.2} M events/s), predicted step {:.3} s",
+            "{}: {} ranks ({} simulated, folding {}), {} ops/rank; plan {:.3} s, programs+fold {:.3} s, simulate {:.3} ms \
+             (step wall {:.3} s), {} events ({:.2} M events/s), predicted step {:.3} s",
             self.name,
             self.world_size,
             self.simulated_ranks,
             if self.folded { "on" } else { "off" },
             self.ops_per_rank,
+            self.plan_s,
             self.prepare_s,
             self.simulate_s * 1e3,
+            self.wall_s(),
             self.events,
             self.events_per_s / 1e6,
             self.step_time_s
@@ -282,6 +287,7 @@ pub fn bench_synthetic(
         simulated_ranks: result.simulated_ranks,
         folded: fold,
         ops_per_rank: workload.units.first().map_or(0, |u| u.program.ops.len()),
+        plan_s: 0.0,
         prepare_s,
         simulate_s,
         events: result.events_processed,
@@ -300,6 +306,8 @@ pub fn bench_scenario(
 ) -> Result<BenchReport, SimError> {
     let t0 = Instant::now();
     let plans = ScenarioPlans::new(scenario);
+    let plan_s = t0.elapsed().as_secs_f64();
+    let t0 = Instant::now();
     let prepared = prepare(&plans, strategy, true)?;
     let prepare_s = t0.elapsed().as_secs_f64();
     let options = RunOptions {
@@ -317,6 +325,7 @@ pub fn bench_scenario(
         simulated_ranks: r.simulated_ranks,
         folded: r.folded,
         ops_per_rank: run.rank0_program.ops.len(),
+        plan_s,
         prepare_s,
         simulate_s,
         events: r.events_processed,

@@ -231,7 +231,7 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
         }
     }
     let mut modules: Vec<String> = first_seen.keys().cloned().collect();
-    modules.sort_by_key(|m| {
+    modules.sort_by_cached_key(|m| {
         (
             std::cmp::Reverse(m.matches('.').count() + usize::from(!m.is_empty())),
             first_seen[m],
