@@ -51,7 +51,10 @@ fn every_paper_scenario_simulates() {
             assert!((0.0..=1.0).contains(&overlap), "{name}");
             assert!(r["peak_memory_bytes"].as_u64().unwrap() > 0, "{name}");
             assert!(r["exposed_comm_s"].is_object(), "{name}");
-            assert!(r["collectives"]["all-gather"]["count"].as_u64().unwrap() > 0, "{name}");
+            assert!(
+                r["collectives"]["all-gather"]["count"].as_u64().unwrap() > 0,
+                "{name}"
+            );
             assert!(r["tier_bytes"].is_object(), "{name}");
         }
     }
@@ -61,7 +64,10 @@ fn every_paper_scenario_simulates() {
 fn exp_b_compares_hyperparallel_with_fsdp2() {
     let doc = json(&["simulate", "scenarios/paper/exp-b.toml", "--json"]);
     let results = doc["results"].as_array().unwrap();
-    let names: Vec<&str> = results.iter().map(|r| r["strategy"].as_str().unwrap()).collect();
+    let names: Vec<&str> = results
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["hyperparallel", "fsdp2"]);
     // Per-parameter collectives vs per-unit ones, derived from the model.
     assert_eq!(results[0]["collectives"]["reduce-scatter"]["count"], 531);
@@ -113,9 +119,17 @@ fn out_dir_gets_a_self_contained_report() {
         "--out",
         dir.to_str().unwrap(),
     ]);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(out.contains("step time") && out.contains("overlap rate"), "{out}");
+    assert!(
+        out.contains("step time") && out.contains("overlap rate"),
+        "{out}"
+    );
     for f in ["report.html", "summary.csv", "timeline.csv", "trace.json"] {
         assert!(dir.join(f).is_file(), "{f} missing");
     }
@@ -132,12 +146,25 @@ fn out_dir_gets_a_self_contained_report() {
 
 #[test]
 fn bad_input_exits_2_with_a_clear_message() {
-    let o = hpfsdp(&["simulate", "scenarios/paper/exp-b.toml", "--strategy", "zero3"]);
+    let o = hpfsdp(&[
+        "simulate",
+        "scenarios/paper/exp-b.toml",
+        "--strategy",
+        "zero3",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("zero3") && err.contains("hyperparallel"), "{err}");
+    assert!(
+        err.contains("zero3") && err.contains("hyperparallel"),
+        "{err}"
+    );
 
-    let o = hpfsdp(&["simulate", "scenarios/paper/exp-b.toml", "--hardware", "tpu-v9"]);
+    let o = hpfsdp(&[
+        "simulate",
+        "scenarios/paper/exp-b.toml",
+        "--hardware",
+        "tpu-v9",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("tpu-v9"), "{err}");

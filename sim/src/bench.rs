@@ -8,14 +8,14 @@
 use crate::engine::{SimOptions, simulate};
 use crate::error::SimError;
 use crate::profile::HardwareProfile;
+use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
 use crate::workload::Workload;
 use hpfsdp_plan::program::{
     Category, CollectiveOp, ComputeWork, Group, MemTag, OpId, ProgramBuilder, StepProgram, Stream,
 };
+use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::{CollectiveKind, DType, Topology};
 use serde::{Deserialize, Serialize};
-use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
-use hpfsdp_plan::scenario::Scenario;
 use std::time::Instant;
 
 /// Shape of a synthetic FSDP/HSDP step.
@@ -341,13 +341,18 @@ pub fn scaled_scenario(scenario: &Scenario, target_ranks: usize) -> Result<Scena
     let world = scenario.world_size();
     let factor = target_ranks.div_ceil(world).max(1);
     let text = std::fs::read_to_string(&scenario.path).map_err(|e| bad(e.to_string()))?;
-    let mut doc: toml::Table = text.parse().map_err(|e: toml::de::Error| bad(e.to_string()))?;
+    let mut doc: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| bad(e.to_string()))?;
     let scale = |doc: &mut toml::Table, section: &str, key: &str, default: i64| {
         let t = doc
             .entry(section)
             .or_insert_with(|| toml::Value::Table(toml::Table::new()));
         if let Some(t) = t.as_table_mut() {
-            let v = t.get(key).and_then(toml::Value::as_integer).unwrap_or(default);
+            let v = t
+                .get(key)
+                .and_then(toml::Value::as_integer)
+                .unwrap_or(default);
             t.insert(key.into(), toml::Value::Integer(v * factor as i64));
         }
     };
@@ -359,8 +364,14 @@ pub fn scaled_scenario(scenario: &Scenario, target_ranks: usize) -> Result<Scena
     scale(&mut doc, "mesh", "edp_replicate", 1);
     scale(&mut doc, "topology", "supernodes", 1);
     if let Some(t) = doc.get_mut("train").and_then(toml::Value::as_table_mut) {
-        let gb = t.get("global_batch").and_then(toml::Value::as_integer).unwrap_or(1);
-        t.insert("global_batch".into(), toml::Value::Integer(gb * factor as i64));
+        let gb = t
+            .get("global_batch")
+            .and_then(toml::Value::as_integer)
+            .unwrap_or(1);
+        t.insert(
+            "global_batch".into(),
+            toml::Value::Integer(gb * factor as i64),
+        );
     }
     let text = toml::to_string(&doc).map_err(|e| bad(e.to_string()))?;
     Scenario::from_str_at(&text, &scenario.path).map_err(|e| bad(e.to_string()))
@@ -378,11 +389,25 @@ pub fn bench_suite(
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
     ];
     if let Some(d) = exp_d {
-        out.push(bench_scenario("exp-d", d.clone(), "hyperparallel", profile)?);
+        out.push(bench_scenario(
+            "exp-d",
+            d.clone(),
+            "hyperparallel",
+            profile,
+        )?);
         let big = scaled_scenario(d, 100_000)?;
-        out.push(bench_scenario("exp-d x131 replicas", big, "hyperparallel", profile)?);
+        out.push(bench_scenario(
+            "exp-d x131 replicas",
+            big,
+            "hyperparallel",
+            profile,
+        )?);
     } else {
-        out.push(bench_synthetic(&SyntheticConfig::ranks_100k(), profile, true)?);
+        out.push(bench_synthetic(
+            &SyntheticConfig::ranks_100k(),
+            profile,
+            true,
+        )?);
     }
     Ok(out)
 }

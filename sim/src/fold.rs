@@ -323,7 +323,11 @@ pub(crate) fn check_program(
 }
 
 /// Checks that every group of `rank` contains only ranks of the job.
-pub(crate) fn check_groups(groups: &[Group], rank: usize, world_size: usize) -> Result<(), SimError> {
+pub(crate) fn check_groups(
+    groups: &[Group],
+    rank: usize,
+    world_size: usize,
+) -> Result<(), SimError> {
     for g in groups {
         if let Some(&last) = g.ranks.last()
             && last >= world_size

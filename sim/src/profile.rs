@@ -522,7 +522,10 @@ mod tests {
         let text = BUILTIN_PROFILES[0]
             .1
             .replace("compute_efficiency = 0.", "compute_efficiency = 1.7 # 0.");
-        assert_ne!(text, BUILTIN_PROFILES[0].1, "the profile has a compute_efficiency line");
+        assert_ne!(
+            text, BUILTIN_PROFILES[0].1,
+            "the profile has a compute_efficiency line"
+        );
         let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
         assert_eq!(err.key, "calibration.compute_efficiency");
         assert!(err.line > 0);

@@ -101,7 +101,7 @@ pub fn prepare(plans: &ScenarioPlans, strategy: &str, fold: bool) -> Result<Prep
     let generator = ProgramGenerator::new(&plans.scenario, &plans.sharding, &plans.fsdp, kind)
         .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
     let world_size = generator.world_size();
-    let topology = plans.scenario.topology.clone();
+    let topology = plans.scenario.topology;
     let gen_err = |e: hpfsdp_plan::strategy::StrategyError| {
         SimError::Workload(format!("strategy '{strategy}': {e}"))
     };

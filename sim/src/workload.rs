@@ -2,10 +2,10 @@
 
 use crate::error::SimError;
 use crate::fold::{self, Classes, RankView, check_program};
-use std::collections::HashMap;
 use hpfsdp_plan::Topology;
 use hpfsdp_plan::program::{Group, Payload, RankRange, StepProgram};
 use std::borrow::Cow;
+use std::collections::HashMap;
 
 /// One simulated rank: a representative program standing for one or more identical ranks.
 #[derive(Debug, Clone, PartialEq)]

@@ -44,6 +44,16 @@ fn derived_collective_counts_are_not_entered() {
         HardwareProfile::load(root().join("scenarios/hardware/ascend-910c-a3.toml")).unwrap();
     let set = CalibrationSet::load(root()).unwrap();
     let c = set.compare(&profile).unwrap();
-    assert_eq!(c.row("HyperParallel-FSDP", Figure::ReduceScatters).unwrap().predicted, 531.0);
-    assert_eq!(c.row("PyTorch FSDP2", Figure::ReduceScatters).unwrap().predicted, 49.0);
+    assert_eq!(
+        c.row("HyperParallel-FSDP", Figure::ReduceScatters)
+            .unwrap()
+            .predicted,
+        531.0
+    );
+    assert_eq!(
+        c.row("PyTorch FSDP2", Figure::ReduceScatters)
+            .unwrap()
+            .predicted,
+        49.0
+    );
 }

@@ -40,22 +40,40 @@ pub fn run(hardware: &str, do_fit: bool, out: &Path) -> Result<ExitCode> {
         }
         (outcome.comparison, true)
     } else {
-        (set.compare(&profile).context("simulating the calibration runs")?, false)
+        (
+            set.compare(&profile)
+                .context("simulating the calibration runs")?,
+            false,
+        )
     };
     let report = comparison_report(&comparison, fitted);
     let table = &report.sections[0].table;
     println!("{}", table.to_markdown());
-    println!("{}", report.verdict.as_ref().map_or("", |v| v.text.as_str()));
+    println!(
+        "{}",
+        report.verdict.as_ref().map_or("", |v| v.text.as_str())
+    );
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let html = out.join("report.html");
-    std::fs::write(&html, report.to_html()).with_context(|| format!("writing {}", html.display()))?;
+    std::fs::write(&html, report.to_html())
+        .with_context(|| format!("writing {}", html.display()))?;
     let csv = out.join("comparison.csv");
     std::fs::write(&csv, table.to_csv()).with_context(|| format!("writing {}", csv.display()))?;
     let md = out.join("comparison.md");
-    std::fs::write(&md, table.to_markdown()).with_context(|| format!("writing {}", md.display()))?;
-    println!("wrote {}, {}, {}", html.display(), csv.display(), md.display());
+    std::fs::write(&md, table.to_markdown())
+        .with_context(|| format!("writing {}", md.display()))?;
+    println!(
+        "wrote {}, {}, {}",
+        html.display(),
+        csv.display(),
+        md.display()
+    );
     let passed = report.verdict.as_ref().is_some_and(|v| v.passed);
-    Ok(if passed { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn value(figure: Figure, v: f64) -> String {

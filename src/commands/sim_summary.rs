@@ -106,7 +106,10 @@ pub fn summarize(run: &StrategyRun) -> StrategySummary {
             t.bytes += c.output_bytes;
         }
     }
-    let peak_rank = r.ranks.iter().max_by_key(|x| (x.memory.peak_bytes, std::cmp::Reverse(x.rank)));
+    let peak_rank = r
+        .ranks
+        .iter()
+        .max_by_key(|x| (x.memory.peak_bytes, std::cmp::Reverse(x.rank)));
     let peak_memory_by_tag = peak_rank
         .map(|x| {
             x.memory

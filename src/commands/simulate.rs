@@ -142,7 +142,11 @@ fn ms(s: f64) -> String {
 }
 
 /// The terminal table: one column per strategy.
-fn render_table(plans: &ScenarioPlans, profile: &HardwareProfile, runs: &[StrategySummary]) -> String {
+fn render_table(
+    plans: &ScenarioPlans,
+    profile: &HardwareProfile,
+    runs: &[StrategySummary],
+) -> String {
     let sc = &plans.scenario;
     let mut out = format!(
         "scenario {} on {} ({} ranks; {} micro-batch(es) of {} x {} tokens per rank)\n\n",
@@ -170,7 +174,9 @@ fn render_table(plans: &ScenarioPlans, profile: &HardwareProfile, runs: &[Strate
     row("tokens/s", &|r| {
         r.tokens_per_s.map_or("-".into(), |x| format!("{:.0}", x))
     });
-    row("MFU", &|r| r.mfu.map_or("-".into(), |x| format!("{:.1}%", x * 100.0)));
+    row("MFU", &|r| {
+        r.mfu.map_or("-".into(), |x| format!("{:.1}%", x * 100.0))
+    });
     row("compute", &|r| ms(r.compute_s));
     row("copy", &|r| ms(r.copy_s));
     row("communication", &|r| ms(r.comm_s));
@@ -185,15 +191,17 @@ fn render_table(plans: &ScenarioPlans, profile: &HardwareProfile, runs: &[Strate
     }
     row("idle", &|r| ms(r.idle_s));
     row("host busy", &|r| ms(r.host_s));
-    row("overlap rate", &|r| format!("{:.2}%", r.overlap_rate * 100.0));
+    row("overlap rate", &|r| {
+        format!("{:.2}%", r.overlap_rate * 100.0)
+    });
     let mut kinds: Vec<&String> = runs.iter().flat_map(|r| r.collectives.keys()).collect();
     kinds.sort();
     kinds.dedup();
     for k in kinds {
         row(&format!("{k} (count, bytes)"), &|r| {
-            r.collectives
-                .get(k)
-                .map_or("-".into(), |c| format!("{} / {}", c.count, gb(c.output_bytes)))
+            r.collectives.get(k).map_or("-".into(), |c| {
+                format!("{} / {}", c.count, gb(c.output_bytes))
+            })
         });
     }
     let mut tiers: Vec<&String> = runs.iter().flat_map(|r| r.tier_bytes.keys()).collect();
@@ -211,7 +219,9 @@ fn render_table(plans: &ScenarioPlans, profile: &HardwareProfile, runs: &[Strate
             if r.memory_fits { "" } else { " (DOES NOT FIT)" }
         )
     });
-    row("simulated ranks", &|r| format!("{} of {}", r.simulated_ranks, r.world_size));
+    row("simulated ranks", &|r| {
+        format!("{} of {}", r.simulated_ranks, r.world_size)
+    });
     out.push_str(&t.render());
     out.push_str(
         "\nPer-rank figures are the critical rank's (the one that finishes last); bytes are receive-buffer bytes per step.\n",

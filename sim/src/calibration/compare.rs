@@ -49,7 +49,9 @@ pub struct Comparison {
 impl Comparison {
     /// The row of (`run`, `figure`), when present.
     pub fn row(&self, run: &str, figure: Figure) -> Option<&FigureRow> {
-        self.rows.iter().find(|r| r.run == run && r.figure == figure)
+        self.rows
+            .iter()
+            .find(|r| r.run == run && r.figure == figure)
     }
 }
 
@@ -66,7 +68,8 @@ pub fn predicted_figures(
     out.insert(Figure::ExposedCommS, b.exposed_comm_ns as f64 * 1e-9);
     out.insert(Figure::OverlapRate, b.overlap_rate);
     out.insert(Figure::CopyS, b.copy_ns as f64 * 1e-9);
-    let (mut ag, mut rs, mut ag_bytes, mut rs_bytes, mut collectives) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut ag, mut rs, mut ag_bytes, mut rs_bytes, mut collectives) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     for op in &rank0.ops {
         if let Payload::Collective(c) = &op.payload {
             collectives += 1;
@@ -93,9 +96,15 @@ pub fn predicted_figures(
         } else {
             0.0
         };
-    out.insert(Figure::HostCollectiveS, collectives as f64 * per_call_us * 1e-6);
+    out.insert(
+        Figure::HostCollectiveS,
+        collectives as f64 * per_call_us * 1e-6,
+    );
     out.insert(Figure::PeakAllocatedBytes, result.peak_memory_bytes as f64);
-    out.insert(Figure::WeightedBandwidth, weighted_fsdp_bandwidth(result, rank0));
+    out.insert(
+        Figure::WeightedBandwidth,
+        weighted_fsdp_bandwidth(result, rank0),
+    );
     out
 }
 
@@ -122,7 +131,11 @@ pub fn weighted_fsdp_bandwidth(
             ns += s.end_ns.saturating_sub(start);
         }
     }
-    if ns == 0 { 0.0 } else { bytes as f64 / (ns as f64 * 1e-9) }
+    if ns == 0 {
+        0.0
+    } else {
+        bytes as f64 / (ns as f64 * 1e-9)
+    }
 }
 
 /// Loaded scenarios of the measured runs, shared across evaluations (the fit simulates the
@@ -168,8 +181,12 @@ impl CalibrationSet {
                 record_timeline: true,
             };
             let sim = simulate_strategy(&self.plans[*idx], run.strategy, profile, &options)?;
-            let predicted =
-                predicted_figures(&sim.result, &sim.rank0_program, profile, run.validation_mode);
+            let predicted = predicted_figures(
+                &sim.result,
+                &sim.rank0_program,
+                profile,
+                run.validation_mode,
+            );
             step.insert((run.experiment, run.strategy), sim.result.step_time_s());
             for m in &run.figures {
                 rows.push(FigureRow {
@@ -181,7 +198,10 @@ impl CalibrationSet {
                 });
             }
         }
-        let hp = step.get(&("B", "hyperparallel")).copied().unwrap_or(f64::NAN);
+        let hp = step
+            .get(&("B", "hyperparallel"))
+            .copied()
+            .unwrap_or(f64::NAN);
         let f2 = step.get(&("B", "fsdp2")).copied().unwrap_or(f64::NAN);
         Ok(Comparison {
             profile: profile.name.clone(),

@@ -189,7 +189,11 @@ fn solve_one(
         return Ok(get(profile, t.param.key).unwrap_or(t.param.min));
     }
     if f_lo.signum() == f_hi.signum() {
-        return Ok(if f_lo.abs() <= f_hi.abs() { lo.exp() } else { hi.exp() });
+        return Ok(if f_lo.abs() <= f_hi.abs() {
+            lo.exp()
+        } else {
+            hi.exp()
+        });
     }
     let rising = f_hi > f_lo;
     for _ in 0..24 {
