@@ -70,6 +70,27 @@ enum Command {
         #[arg(long, default_value = "reports/calibration")]
         out: PathBuf,
     },
+    /// Prove a plan on tiny models: one training step (forward, backward, AdamW) in production
+    /// mode, in validation mode and on a single device, compared per parameter. Exit status 1
+    /// when a gating check fails (with --mutate: when validation mode misses the mutation).
+    Verify {
+        /// Scenario file (TOML), e.g. scenarios/verify/dense-fsdp4.toml.
+        scenario: PathBuf,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Write verify.html, params.csv and checks.csv into DIR.
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Inject a wrong placement into this module's output contract or this parameter's
+        /// placement, and check that validation mode catches it, naming the module.
+        #[arg(long, value_name = "MODULE_OR_PARAM")]
+        mutate: Option<String>,
+        /// Also measure validation vs production step time and dispatch events at micro
+        /// batch 1 and 2.
+        #[arg(long)]
+        bench_modes: bool,
+    },
     /// Time the simulator itself: wall time per simulated step and events per second for a
     /// synthetic 48-layer SPMD step on 768 ranks (folded and unfolded) and on ~100k ranks.
     Bench {
@@ -106,6 +127,19 @@ fn main() -> ExitCode {
             validation_mode,
         }),
         Command::Calibrate { hardware, fit, out } => commands::calibrate::run(&hardware, fit, &out),
+        Command::Verify {
+            scenario,
+            json,
+            out,
+            mutate,
+            bench_modes,
+        } => commands::verify::run(&commands::verify::VerifyArgs {
+            scenario,
+            json,
+            out,
+            mutate,
+            bench_modes,
+        }),
         Command::Bench { hardware } => commands::bench::run(&hardware),
     };
     match result {

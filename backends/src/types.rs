@@ -82,9 +82,51 @@ impl CollectiveKind {
     }
 }
 
+impl CollectiveKind {
+    /// The plan's kind of this call, the one place backends map onto
+    /// [`hpfsdp_plan::CollectiveKind`]: send and receive are both halves of the plan's
+    /// `SendRecv`; a barrier moves no payload and has no plan counterpart (`None`).
+    pub fn plan_kind(self) -> Option<hpfsdp_plan::CollectiveKind> {
+        use hpfsdp_plan::CollectiveKind as P;
+        Some(match self {
+            CollectiveKind::AllGather => P::AllGather,
+            CollectiveKind::ReduceScatter => P::ReduceScatter,
+            CollectiveKind::AllReduce => P::AllReduce,
+            CollectiveKind::Broadcast => P::Broadcast,
+            CollectiveKind::AllToAll => P::AllToAll,
+            CollectiveKind::AllToAllV => P::AllToAllV,
+            CollectiveKind::Send | CollectiveKind::Recv => P::SendRecv,
+            CollectiveKind::Barrier => return None,
+        })
+    }
+}
+
 impl fmt::Display for CollectiveKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_payload_kind_maps_to_the_plan_and_names_agree() {
+        use hpfsdp_plan::CollectiveKind as P;
+        for k in [
+            CollectiveKind::AllGather,
+            CollectiveKind::ReduceScatter,
+            CollectiveKind::AllReduce,
+            CollectiveKind::Broadcast,
+            CollectiveKind::AllToAll,
+            CollectiveKind::AllToAllV,
+        ] {
+            assert_eq!(k.plan_kind().map(P::name), Some(k.name()));
+        }
+        assert_eq!(CollectiveKind::Send.plan_kind(), Some(P::SendRecv));
+        assert_eq!(CollectiveKind::Recv.plan_kind(), Some(P::SendRecv));
+        assert_eq!(CollectiveKind::Barrier.plan_kind(), None);
     }
 }
 

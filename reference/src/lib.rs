@@ -35,11 +35,15 @@ pub mod error;
 pub mod gradcheck;
 pub mod matmul;
 pub mod model;
+pub mod muon;
 pub mod ops;
+pub mod optim;
 pub mod real;
 pub mod reduce;
 pub mod rng;
+pub mod runtime;
 pub mod tensor;
+pub mod verify;
 
 pub use error::{RefError, RefResult};
 pub use matmul::{Isa, MatRef, matmul, matmul_nt, matmul_tn};

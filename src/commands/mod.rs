@@ -5,3 +5,4 @@ pub mod calibrate;
 pub mod plan;
 pub mod sim_summary;
 pub mod simulate;
+pub mod verify;

@@ -1,0 +1,5 @@
+//! Optimizers applied to local parameter shards.
+
+pub mod adamw;
+
+pub use adamw::{AdamState, AdamW};

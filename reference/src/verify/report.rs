@@ -1,0 +1,450 @@
+//! The verdict of one verification: the three runs compared per parameter, the checks, the
+//! golden digest, and the table rows reports are made of.
+
+use hpfsdp_plan::fsdp::DataDomain;
+use hpfsdp_plan::planner::templates::format_axis_placements;
+use serde::Serialize;
+
+use super::compare::{Diff, Which, assemble, diff, diff_sets, digest};
+use super::error::VerifyError;
+use super::harness::{DistRun, run_distributed, run_single};
+use super::setup::VerifySpec;
+use super::trace::compare_trace_with_program;
+use crate::runtime::fsdp::FsdpCounts;
+use crate::runtime::{DispatchStats, ExecMode};
+use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
+
+/// Bound on row-parallel TP gradients: `max |g_tp − g_1| ≤ GRAD_REL_BOUND · max |g_1|` per
+/// parameter. Row-parallel layers split each length-`K` dot product into `tp` partial sums
+/// added across ranks, which changes f32 rounding by O(K·u) relative to the sum of the
+/// absolute terms (`u = 2^-24`, `K ≤ 256` here, so ≲ 1.5e-5 in the worst case, typically
+/// `sqrt(K)·u ≈ 1e-6`); the observed worst case on `dense-tp2-fsdp2` is 6.8e-7. 1e-4 leaves
+/// two orders of magnitude of margin and is still four orders below what a real sharding bug
+/// produces (a dropped all-reduce gives errors of 0.5-1.2 of max|g|).
+pub const GRAD_REL_BOUND: f64 = 1e-4;
+
+/// Bound on TP updated parameters, in units of the learning rate: AdamW's first step moves
+/// each element by `lr · g / (|g| + eps)`, so a gradient component near zero whose sign
+/// differs between the two summation orders can move its parameter by up to `2·lr`; any
+/// other difference is far smaller. A sharding bug moves parameters by about `lr` in
+/// uncorrelated directions and is caught by the gradient bound.
+pub const PARAM_ABS_BOUND_LR: f64 = 2.0;
+
+/// One parameter's line of the table.
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamRow {
+    /// FQN.
+    pub name: String,
+    /// Global shape.
+    pub shape: Vec<usize>,
+    /// Placement: plan axes, FSDP shard dim and group, replicas.
+    pub placement: String,
+    /// Production gradients (assembled) versus single device.
+    pub grad: Diff,
+    /// Production updated parameters versus single device.
+    pub param: Diff,
+    /// Production and validation bitwise equal (gradients and parameters, every rank).
+    pub prod_val_bitwise: bool,
+    /// Whether this parameter's sharded-vs-single comparison must be bitwise.
+    pub bitwise_required: bool,
+    /// `pass` or `FAIL`.
+    pub verdict: String,
+}
+
+/// One named check.
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    /// What was checked.
+    pub name: String,
+    /// Outcome.
+    pub passed: bool,
+    /// Whether the overall verdict depends on it (advisory checks are reported only).
+    pub gating: bool,
+    /// Details.
+    pub detail: String,
+}
+
+/// Loss of each execution.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Losses {
+    /// Production mode.
+    pub production: f32,
+    /// Validation mode.
+    pub validation: f32,
+    /// Single device.
+    pub single_device: f32,
+}
+
+/// Wall time of each execution, seconds.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Timings {
+    /// Production mode (slowest rank).
+    pub production_s: f64,
+    /// Validation mode (slowest rank).
+    pub validation_s: f64,
+    /// Single device.
+    pub single_device_s: f64,
+}
+
+/// The result of `verify`.
+#[derive(Debug, Clone, Serialize)]
+pub struct VerifyReport {
+    /// Scenario name.
+    pub scenario: String,
+    /// Scenario description.
+    pub description: String,
+    /// Ranks.
+    pub world: usize,
+    /// Mesh degrees.
+    pub mesh: String,
+    /// Micro-batches per step (all data-parallel streams).
+    pub micro_batches: usize,
+    /// Micro-batches per stream.
+    pub grad_accum: usize,
+    /// Tokens per micro-batch.
+    pub tokens_per_micro_batch: usize,
+    /// Gathered-parameter dtype.
+    pub param_dtype: String,
+    /// Loss per execution.
+    pub loss: Losses,
+    /// Time per execution.
+    pub timings: Timings,
+    /// Dispatch events summed over ranks, per mode.
+    pub dispatch_production: DispatchStats,
+    /// Dispatch events summed over ranks, validation mode.
+    pub dispatch_validation: DispatchStats,
+    /// Rank 0's FSDP collectives.
+    pub fsdp_rank0: FsdpCounts,
+    /// Per-parameter rows.
+    pub rows: Vec<ParamRow>,
+    /// Checks.
+    pub checks: Vec<Check>,
+    /// blake3 of the updated parameters (production run, assembled), the golden digest.
+    pub digest: String,
+    /// blake3 of the single device's updated parameters.
+    pub single_device_digest: String,
+    /// Every check passed.
+    pub passed: bool,
+    /// Simplifications that apply.
+    pub notes: Vec<String>,
+}
+
+fn placement_text(spec: &VerifySpec, name: &str) -> String {
+    let plan = spec
+        .sharding
+        .param(name)
+        .map_or("R".to_string(), |p| format_axis_placements(&p.placements));
+    let Some(f) = spec.fsdp.param(name) else {
+        return plan;
+    };
+    let (shard, rep) = match f.domain {
+        DataDomain::Dense => ("dense.shard", "dense.replicate"),
+        DataDomain::Expert => ("expert.shard", "expert.replicate"),
+    };
+    let s = spec.fsdp.groups.get(shard).map_or(1, |g| g.size);
+    let r = spec.fsdp.groups.get(rep).map_or(1, |g| g.size);
+    let mut t = format!("{plan}; fsdp S({})/{s}", f.shard_dim);
+    if r > 1 {
+        t.push_str(&format!(" x{r} rep"));
+    }
+    t
+}
+
+fn prod_val_equal(p: &DistRun, v: &DistRun) -> (bool, Vec<String>) {
+    let mut bad = Vec::new();
+    for (r, (a, b)) in p.ranks.iter().zip(&v.ranks).enumerate() {
+        let bits = |x: &[Vec<f32>]| {
+            x.iter()
+                .map(|v| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>())
+                .collect::<Vec<_>>()
+        };
+        if bits(&a.grads) != bits(&b.grads) || bits(&a.params) != bits(&b.params) {
+            bad.push(format!("rank {r}"));
+        }
+        let lb = |x: &[(usize, f32)]| x.iter().map(|(i, l)| (*i, l.to_bits())).collect::<Vec<_>>();
+        if lb(&a.losses) != lb(&b.losses) {
+            bad.push(format!("rank {r} loss"));
+        }
+    }
+    (bad.is_empty(), bad)
+}
+
+/// Run the three executions of `spec` and compare them.
+pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
+    let prod = run_distributed(spec, ExecMode::Production)?;
+    let val = run_distributed(spec, ExecMode::Validation)?;
+    let single = run_single(spec)?;
+    let pg = assemble(spec, &prod, Which::Grads)?;
+    let pp = assemble(spec, &prod, Which::Params)?;
+    let vg = assemble(spec, &val, Which::Grads)?;
+    let vp = assemble(spec, &val, Which::Params)?;
+    let (pv_equal, pv_bad) = prod_val_equal(&prod, &val);
+    let grad_d = diff_sets(&pg.tensors, &single.grads);
+    let param_d = diff_sets(&pp.tensors, &single.params);
+    let bitwise_required = !spec.order_changing();
+    let param_bound = PARAM_ABS_BOUND_LR * spec.adamw.lr;
+    let mut rows = Vec::new();
+    for ((name, g), (_, p)) in grad_d.iter().zip(&param_d) {
+        let pv = match (
+            pg.tensors.get(name),
+            vg.tensors.get(name),
+            pp.tensors.get(name),
+            vp.tensors.get(name),
+        ) {
+            (Ok(a), Ok(b), Ok(c), Ok(d)) => a.bit_eq(b) && c.bit_eq(d),
+            _ => false,
+        };
+        let ok_single = if bitwise_required {
+            g.bitwise && p.bitwise
+        } else {
+            g.rel_to_max <= GRAD_REL_BOUND && p.max_abs <= param_bound
+        };
+        let shape = single
+            .params
+            .get(name)
+            .map(|t| t.shape().to_vec())
+            .unwrap_or_default();
+        rows.push(ParamRow {
+            name: name.clone(),
+            shape,
+            placement: placement_text(spec, name),
+            grad: *g,
+            param: *p,
+            prod_val_bitwise: pv,
+            bitwise_required,
+            verdict: if ok_single && pv { "pass" } else { "FAIL" }.into(),
+        });
+    }
+    let mut checks = Vec::new();
+    checks.push(Check {
+        name: "production == validation (bitwise)".into(),
+        passed: pv_equal,
+        gating: true,
+        detail: if pv_equal {
+            format!(
+                "gradients, updated shards and losses equal on all {} ranks",
+                spec.world()
+            )
+        } else {
+            format!("differs on {}", pv_bad.join(", "))
+        },
+    });
+    let mut rep_bad = pg.replica_mismatch.clone();
+    rep_bad.extend(pp.replica_mismatch.iter().cloned());
+    checks.push(Check {
+        name: "replicas agree".into(),
+        passed: rep_bad.is_empty(),
+        gating: true,
+        detail: if rep_bad.is_empty() {
+            "every element held by several ranks has the same bits on each".into()
+        } else {
+            format!("replicas differ for {}", rep_bad.join(", "))
+        },
+    });
+    let failing: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.verdict != "pass")
+        .map(|r| r.name.as_str())
+        .collect();
+    checks.push(Check {
+        name: if bitwise_required {
+            "sharded == single device (bitwise)".into()
+        } else {
+            "sharded vs single device within the TP bound".into()
+        },
+        passed: failing.is_empty(),
+        gating: true,
+        detail: if bitwise_required {
+            format!(
+                "{} of {} parameters bitwise equal (gradients and updated values)",
+                rows.len() - failing.len(),
+                rows.len()
+            )
+        } else {
+            let worst_g = rows.iter().map(|r| r.grad.rel_to_max).fold(0.0, f64::max);
+            let worst_p = rows.iter().map(|r| r.param.max_abs).fold(0.0, f64::max);
+            format!(
+                "row-parallel TP changes summation order: worst gradient error {worst_g:.2e} of max|g| (bound {GRAD_REL_BOUND:.0e}), worst parameter error {worst_p:.2e} (bound {PARAM_ABS_BOUND_LR}·lr = {param_bound:.1e})"
+            )
+        },
+    });
+    let (ag, rs, ar) = spec.fsdp.collective_counts();
+    let a = spec.grad_accum as u64;
+    let want = (ag as u64 * a, rs as u64 * a, ar as u64);
+    let c0 = prod.ranks[0].fsdp;
+    let got = (c0.all_gathers, c0.reduce_scatters, c0.all_reduces);
+    checks.push(Check {
+        name: "FSDP collectives match the plan".into(),
+        passed: got == want,
+        gating: true,
+        detail: format!(
+            "rank 0 issued {} all-gathers, {} reduce-scatters, {} fused all-reduces; the plan gives {} x {a}, {} x {a}, {}",
+            got.0, got.1, got.2, ag, rs, ar
+        ),
+    });
+    checks.push(trace_check(spec, &prod));
+    let passed = checks.iter().filter(|c| c.gating).all(|c| c.passed);
+    let m = &spec.scenario.file.mesh;
+    Ok(VerifyReport {
+        scenario: spec.scenario.file.name.clone(),
+        description: spec.scenario.file.description.clone(),
+        world: spec.world(),
+        mesh: format!(
+            "dp_replicate={} dp_shard={} tp={} ep={} (edp_shard={})",
+            m.dp_replicate,
+            m.dp_shard,
+            m.tp,
+            m.ep,
+            spec.scenario.expert_mesh.axis_size("edp_shard")
+        ),
+        micro_batches: spec.micro_batches(),
+        grad_accum: spec.grad_accum,
+        tokens_per_micro_batch: spec.tokens(),
+        param_dtype: if spec.param_bf16 { "bf16" } else { "f32" }.into(),
+        loss: Losses {
+            production: prod.mean_loss(),
+            validation: val.mean_loss(),
+            single_device: single.mean_loss,
+        },
+        timings: Timings {
+            production_s: prod.step_seconds(),
+            validation_s: val.step_seconds(),
+            single_device_s: single.step_seconds,
+        },
+        dispatch_production: prod.stats(),
+        dispatch_validation: val.stats(),
+        fsdp_rank0: c0,
+        rows,
+        checks,
+        digest: digest(&pp.tensors),
+        single_device_digest: digest(&single.params),
+        passed,
+        notes: spec.notes.clone(),
+    })
+}
+
+/// Compare every rank's production trace with the `hyperparallel` step program of that rank.
+/// Advisory: the strategy's programs model TP/EP activations in bf16 and EP dispatch as
+/// fixed-size all-to-alls, which the f32 reference does not execute; FSDP/HSDP traffic must
+/// match exactly.
+pub fn trace_check(spec: &VerifySpec, prod: &DistRun) -> Check {
+    let name = "collective trace == hyperparallel step program".to_string();
+    let generator = match ProgramGenerator::new(
+        &spec.scenario,
+        &spec.sharding,
+        &spec.fsdp,
+        StrategyKind::HyperParallel,
+    ) {
+        Ok(g) => g,
+        Err(e) => {
+            return Check {
+                name,
+                passed: false,
+                gating: false,
+                detail: format!("no step program: {e}"),
+            };
+        }
+    };
+    let mut calls = 0;
+    for (rank, trace) in prod.traces.iter().enumerate() {
+        let program = match generator.program(rank) {
+            Ok(p) => p,
+            Err(e) => {
+                return Check {
+                    name,
+                    passed: false,
+                    gating: false,
+                    detail: format!("no step program for rank {rank}: {e}"),
+                };
+            }
+        };
+        match compare_trace_with_program(trace, &program) {
+            Ok(m) => calls += m.per_communicator.iter().map(|(_, n)| n).sum::<usize>(),
+            Err(e) => {
+                return Check {
+                    name,
+                    passed: false,
+                    gating: false,
+                    detail: format!("first difference: {e}"),
+                };
+            }
+        }
+    }
+    Check {
+        name,
+        passed: true,
+        gating: false,
+        detail: format!(
+            "{calls} FSDP/TP/EP calls on {} ranks match per communicator (kind, elements, dtype)",
+            prod.traces.len()
+        ),
+    }
+}
+
+/// The outcome of running a mutated plan in validation mode.
+#[derive(Debug, Clone, Serialize)]
+pub struct MutationOutcome {
+    /// What was mutated.
+    pub target: String,
+    /// The boundary the mutation lives in.
+    pub module: String,
+    /// What changed.
+    pub description: String,
+    /// Validation mode stopped with an error.
+    pub caught: bool,
+    /// The module validation mode named (if any).
+    pub named_module: Option<String>,
+    /// The validation error message (or why it was not caught).
+    pub message: String,
+    /// What production mode did with the same plan.
+    pub production: String,
+}
+
+/// Run a mutated spec in validation mode (and production mode, for contrast).
+pub fn verify_mutation(spec: &VerifySpec) -> Result<MutationOutcome, VerifyError> {
+    let m = spec.mutation.clone().ok_or_else(|| VerifyError::Mutation {
+        target: String::new(),
+        reason: "the spec carries no mutation".into(),
+    })?;
+    let production = match run_distributed(spec, ExecMode::Production) {
+        Ok(_) => "ran to completion without noticing the wrong placement".to_string(),
+        Err(e) => format!("failed without naming the module: {e}"),
+    };
+    let (caught, named_module, message) = match run_distributed(spec, ExecMode::Validation) {
+        Ok(_) => (
+            false,
+            None,
+            "validation mode ran to completion: the mutation was NOT caught".to_string(),
+        ),
+        Err(VerifyError::Run { source, .. }) => (
+            true,
+            source.module().map(str::to_string),
+            source.to_string(),
+        ),
+        Err(e) => return Err(e),
+    };
+    Ok(MutationOutcome {
+        target: m.target,
+        module: m.module,
+        description: m.description,
+        caught,
+        named_module,
+        message,
+        production,
+    })
+}
+
+/// Compare a production run's assembled parameters with another's, for tests.
+pub fn param_diff(
+    spec: &VerifySpec,
+    a: &DistRun,
+    b: &DistRun,
+) -> Result<Vec<(String, Diff)>, VerifyError> {
+    let x = assemble(spec, a, Which::Params)?;
+    let y = assemble(spec, b, Which::Params)?;
+    Ok(x.tensors
+        .iter()
+        .zip(y.tensors.iter())
+        .map(|((n, s), (_, t))| (n.to_string(), diff(s.as_slice(), t.as_slice())))
+        .collect())
+}

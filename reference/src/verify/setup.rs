@@ -1,0 +1,441 @@
+//! From a scenario to what the harness executes: the reference model configuration, the
+//! sharding and FSDP plans, the training shape, AdamW settings, the input data, and plan
+//! mutations.
+
+use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
+use hpfsdp_plan::model::{DType, ExpertLayout, ModelFamily};
+use hpfsdp_plan::planner::lint::Severity;
+use hpfsdp_plan::planner::{ShardingPlan, plan};
+use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::{Layout, Placement};
+
+use super::error::VerifyError;
+use crate::model::{MlaConfig, ModelConfig, MoeConfig};
+use crate::optim::AdamW;
+use crate::rng::KeyedRng;
+
+/// Seed of parameter initialisation and input tokens in every verification run.
+pub const VERIFY_SEED: u64 = 20_260_501;
+
+/// A plan mutation injected for the negative test.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mutation {
+    /// What `--mutate` named (module or parameter).
+    pub target: String,
+    /// The boundary (module) whose contract or parameter placement changed.
+    pub module: String,
+    /// What changed, in words.
+    pub description: String,
+}
+
+/// Everything one verification needs.
+#[derive(Debug, Clone)]
+pub struct VerifySpec {
+    /// The loaded scenario.
+    pub scenario: Scenario,
+    /// The reference model.
+    pub model: ModelConfig,
+    /// The sharding plan (possibly mutated).
+    pub sharding: ShardingPlan,
+    /// The FSDP/HSDP plan.
+    pub fsdp: FsdpPlan,
+    /// Tokens per sequence.
+    pub seq_len: usize,
+    /// Sequences per micro-batch.
+    pub micro_batch: usize,
+    /// Micro-batches per data-parallel rank per step.
+    pub grad_accum: usize,
+    /// Gather parameters in bf16 (mixed precision).
+    pub param_bf16: bool,
+    /// Optimizer.
+    pub adamw: AdamW,
+    /// Seed of initialisation and data.
+    pub seed: u64,
+    /// The injected mutation, if any.
+    pub mutation: Option<Mutation>,
+    /// Remarks shown in reports (simplifications that apply to this scenario).
+    pub notes: Vec<String>,
+}
+
+fn unsupported(what: String, fix: &str) -> VerifyError {
+    VerifyError::unsupported(what, fix)
+}
+
+/// The reference model of a scenario's model IR, or why it cannot be built.
+pub fn reference_model(sc: &Scenario) -> Result<ModelConfig, VerifyError> {
+    let c = &sc.model.config;
+    let file = sc.path.display();
+    let fix_model = "use a verify model under scenarios/verify/models/ (see its README notes)";
+    if c.tie_word_embeddings {
+        return Err(unsupported(
+            format!("{file}: model '{}' ties word embeddings", sc.model.name),
+            fix_model,
+        ));
+    }
+    if c.sliding_window.is_some() {
+        return Err(unsupported(
+            format!("{file}: sliding-window attention"),
+            fix_model,
+        ));
+    }
+    if c.mtp_layers > 0 {
+        return Err(unsupported(
+            format!("{file}: {} MTP layers", c.mtp_layers),
+            "set model.include_mtp = false",
+        ));
+    }
+    if sc.model.options.expert_layout != ExpertLayout::Fused {
+        return Err(unsupported(
+            format!("{file}: [model] expert_layout is per-expert"),
+            "set [model] expert_layout = \"fused\"",
+        ));
+    }
+    let moe = match &c.moe {
+        None => None,
+        Some(m) => {
+            if m.shared_experts > 0 || m.router_correction_bias || !m.extra_dense_layers.is_empty()
+            {
+                return Err(unsupported(
+                    format!(
+                        "{file}: model '{}' has shared experts, a router correction bias or extra dense layers",
+                        sc.model.name
+                    ),
+                    "the reference MoE has routed experts only (softmax router, top-k); remove shared_experts/router_correction_bias from the model file",
+                ));
+            }
+            Some(MoeConfig {
+                experts: m.num_experts as usize,
+                top_k: m.experts_per_token as usize,
+                intermediate: m.moe_intermediate_size as usize,
+                norm_topk_prob: true,
+                first_dense_layers: m.first_dense_layers,
+            })
+        }
+    };
+    let mla = c.mla.as_ref().map(|m| MlaConfig {
+        q_lora_rank: m.q_lora_rank.map(|r| r as usize),
+        kv_lora_rank: m.kv_lora_rank as usize,
+        qk_nope_head_dim: m.qk_nope_head_dim as usize,
+        qk_rope_head_dim: m.qk_rope_head_dim as usize,
+        v_head_dim: m.v_head_dim as usize,
+    });
+    let cfg = ModelConfig {
+        vocab: c.vocab_size as usize,
+        hidden: c.hidden_size as usize,
+        layers: c.num_hidden_layers,
+        heads: c.num_attention_heads as usize,
+        kv_heads: c.num_key_value_heads as usize,
+        head_dim: c.head_dim as usize,
+        intermediate: c.intermediate_size as usize,
+        qk_norm: matches!(c.family, ModelFamily::Qwen3 | ModelFamily::Qwen3Moe),
+        moe,
+        mla,
+        rope_theta: 10_000.0,
+        rms_eps: 1e-6,
+        init_std: 0.02,
+    };
+    cfg.validate()
+        .map_err(|e| unsupported(format!("{file}: {e}"), fix_model))?;
+    // The reference model must have exactly the plan's trainable parameters.
+    let mine: Vec<(String, Vec<u64>)> = cfg
+        .param_specs()
+        .into_iter()
+        .map(|p| (p.name, p.shape.iter().map(|&d| d as u64).collect()))
+        .collect();
+    let theirs: Vec<(String, Vec<u64>)> = sc
+        .model
+        .params
+        .iter()
+        .filter(|p| p.trainable)
+        .map(|p| (p.name.clone(), p.shape.clone()))
+        .collect();
+    let mut a = mine.clone();
+    let mut b = theirs.clone();
+    a.sort();
+    b.sort();
+    if a != b {
+        let first = a
+            .iter()
+            .zip(&b)
+            .find(|(x, y)| x != y)
+            .map(|(x, y)| format!("reference {} {:?} vs plan {} {:?}", x.0, x.1, y.0, y.1))
+            .unwrap_or_else(|| format!("{} vs {} parameters", a.len(), b.len()));
+        return Err(unsupported(
+            format!("{file}: the reference model does not match the model IR ({first})"),
+            fix_model,
+        ));
+    }
+    Ok(cfg)
+}
+
+impl VerifySpec {
+    /// Build the spec of a loaded scenario.
+    pub fn from_scenario(scenario: &Scenario) -> Result<VerifySpec, VerifyError> {
+        let m = &scenario.file.mesh;
+        let file = scenario.path.display().to_string();
+        if m.cp > 1 || m.etp > 1 {
+            return Err(unsupported(
+                format!(
+                    "{file}: [mesh] cp = {} / etp = {}: context and expert-tensor parallelism",
+                    m.cp, m.etp
+                ),
+                "set [mesh] cp = 1 and etp = 1 for verification",
+            ));
+        }
+        if scenario.file.train.sequence_parallel && m.tp > 1 {
+            return Err(unsupported(
+                format!(
+                    "{file}: [train] sequence_parallel = true with tp = {}",
+                    m.tp
+                ),
+                "set [train] sequence_parallel = false (the reference runtime executes TP regions with replicated activations)",
+            ));
+        }
+        if scenario.file.train.loss_parallel && m.tp > 1 {
+            return Err(unsupported(
+                format!("{file}: [train] loss_parallel = true"),
+                "set [train] loss_parallel = false",
+            ));
+        }
+        if scenario.master_dtype != DType::F32 || scenario.reduce_dtype != DType::F32 {
+            return Err(unsupported(
+                format!(
+                    "{file}: master dtype {:?} / reduce dtype {:?}",
+                    scenario.master_dtype, scenario.reduce_dtype
+                ),
+                "set [model] dtype = \"f32\" and [fsdp] reduce_dtype = \"f32\" (param_dtype may be bf16)",
+            ));
+        }
+        let param_bf16 = match scenario.param_dtype {
+            DType::F32 => false,
+            DType::Bf16 => true,
+            other => {
+                return Err(unsupported(
+                    format!("{file}: [fsdp] param_dtype {other:?}"),
+                    "use param_dtype = \"f32\" or \"bf16\"",
+                ));
+            }
+        };
+        let model = reference_model(scenario)?;
+        let sharding = plan(&scenario.model, &scenario.planner_input());
+        let errors: Vec<String> = sharding
+            .lints
+            .iter()
+            .filter(|l| l.severity == Severity::Error)
+            .map(|l| format!("{}: {} (fix: {})", l.code, l.message, l.fix))
+            .collect();
+        if !errors.is_empty() {
+            return Err(VerifyError::Scenario(format!(
+                "{file}: the sharding plan has lint errors:\n  {}",
+                errors.join("\n  ")
+            )));
+        }
+        let fsdp = build_fsdp_plan(scenario, &sharding);
+        let o = &scenario.file.optimizer;
+        let mut notes = Vec::new();
+        if o.kind != "adamw" {
+            notes.push(format!(
+                "[optimizer] kind = \"{}\": verify applies AdamW to every parameter",
+                o.kind
+            ));
+        }
+        let tr = &scenario.file.train;
+        Ok(VerifySpec {
+            scenario: scenario.clone(),
+            model,
+            sharding,
+            fsdp,
+            seq_len: tr.seq_len as usize,
+            micro_batch: tr.micro_batch as usize,
+            grad_accum: scenario.grad_accum_steps as usize,
+            param_bf16,
+            adamw: AdamW {
+                lr: o.adamw.lr,
+                beta1: o.adamw.betas[0],
+                beta2: o.adamw.betas[1],
+                eps: o.adamw.eps,
+                weight_decay: o.adamw.weight_decay,
+            },
+            seed: VERIFY_SEED,
+            mutation: None,
+            notes,
+        })
+    }
+
+    /// World size.
+    pub fn world(&self) -> usize {
+        self.scenario.dense_mesh.world_size()
+    }
+
+    /// Data-parallel streams (`dp_replicate x dp_shard`).
+    pub fn dp_streams(&self) -> usize {
+        let m = &self.scenario.file.mesh;
+        m.dp_replicate * m.dp_shard
+    }
+
+    /// Micro-batches per optimizer step (all streams).
+    pub fn micro_batches(&self) -> usize {
+        self.dp_streams() * self.grad_accum
+    }
+
+    /// Tokens per micro-batch.
+    pub fn tokens(&self) -> usize {
+        self.seq_len * self.micro_batch
+    }
+
+    /// The global micro-batch id of data-parallel stream `dp` at accumulation step `a`.
+    pub fn micro_batch_id(&self, dp: usize, a: usize) -> usize {
+        dp * self.grad_accum + a
+    }
+
+    /// Token ids and next-token targets of micro-batch `id` (keyed by the seed and `id`, so
+    /// every executor sees the same data).
+    pub fn data(&self, id: usize) -> (Vec<usize>, Vec<usize>) {
+        let t = self.tokens();
+        let rng = KeyedRng::named(self.seed, "verify.tokens");
+        let start = (id * (t + 1)) as u64;
+        let v = self.model.vocab;
+        let all: Vec<usize> = rng
+            .uniform_range(start, start + t as u64 + 1)
+            .into_iter()
+            .map(|u| ((u * v as f32) as usize).min(v - 1))
+            .collect();
+        (all[..t].to_vec(), all[1..].to_vec())
+    }
+
+    /// Whether routed experts are split over `ep`.
+    pub fn expert_parallel(&self) -> bool {
+        self.scenario.file.mesh.ep > 1
+    }
+
+    /// Whether any axis changes summation order relative to one device (row-parallel TP).
+    pub fn order_changing(&self) -> bool {
+        self.scenario.file.mesh.tp > 1
+    }
+
+    /// Inject a wrong placement: `target` names a module with a boundary (its `out_src`
+    /// contract flips on `tp`: Replicate ↔ Partial) or a parameter (its placement on `tp`
+    /// changes: `S(0)` ↔ `S(1)`, Replicate → `S(0)`). The FSDP plan is rebuilt from the
+    /// mutated plan, as production would build it.
+    pub fn mutate(&mut self, target: &str) -> Result<(), VerifyError> {
+        let bad = |reason: String| VerifyError::Mutation {
+            target: target.to_string(),
+            reason,
+        };
+        let flip = |p: Option<&Placement>| match p {
+            Some(Placement::Shard { dim: 0 }) => Placement::shard(1),
+            Some(Placement::Shard { .. }) => Placement::shard(0),
+            Some(Placement::Partial { .. }) => Placement::Replicate,
+            _ => Placement::partial_sum(),
+        };
+        let (module, description) = if let Some(b) = self
+            .sharding
+            .boundaries
+            .iter_mut()
+            .find(|b| b.module == target)
+        {
+            let Some(out) = b.out_src.as_mut() else {
+                return Err(bad(format!(
+                    "boundary '{target}' declares no output contract"
+                )));
+            };
+            let tensor = out
+                .keys()
+                .next()
+                .cloned()
+                .unwrap_or_else(|| "hidden_states".to_string());
+            let entry = out.entry(tensor.clone()).or_default();
+            let old = entry.get("tp").cloned();
+            let new = flip(old.as_ref());
+            entry.insert("tp".to_string(), new.clone());
+            (
+                target.to_string(),
+                format!(
+                    "out_src '{tensor}' on tp: {} -> {new}",
+                    old.map_or("R".to_string(), |p| p.to_string())
+                ),
+            )
+        } else if let Some(pi) = self.sharding.params.iter().position(|p| p.name == target) {
+            let Some(module) = self.sharding.params[pi].boundary.clone() else {
+                return Err(bad("the parameter belongs to no boundary".into()));
+            };
+            let old = self.sharding.params[pi].placements.get("tp").cloned();
+            let new = match old {
+                Some(Placement::Shard { dim: 0 }) => Placement::shard(1),
+                Some(Placement::Shard { .. }) => Placement::shard(0),
+                _ => Placement::shard(0),
+            };
+            self.sharding.params[pi]
+                .placements
+                .insert("tp".to_string(), new.clone());
+            if let Some(b) = self
+                .sharding
+                .boundaries
+                .iter_mut()
+                .find(|b| b.module == module)
+                && let Some(pl) = b.params.get_mut(target)
+            {
+                pl.insert("tp".to_string(), new.clone());
+            }
+            (
+                module,
+                format!(
+                    "parameter placement on tp: {} -> {new}",
+                    old.map_or("R".to_string(), |p| p.to_string())
+                ),
+            )
+        } else {
+            let close: Vec<&str> = self
+                .sharding
+                .boundaries
+                .iter()
+                .map(|b| b.module.as_str())
+                .filter(|m| m.ends_with(target.rsplit('.').next().unwrap_or(target)))
+                .take(3)
+                .collect();
+            return Err(bad(format!(
+                "no module boundary or parameter has that name; try a module such as {} or a full parameter FQN",
+                close.first().copied().unwrap_or("model.layers.0.self_attn")
+            )));
+        };
+        self.fsdp = build_fsdp_plan(&self.scenario, &self.sharding);
+        self.mutation = Some(Mutation {
+            target: target.to_string(),
+            module,
+            description,
+        });
+        Ok(())
+    }
+
+    /// The layout of parameter `name` on the plan mesh `mesh` (global shape, plan placements).
+    pub fn param_layout(
+        &self,
+        name: &str,
+        mesh: &hpfsdp_plan::DeviceMesh,
+    ) -> Result<Layout, VerifyError> {
+        let p = self
+            .sharding
+            .param(name)
+            .ok_or_else(|| VerifyError::Scenario(format!("parameter {name} is not in the plan")))?;
+        let placements = mesh
+            .axes()
+            .iter()
+            .map(|a| {
+                p.placements
+                    .get(&a.name)
+                    .cloned()
+                    .unwrap_or(Placement::Replicate)
+            })
+            .collect();
+        let layout = Layout {
+            global_shape: p.shape.clone(),
+            placements,
+        };
+        layout.validate(mesh).map_err(|e| {
+            VerifyError::Scenario(format!(
+                "parameter {name}: placement does not fit the mesh: {e}"
+            ))
+        })?;
+        Ok(layout)
+    }
+}

@@ -1,0 +1,345 @@
+//! `hpfsdp verify`: one training step of a scenario in production mode, in validation mode
+//! and on a single device, compared per parameter; optionally a mutated plan (`--mutate`),
+//! the mode benchmark (`--bench-modes`), JSON and an HTML/CSV report.
+//!
+//! Exit status: 0 when every gating check passes (with `--mutate`: when validation mode
+//! caught the mutation and named its module), 1 when a check fails, 2 on bad input.
+
+use crate::table::Table;
+use anyhow::{Context, Result};
+use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_reference::verify::bench::{ModeBench, bench_modes};
+use hpfsdp_reference::verify::report::{MutationOutcome, VerifyReport, verify_mutation};
+use hpfsdp_reference::verify::{VerifySpec, verify};
+use hpfsdp_reports::table::{Section, Table as ReportTable, TableReport, Verdict};
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Command-line arguments of `verify`.
+pub struct VerifyArgs {
+    /// Scenario file.
+    pub scenario: PathBuf,
+    /// Print JSON instead of tables.
+    pub json: bool,
+    /// Write verify.html and CSV tables here.
+    pub out: Option<PathBuf>,
+    /// Inject a wrong placement into this module or parameter and expect validation to catch it.
+    pub mutate: Option<String>,
+    /// Also run the production/validation mode benchmark.
+    pub bench_modes: bool,
+}
+
+#[derive(Serialize)]
+struct JsonOut<'a> {
+    report: Option<&'a VerifyReport>,
+    mutation: Option<&'a MutationOutcome>,
+    mode_bench: Option<&'a [ModeBench]>,
+}
+
+fn load(path: &Path) -> Result<VerifySpec> {
+    let scenario = Scenario::load(path)?;
+    VerifySpec::from_scenario(&scenario).with_context(|| {
+        format!(
+            "{} cannot be verified by the reference executor",
+            path.display()
+        )
+    })
+}
+
+fn sci(x: f64) -> String {
+    if x == 0.0 {
+        "0".into()
+    } else {
+        format!("{x:.2e}")
+    }
+}
+
+fn shape(s: &[usize]) -> String {
+    format!(
+        "[{}]",
+        s.iter().map(usize::to_string).collect::<Vec<_>>().join(",")
+    )
+}
+
+fn param_rows(r: &VerifyReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let headers = [
+        "parameter",
+        "shape",
+        "placement",
+        "grad max abs",
+        "grad rel",
+        "grad max ULP",
+        "param max abs",
+        "param max ULP",
+        "bitwise",
+        "prod==val",
+        "verdict",
+    ];
+    let rows = r
+        .rows
+        .iter()
+        .map(|p| {
+            vec![
+                p.name.clone(),
+                shape(&p.shape),
+                p.placement.clone(),
+                sci(p.grad.max_abs),
+                sci(p.grad.rel_to_max),
+                p.grad.max_ulp.to_string(),
+                sci(p.param.max_abs),
+                p.param.max_ulp.to_string(),
+                if p.grad.bitwise && p.param.bitwise {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .into(),
+                if p.prod_val_bitwise { "yes" } else { "no" }.into(),
+                p.verdict.clone(),
+            ]
+        })
+        .collect();
+    (headers.iter().map(|s| s.to_string()).collect(), rows)
+}
+
+fn check_rows(r: &VerifyReport) -> Vec<Vec<String>> {
+    r.checks
+        .iter()
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                match (c.passed, c.gating) {
+                    (true, _) => "pass".into(),
+                    (false, true) => "FAIL".into(),
+                    (false, false) => "differs (advisory)".into(),
+                },
+                c.detail.clone(),
+            ]
+        })
+        .collect()
+}
+
+fn bench_rows(b: &[ModeBench]) -> Vec<Vec<String>> {
+    b.iter()
+        .map(|m| {
+            vec![
+                m.micro_batch.to_string(),
+                format!("{:.2}", m.production_s * 1e3),
+                format!("{:.2}", m.validation_s * 1e3),
+                format!("{:.3}", m.ratio),
+                m.production_events.to_string(),
+                m.validation_events.to_string(),
+                m.extra_events.to_string(),
+                m.rule_cache_hits.to_string(),
+                format!("{:.3}", m.validation_host_s * 1e3),
+                format!("{:.1}%", m.host_overhead * 100.0),
+            ]
+        })
+        .collect()
+}
+
+/// Repeats of each mode in `--bench-modes` (the best time is kept).
+const BENCH_REPEATS: usize = 5;
+
+const BENCH_HEADERS: [&str; 10] = [
+    "micro batch",
+    "production ms",
+    "validation ms",
+    "val/prod",
+    "prod events",
+    "val events",
+    "extra events",
+    "rule cache hits",
+    "val host ms/rank",
+    "host overhead",
+];
+
+fn render_text(r: &VerifyReport, bench: Option<&[ModeBench]>) -> String {
+    let mut out = format!(
+        "verify {}: {}\n  {} ranks, {}, {} micro-batches x {} tokens ({} per rank), params {}\n",
+        r.scenario,
+        r.description,
+        r.world,
+        r.mesh,
+        r.micro_batches,
+        r.tokens_per_micro_batch,
+        r.grad_accum,
+        r.param_dtype
+    );
+    out.push_str(&format!(
+        "  loss: production {} | validation {} | single device {}\n  time: production {:.1} ms | validation {:.1} ms | single device {:.1} ms\n\n",
+        r.loss.production,
+        r.loss.validation,
+        r.loss.single_device,
+        r.timings.production_s * 1e3,
+        r.timings.validation_s * 1e3,
+        r.timings.single_device_s * 1e3
+    ));
+    let (headers, rows) = param_rows(r);
+    let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let mut t = Table::new(&h);
+    for row in rows {
+        t.row(row);
+    }
+    out.push_str(&t.render());
+    out.push('\n');
+    let mut c = Table::new(&["check", "result", "detail"]);
+    for row in check_rows(r) {
+        c.row(row);
+    }
+    out.push_str(&c.render());
+    if let Some(b) = bench {
+        out.push_str(&format!(
+            "\nmode benchmark (one step, slowest rank, best of {BENCH_REPEATS}):\n"
+        ));
+        let mut t = Table::new(&BENCH_HEADERS);
+        for row in bench_rows(b) {
+            t.row(row);
+        }
+        out.push_str(&t.render());
+    }
+    for n in &r.notes {
+        out.push_str(&format!("note: {n}\n"));
+    }
+    out.push_str(&format!(
+        "\nupdated-parameter digest (blake3): {}\n{}\n",
+        r.digest,
+        if r.passed {
+            "VERDICT: PASS"
+        } else {
+            "VERDICT: FAIL"
+        }
+    ));
+    out
+}
+
+fn table(headers: &[&str], rows: Vec<Vec<String>>) -> ReportTable {
+    ReportTable {
+        headers: headers.iter().map(|s| s.to_string()).collect(),
+        rows,
+    }
+}
+
+fn write_out(dir: &Path, r: &VerifyReport, bench: Option<&[ModeBench]>) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the output directory {}", dir.display()))?;
+    let (headers, rows) = param_rows(r);
+    let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+    let params = table(&h, rows);
+    let checks = table(&["check", "result", "detail"], check_rows(r));
+    let mut sections = vec![
+        Section {
+            heading: "Checks".into(),
+            text: format!(
+                "Loss: production {}, validation {}, single device {}. Updated-parameter digest {}.",
+                r.loss.production, r.loss.validation, r.loss.single_device, r.digest
+            ),
+            table: checks.clone(),
+        },
+        Section {
+            heading: "Parameters".into(),
+            text: "Production gradients and updated parameters (assembled from every rank's \
+                   shards) against the single device; prod==val compares production and \
+                   validation mode bit for bit on every rank."
+                .into(),
+            table: params.clone(),
+        },
+    ];
+    if let Some(b) = bench {
+        let t = table(&BENCH_HEADERS, bench_rows(b));
+        std::fs::write(dir.join("mode_bench.csv"), t.to_csv())?;
+        sections.push(Section {
+            heading: "Mode benchmark".into(),
+            text: "Validation versus production mode step time and dispatch events.".into(),
+            table: t,
+        });
+    }
+    let report = TableReport {
+        title: format!("hpfsdp verify: {}", r.scenario),
+        subtitle: format!("{} ranks, {}", r.world, r.mesh),
+        verdict: Some(Verdict {
+            passed: r.passed,
+            text: if r.passed {
+                "production == validation bitwise; sharded matches the single device".into()
+            } else {
+                "at least one gating check failed".into()
+            },
+        }),
+        sections,
+    };
+    std::fs::write(dir.join("verify.html"), report.to_html())?;
+    std::fs::write(dir.join("params.csv"), params.to_csv())?;
+    std::fs::write(dir.join("checks.csv"), checks.to_csv())?;
+    Ok(())
+}
+
+/// Runs the command.
+pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
+    let mut spec = load(&args.scenario)?;
+    if let Some(target) = &args.mutate {
+        spec.mutate(target)?;
+        let o = verify_mutation(&spec)?;
+        let named = o.caught && o.named_module.as_deref() == Some(o.module.as_str());
+        if args.json {
+            let j = JsonOut {
+                report: None,
+                mutation: Some(&o),
+                mode_bench: None,
+            };
+            println!("{}", serde_json::to_string_pretty(&j)?);
+        } else {
+            println!(
+                "mutated {} ({}): {}\nproduction mode: {}\nvalidation mode: {}\n{}",
+                o.target,
+                o.module,
+                o.description,
+                o.production,
+                o.message,
+                if named {
+                    format!(
+                        "VERDICT: PASS (validation mode caught the mutation in {})",
+                        o.module
+                    )
+                } else {
+                    "VERDICT: FAIL (validation mode did not name the mutated module)".into()
+                }
+            );
+        }
+        return Ok(if named {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        });
+    }
+    let report = verify(&spec)?;
+    let bench = if args.bench_modes {
+        Some(bench_modes(&spec, BENCH_REPEATS)?)
+    } else {
+        None
+    };
+    if args.json {
+        let j = JsonOut {
+            report: Some(&report),
+            mutation: None,
+            mode_bench: bench.as_deref(),
+        };
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        print!("{}", render_text(&report, bench.as_deref()));
+    }
+    if let Some(dir) = &args.out {
+        write_out(dir, &report, bench.as_deref())?;
+        if !args.json {
+            println!(
+                "wrote {}/verify.html, params.csv, checks.csv",
+                dir.display()
+            );
+        }
+    }
+    Ok(if report.passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
