@@ -1,5 +1,5 @@
-//! The `hpfsdp` command line: plan, (later) simulate, verify, replay, sweep and gate
-//! HyperParallel-FSDP training plans.
+//! The `hpfsdp` command line: plan, simulate, calibrate, verify, muon and bench (later: replay,
+//! sweep and gate) for HyperParallel-FSDP training plans.
 
 mod commands;
 mod table;
@@ -91,8 +91,20 @@ enum Command {
         #[arg(long)]
         bench_modes: bool,
     },
-    /// Time the simulator itself: wall time per simulated step and events per second for a
-    /// synthetic 48-layer SPMD step on 768 ranks (folded and unfolded) and on ~100k ranks.
+    /// Layout-driven distributed Muon on a scenario: momentum memory and Newton-Schulz work per
+    /// rank, deduplicated vs naive, and Newton-Schulz accuracy per preset.
+    Muon {
+        /// Scenario file (TOML).
+        scenario: PathBuf,
+        /// Print the per-rank figures as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Also measure each preset's Newton-Schulz accuracy against an exact SVD.
+        #[arg(long)]
+        accuracy: bool,
+    },
+    /// Time the simulator: wall time per simulated step and events per second for a synthetic
+    /// 48-layer step on 768 ranks (folded and unfolded), exp-d (768 ranks) and exp-d at ~100k ranks.
     Bench {
         /// Hardware profile name (scenarios/hardware/<name>.toml or a built-in copy).
         #[arg(long, default_value = "ascend-910c-a3")]
@@ -140,6 +152,11 @@ fn main() -> ExitCode {
             mutate,
             bench_modes,
         }),
+        Command::Muon {
+            scenario,
+            json,
+            accuracy,
+        } => commands::muon::run(&scenario, json, accuracy),
         Command::Bench { hardware } => commands::bench::run(&hardware),
     };
     match result {

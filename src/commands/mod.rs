@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod muon;
 pub mod plan;
 pub mod sim_summary;
 pub mod simulate;
