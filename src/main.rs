@@ -55,6 +55,11 @@ enum Command {
         /// Charge validation-mode dispatch costs on every launch.
         #[arg(long)]
         validation_mode: bool,
+        /// Optimizer part of the step: `adamw` placeholder (default, calibrated), `hyperparallel`
+        /// (layout-driven distributed Muon) or a Muon baseline: naive, moonlight, dmuon,
+        /// matrixfsdp, flexshard. Experimental: see README.
+        #[arg(long, value_name = "NAME")]
+        optimizer: Option<String>,
     },
     /// Compare the hardware profile's predictions with the held-in measured runs (experiment B,
     /// experiment A micro batch 2), optionally fit its calibrated constants, and write the
@@ -129,6 +134,7 @@ fn main() -> ExitCode {
             hardware,
             no_fold,
             validation_mode,
+            optimizer,
         } => commands::simulate::run(&commands::simulate::SimulateArgs {
             scenario,
             strategies,
@@ -137,6 +143,7 @@ fn main() -> ExitCode {
             hardware,
             no_fold,
             validation_mode,
+            optimizer,
         }),
         Command::Calibrate { hardware, fit, out } => commands::calibrate::run(&hardware, fit, &out),
         Command::Verify {

@@ -12,7 +12,12 @@ fn muon_json(scenario: &str) -> Value {
         .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
         .output()
         .expect("run hpfsdp");
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     serde_json::from_slice(&o.stdout).unwrap()
 }
 

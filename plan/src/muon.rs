@@ -114,7 +114,8 @@ pub struct MuonBatch {
     pub numel: u64,
     /// NS memory sub-batches (indices), each under the 2^29 / shard-size cap.
     pub memory_batches: Vec<Vec<usize>>,
-    /// Shard-domain owner coordinate of each parameter (shard path only).
+    /// Shard-domain owner coordinate of each parameter (shard path only), balanced inside the
+    /// subset of records of the parameter's replica owner (notes 6.4/6.5).
     pub shard_owner: BTreeMap<usize, Vec<usize>>,
     /// Replica-domain owner coordinate of each parameter (when replicated).
     pub replica_owner: BTreeMap<usize, Vec<usize>>,
@@ -358,6 +359,26 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
     }
 }
 
+/// Shard-domain owners computed separately over each replica owner's records (all records
+/// when the batch has no replica owners).
+fn shard_owners_per_replica(
+    records: &[(usize, u64)],
+    sizes: &[usize],
+    replica_owner: &BTreeMap<usize, Vec<usize>>,
+) -> BTreeMap<usize, Vec<usize>> {
+    let mut subsets: BTreeMap<Option<&Vec<usize>>, Vec<(usize, u64)>> = BTreeMap::new();
+    for &(i, n) in records {
+        subsets
+            .entry(replica_owner.get(&i))
+            .or_default()
+            .push((i, n));
+    }
+    subsets
+        .values()
+        .flat_map(|subset| build_owner_by_size(subset, sizes))
+        .collect()
+}
+
 fn make_batch(
     domain: &str,
     members: Vec<usize>,
@@ -370,9 +391,30 @@ fn make_batch(
     let records: Vec<(usize, u64)> = members.iter().map(|&i| (i, params[i].numel())).collect();
     let bf16 = 2u64;
     let pad = |elems: u64| (elems * bf16).div_ceil(512) * 512;
+    let mut replica_owner = BTreeMap::new();
+    let mut replica_broadcasts = Vec::new();
+    if !first.replicate_axes.is_empty() {
+        let sizes: Vec<usize> = first
+            .replicate_axes
+            .iter()
+            .map(|(_, s)| replica_count.map_or(*s, |c| (*s).min(c)))
+            .collect();
+        replica_owner = build_owner_by_size(&records, &sizes);
+        let local_bytes: u64 = members
+            .iter()
+            .map(|&i| pad(params[i].numel().div_ceil(first.shard_size().max(1) as u64)))
+            .sum();
+        for (a, _) in &first.replicate_axes {
+            replica_broadcasts.push((a.clone(), local_bytes));
+        }
+    }
     let (shard_owner, memory_batches, gather_bytes, relay) = if shard_path {
         let sizes: Vec<usize> = first.shard_axes.iter().map(|a| a.size).collect();
-        let owners = build_owner_by_size(&records, &sizes);
+        // Shard owners are balanced inside each replica owner's subset (notes 6.5: each
+        // rank keeps only its replica coordinate's `owned_records`, and the shard-domain
+        // `build_owner_by_size` runs over those): with replicas, the subsets are disjoint and
+        // each shard group balances its own.
+        let owners = shard_owners_per_replica(&records, &sizes, &replica_owner);
         let mem = split_memory_batches(&records, NS_BATCH_NUMEL / first.shard_size().max(1) as u64);
         let mut gathers = Vec::new();
         for mb in &mem {
@@ -392,8 +434,15 @@ fn make_batch(
         // Relay: per shard dim, one broadcast per compute coordinate aligned with rank 0 on later dims.
         let mut relay = Vec::new();
         let mut by_coord: BTreeMap<Vec<usize>, u64> = BTreeMap::new();
+        // Rank 0's view: only the records of its replica coordinate (all zeros) are relayed
+        // in its shard group.
         for (i, c) in &owners {
-            *by_coord.entry(c.clone()).or_default() += pad(params[*i].numel());
+            if replica_owner
+                .get(i)
+                .is_none_or(|r| r.iter().all(|&x| x == 0))
+            {
+                *by_coord.entry(c.clone()).or_default() += pad(params[*i].numel());
+            }
         }
         for (d, a) in first.shard_axes.iter().enumerate() {
             for (coord, bytes) in &by_coord {
@@ -417,23 +466,6 @@ fn make_batch(
             .collect();
         (BTreeMap::new(), mem, Vec::new(), Vec::new())
     };
-    let mut replica_owner = BTreeMap::new();
-    let mut replica_broadcasts = Vec::new();
-    if !first.replicate_axes.is_empty() {
-        let sizes: Vec<usize> = first
-            .replicate_axes
-            .iter()
-            .map(|(_, s)| replica_count.map_or(*s, |c| (*s).min(c)))
-            .collect();
-        replica_owner = build_owner_by_size(&records, &sizes);
-        let local_bytes: u64 = members
-            .iter()
-            .map(|&i| pad(params[i].numel().div_ceil(first.shard_size().max(1) as u64)))
-            .sum();
-        for (a, _) in &first.replicate_axes {
-            replica_broadcasts.push((a.clone(), local_bytes));
-        }
-    }
     MuonBatch {
         domain: domain.to_string(),
         shard_path,
@@ -491,6 +523,32 @@ mod tests {
                 .values()
                 .all(|c| c.is_empty())
         );
+    }
+
+    #[test]
+    fn shard_owners_balance_inside_each_replica_subset() {
+        // Four equal matrices, 2 replica x 2 shard coordinates: each replica owner gets two,
+        // and its two shard ranks one each (not 2 on shard 0 of replica 0 and 2 on shard 1
+        // of replica 1, which independent greedy passes over all records would give).
+        let records = [(0, 7), (1, 7), (2, 7), (3, 7)];
+        let replica = build_owner_by_size(&records, &[2]);
+        let shard = shard_owners_per_replica(&records, &[2], &replica);
+        let mut pairs: Vec<(Vec<usize>, Vec<usize>)> = (0..4)
+            .map(|i| (replica[&i].clone(), shard[&i].clone()))
+            .collect();
+        pairs.sort();
+        assert_eq!(
+            pairs,
+            vec![
+                (vec![0], vec![0]),
+                (vec![0], vec![1]),
+                (vec![1], vec![0]),
+                (vec![1], vec![1])
+            ]
+        );
+        // Without replica owners, one pass over all records.
+        let all = shard_owners_per_replica(&records, &[2], &BTreeMap::new());
+        assert_eq!(all, build_owner_by_size(&records, &[2]));
     }
 
     #[test]

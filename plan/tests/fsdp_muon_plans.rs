@@ -373,40 +373,47 @@ fn check_batch_invariants(p: &Plans) {
             .iter()
             .map(|(_, s)| p.muon.replica_count.map_or(*s, |c| (*s).min(c)))
             .collect();
-        for (owners, sizes) in [
-            (&b.shard_owner, shard_sizes),
-            (&b.replica_owner, replica_sizes),
+        // Replica owners balance over the whole batch; shard owners balance inside each
+        // replica owner's subset of records (notes 6.4/6.5: the shard-domain greedy pass runs
+        // over the rank's `owned_records`).
+        let no_subsets = BTreeMap::new();
+        for (owners, sizes, subsets) in [
+            (&b.shard_owner, shard_sizes, &b.replica_owner),
+            (&b.replica_owner, replica_sizes, &no_subsets),
         ] {
             if owners.is_empty() {
                 continue;
             }
             assert_eq!(owners.len(), b.params.len());
             let coords: usize = sizes.iter().product();
-            let mut load: BTreeMap<&Vec<usize>, u64> = BTreeMap::new();
+            let mut per_subset: BTreeMap<Option<&Vec<usize>>, BTreeMap<&Vec<usize>, u64>> =
+                BTreeMap::new();
+            let mut biggest: BTreeMap<Option<&Vec<usize>>, u64> = BTreeMap::new();
             for (i, c) in owners.iter() {
                 assert_eq!(c.len(), sizes.len());
                 assert!(
                     c.iter().zip(&sizes).all(|(x, s)| x < s),
                     "{c:?} outside {sizes:?}"
                 );
-                *load.entry(c).or_default() += p.muon.params[*i].numel();
+                let n = p.muon.params[*i].numel();
+                let sub = subsets.get(i);
+                *per_subset.entry(sub).or_default().entry(c).or_default() += n;
+                let big = biggest.entry(sub).or_default();
+                *big = (*big).max(n);
             }
-            let biggest = b
-                .params
-                .iter()
-                .map(|&i| p.muon.params[i].numel())
-                .max()
-                .unwrap();
-            let max = load.values().copied().max().unwrap();
-            let min = if load.len() < coords {
-                0
-            } else {
-                load.values().copied().min().unwrap()
-            };
-            assert!(
-                max - min <= biggest,
-                "loads {min}..{max} differ by more than {biggest}"
-            );
+            for (sub, load) in &per_subset {
+                let max = load.values().copied().max().unwrap();
+                let min = if load.len() < coords {
+                    0
+                } else {
+                    load.values().copied().min().unwrap()
+                };
+                let biggest = biggest[sub];
+                assert!(
+                    max - min <= biggest,
+                    "loads {min}..{max} differ by more than {biggest} (replica subset {sub:?})"
+                );
+            }
         }
     }
     let muon_params = p

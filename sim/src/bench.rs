@@ -308,12 +308,11 @@ pub fn bench_scenario(
     let plans = ScenarioPlans::new(scenario);
     let plan_s = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let prepared = prepare(&plans, strategy, true)?;
+    let prepared = prepare(&plans, strategy, None, true)?;
     let prepare_s = t0.elapsed().as_secs_f64();
     let options = RunOptions {
-        fold: true,
-        validation_mode: false,
         record_timeline: false,
+        ..RunOptions::default()
     };
     let t1 = Instant::now();
     let run = run_prepared(&prepared, profile, &options)?;

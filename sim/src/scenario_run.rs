@@ -12,7 +12,7 @@ use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::planner::{ShardingPlan, plan};
 use hpfsdp_plan::program::StepProgram;
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
+use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 use std::path::{Path, PathBuf};
 
 /// The plans of a scenario, derived once and shared by every strategy simulated on it.
@@ -59,6 +59,10 @@ pub struct RunOptions {
     pub validation_mode: bool,
     /// Keep the per-op timeline of every simulated rank.
     pub record_timeline: bool,
+    /// The optimizer part of the programs: `None` = the per-parameter AdamW placeholder (the
+    /// calibrated default); `Some(name)` = a strategy of [`OptimizerStrategy::parse`]
+    /// (`hyperparallel` distributed Muon or a Muon baseline).
+    pub optimizer: Option<String>,
 }
 
 impl Default for RunOptions {
@@ -67,6 +71,7 @@ impl Default for RunOptions {
             fold: true,
             validation_mode: false,
             record_timeline: true,
+            optimizer: None,
         }
     }
 }
@@ -95,11 +100,29 @@ pub struct PreparedRun {
     pub model_flops_per_step: f64,
 }
 
-/// Generates `strategy`'s programs on the scenario's plans and folds them when `fold`.
-pub fn prepare(plans: &ScenarioPlans, strategy: &str, fold: bool) -> Result<PreparedRun, SimError> {
+/// Generates `strategy`'s programs on the scenario's plans with the optimizer `optimizer`
+/// (see [`RunOptions::optimizer`]) and folds them when `fold`.
+pub fn prepare(
+    plans: &ScenarioPlans,
+    strategy: &str,
+    optimizer: Option<&str>,
+    fold: bool,
+) -> Result<PreparedRun, SimError> {
     let kind = StrategyKind::parse(strategy).map_err(|e| SimError::Workload(e.to_string()))?;
-    let generator = ProgramGenerator::new(&plans.scenario, &plans.sharding, &plans.fsdp, kind)
-        .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
+    let optimizer = match optimizer {
+        None => OptimizerStrategy::AdamW,
+        Some(name) => {
+            OptimizerStrategy::parse(name).map_err(|e| SimError::Workload(e.to_string()))?
+        }
+    };
+    let generator = ProgramGenerator::with_optimizer(
+        &plans.scenario,
+        &plans.sharding,
+        &plans.fsdp,
+        kind,
+        optimizer,
+    )
+    .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
     let world_size = generator.world_size();
     let topology = plans.scenario.topology;
     let gen_err = |e: hpfsdp_plan::strategy::StrategyError| {
@@ -120,7 +143,10 @@ pub fn prepare(plans: &ScenarioPlans, strategy: &str, fold: bool) -> Result<Prep
         Workload::unfolded(programs, topology)?
     };
     Ok(PreparedRun {
-        strategy: strategy.to_string(),
+        strategy: match optimizer {
+            OptimizerStrategy::AdamW => strategy.to_string(),
+            o => format!("{strategy}+{}", o.name()),
+        },
         workload,
         tokens_per_step: generator.tokens_per_step(),
         model_flops_per_step: generator.model_flops_per_step(),
@@ -156,7 +182,7 @@ pub fn simulate_strategy(
     profile: &HardwareProfile,
     options: &RunOptions,
 ) -> Result<StrategyRun, SimError> {
-    let prepared = prepare(plans, strategy, options.fold)?;
+    let prepared = prepare(plans, strategy, options.optimizer.as_deref(), options.fold)?;
     run_prepared(&prepared, profile, options)
 }
 

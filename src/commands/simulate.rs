@@ -31,6 +31,8 @@ pub struct SimulateArgs {
     pub no_fold: bool,
     /// Charge validation-mode dispatch costs.
     pub validation_mode: bool,
+    /// Optimizer strategy for the optimizer part of the programs (default: AdamW placeholder).
+    pub optimizer: Option<String>,
 }
 
 /// The `--json` document.
@@ -69,6 +71,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         fold: !args.no_fold,
         validation_mode: args.validation_mode,
         record_timeline: true,
+        optimizer: args.optimizer.clone(),
     };
     let runs = simulate_all(&plans, &strategies, &profile, &options)?;
     let summaries: Vec<StrategySummary> = runs.iter().map(summarize).collect();

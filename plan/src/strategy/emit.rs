@@ -53,11 +53,6 @@ impl<'a> Emitter<'a> {
         };
     }
 
-    /// The group id and tier of a family, when this program uses it.
-    pub fn group(&self, kind: GroupKind) -> Option<(GroupId, Tier)> {
-        self.ctx.slot(kind).map(|i| self.ids[i])
-    }
-
     /// Dependencies of an op issued now from the host: the last compute-stream op.
     pub fn issue_point(&self) -> Vec<OpId> {
         self.last_compute.into_iter().collect()
@@ -77,7 +72,25 @@ impl<'a> Emitter<'a> {
         deps: &[OpId],
         name: &str,
     ) -> Option<OpId> {
-        let (gid, tier) = self.group(group)?;
+        let slot = self.ctx.slot(group)?;
+        self.collective_on(stream, category, slot, spec, dtype, aligned_512, deps, name)
+    }
+
+    /// Appends a collective on the group at table position `slot` (nothing when out of
+    /// range).
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_on(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        slot: usize,
+        spec: CollSpec,
+        dtype: DType,
+        aligned_512: bool,
+        deps: &[OpId],
+        name: &str,
+    ) -> Option<OpId> {
+        let (gid, tier) = *self.ids.get(slot)?;
         // `aligned_512` means every buffer of the call is a multiple of 512 bytes: the
         // per-rank chunk as well as the whole buffer (the calibration counts FSDP2's units,
         // whose totals are aligned but whose per-rank chunks are not, as unaligned).

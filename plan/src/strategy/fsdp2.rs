@@ -21,8 +21,11 @@
 //!   reduce-scatter output is all-reduced on the all-reduce stream right after it (the
 //!   same-layer RS -> AR chain, 1.4.4), on every micro-batch (FSDP2's default gradient sync).
 //! - The root's reduce-scatter runs at the end of backward (its post-backward fires last).
+//! - **Optimizer:** the placeholder AdamW per unit after its reductions, or the optimizer
+//!   strategy's schedule (`strategy::muon`) after all of them.
 
 use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::muon;
 use super::optimizer::optimizer_step;
 use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
@@ -330,9 +333,17 @@ pub(crate) fn generate(
         .flat_map(|u| u.groups.iter().map(|g| g.shard_elems))
         .sum();
     f.e.resident(MemTag::Params, shard_elems * o.master_dtype.bytes());
+    let sched = ctx
+        .opt
+        .strategy
+        .is_muon()
+        .then(|| muon::schedule(ctx, rank));
     f.e.resident(
         MemTag::Optimizer,
-        shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+        match &sched {
+            Some(s) => s.momentum_bytes + s.adamw_state_bytes,
+            None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+        },
     );
 
     let d = o.prefetch_depth;
@@ -408,6 +419,21 @@ pub(crate) fn generate(
 
     // Optimizer per unit, forward order, after its reductions (finalize_backward waits them).
     f.e.mb_prefix.clear();
+    if let Some(sched) = &sched {
+        let mut ready = f.e.issue_point();
+        ready.extend(f.reduce_ops.iter().flatten().copied());
+        let grads: u64 = f
+            .units
+            .iter()
+            .flat_map(|u| u.groups.iter())
+            .filter(|g| ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
+            .map(|g| g.rs_out)
+            .sum();
+        if let Some(last) = muon::schedule::lower(&mut f.e, sched, &ready) {
+            f.e.free(last, MemTag::Grads, grads);
+        }
+        return f.e.build();
+    }
     for u in 0..n {
         let elems: u64 = f.units[u].groups.iter().map(|g| g.shard_elems).sum();
         let tensors: u32 = f.units[u].groups.iter().map(|g| g.params).sum();

@@ -20,9 +20,20 @@
 //! - **Gradient accumulation** (5.3, 5.6): reduce-scatter on every micro-batch (the settle step
 //!   accumulates into `reduce_partial_output`), the all-reduce only on the last micro-batch
 //!   (`set_requires_all_reduce(False)` on the others).
-//! - TP/CP/EP boundary collectives, recompute and the placeholder optimizer are shared.
+//! - TP/CP/EP boundary collectives and recompute are shared.
+//! - **Optimizer:** the placeholder AdamW per unit, or the optimizer strategy's schedule
+//!   (`strategy::muon`) after the last reduction, the gradients freed when it ends.
+//! - **Owner placement** (DMuon, MatrixFSDP, `strategy::muon::{dmuon, matrixfsdp}`): a placed
+//!   matrix lives whole on its owner. Its all-gather becomes an owner-to-all broadcast of the
+//!   whole bf16 matrix (DMuon publishes again before a recompute) and its reduce-scatter a
+//!   reduce of the whole gradient to the owner, costed as a broadcast of the same bytes (a
+//!   pipelined ring/tree reduce moves the same bytes per link as a pipelined broadcast; the
+//!   program IR has no reduce kind). The owner holds the full master parameter and receives
+//!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
+//!   the sharded sizes (the baselines' scenarios have no replicas).
 
 use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::muon::{self, OptimizerStrategy, RankView};
 use super::optimizer::optimizer_step;
 use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
@@ -34,6 +45,10 @@ use crate::topology::Tier;
 struct UnitInfo<'a> {
     /// The unit's parameters this rank holds.
     params: Vec<&'a ParamFsdp>,
+    /// Owner placement of each (DMuon / MatrixFSDP): `Some(true)` on the owner.
+    placed: Vec<Option<bool>>,
+    /// Master-parameter elements resident on this rank.
+    master_elems: u64,
     /// Bytes of the gathered (unsharded, local) parameters.
     gathered_bytes: u64,
     /// Unsharded gradient bytes in the reduce dtype (reduce-scatter inputs).
@@ -61,15 +76,43 @@ fn sharded(p: &ParamFsdp) -> bool {
     p.all_gather.bytes_out_per_rank > 0
 }
 
+/// Reduce-scatter output bytes of a parameter on this rank (the whole gradient on a placed
+/// matrix's owner, nothing on the others).
+fn grad_out(p: &ParamFsdp, placed: Option<bool>) -> u64 {
+    match placed {
+        None => p.reduce_scatter.bytes_out_per_rank,
+        Some(true) => p.reduce_scatter.bytes_in_per_rank,
+        Some(false) => 0,
+    }
+}
+
 fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
     let class = &ctx.classes[ctx.class_of(rank)];
     let rd = ctx.opts.reduce_dtype.bytes();
+    let pos = if ctx.opt.strategy.owner_placement() {
+        Some(RankView::new(ctx, rank).fsdp_pos)
+    } else {
+        None
+    };
     class
         .units
         .iter()
         .map(|idx| {
             let params: Vec<&ParamFsdp> =
                 idx.iter().map(|&i| &ctx.fsdp.params[i as usize]).collect();
+            let placed: Vec<Option<bool>> = idx
+                .iter()
+                .map(|&i| pos.and_then(|pos| muon::placed_owner(ctx, i as usize, pos)))
+                .collect();
+            let master_elems = idx
+                .iter()
+                .zip(&placed)
+                .map(|(&i, pl)| match pl {
+                    None => ctx.fsdp.params[i as usize].padded_shard_numel,
+                    Some(true) => ctx.local_numel[i as usize],
+                    Some(false) => 0,
+                })
+                .sum();
             let mut ar = [0u64; 2];
             for p in &params {
                 let d = Ctx::domain_index(p.domain);
@@ -85,11 +128,14 @@ fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
                     .sum(),
                 grad_out_bytes: params
                     .iter()
-                    .map(|p| p.reduce_scatter.bytes_out_per_rank)
+                    .zip(&placed)
+                    .map(|(p, pl)| grad_out(p, *pl))
                     .sum(),
                 ar_bytes: ar.map(round_up_512),
                 shard_elems: params.iter().map(|p| p.padded_shard_numel).sum(),
                 params,
+                placed,
+                master_elems,
             }
         })
         .collect()
@@ -119,31 +165,59 @@ impl<'a, 'c> Hp<'a, 'c> {
         let pd = self.e.ctx.opts.param_dtype;
         let deps = self.e.issue_point();
         let mut last = None;
-        for p in self.units[u].params.iter().filter(|p| sharded(p)) {
+        // DMuon publishes its dedicated matrices again for a recompute (its forward hook
+        // fires in the recompute forward too).
+        let republish = bwd
+            && self.e.ctx.opt.strategy == OptimizerStrategy::DMuon
+            && self.e.ctx.stages[self.e.ctx.unit_stage[u]].recompute;
+        for (pi, p) in self.units[u].params.iter().enumerate() {
+            if !sharded(p) {
+                continue;
+            }
+            let placed = self.units[u].placed[pi].is_some();
             let (shard, _) = domain_groups(p.domain);
-            let spec = CollSpec {
-                kind: crate::CollectiveKind::AllGather,
-                input_bytes: p.all_gather.bytes_in_per_rank,
-                output_bytes: p.all_gather.bytes_out_per_rank,
-            };
-            let name = if bwd {
-                format!("{}.ag.bwd", short(&p.name))
+            let full = p.all_gather.bytes_out_per_rank;
+            let spec = if placed {
+                CollSpec {
+                    kind: crate::CollectiveKind::Broadcast,
+                    input_bytes: full,
+                    output_bytes: full,
+                }
             } else {
-                format!("{}.ag", short(&p.name))
+                CollSpec {
+                    kind: crate::CollectiveKind::AllGather,
+                    input_bytes: p.all_gather.bytes_in_per_rank,
+                    output_bytes: full,
+                }
             };
-            if let Some(op) = self.e.collective(
-                Stream::AllGather,
-                Category::FsdpAg,
-                shard,
-                spec,
-                pd,
-                p.all_gather.aligned_512,
-                &deps,
-                &name,
-            ) {
-                self.e
-                    .alloc(op, MemTag::Params, p.all_gather.bytes_out_per_rank);
-                last = Some(op);
+            let tag = match (placed, bwd) {
+                (true, false) => "pub",
+                (true, true) => "pub.bwd",
+                (false, false) => "ag",
+                (false, true) => "ag.bwd",
+            };
+            let copies = if placed && republish { 2 } else { 1 };
+            for c in 0..copies {
+                let name = if c == 0 {
+                    format!("{}.{tag}", short(&p.name))
+                } else {
+                    format!("{}.pub.recompute", short(&p.name))
+                };
+                if let Some(op) = self.e.collective(
+                    Stream::AllGather,
+                    Category::FsdpAg,
+                    shard,
+                    spec,
+                    pd,
+                    p.all_gather.aligned_512 || placed,
+                    &deps,
+                    &name,
+                ) {
+                    if c == 0 {
+                        self.e.alloc(op, MemTag::Params, full);
+                    }
+                    last = Some(op);
+                }
             }
         }
         self.ag[u] = last;
@@ -156,7 +230,7 @@ impl<'a, 'c> Hp<'a, 'c> {
         for (pi, rs) in prev {
             let Some(u) = self.prev_unit else { break };
             let p = self.units[u].params[pi];
-            let out = p.reduce_scatter.bytes_out_per_rank;
+            let out = grad_out(p, self.units[u].placed[pi]);
             let elems = out / rd.bytes();
             // Division (last micro-batch) or accumulation into the partial output: read and
             // write the shard, plus the partial output when accumulating.
@@ -238,12 +312,22 @@ pub(crate) fn generate(
         ar_ops: vec![Vec::new(); n],
     };
 
-    // Resident: sharded master parameters and AdamW moments.
+    // Resident: sharded master parameters (whole placed matrices on their owners) and the
+    // optimizer state (AdamW moments, or the optimizer strategy's state).
     let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
-    hp.e.resident(MemTag::Params, shard_elems * o.master_dtype.bytes());
+    let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
+    hp.e.resident(MemTag::Params, master_elems * o.master_dtype.bytes());
+    let sched = ctx
+        .opt
+        .strategy
+        .is_muon()
+        .then(|| muon::schedule(ctx, rank));
     hp.e.resident(
         MemTag::Optimizer,
-        shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+        match &sched {
+            Some(s) => s.momentum_bytes + s.adamw_state_bytes,
+            None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+        },
     );
 
     let d = o.prefetch_depth;
@@ -308,10 +392,26 @@ pub(crate) fn generate(
                         continue;
                     }
                     let (shard, _) = domain_groups(p.domain);
-                    let spec = CollSpec {
-                        kind: crate::CollectiveKind::ReduceScatter,
-                        input_bytes: p.reduce_scatter.bytes_in_per_rank,
-                        output_bytes: p.reduce_scatter.bytes_out_per_rank,
+                    let placed = hp.units[u].placed[pi];
+                    let full = p.reduce_scatter.bytes_in_per_rank;
+                    let (spec, name) = match placed {
+                        // Reduce to the owner, costed as a broadcast of the whole gradient.
+                        Some(_) => (
+                            CollSpec {
+                                kind: crate::CollectiveKind::Broadcast,
+                                input_bytes: full,
+                                output_bytes: full,
+                            },
+                            format!("{}.reduce", short(&p.name)),
+                        ),
+                        None => (
+                            CollSpec {
+                                kind: crate::CollectiveKind::ReduceScatter,
+                                input_bytes: full,
+                                output_bytes: p.reduce_scatter.bytes_out_per_rank,
+                            },
+                            format!("{}.rs", short(&p.name)),
+                        ),
                     };
                     if let Some(op) = hp.e.collective(
                         Stream::ReduceScatter,
@@ -319,12 +419,12 @@ pub(crate) fn generate(
                         shard,
                         spec,
                         rd,
-                        p.reduce_scatter.aligned_512,
+                        p.reduce_scatter.aligned_512 || placed.is_some(),
                         &deps,
-                        &format!("{}.rs", short(&p.name)),
+                        &name,
                     ) {
                         if m == 0 {
-                            hp.e.alloc(op, MemTag::Grads, spec.output_bytes);
+                            hp.e.alloc(op, MemTag::Grads, grad_out(p, placed));
                         }
                         hp.e.free(op, MemTag::Grads, spec.input_bytes);
                         rs_ops.push((pi, op));
@@ -376,9 +476,17 @@ pub(crate) fn generate(
         }
     }
 
-    // Optimizer per unit, forward order.
+    // Optimizer: the optimizer strategy's schedule, or the placeholder AdamW per unit.
     hp.e.set_micro_batch(0);
     hp.e.mb_prefix.clear();
+    if let Some(sched) = &sched {
+        let ready = hp.e.issue_point();
+        let grads: u64 = hp.units.iter().map(|u| u.grad_out_bytes).sum();
+        if let Some(last) = muon::schedule::lower(&mut hp.e, sched, &ready) {
+            hp.e.free(last, MemTag::Grads, grads);
+        }
+        return hp.e.build();
+    }
     for &u in &hp.order.clone() {
         let info = &hp.units[u];
         if info.params.is_empty() {

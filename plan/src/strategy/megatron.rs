@@ -14,7 +14,8 @@
 //!   holds), the bucket is scaled by 1/dp (one kernel) and reduce-scattered in place. Earlier
 //!   micro-batches accumulate into the buffer without communication.
 //! - **Optimizer (4.3.3):** per bucket, on the rank's shard, then cast into the bf16 parameter
-//!   buffer.
+//!   buffer; or the optimizer strategy's schedule (`strategy::muon`, by default Moonlight's
+//!   ZeRO-1 distributed Muon) after every reduce-scatter.
 //! - **Parameter all-gather (4.3.4):** modelled with `overlap_param_gather=True`, the steady
 //!   state: the all-gathers of the parameters updated by the previous step run in this step's
 //!   first forward, each bucket dispatched at its first use and the next bucket prefetched
@@ -22,6 +23,7 @@
 //!   after the optimizer step) moves the same collectives after the optimizer.
 
 use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::muon;
 use super::optimizer::optimizer_step;
 use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
@@ -163,10 +165,20 @@ pub(crate) fn generate(
         .sum();
     e.resident(MemTag::Params, layout.param_elems * pd.bytes());
     e.resident(MemTag::Grads, grad_buffer);
-    // fp32 main parameters plus two fp32 AdamW moments on the shard.
+    // fp32 main parameters plus two fp32 AdamW moments (or the optimizer strategy's state)
+    // on the shard.
+    let sched = ctx
+        .opt
+        .strategy
+        .is_muon()
+        .then(|| muon::schedule(ctx, rank));
     e.resident(
         MemTag::Optimizer,
-        shard_elems * (4 + super::optimizer::ADAMW_STATE_BYTES_PER_ELEM),
+        shard_elems * 4
+            + match &sched {
+                Some(s) => s.momentum_bytes + s.adamw_state_bytes,
+                None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+            },
     );
 
     // Buckets in forward order of first use (stable by buffer position, reversed).
@@ -262,6 +274,12 @@ pub(crate) fn generate(
     }
     // finish_grad_sync waits every reduce-scatter; optimizer per bucket on the shard.
     e.mb_prefix.clear();
+    if let Some(sched) = &sched {
+        let mut ready = e.issue_point();
+        ready.extend(rs_ops.iter().flatten().copied());
+        muon::schedule::lower(&mut e, sched, &ready);
+        return e.build();
+    }
     for (k, b) in layout.buckets.iter().enumerate() {
         let mut deps = e.issue_point();
         deps.extend(rs_ops[k]);

@@ -8,16 +8,20 @@
 //!
 //! Submodules: [`compute`] (compute stages from the model's compute profile), [`parallel`]
 //! (TP/CP/EP boundary collectives from the sharding plan), `emit` (the shared program
-//! emitter), [`hyperparallel`], [`fsdp2`], [`megatron`] (the strategies) and [`optimizer`]
-//! (the placeholder optimizer step).
+//! emitter), [`hyperparallel`], [`fsdp2`], [`megatron`] (the FSDP strategies),
+//! [`optimizer`] (the placeholder AdamW step) and [`muon`] (the optimizer strategies: the
+//! layout-driven distributed Muon and the Muon baselines, selected by [`OptimizerStrategy`]).
 
 pub mod compute;
 mod emit;
 pub mod fsdp2;
 pub mod hyperparallel;
 pub mod megatron;
+pub mod muon;
 pub mod optimizer;
 pub mod parallel;
+
+pub use muon::OptimizerStrategy;
 
 use crate::fsdp::{DataDomain, FsdpPlan};
 use crate::mesh::DeviceMesh;
@@ -130,6 +134,34 @@ pub enum StrategyError {
         /// Ranks in the job.
         world_size: usize,
     },
+    /// An optimizer strategy name that is not known.
+    #[error(
+        "[optimizer] baselines: unknown optimizer strategy '{name}'; use one of adamw, hyperparallel, naive, moonlight, dmuon, matrixfsdp, flexshard"
+    )]
+    UnknownOptimizer {
+        /// The name given.
+        name: String,
+    },
+    /// A Muon optimizer strategy asked for on a scenario whose optimizer is AdamW only.
+    #[error(
+        "optimizer strategy '{optimizer}' needs Muon parameters, but [optimizer] kind = \"{kind}\" routes every parameter to AdamW; set kind = \"muon+adamw\" or use the adamw optimizer strategy"
+    )]
+    OptimizerKindMismatch {
+        /// The optimizer strategy.
+        optimizer: &'static str,
+        /// `[optimizer] kind`.
+        kind: String,
+    },
+    /// An optimizer strategy that does not run on this FSDP strategy.
+    #[error(
+        "optimizer strategy '{optimizer}' changes parameter placement and runs only on the hyperparallel FSDP strategy, not on '{strategy}'; set [fsdp] strategy = \"hyperparallel\" or pick another optimizer strategy"
+    )]
+    UnsupportedOptimizer {
+        /// The optimizer strategy.
+        optimizer: &'static str,
+        /// The FSDP strategy.
+        strategy: &'static str,
+    },
     /// The generated program failed validation (a bug in a strategy).
     #[error("generated program is invalid: {0}")]
     Program(#[from] ProgramError),
@@ -236,14 +268,31 @@ impl GroupKind {
     }
 }
 
-/// One group family: which mesh, which axes, its label and size.
+/// One group family: which mesh, which axes, its label and size. With `block`, the group is
+/// the contiguous block of `block` ranks of the sorted axis group that holds the rank (the
+/// Muon replica subgroups, notes `hyper-parallel.md` 6.5).
 #[derive(Debug, Clone)]
 pub(crate) struct GroupFamily {
-    kind: GroupKind,
+    kind: Option<GroupKind>,
     expert_mesh: bool,
     axes: Vec<usize>,
     label: String,
     size: usize,
+    block: Option<usize>,
+}
+
+impl GroupFamily {
+    /// Mesh axes of size > 1 (what decides the ranks, with `block`).
+    fn key(&self, meshes: [&DeviceMesh; 2]) -> (bool, Vec<usize>, Option<usize>) {
+        let mesh = meshes[usize::from(self.expert_mesh)];
+        let axes = self
+            .axes
+            .iter()
+            .copied()
+            .filter(|&a| mesh.axes()[a].size > 1)
+            .collect();
+        (self.expert_mesh, axes, self.block)
+    }
 }
 
 /// The parameters one expert-parallel coordinate holds (all ranks hold the same set unless
@@ -277,6 +326,8 @@ pub(crate) struct Ctx {
     topology: Topology,
     families: Vec<GroupFamily>,
     slot: [Option<usize>; GROUP_KINDS],
+    /// The optimizer strategy's rank-independent data.
+    pub opt: muon::OptCtx,
 }
 
 impl Ctx {
@@ -300,7 +351,26 @@ impl Ctx {
         } else {
             &self.dense_mesh
         };
-        mesh.group_of(rank, &fam.axes)
+        let mut ranks = mesh.group_of(rank, &fam.axes);
+        if let Some(b) = fam.block.filter(|&b| b > 0 && b < ranks.len()) {
+            ranks.sort_unstable();
+            let pos = ranks.iter().position(|&r| r == rank).unwrap_or(0);
+            let start = pos / b * b;
+            ranks = ranks[start..(start + b).min(ranks.len())].to_vec();
+        }
+        ranks
+    }
+
+    /// Position of `rank` in its group of the family at table position `slot` (0 when the
+    /// family is absent).
+    pub fn position_in(&self, slot: Option<usize>, rank: usize) -> usize {
+        slot.and_then(|s| self.families.get(s))
+            .map(|f| {
+                let mut ranks = self.group_ranks(f, rank);
+                ranks.sort_unstable();
+                ranks.iter().position(|&r| r == rank).unwrap_or(0)
+            })
+            .unwrap_or(0)
     }
 
     /// The group table of `rank` and the tier of each group.
@@ -335,13 +405,30 @@ pub struct ProgramGenerator {
 }
 
 impl ProgramGenerator {
-    /// Precomputes everything rank-independent for `kind` on this scenario.
+    /// Precomputes everything rank-independent for `kind` on this scenario, with the default
+    /// optimizer strategy of the scenario and `kind` ([`OptimizerStrategy::default_for`]).
     pub fn new(
         scenario: &Scenario,
         plan: &ShardingPlan,
         fsdp: &FsdpPlan,
         kind: StrategyKind,
     ) -> Result<Self, StrategyError> {
+        let optimizer = OptimizerStrategy::default_for(scenario, kind);
+        Self::with_optimizer(scenario, plan, fsdp, kind, optimizer)
+    }
+
+    /// Precomputes everything rank-independent for `kind` on this scenario, with the optimizer
+    /// step generated by `optimizer`. Errors: a Muon strategy on an AdamW-only scenario, or an
+    /// owner-placement strategy (dmuon, matrixfsdp) on an FSDP strategy other than
+    /// hyperparallel.
+    pub fn with_optimizer(
+        scenario: &Scenario,
+        plan: &ShardingPlan,
+        fsdp: &FsdpPlan,
+        kind: StrategyKind,
+        optimizer: OptimizerStrategy,
+    ) -> Result<Self, StrategyError> {
+        optimizer.check(scenario, kind)?;
         let opts = StrategyOptions::resolve(scenario, kind)?;
         let trainable: Vec<_> = plan.params.iter().filter(|p| p.trainable).collect();
         if trainable.len() != fsdp.params.len() {
@@ -409,11 +496,12 @@ impl ProgramGenerator {
             let axes: Vec<usize> = names.iter().filter_map(|n| mesh.axis_index(n)).collect();
             let size = axes.iter().map(|&a| mesh.axes()[a].size).product();
             GroupFamily {
-                kind,
+                kind: Some(kind),
                 expert_mesh,
                 axes,
                 label: names.join("+"),
                 size,
+                block: None,
             }
         };
         let expert_domain = m.ep > 1;
@@ -445,11 +533,15 @@ impl ProgramGenerator {
         wanted.push(fam(GroupKind::Tp, false, &["tp"]));
         wanted.push(fam(GroupKind::Cp, false, &["cp"]));
         wanted.push(fam(GroupKind::Ep, true, &["ep"]));
-        let families: Vec<GroupFamily> = wanted.into_iter().filter(|f| f.size > 1).collect();
+        let mut families: Vec<GroupFamily> = wanted.into_iter().filter(|f| f.size > 1).collect();
         let mut slot = [None; GROUP_KINDS];
         for (i, f) in families.iter().enumerate() {
-            slot[f.kind.index()] = Some(i);
+            if let Some(k) = f.kind {
+                slot[k.index()] = Some(i);
+            }
         }
+        // The optimizer strategy's per-axis groups, appended after the strategy's own.
+        let opt = muon::OptCtx::new(scenario, plan, fsdp, optimizer, &mut families)?;
 
         let ctx = Ctx {
             opts,
@@ -466,6 +558,7 @@ impl ProgramGenerator {
             topology: scenario.topology,
             families,
             slot,
+            opt,
         };
         let tokens_per_step = scenario.file.train.global_batch * scenario.file.train.seq_len;
         let model_flops_per_step = 3.0
@@ -535,18 +628,33 @@ impl ProgramGenerator {
     /// A key such that two ranks with equal keys get programs that are identical except for
     /// the ranks inside their groups (same ops, same group table order, labels and sizes).
     /// It hashes the rank's expert-parallel class (when per-expert weights make the parameter
-    /// sets differ) and the tier of each of its groups (collectives carry their tier).
-    /// Cost: one group construction per family, O(group sizes).
+    /// sets differ), the tier of each of its groups (collectives carry their tier) and, for
+    /// the Muon optimizer strategies, the digest of the rank's optimizer schedule (owners make
+    /// it rank-dependent: which matrices a rank orthogonalizes, relays and owns).
+    /// Cost: one group construction per family, O(group sizes), plus the optimizer digest
+    /// (cached per distinct optimizer coordinate).
     pub fn template_key(&self, rank: usize) -> u64 {
+        let rank = rank.min(self.world_size.saturating_sub(1));
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.ctx
-            .class_of(rank.min(self.world_size.saturating_sub(1)))
-            .hash(&mut h);
+        self.ctx.class_of(rank).hash(&mut h);
         for f in &self.ctx.families {
             let ranks = self.ctx.group_ranks(f, rank);
             self.ctx.topology.tier_of(&ranks).hash(&mut h);
         }
+        muon::template_digest(&self.ctx, rank).hash(&mut h);
         h.finish()
+    }
+
+    /// The optimizer strategy this generator emits.
+    pub fn optimizer(&self) -> OptimizerStrategy {
+        self.ctx.opt.strategy
+    }
+
+    /// Optimizer-state bytes resident on `rank`: (Muon momentum, AdamW moments).
+    pub fn optimizer_state_bytes(&self, rank: usize) -> Result<(u64, u64), StrategyError> {
+        self.check_rank(rank)?;
+        let s = muon::schedule(&self.ctx, rank);
+        Ok((s.momentum_bytes, s.adamw_state_bytes))
     }
 
     /// The group table of `rank`'s program (same order as `program(rank).groups`).

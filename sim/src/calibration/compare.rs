@@ -176,9 +176,8 @@ impl CalibrationSet {
         let mut step: BTreeMap<(&str, &str), f64> = BTreeMap::new();
         for (run, idx) in &self.runs {
             let options = RunOptions {
-                fold: true,
                 validation_mode: run.validation_mode,
-                record_timeline: true,
+                ..RunOptions::default()
             };
             let sim = simulate_strategy(&self.plans[*idx], run.strategy, profile, &options)?;
             let predicted = predicted_figures(

@@ -1,0 +1,62 @@
+//! MatrixFSDP (`muon.md` 7.5; paper Tables "design contrast": owner-shaped ZeRO-3 shards).
+//!
+//! A layout policy keeps each selected matrix whole on one owner rank of the data-parallel
+//! (FSDP shard) group: the owner's "shard" is the whole matrix, the others' shards are empty.
+//! A global planner balances owners (greedy LPT on numel here). The **FSDP part** keeps FSDP's
+//! schedule but its collectives carry the owner-shaped shards (see `strategy::hyperparallel`):
+//! the parameter all-gather becomes an owner-to-all transfer (a broadcast of the whole
+//! matrix) and the backward reduce-scatter lands the whole gradient on the owner (a reduce).
+//! The **optimizer step** issues no matrix collective: the owner runs momentum, batched NS and
+//! the update on its whole matrices; the momentum lives only there.
+//!
+//! Not placed: matrices fragmented by TP/EP (excluded from owner placement) take the naive
+//! per-parameter gather path; matrices whose plane no shard axis cuts (experts sharded on
+//! `E`) are orthogonalized locally.
+
+use super::schedule::Schedule;
+use super::{RankView, adamw_units, dmuon, local_matrices, momentum, naive, ns_ops};
+use crate::muon::OptimizerRoute;
+use crate::strategy::Ctx;
+
+/// The MatrixFSDP optimizer schedule of one rank.
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+    let oc = &ctx.opt;
+    let mut s = Schedule::default();
+    adamw_units(ctx, view, &mut s, |_, _| false);
+    dmuon::owner_step(ctx, view, &mut s);
+    let rest: Vec<usize> = (0..oc.params.len())
+        .filter(|&i| {
+            let p = &oc.params[i];
+            p.route == OptimizerRoute::Muon && p.held_by(view.class) && oc.placed[i].is_none()
+        })
+        .collect();
+    let elems: u64 = rest.iter().map(|&i| oc.params[i].local_elems).sum();
+    if rest.is_empty() {
+        return s;
+    }
+    s.momentum_bytes += elems * ctx.opts.reduce_dtype.bytes();
+    momentum(
+        ctx,
+        &mut s,
+        "muon.rest.momentum".into(),
+        elems,
+        rest.len() as u32,
+    );
+    let (gather, local): (Vec<usize>, Vec<usize>) =
+        rest.into_iter().partition(|&i| oc.params[i].needs_gather);
+    let items: Vec<((u64, u64), u64)> = local
+        .iter()
+        .filter_map(|&i| Some((oc.params[i].core?, local_matrices(ctx, &oc.params[i], view))))
+        .collect();
+    ns_ops(ctx, &mut s, "muon.local", items, &[], true);
+    if !local.is_empty() {
+        let e: u64 = local.iter().map(|&i| oc.params[i].local_elems).sum();
+        s.compute(
+            "muon.local.apply".into(),
+            super::ns_cost::apply_work(e, local.len() as u32, ctx.opts.master_dtype),
+            vec![super::schedule::Dep::Issue],
+        );
+    }
+    naive::gather_everywhere(ctx, &mut s, &gather);
+    s
+}

@@ -1,0 +1,90 @@
+//! Naive distributed Muon: "gather-then-compute on every rank" (paper §6.1; `muon.md` 1.4,
+//! 7.2 — DTensor `full_tensor()` per parameter, as in DeepSpeed ZeRO-1/2 and the PyTorch
+//! FSDP2 Muon recipes).
+//!
+//! Every rank updates the momentum of its local shards (no replica dedup: every replica keeps
+//! the state), then **per parameter**: one all-gather per shard axis (the DTensor
+//! redistribution, one mesh dim at a time, in the gradient dtype, no padding), NS on every
+//! matrix of the full tensor (one NS call per parameter, batched only over its own leading
+//! dims), and the update of the local slice. So each rank runs the full single-device NS
+//! work, S·R times redundant in total, and issues one gather per sharded parameter and axis.
+
+use super::ns_cost;
+use super::schedule::{Dep, Schedule};
+use super::{RankView, adamw_units, momentum, ns_ops};
+use crate::CollectiveKind;
+use crate::muon::OptimizerRoute;
+use crate::program::{MemTag, Stream};
+use crate::strategy::Ctx;
+
+/// Gathers each of `params` whole on every rank, orthogonalizes it there and applies the
+/// local slice (the per-parameter loop).
+pub(crate) fn gather_everywhere(ctx: &Ctx, s: &mut Schedule, params: &[usize]) {
+    let oc = &ctx.opt;
+    let gb = ctx.opts.reduce_dtype.bytes();
+    for &i in params {
+        let p = &oc.params[i];
+        let Some(core) = p.core else { continue };
+        let prefix = format!("muon.p{i}");
+        let mut remaining = p.shard_size();
+        let mut last = None;
+        let mut buf = 0;
+        for a in &p.shard {
+            let input = p.numel.div_ceil(remaining.max(1)) * gb;
+            remaining /= a.size.max(1) as u64;
+            let out = input * a.size as u64;
+            let mut deps = vec![Dep::Issue];
+            deps.extend(last.map(Dep::Op));
+            if let Some(op) = s.coll(
+                format!("{prefix}.ag.{}", a.name),
+                Stream::Optimizer,
+                a.slot,
+                CollectiveKind::AllGather,
+                input,
+                out,
+                ctx.opts.reduce_dtype,
+                deps,
+            ) {
+                s.alloc(op, MemTag::Buffers, out);
+                buf += out;
+                last = Some(op);
+            }
+        }
+        let matrices = if last.is_some() {
+            p.matrices
+        } else {
+            p.plan_matrices
+        };
+        let deps: Vec<Dep> = last.map(Dep::Op).into_iter().collect();
+        ns_ops(ctx, s, &prefix, [(core, matrices)], &deps, true);
+        let apply = s.compute(
+            format!("{prefix}.apply"),
+            ns_cost::apply_work(p.local_elems, 1, ctx.opts.master_dtype),
+            vec![Dep::Issue],
+        );
+        s.free(apply, MemTag::Buffers, buf);
+    }
+}
+
+/// The naive schedule of one rank.
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+    let oc = &ctx.opt;
+    let mut s = Schedule::default();
+    adamw_units(ctx, view, &mut s, |_, _| false);
+    let muon: Vec<usize> = (0..oc.params.len())
+        .filter(|&i| oc.params[i].route == OptimizerRoute::Muon && oc.params[i].held_by(view.class))
+        .collect();
+    let elems: u64 = muon.iter().map(|&i| oc.params[i].local_elems).sum();
+    s.momentum_bytes = elems * ctx.opts.reduce_dtype.bytes();
+    if !muon.is_empty() {
+        momentum(
+            ctx,
+            &mut s,
+            "muon.momentum".into(),
+            elems,
+            muon.len() as u32,
+        );
+    }
+    gather_everywhere(ctx, &mut s, &muon);
+    s
+}
