@@ -174,3 +174,34 @@ fn bad_input_exits_2_with_a_clear_message() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("no-such.toml"), "{err}");
 }
+
+#[test]
+fn muon_optimizer_strategies_simulate_on_a_comparison_scenario() {
+    let mut steps = Vec::new();
+    for o in [
+        "hyperparallel",
+        "naive",
+        "moonlight",
+        "dmuon",
+        "matrixfsdp",
+        "flexshard",
+    ] {
+        let doc = json(&[
+            "simulate",
+            "scenarios/paper/muon-vs-flexshard.toml",
+            "--strategy",
+            "hyperparallel",
+            "--optimizer",
+            o,
+            "--json",
+        ]);
+        let r = &doc["results"][0];
+        assert_eq!(r["strategy"], format!("hyperparallel+{o}"));
+        let step = r["step_time_s"].as_f64().unwrap();
+        assert!(step > 0.0 && step.is_finite(), "{o}");
+        steps.push((o, step));
+    }
+    // Naive Muon gathers and orthogonalizes every matrix on every rank: the slowest.
+    let naive = steps.iter().find(|(o, _)| *o == "naive").unwrap().1;
+    assert!(steps.iter().all(|(_, s)| *s <= naive), "{steps:?}");
+}
