@@ -164,6 +164,7 @@ pub(crate) fn build_stages(
         experts: cfg.moe.as_ref().map_or(0, |x| x.num_experts),
         top_k: cfg.moe.as_ref().map_or(0, |x| x.experts_per_token),
         kv_width,
+        act_wire_bytes: opts.param_dtype.bytes(),
     };
     let rank_tokens = tokens as f64 / (tp * cp) as f64;
     let profile: Vec<LayerCompute> = scenario.model.compute_profile(opts.seq_len);

@@ -174,7 +174,7 @@ impl<'a> Emitter<'a> {
             c.axis.category(),
             Self::par_group(c.axis),
             spec,
-            DType::Bf16,
+            self.ctx.opts.param_dtype,
             aligned,
             &deps,
             &name,

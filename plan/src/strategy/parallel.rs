@@ -19,16 +19,13 @@
 //! router and combines them with a second all-to-all (both repeated in backward).
 //!
 //! Sizes are per rank per micro-batch: an activation of width `w` over the micro-batch holds
-//! `micro_batch * seq_len * w * 2` bytes (bf16), divided by every other axis it is sharded on.
+//! `micro_batch * seq_len * w * act_wire_bytes` bytes (the compute dtype), divided by every other axis it is sharded on.
 
 use crate::collective::CollectiveKind;
 use crate::placement::Placement;
 use crate::planner::BoundarySpec;
 use crate::planner::templates::Contract;
 use crate::program::Category;
-
-/// Bytes per activation element on the wire (bf16).
-pub const ACT_WIRE_BYTES: u64 = 2;
 
 /// The group a model-parallel collective runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -99,6 +96,9 @@ pub struct ParDims {
     pub top_k: u64,
     /// Width of the K/V exchanged by context parallelism, before TP sharding.
     pub kv_width: u64,
+    /// Bytes per activation element on the wire: the compute (gathered-parameter) dtype's,
+    /// so a bf16 run moves bf16 activations and an f32 run (the verify scenarios) f32 ones.
+    pub act_wire_bytes: u64,
 }
 
 impl ParDims {
@@ -222,11 +222,14 @@ fn transitions(
     nested: bool,
     d: &ParDims,
 ) -> Vec<ParColl> {
+    // A body whose output is partial (row-parallel) or sharded (column-parallel) on `axis`
+    // receives a partial input gradient: backward all-reduces it (Megatron's `f`).
     let body_partial = |axis: &str| {
         !nested
-            && b.out_src
-                .as_ref()
-                .is_some_and(|c| c.values().any(|p| is_partial(p.get(axis))))
+            && b.out_src.as_ref().is_some_and(|c| {
+                c.values()
+                    .any(|p| is_partial(p.get(axis)) || p.get(axis).is_some_and(|x| x.is_shard()))
+            })
     };
     let module = b.module.strip_prefix("model.").unwrap_or(&b.module);
     let side_name = if side == Side::In { "in" } else { "out" };
@@ -243,7 +246,7 @@ fn transitions(
             let s = placement(src, tensor, axis_name);
             let t = placement(dst, tensor, axis_name);
             // Bytes of the tensor replicated on `axis`, sharded on the other axes as in `src`.
-            let mut full = d.tokens * width * ACT_WIRE_BYTES;
+            let mut full = d.tokens * width * d.act_wire_bytes;
             for other in ["tp", "cp"] {
                 if other != axis_name && is_shard(placement(src, tensor, other)) {
                     full /= d.size(other).max(1);
@@ -253,6 +256,16 @@ fn transitions(
                 (Some(a), Some(b)) if a.is_shard() && b.is_shard() && a != b => {
                     let shard = full.div_ceil(p);
                     (Some(all_to_all(shard)), Some(all_to_all(shard)))
+                }
+                // Logits gathered for a replicated loss: every rank computes the same loss,
+                // so their gradient is replicated and backward is a local slice.
+                (Some(a), t)
+                    if a.is_shard()
+                        && t.is_none_or(|t| t.is_replicate())
+                        && side == Side::Out
+                        && tensor == "logits" =>
+                {
+                    (Some(gather(full, p)), None)
                 }
                 (Some(a), t) if a.is_shard() && t.is_none_or(|t| t.is_replicate()) => {
                     (Some(gather(full, p)), Some(scatter(full, p)))
@@ -294,7 +307,7 @@ pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
     }
     let module = b.module.strip_prefix("model.").unwrap_or(&b.module);
     // Local K and V of this rank: its tokens, K/V heads split over tp.
-    let local = (d.tokens / d.cp) * d.kv_width.div_ceil(d.tp.max(1)) * ACT_WIRE_BYTES;
+    let local = (d.tokens / d.cp) * d.kv_width.div_ceil(d.tp.max(1)) * d.act_wire_bytes;
     Some(ParColl {
         name: format!("{module}.kv.cp"),
         axis: ParAxis::Cp,
@@ -309,7 +322,7 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Option<ParColl> {
     if d.ep <= 1 {
         return None;
     }
-    let bytes = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * ACT_WIRE_BYTES;
+    let bytes = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
     let module = module.strip_prefix("model.").unwrap_or(module);
     Some(ParColl {
         name: format!("{module}.{what}.ep"),
@@ -347,6 +360,7 @@ mod tests {
             experts: 0,
             top_k: 0,
             kv_width: 8,
+            act_wire_bytes: 2,
         };
         // Between regions: sequence-sharded on tp with SP, replicated without.
         let with = |between: Placement| {
