@@ -282,6 +282,7 @@ fn verify_scenarios_counts() {
     assert!(labels.contains(&"dp_replicate+dp_shard+cp"), "{labels:?}");
     assert!(labels.contains(&"edp_replicate+edp_shard"), "{labels:?}");
     assert!(count(&prog, Category::Ep, CollectiveKind::AllToAll) > 0);
+    assert!(count(&prog, Category::Ep, CollectiveKind::AllToAllV) > 0);
 }
 
 /// Programs with equal template keys are equal once the groups' ranks are ignored.

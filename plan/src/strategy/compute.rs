@@ -271,9 +271,7 @@ pub(crate) fn build_stages(
                 let module = op.name.trim_end_matches(".combine");
                 let module = module.strip_suffix(".experts").unwrap_or(module);
                 push_colls(
-                    parallel::ep_exchange(module, "combine", &dims)
-                        .into_iter()
-                        .collect(),
+                    parallel::ep_exchange(module, "combine", &dims),
                     &mut acc,
                     &mut items,
                 );
@@ -294,9 +292,7 @@ pub(crate) fn build_stages(
             if has_local_map && op.kind == ComputeKind::Router {
                 let module = op.name.strip_suffix(".gate").unwrap_or(&op.name);
                 push_colls(
-                    parallel::ep_exchange(module, "dispatch", &dims)
-                        .into_iter()
-                        .collect(),
+                    parallel::ep_exchange(module, "dispatch", &dims),
                     &mut acc,
                     &mut items,
                 );

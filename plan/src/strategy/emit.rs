@@ -174,7 +174,7 @@ impl<'a> Emitter<'a> {
             c.axis.category(),
             Self::par_group(c.axis),
             spec,
-            self.ctx.opts.param_dtype,
+            c.wire_dtype.unwrap_or(self.ctx.opts.param_dtype),
             aligned,
             &deps,
             &name,

@@ -22,6 +22,7 @@
 //! `micro_batch * seq_len * w * act_wire_bytes` bytes (the compute dtype), divided by every other axis it is sharded on.
 
 use crate::collective::CollectiveKind;
+use crate::model::DType;
 use crate::placement::Placement;
 use crate::planner::BoundarySpec;
 use crate::planner::templates::Contract;
@@ -71,6 +72,9 @@ pub struct ParColl {
     pub fwd: Option<CollSpec>,
     /// Backward collective, if any.
     pub bwd: Option<CollSpec>,
+    /// Element type on the wire when it is not the compute dtype (the expert-parallel token
+    /// counts travel as exact f32 whatever the activations are).
+    pub wire_dtype: Option<DType>,
 }
 
 /// Sizes the boundary collectives need.
@@ -170,6 +174,16 @@ fn all_to_all(bytes: u64) -> CollSpec {
         kind: CollectiveKind::AllToAll,
         input_bytes: bytes,
         output_bytes: bytes,
+    }
+}
+
+/// A variable-size all-to-all with its expected (load-balanced) sizes: the real sizes are
+/// data dependent and known only after the count exchange.
+fn all_to_all_v(expected_bytes: u64) -> CollSpec {
+    CollSpec {
+        kind: CollectiveKind::AllToAllV,
+        input_bytes: expected_bytes,
+        output_bytes: expected_bytes,
     }
 }
 
@@ -293,6 +307,7 @@ fn transitions(
                     axis,
                     fwd,
                     bwd,
+                    wire_dtype: None,
                 });
             }
         }
@@ -313,23 +328,44 @@ pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
         axis: ParAxis::Cp,
         fwd: Some(gather(local * d.cp, d.cp)),
         bwd: Some(scatter(local * d.cp, d.cp)),
+        wire_dtype: None,
     })
 }
 
-/// The expert-parallel token dispatch (after the router) or combine (before the weighted
-/// sum) all-to-all: every rank sends `dispatch_tokens * top_k` hidden vectors.
-pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Option<ParColl> {
+/// Bytes per exchanged token count: counts travel as f32, exact for any realistic count.
+const COUNT_WIRE_BYTES: u64 = 4;
+
+/// The expert-parallel exchanges of a MoE layer at its token `dispatch` (after the router) or
+/// `combine` (before the weighted sum), as the runtime issues them: the dispatch first
+/// exchanges the token count of every (destination rank, local expert) pair with a fixed
+/// all-to-all (`experts` f32 counts per rank, forward only: backward reuses them), then moves
+/// the tokens with an all-to-all-v; the combine moves them back with a second all-to-all-v.
+/// Both token exchanges repeat in backward for the gradients. The token sizes are the
+/// load-balanced expectation, `dispatch_tokens * top_k` hidden vectors per rank.
+pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
     if d.ep <= 1 {
-        return None;
+        return Vec::new();
     }
-    let bytes = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
     let module = module.strip_prefix("model.").unwrap_or(module);
-    Some(ParColl {
+    let token_bytes = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
+    let mut out = Vec::with_capacity(2);
+    if what == "dispatch" {
+        out.push(ParColl {
+            name: format!("{module}.{what}.counts.ep"),
+            axis: ParAxis::Ep,
+            fwd: Some(all_to_all(d.experts.max(1) * COUNT_WIRE_BYTES)),
+            bwd: None,
+            wire_dtype: Some(DType::F32),
+        });
+    }
+    out.push(ParColl {
         name: format!("{module}.{what}.ep"),
         axis: ParAxis::Ep,
-        fwd: Some(all_to_all(bytes)),
-        bwd: Some(all_to_all(bytes)),
-    })
+        fwd: Some(all_to_all_v(token_bytes)),
+        bwd: Some(all_to_all_v(token_bytes)),
+        wire_dtype: None,
+    });
+    out
 }
 
 #[cfg(test)]
@@ -398,6 +434,18 @@ mod tests {
         assert_eq!(i[0].bwd.unwrap().kind, CollectiveKind::AllReduce);
         assert_eq!(o[0].fwd.unwrap().kind, CollectiveKind::AllReduce);
         assert!(o[0].bwd.is_none());
-        assert!(ep_exchange("model.layers.0.mlp", "dispatch", &d).is_none());
+        assert!(ep_exchange("model.layers.0.mlp", "dispatch", &d).is_empty());
+        let ep = ParDims { ep: 2, experts: 8, top_k: 2, ..d };
+        let dispatch = ep_exchange("model.layers.0.mlp", "dispatch", &ep);
+        assert_eq!(dispatch.len(), 2, "count exchange, then tokens");
+        let counts = dispatch[0].fwd.unwrap();
+        assert_eq!((counts.kind, counts.input_bytes), (CollectiveKind::AllToAll, 32));
+        assert!(dispatch[0].bwd.is_none());
+        assert_eq!(dispatch[0].wire_dtype, Some(DType::F32));
+        assert_eq!(dispatch[1].fwd.unwrap().kind, CollectiveKind::AllToAllV);
+        assert_eq!(dispatch[1].bwd.unwrap().kind, CollectiveKind::AllToAllV);
+        let combine = ep_exchange("model.layers.0.mlp", "combine", &ep);
+        assert_eq!(combine.len(), 1);
+        assert_eq!(combine[0].fwd.unwrap().kind, CollectiveKind::AllToAllV);
     }
 }
