@@ -109,6 +109,9 @@ fn run(strategy: &str, layers: u64, kernels: u64, kernel_ns: u64) -> StrategyRun
         .collect();
     StrategyRun {
         strategy: strategy.into(),
+        optimizer_name: "adamw".into(),
+        optimizer: None,
+        memory_spread: Default::default(),
         step_time_s: step_s,
         tokens_per_s: Some(65536.0 / step_s),
         mfu: Some(0.38),
@@ -125,18 +128,21 @@ fn run(strategy: &str, layers: u64, kernels: u64, kernel_ns: u64) -> StrategyRun
         overlap_rate: 1.0 - 0.14 / 0.6,
         collectives: vec![
             CollectiveRow {
+                category: "fsdp-ag".into(),
                 kind: "all-gather".into(),
                 tier: "intra-supernode".into(),
                 count: 2 * layers,
                 bytes: 2 * layers * (64 << 20),
             },
             CollectiveRow {
+                category: "fsdp-rs".into(),
                 kind: "reduce-scatter".into(),
                 tier: "intra-supernode".into(),
                 count: layers,
                 bytes: layers * (32 << 20),
             },
             CollectiveRow {
+                category: "fsdp-ar".into(),
                 kind: "all-reduce".into(),
                 tier: "inter-supernode".into(),
                 count: 1,

@@ -32,7 +32,9 @@ fn opt(v: Option<f64>) -> String {
 
 /// One row per strategy with every summary metric as a column: times in seconds, exposed
 /// communication per category (`exposed_comm_<category>_s`), collective calls and bytes per
-/// tier (`<tier>_collectives`, `<tier>_bytes`) and peak memory per tag (`peak_<tag>_bytes`).
+/// tier (`<tier>_collectives`, `<tier>_bytes`), peak memory per tag (`peak_<tag>_bytes`), the
+/// optimizer's figures and the peak-memory spread across ranks, and optimizer bytes per tier
+/// (`optimizer_<tier>_bytes`).
 /// Column sets are the union over strategies, in canonical order; absent entries are 0.
 pub fn summary_csv(report: &SimReport) -> String {
     let cats = order::categories(
@@ -80,6 +82,23 @@ pub fn summary_csv(report: &SimReport) -> String {
     header.push("peak_memory_bytes".into());
     header.extend(tags.iter().map(|t| format!("peak_{t}_bytes")));
     header.push("memory_fits".into());
+    header.extend(
+        [
+            "optimizer",
+            "optimizer_range_s",
+            "optimizer_busy_s",
+            "optimizer_comm_s",
+            "optimizer_exposed_comm_s",
+            "optimizer_collectives",
+            "peak_memory_min_bytes",
+            "peak_memory_mean_bytes",
+            "peak_memory_max_bytes",
+            "peak_memory_spread_bytes",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
+    header.extend(tiers.iter().map(|t| format!("optimizer_{t}_bytes")));
 
     let rows = report.runs.iter().map(|r| {
         let mut row = vec![
@@ -125,6 +144,25 @@ pub fn summary_csv(report: &SimReport) -> String {
                 .to_string()
         }));
         row.push(r.memory_fits.to_string());
+        let o = r.optimizer.clone().unwrap_or_default();
+        let m = &r.memory_spread;
+        row.extend([
+            r.optimizer_name.clone(),
+            o.range_s.to_string(),
+            o.busy_s.to_string(),
+            o.comm_s.to_string(),
+            o.exposed_comm_s.to_string(),
+            o.collectives.to_string(),
+            m.min_bytes.to_string(),
+            m.mean_bytes.to_string(),
+            m.max_bytes.to_string(),
+            m.spread_bytes().to_string(),
+        ]);
+        row.extend(
+            tiers
+                .iter()
+                .map(|t| o.tier_bytes.get(t).copied().unwrap_or(0).to_string()),
+        );
         row
     });
     write_records(std::iter::once(header).chain(rows))

@@ -33,6 +33,15 @@ pub fn sim_report_html(report: &SimReport) -> String {
     let (headers, rows) = summary_table(report);
     body.push_str(&page::table(&headers, &rows));
 
+    body.push_str("<h2>Optimizer, communication and memory spread</h2>\n");
+    body.push_str(
+        "<p class=\"sub\">Optimizer range: first optimizer op start to last optimizer op end on \
+         the critical rank (baselines that hook optimizer work into forward and backward span \
+         most of the step). Peak memory min/mean/max over every rank; spread = max − min.</p>\n",
+    );
+    let (headers, rows) = optimizer_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
     body.push_str("<h2>Collectives</h2>\n");
     let (headers, rows) = collectives_table(report);
     body.push_str(&page::table(&headers, &rows));
@@ -206,9 +215,70 @@ fn summary_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
     (headers, rows)
 }
 
-/// Collective calls per strategy, kind and tier.
+/// Per strategy: the optimizer's range, busy time and communication, total and exposed
+/// communication, overlap, peak memory across ranks and optimizer bytes per tier.
+fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let tiers = order::tiers(report.runs.iter().flat_map(|r| {
+        r.optimizer
+            .iter()
+            .flat_map(|o| o.tier_bytes.keys().map(String::as_str))
+    }));
+    let mut headers: Vec<String> = [
+        "strategy",
+        "optimizer",
+        "step (ms)",
+        "optimizer range (ms)",
+        "optimizer busy (ms)",
+        "optimizer comm (ms)",
+        "optimizer exposed (ms)",
+        "total comm (ms)",
+        "exposed comm (ms)",
+        "overlap",
+        "peak min",
+        "peak mean",
+        "peak max",
+        "spread",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    headers.extend(tiers.iter().map(|t| format!("optimizer {t} bytes")));
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let o = r.optimizer.clone().unwrap_or_default();
+            let m = &r.memory_spread;
+            let mut row = vec![
+                r.strategy.clone(),
+                r.optimizer_name.clone(),
+                units::ms(r.step_time_s),
+                units::ms(o.range_s),
+                units::ms(o.busy_s),
+                units::ms(o.comm_s),
+                units::ms(o.exposed_comm_s),
+                units::ms(r.comm_s),
+                units::ms(r.exposed_comm_s),
+                units::percent(r.overlap_rate),
+                units::bytes(m.min_bytes),
+                units::bytes(m.mean_bytes),
+                units::bytes(m.max_bytes),
+                units::bytes(m.spread_bytes()),
+            ];
+            row.extend(
+                tiers
+                    .iter()
+                    .map(|t| units::bytes(o.tier_bytes.get(t).copied().unwrap_or(0))),
+            );
+            row
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Collective calls per strategy, category, kind and tier.
 fn collectives_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
-    let headers = ["strategy", "kind", "tier", "calls", "bytes"]
+    let headers = ["strategy", "category", "kind", "tier", "calls", "bytes"]
         .iter()
         .map(|s| s.to_string())
         .collect();
@@ -219,6 +289,7 @@ fn collectives_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
             r.collectives.iter().map(|c| {
                 vec![
                     r.strategy.clone(),
+                    c.category.clone(),
                     c.kind.clone(),
                     c.tier.clone(),
                     units::count(c.count),

@@ -44,7 +44,10 @@ pub mod write;
 pub use chrome_trace::chrome_trace_json;
 pub use csv::{summary_csv, timeline_csv};
 pub use html::sim_report_html;
-pub use model::{CollectiveRow, RankTimelineView, SimReport, SpanView, StrategyRun, TierRow};
+pub use model::{
+    CollectiveRow, MemorySpread, OptimizerFigures, RankTimelineView, SimReport, SpanView,
+    StrategyRun, TierRow,
+};
 pub use table::{Section, Table, TableReport, Verdict};
 pub use write::{ReportError, SIM_REPORT_FILES, write_sim_report};
 

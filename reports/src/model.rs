@@ -27,8 +27,20 @@ pub struct SimReport {
 /// The prediction for one strategy: step time, breakdown, traffic, memory and rank 0's timeline.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct StrategyRun {
-    /// Strategy name (`hyperparallel`, `fsdp2`, ...).
+    /// Strategy name (`hyperparallel`, `fsdp2`, ...; `+<optimizer>` when the run's optimizer
+    /// is not the scenario's default for the strategy).
     pub strategy: String,
+    /// Optimizer strategy of the run's programs (`hyperparallel` distributed Muon, a Muon
+    /// baseline such as `dmuon`, or `adamw`).
+    #[serde(default)]
+    pub optimizer_name: String,
+    /// The optimizer's figures on the critical rank (absent when the programs have no
+    /// optimizer ops).
+    #[serde(default)]
+    pub optimizer: Option<OptimizerFigures>,
+    /// Peak memory across ranks (the spread the owner-based Muon baselines create).
+    #[serde(default)]
+    pub memory_spread: MemorySpread,
     /// Predicted step time, seconds.
     pub step_time_s: f64,
     /// Tokens per second, when tokens per step are known.
@@ -76,9 +88,53 @@ pub struct StrategyRun {
     pub rank0_timeline: Option<RankTimelineView>,
 }
 
-/// Collective calls of one kind on one tier issued by one rank.
+/// What the optimizer step costs on one rank: its range on the timeline, its busy time, its
+/// communication and where that communication goes.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct OptimizerFigures {
+    /// From the first optimizer op's start to the last one's end, seconds (for baselines that
+    /// hook optimizer work into forward/backward this spans most of the step).
+    pub range_s: f64,
+    /// Union of optimizer op intervals (compute and communication), seconds.
+    pub busy_s: f64,
+    /// Union of optimizer collective intervals, seconds.
+    pub comm_s: f64,
+    /// Optimizer communication not hidden under compute or copy, seconds.
+    pub exposed_comm_s: f64,
+    /// Optimizer collective calls per step.
+    pub collectives: u64,
+    /// Optimizer collective bytes (receive buffers) per tier name.
+    pub tier_bytes: BTreeMap<String, u64>,
+}
+
+/// Peak device memory across every rank of the job (folded ranks counted once per rank).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct MemorySpread {
+    /// Lowest per-rank peak, bytes.
+    pub min_bytes: u64,
+    /// Mean per-rank peak, bytes.
+    pub mean_bytes: u64,
+    /// Highest per-rank peak, bytes.
+    pub max_bytes: u64,
+    /// A rank with the lowest peak.
+    pub min_rank: usize,
+    /// A rank with the highest peak.
+    pub max_rank: usize,
+}
+
+impl MemorySpread {
+    /// `max - min`, bytes.
+    pub fn spread_bytes(&self) -> u64 {
+        self.max_bytes - self.min_bytes.min(self.max_bytes)
+    }
+}
+
+/// Collective calls of one category and kind on one tier issued by one rank.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
 pub struct CollectiveRow {
+    /// What the calls are for (`fsdp-ag`, `tp`, `optimizer`, ...).
+    #[serde(default)]
+    pub category: String,
     /// Collective kind (`all-gather`, `reduce-scatter`, ...).
     pub kind: String,
     /// Tier name (`intra-machine`, ...).

@@ -88,14 +88,27 @@ fn csv_parses_back() {
     let summary = summary_csv(&report);
     let mut rdr = csv::Reader::from_reader(summary.as_bytes());
     let headers = rdr.headers().expect("headers").clone();
-    // 13 fixed + 2 categories + overlap + 2 tiers x 2 + peak + 2 tags + fits.
-    assert_eq!(headers.len(), 13 + 2 + 1 + 4 + 1 + 2 + 1);
+    // 13 fixed + 2 categories + overlap + 2 tiers x 2 + peak + 2 tags + fits
+    // + 10 optimizer/memory-spread columns + 2 optimizer tier columns.
+    assert_eq!(headers.len(), 13 + 2 + 1 + 4 + 1 + 2 + 1 + 10 + 2);
     assert_eq!(&headers[13], "exposed_comm_fsdp-ag_s");
+    let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
+    let (range, spread) = (col("optimizer_range_s"), col("peak_memory_spread_bytes"));
     let rows: Vec<csv::StringRecord> = rdr.records().map(|r| r.expect("record")).collect();
     assert_eq!(rows.len(), 2);
     assert_eq!(&rows[1][3], "fsdp2<script>");
     let step: f64 = rows[0][4].parse().expect("float");
     assert_eq!(step, report.runs[0].step_time_s);
+    let o = report.runs[0]
+        .optimizer
+        .as_ref()
+        .expect("optimizer figures");
+    assert_eq!(rows[0][range].parse::<f64>().expect("float"), o.range_s);
+    assert_eq!(
+        rows[0][spread].parse::<u64>().expect("int"),
+        report.runs[0].memory_spread.spread_bytes()
+    );
+    assert_eq!(&rows[0][col("optimizer_intra-machine_bytes")], "1048576");
 
     let timeline = timeline_csv(&report);
     let mut rdr = csv::Reader::from_reader(timeline.as_bytes());

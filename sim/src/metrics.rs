@@ -30,6 +30,13 @@ pub struct CategoryTime {
     pub busy_ns: u64,
     /// Exposed communication charged to this category, nanoseconds.
     pub exposed_comm_ns: u64,
+    /// Union of this category's collective intervals, nanoseconds.
+    pub comm_busy_ns: u64,
+    /// Start of the category's first op, nanoseconds from step start.
+    pub first_start_ns: u64,
+    /// End of the category's last op, nanoseconds from step start (`last_end - first_start`
+    /// is the category's range, e.g. the optimizer range of the Muon comparison).
+    pub last_end_ns: u64,
 }
 
 /// Time breakdown of one rank; see the module documentation for the definitions.
@@ -162,11 +169,25 @@ pub fn breakdown(
                     .map(|&i| (spans[i].start_ns, spans[i].end_ns))
                     .collect(),
             );
+            let comm_busy_ns = union_ns(
+                members
+                    .iter()
+                    .filter(|&&i| classes[i] == Class::Comm)
+                    .map(|&i| (spans[i].start_ns, spans[i].end_ns))
+                    .collect(),
+            );
             Some(CategoryTime {
                 category: cat,
                 ops: members.len() as u64,
                 busy_ns,
                 exposed_comm_ns: exposed_by_op_category[ci],
+                comm_busy_ns,
+                first_start_ns: members
+                    .iter()
+                    .map(|&i| spans[i].start_ns)
+                    .min()
+                    .unwrap_or(0),
+                last_end_ns: members.iter().map(|&i| spans[i].end_ns).max().unwrap_or(0),
             })
         })
         .collect();

@@ -6,7 +6,7 @@ use crate::profile::HardwareProfile;
 use crate::workload::Workload;
 use crate::{SIM_VERSION, engine::SimOptions};
 use hpfsdp_plan::program::{
-    OpSpan, Payload, RankRange, RankTimeline, Timeline, TimelineKind, TimelineSource,
+    Category, OpSpan, Payload, RankRange, RankTimeline, Timeline, TimelineKind, TimelineSource,
 };
 use hpfsdp_plan::{CollectiveKind, Tier};
 use serde::{Deserialize, Serialize};
@@ -15,6 +15,8 @@ use std::collections::BTreeMap;
 /// Collectives of one kind on one tier issued by one rank.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CollectiveStats {
+    /// What the collectives are for (FSDP gather, TP, optimizer, ...).
+    pub category: Category,
     /// The kind.
     pub kind: CollectiveKind,
     /// The tier (slowest link of the group).
@@ -132,10 +134,14 @@ pub(crate) fn assemble(
     let mut timeline = Vec::new();
     for ((unit, outcome), end_ns) in workload.units.iter().zip(outcomes).zip(ends) {
         let program = &unit.program;
-        let mut stats: BTreeMap<(CollectiveKind, Tier), (u64, u64, u64)> = BTreeMap::new();
+        let mut stats: BTreeMap<(usize, CollectiveKind, Tier), (u64, u64, u64)> = BTreeMap::new();
         for op in &program.ops {
             if let Payload::Collective(c) = &op.payload {
-                let e = stats.entry((c.kind, c.tier)).or_default();
+                let category = Category::ALL
+                    .iter()
+                    .position(|&x| x == op.category)
+                    .unwrap_or(0);
+                let e = stats.entry((category, c.kind, c.tier)).or_default();
                 e.0 += 1;
                 e.1 += c.input_bytes;
                 e.2 += c.output_bytes;
@@ -149,12 +155,15 @@ pub(crate) fn assemble(
             collectives: stats
                 .into_iter()
                 .map(
-                    |((kind, tier), (count, input_bytes, output_bytes))| CollectiveStats {
-                        kind,
-                        tier,
-                        count,
-                        input_bytes,
-                        output_bytes,
+                    |((category, kind, tier), (count, input_bytes, output_bytes))| {
+                        CollectiveStats {
+                            category: Category::ALL[category],
+                            kind,
+                            tier,
+                            count,
+                            input_bytes,
+                            output_bytes,
+                        }
                     },
                 )
                 .collect(),

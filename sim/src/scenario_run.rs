@@ -48,6 +48,38 @@ impl ScenarioPlans {
         }
         names
     }
+
+    /// Every run a scenario asks for: each listed FSDP strategy with its default optimizer,
+    /// then the scenario's own strategy with each distributed-Muon baseline of
+    /// `[optimizer] baselines` (how the Muon comparison scenarios compare optimizers on the
+    /// same FSDP schedule).
+    pub fn listed_runs(&self) -> Vec<SimJob> {
+        let mut jobs: Vec<SimJob> = self
+            .listed_strategies()
+            .into_iter()
+            .map(|strategy| SimJob {
+                strategy,
+                optimizer: None,
+            })
+            .collect();
+        for b in &self.scenario.file.optimizer.baselines {
+            jobs.push(SimJob {
+                strategy: self.scenario.file.fsdp.strategy.clone(),
+                optimizer: Some(b.clone()),
+            });
+        }
+        jobs
+    }
+}
+
+/// One simulation a command asks for: an FSDP strategy and the optimizer of its programs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimJob {
+    /// FSDP strategy name (`hyperparallel`, `fsdp2`, `megatron-ddp`).
+    pub strategy: String,
+    /// Optimizer strategy name (see [`OptimizerStrategy::parse`]); `None` = the scenario's
+    /// default for this FSDP strategy ([`OptimizerStrategy::default_for`]).
+    pub optimizer: Option<String>,
 }
 
 /// How to run one simulation of a scenario.
@@ -59,9 +91,10 @@ pub struct RunOptions {
     pub validation_mode: bool,
     /// Keep the per-op timeline of every simulated rank.
     pub record_timeline: bool,
-    /// The optimizer part of the programs: `None` = the per-parameter AdamW placeholder (the
-    /// calibrated default); `Some(name)` = a strategy of [`OptimizerStrategy::parse`]
-    /// (`hyperparallel` distributed Muon or a Muon baseline).
+    /// The optimizer part of the programs: `None` = the scenario's default for the FSDP
+    /// strategy ([`OptimizerStrategy::default_for`]: layout-driven distributed Muon on
+    /// `muon+adamw` scenarios, per-parameter AdamW otherwise); `Some(name)` = a strategy of
+    /// [`OptimizerStrategy::parse`] (`adamw`, `hyperparallel` or a Muon baseline).
     pub optimizer: Option<String>,
 }
 
@@ -79,8 +112,11 @@ impl Default for RunOptions {
 /// One strategy simulated on one scenario.
 #[derive(Debug, Clone)]
 pub struct StrategyRun {
-    /// Strategy name (`hyperparallel`, `fsdp2`, `megatron-ddp`).
+    /// Strategy name (`hyperparallel`, `fsdp2`, `megatron-ddp`; `+<optimizer>` when the
+    /// optimizer is not the scenario's default for the strategy).
     pub strategy: String,
+    /// Optimizer strategy name of the programs (`hyperparallel`, `dmuon`, `adamw`, ...).
+    pub optimizer: String,
     /// Rank 0's program, to name the spans of its timeline.
     pub rank0_program: StepProgram,
     /// The prediction.
@@ -92,6 +128,8 @@ pub struct StrategyRun {
 pub struct PreparedRun {
     /// Strategy name.
     pub strategy: String,
+    /// Optimizer strategy name of the programs.
+    pub optimizer: String,
     /// The workload.
     pub workload: Workload,
     /// Tokens per step of the whole job.
@@ -109,8 +147,9 @@ pub fn prepare(
     fold: bool,
 ) -> Result<PreparedRun, SimError> {
     let kind = StrategyKind::parse(strategy).map_err(|e| SimError::Workload(e.to_string()))?;
+    let default_optimizer = OptimizerStrategy::default_for(&plans.scenario, kind);
     let optimizer = match optimizer {
-        None => OptimizerStrategy::AdamW,
+        None => default_optimizer,
         Some(name) => {
             OptimizerStrategy::parse(name).map_err(|e| SimError::Workload(e.to_string()))?
         }
@@ -143,10 +182,12 @@ pub fn prepare(
         Workload::unfolded(programs, topology)?
     };
     Ok(PreparedRun {
-        strategy: match optimizer {
-            OptimizerStrategy::AdamW => strategy.to_string(),
-            o => format!("{strategy}+{}", o.name()),
+        strategy: if optimizer == default_optimizer {
+            strategy.to_string()
+        } else {
+            format!("{strategy}+{}", optimizer.name())
         },
+        optimizer: optimizer.name().to_string(),
         workload,
         tokens_per_step: generator.tokens_per_step(),
         model_flops_per_step: generator.model_flops_per_step(),
@@ -169,6 +210,7 @@ pub fn run_prepared(
     let result = simulate(&prepared.workload, profile, &sim_options)?;
     Ok(StrategyRun {
         strategy: prepared.strategy.clone(),
+        optimizer: prepared.optimizer.clone(),
         rank0_program: prepared.workload.units[0].program.clone(),
         result,
     })

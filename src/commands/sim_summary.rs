@@ -3,8 +3,10 @@
 //! One struct ([`StrategySummary`]) feeds the terminal table, the `--json` output and (through
 //! [`to_report_run`]) the HTML/CSV/trace reports, so the three never disagree.
 
+use hpfsdp_plan::program::Category;
 use hpfsdp_plan::program::StepProgram;
 use hpfsdp_reports::model as rm;
+use hpfsdp_sim::SimResult;
 use hpfsdp_sim::scenario_run::StrategyRun;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -32,6 +34,14 @@ pub struct TierSummary {
 pub struct StrategySummary {
     /// Strategy name.
     pub strategy: String,
+    /// Optimizer strategy of the programs (`hyperparallel` distributed Muon, a Muon baseline,
+    /// or `adamw`).
+    pub optimizer: String,
+    /// The optimizer step's range, busy time, communication and bytes per tier on the
+    /// critical rank (absent without optimizer ops).
+    pub optimizer_figures: Option<rm::OptimizerFigures>,
+    /// Peak memory across every rank: min, mean, max and the ranks holding them.
+    pub memory_spread: rm::MemorySpread,
     /// Predicted step time, seconds.
     pub step_time_s: f64,
     /// Tokens per second of the whole job.
@@ -121,6 +131,9 @@ pub fn summarize(run: &StrategyRun) -> StrategySummary {
         .unwrap_or_default();
     StrategySummary {
         strategy: run.strategy.clone(),
+        optimizer: run.optimizer.clone(),
+        optimizer_figures: optimizer_figures(r),
+        memory_spread: memory_spread(r),
         step_time_s: r.step_time_s(),
         tokens_per_s: r.tokens_per_s,
         mfu: r.mfu,
@@ -142,6 +155,63 @@ pub fn summarize(run: &StrategyRun) -> StrategySummary {
         world_size: r.world_size,
         events: r.events_processed,
     }
+}
+
+/// The optimizer category's figures on the critical rank.
+fn optimizer_figures(r: &SimResult) -> Option<rm::OptimizerFigures> {
+    let rank = r.rank(r.critical_rank)?;
+    let c = rank
+        .breakdown
+        .by_category
+        .iter()
+        .find(|c| c.category == Category::Optimizer)?;
+    let mut tier_bytes: BTreeMap<String, u64> = BTreeMap::new();
+    let mut collectives = 0;
+    for s in rank
+        .collectives
+        .iter()
+        .filter(|s| s.category == Category::Optimizer)
+    {
+        *tier_bytes.entry(s.tier.to_string()).or_default() += s.output_bytes;
+        collectives += s.count;
+    }
+    Some(rm::OptimizerFigures {
+        range_s: c.last_end_ns.saturating_sub(c.first_start_ns) as f64 * NS,
+        busy_s: c.busy_ns as f64 * NS,
+        comm_s: c.comm_busy_ns as f64 * NS,
+        exposed_comm_s: c.exposed_comm_ns as f64 * NS,
+        collectives,
+        tier_bytes,
+    })
+}
+
+/// Peak memory over every rank of the job: each simulated rank counts once per rank it
+/// stands for.
+fn memory_spread(r: &SimResult) -> rm::MemorySpread {
+    let mut out = rm::MemorySpread {
+        min_bytes: u64::MAX,
+        ..rm::MemorySpread::default()
+    };
+    let (mut total, mut ranks) = (0u128, 0u128);
+    for x in &r.ranks {
+        let n: usize = x.represents.iter().map(|g| g.end - g.start).sum();
+        let peak = x.memory.peak_bytes;
+        total += peak as u128 * n as u128;
+        ranks += n as u128;
+        if peak < out.min_bytes || (peak == out.min_bytes && x.rank < out.min_rank) {
+            out.min_bytes = peak;
+            out.min_rank = x.rank;
+        }
+        if peak > out.max_bytes || (peak == out.max_bytes && x.rank < out.max_rank) {
+            out.max_bytes = peak;
+            out.max_rank = x.rank;
+        }
+    }
+    if ranks == 0 {
+        return rm::MemorySpread::default();
+    }
+    out.mean_bytes = (total / ranks) as u64;
+    out
 }
 
 fn is_comm(category: &str) -> bool {
@@ -167,6 +237,9 @@ pub fn to_report_run(summary: &StrategySummary, run: &StrategyRun) -> rm::Strate
         .unwrap_or_default();
     rm::StrategyRun {
         strategy: summary.strategy.clone(),
+        optimizer_name: summary.optimizer.clone(),
+        optimizer: summary.optimizer_figures.clone(),
+        memory_spread: summary.memory_spread.clone(),
         step_time_s: summary.step_time_s,
         tokens_per_s: summary.tokens_per_s,
         mfu: summary.mfu,
@@ -184,6 +257,7 @@ pub fn to_report_run(summary: &StrategySummary, run: &StrategyRun) -> rm::Strate
                 x.collectives
                     .iter()
                     .map(|c| rm::CollectiveRow {
+                        category: c.category.name().to_string(),
                         kind: c.kind.to_string(),
                         tier: c.tier.to_string(),
                         count: c.count,

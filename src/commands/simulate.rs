@@ -4,10 +4,10 @@ use crate::commands::sim_summary::{StrategySummary, summarize, to_report_run};
 use crate::table::Table;
 use anyhow::{Context, Result, bail};
 use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
-use hpfsdp_reports::model::SimReport;
+use hpfsdp_reports::model::{self as rm, SimReport};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{
-    RunOptions, ScenarioPlans, StrategyRun, hardware_dir_for, simulate_strategy,
+    RunOptions, ScenarioPlans, SimJob, StrategyRun, hardware_dir_for, simulate_strategy,
 };
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -31,7 +31,8 @@ pub struct SimulateArgs {
     pub no_fold: bool,
     /// Charge validation-mode dispatch costs.
     pub validation_mode: bool,
-    /// Optimizer strategy for the optimizer part of the programs (default: AdamW placeholder).
+    /// Optimizer strategy for the optimizer part of every simulated program (default: the
+    /// scenario's optimizer, plus its `[optimizer] baselines` on the scenario's strategy).
     pub optimizer: Option<String>,
 }
 
@@ -54,12 +55,12 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     let profile = HardwareProfile::load_named(&hardware, hardware_dir_for(&args.scenario))
         .with_context(|| format!("loading hardware profile '{hardware}'"))?;
     let plans = ScenarioPlans::new(scenario);
-    let strategies = if args.strategies.is_empty() {
-        plans.listed_strategies()
-    } else {
-        args.strategies.clone()
+    let jobs: Vec<SimJob> = match (args.strategies.is_empty(), &args.optimizer) {
+        (true, None) => plans.listed_runs(),
+        (true, Some(_)) => jobs_for(&plans.listed_strategies(), &args.optimizer),
+        (false, _) => jobs_for(&args.strategies, &args.optimizer),
     };
-    for s in &strategies {
+    for s in &args.strategies {
         if !FSDP_STRATEGIES.contains(&s.as_str()) {
             bail!(
                 "--strategy {s}: unknown strategy; choose one of {}",
@@ -71,9 +72,9 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         fold: !args.no_fold,
         validation_mode: args.validation_mode,
         record_timeline: true,
-        optimizer: args.optimizer.clone(),
+        optimizer: None,
     };
-    let runs = simulate_all(&plans, &strategies, &profile, &options)?;
+    let runs = simulate_all(&plans, &jobs, &profile, &options)?;
     let summaries: Vec<StrategySummary> = runs.iter().map(summarize).collect();
     let name = plans.scenario.file.name.clone();
     if args.json {
@@ -110,25 +111,44 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Simulates each strategy in turn, with a spinner on stderr (hidden when stderr is not a
-/// terminal).
+/// Every strategy in `strategies` with the same optimizer choice.
+fn jobs_for(strategies: &[String], optimizer: &Option<String>) -> Vec<SimJob> {
+    strategies
+        .iter()
+        .map(|s| SimJob {
+            strategy: s.clone(),
+            optimizer: optimizer.clone(),
+        })
+        .collect()
+}
+
+/// Simulates each job in turn (its optimizer replacing `options.optimizer`), with a spinner on
+/// stderr (hidden when stderr is not a terminal).
 pub fn simulate_all(
     plans: &ScenarioPlans,
-    strategies: &[String],
+    jobs: &[SimJob],
     profile: &HardwareProfile,
     options: &RunOptions,
 ) -> Result<Vec<StrategyRun>> {
-    let bar = ProgressBar::new(strategies.len() as u64);
+    let bar = ProgressBar::new(jobs.len() as u64);
     bar.set_style(
         ProgressStyle::with_template("{spinner} [{pos}/{len}] simulating {msg} ({elapsed})")
             .unwrap_or_else(|_| ProgressStyle::default_spinner()),
     );
     bar.enable_steady_tick(Duration::from_millis(200));
-    let mut runs = Vec::with_capacity(strategies.len());
-    for s in strategies {
-        bar.set_message(s.clone());
-        let run = simulate_strategy(plans, s, profile, options)
-            .with_context(|| format!("simulating strategy '{s}'"))?;
+    let mut runs = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let label = match &job.optimizer {
+            Some(o) => format!("{} with optimizer {o}", job.strategy),
+            None => job.strategy.clone(),
+        };
+        bar.set_message(label.clone());
+        let job_options = RunOptions {
+            optimizer: job.optimizer.clone(),
+            ..options.clone()
+        };
+        let run = simulate_strategy(plans, &job.strategy, profile, &job_options)
+            .with_context(|| format!("simulating strategy '{label}'"))?;
         runs.push(run);
         bar.inc(1);
     }
@@ -142,6 +162,11 @@ fn gb(bytes: u64) -> String {
 
 fn ms(s: f64) -> String {
     format!("{:.1} ms", s * 1e3)
+}
+
+/// A table cell from a run's optimizer figures (`-` without optimizer ops).
+fn opt_cell(r: &StrategySummary, f: impl Fn(&rm::OptimizerFigures) -> String) -> String {
+    r.optimizer_figures.as_ref().map_or("-".into(), f)
 }
 
 /// The terminal table: one column per strategy.
@@ -168,6 +193,7 @@ fn render_table(
         cells.extend(runs.iter().map(f));
         t.row(cells);
     };
+    row("optimizer", &|r| r.optimizer.clone());
     row("step time", &|r| format!("{:.3} s", r.step_time_s));
     if let Some(base) = runs.first() {
         row("vs first", &|r| {
@@ -197,6 +223,24 @@ fn render_table(
     row("overlap rate", &|r| {
         format!("{:.2}%", r.overlap_rate * 100.0)
     });
+    row("optimizer range", &|r| opt_cell(r, |o| ms(o.range_s)));
+    row("  optimizer busy", &|r| opt_cell(r, |o| ms(o.busy_s)));
+    row("  optimizer comm", &|r| opt_cell(r, |o| ms(o.comm_s)));
+    row("  optimizer exposed", &|r| {
+        opt_cell(r, |o| ms(o.exposed_comm_s))
+    });
+    let mut opt_tiers: Vec<&String> = runs
+        .iter()
+        .filter_map(|r| r.optimizer_figures.as_ref())
+        .flat_map(|o| o.tier_bytes.keys())
+        .collect();
+    opt_tiers.sort();
+    opt_tiers.dedup();
+    for k in opt_tiers {
+        row(&format!("  optimizer {k}"), &|r| {
+            opt_cell(r, |o| o.tier_bytes.get(k).map_or("-".into(), |b| gb(*b)))
+        });
+    }
     let mut kinds: Vec<&String> = runs.iter().flat_map(|r| r.collectives.keys()).collect();
     kinds.sort();
     kinds.dedup();
@@ -222,12 +266,22 @@ fn render_table(
             if r.memory_fits { "" } else { " (DOES NOT FIT)" }
         )
     });
+    row("peak memory min/mean", &|r| {
+        format!(
+            "{} / {}",
+            gb(r.memory_spread.min_bytes),
+            gb(r.memory_spread.mean_bytes)
+        )
+    });
+    row("peak memory spread", &|r| {
+        gb(r.memory_spread.spread_bytes())
+    });
     row("simulated ranks", &|r| {
         format!("{} of {}", r.simulated_ranks, r.world_size)
     });
     out.push_str(&t.render());
     out.push_str(
-        "\nPer-rank figures are the critical rank's (the one that finishes last); bytes are receive-buffer bytes per step.\n",
+        "\nPer-rank figures are the critical rank's (the one that finishes last); bytes are receive-buffer bytes per step.\nOptimizer range: first to last optimizer op on that rank; peak memory min/mean/spread are over every rank.\n",
     );
     out
 }

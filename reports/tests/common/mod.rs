@@ -1,6 +1,9 @@
 //! A small hand-made report shared by the integration tests.
 
-use hpfsdp_reports::{CollectiveRow, RankTimelineView, SimReport, SpanView, StrategyRun, TierRow};
+use hpfsdp_reports::{
+    CollectiveRow, MemorySpread, OptimizerFigures, RankTimelineView, SimReport, SpanView,
+    StrategyRun, TierRow,
+};
 use std::collections::BTreeMap;
 
 fn span(
@@ -25,6 +28,22 @@ fn run(strategy: &str, scale: f64) -> StrategyRun {
     let ns = |x: u64| (x as f64 * scale) as u64;
     StrategyRun {
         strategy: strategy.into(),
+        optimizer_name: "hyperparallel".into(),
+        optimizer: Some(OptimizerFigures {
+            range_s: 3e-6 * scale,
+            busy_s: 2e-6 * scale,
+            comm_s: 1e-6 * scale,
+            exposed_comm_s: 0.5e-6 * scale,
+            collectives: 4,
+            tier_bytes: BTreeMap::from([("intra-machine".to_string(), 1 << 20)]),
+        }),
+        memory_spread: MemorySpread {
+            min_bytes: 2 << 30,
+            mean_bytes: (5 << 30) / 2,
+            max_bytes: 3 << 30,
+            min_rank: 1,
+            max_rank: 0,
+        },
         step_time_s: 10e-6 * scale,
         tokens_per_s: Some(1.0e6 / scale),
         mfu: Some(0.41 / scale),
@@ -41,12 +60,14 @@ fn run(strategy: &str, scale: f64) -> StrategyRun {
         overlap_rate: 0.6,
         collectives: vec![
             CollectiveRow {
+                category: "fsdp-ag".into(),
                 kind: "all-gather".into(),
                 tier: "intra-machine".into(),
                 count: 2,
                 bytes: 1 << 30,
             },
             CollectiveRow {
+                category: "fsdp-rs".into(),
                 kind: "reduce-scatter".into(),
                 tier: "inter-supernode".into(),
                 count: 1,
