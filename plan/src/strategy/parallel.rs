@@ -435,11 +435,19 @@ mod tests {
         assert_eq!(o[0].fwd.unwrap().kind, CollectiveKind::AllReduce);
         assert!(o[0].bwd.is_none());
         assert!(ep_exchange("model.layers.0.mlp", "dispatch", &d).is_empty());
-        let ep = ParDims { ep: 2, experts: 8, top_k: 2, ..d };
+        let ep = ParDims {
+            ep: 2,
+            experts: 8,
+            top_k: 2,
+            ..d
+        };
         let dispatch = ep_exchange("model.layers.0.mlp", "dispatch", &ep);
         assert_eq!(dispatch.len(), 2, "count exchange, then tokens");
         let counts = dispatch[0].fwd.unwrap();
-        assert_eq!((counts.kind, counts.input_bytes), (CollectiveKind::AllToAll, 32));
+        assert_eq!(
+            (counts.kind, counts.input_bytes),
+            (CollectiveKind::AllToAll, 32)
+        );
         assert!(dispatch[0].bwd.is_none());
         assert_eq!(dispatch[0].wire_dtype, Some(DType::F32));
         assert_eq!(dispatch[1].fwd.unwrap().kind, CollectiveKind::AllToAllV);
