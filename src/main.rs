@@ -55,9 +55,10 @@ enum Command {
         /// Charge validation-mode dispatch costs on every launch.
         #[arg(long)]
         validation_mode: bool,
-        /// Optimizer part of the step: `adamw` placeholder (default, calibrated), `hyperparallel`
-        /// (layout-driven distributed Muon) or a Muon baseline: naive, moonlight, dmuon,
-        /// matrixfsdp, flexshard. Experimental: see README.
+        /// Optimizer part of every simulated step: `hyperparallel` (layout-driven distributed
+        /// Muon; the default of `muon+adamw` scenarios), a Muon baseline (naive, moonlight,
+        /// dmuon, matrixfsdp, flexshard) or `adamw`. Default: the scenario's optimizer, plus its
+        /// `[optimizer] baselines` on the scenario's strategy.
         #[arg(long, value_name = "NAME")]
         optimizer: Option<String>,
     },
@@ -118,6 +119,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    restore_default_sigpipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Plan {
@@ -172,5 +174,15 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Lets a closed pipe end the process quietly (`hpfsdp simulate ... | head`), as command-line
+/// tools do, instead of panicking in `println!`: Rust ignores SIGPIPE by default.
+fn restore_default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: called once at start-up before any thread exists; SIG_DFL is a valid handler.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
