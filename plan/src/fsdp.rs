@@ -84,6 +84,9 @@ pub struct ParamFsdp {
     pub unit: usize,
     /// Dense or expert data-parallel domain.
     pub domain: DataDomain,
+    /// The expert-parallel rank holding this per-expert weight (`None`: every EP rank).
+    #[serde(default)]
+    pub ep_owner: Option<usize>,
     /// Rank 0's shape after TP/CP/EP sharding (what FSDP shards).
     pub plan_local_shape: Vec<u64>,
     /// Tensor dim FSDP shards.
@@ -111,6 +114,10 @@ pub struct FusedAllReduce {
     pub unit: usize,
     /// Domain of its parameters.
     pub domain: DataDomain,
+    /// The expert-parallel rank whose per-expert weights fill this buffer (each EP rank
+    /// reduces only the experts it owns); `None` when every EP rank holds these parameters.
+    #[serde(default)]
+    pub ep_owner: Option<usize>,
     /// Parameters packed back to back (their order in the buffer).
     pub params: Vec<String>,
     /// Sum of the padded shard bytes.
@@ -294,6 +301,7 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
         params.push(ParamFsdp {
             name: p.name.clone(),
             unit,
+            ep_owner: p.ep_owner,
             domain,
             plan_local_shape: plan_local,
             shard_dim,
@@ -319,28 +327,37 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
             if groups.get(key).is_none_or(|g| g.size <= 1) {
                 continue;
             }
-            let mut offset = 0;
-            let mut names = Vec::new();
-            for p in params
-                .iter_mut()
+            // One buffer per expert-parallel owner of per-expert weights; shared parameters
+            // (owner `None`) form their own buffer.
+            let mut owners: Vec<Option<usize>> = params
+                .iter()
                 .filter(|p| p.unit == ui && p.domain == domain)
-            {
-                p.ar_offset_elems = Some(offset);
-                offset += p.padded_shard_numel;
-                names.push(p.name.clone());
+                .map(|p| p.ep_owner)
+                .collect();
+            owners.sort_unstable();
+            owners.dedup();
+            for owner in owners {
+                let mut offset = 0;
+                let mut names = Vec::new();
+                for p in params
+                    .iter_mut()
+                    .filter(|p| p.unit == ui && p.domain == domain && p.ep_owner == owner)
+                {
+                    p.ar_offset_elems = Some(offset);
+                    offset += p.padded_shard_numel;
+                    names.push(p.name.clone());
+                }
+                let payload = offset * rd.bytes();
+                all_reduces.push(FusedAllReduce {
+                    unit: ui,
+                    domain,
+                    ep_owner: owner,
+                    params: names,
+                    payload_bytes: payload,
+                    buffer_bytes: round_up_512(payload),
+                    dtype: rd,
+                });
             }
-            if names.is_empty() {
-                continue;
-            }
-            let payload = offset * rd.bytes();
-            all_reduces.push(FusedAllReduce {
-                unit: ui,
-                domain,
-                params: names,
-                payload_bytes: payload,
-                buffer_bytes: round_up_512(payload),
-                dtype: rd,
-            });
         }
     }
     let f = &scenario.file.fsdp;
@@ -362,15 +379,18 @@ impl FsdpPlan {
         self.params.iter().find(|p| p.name == name)
     }
 
-    /// Per-step collective counts of the hyperparallel path for one micro-batch:
-    /// (all-gathers, reduce-scatters, all-reduces).
+    /// Per-step collective counts of the hyperparallel path for one micro-batch on one rank
+    /// (all-gathers, reduce-scatters, all-reduces). Per-expert weights count only the experts
+    /// of expert-parallel rank 0; with experts split evenly every EP rank issues as many.
     pub fn collective_counts(&self) -> (usize, usize, usize) {
+        let mine = |owner: Option<usize>| owner.is_none_or(|o| o == 0);
         let sharded: Vec<&ParamFsdp> = self
             .params
             .iter()
-            .filter(|p| p.all_gather.bytes_out_per_rank > 0)
+            .filter(|p| p.all_gather.bytes_out_per_rank > 0 && mine(p.ep_owner))
             .collect();
         let ag = sharded.len() * if self.reshard_after_forward { 2 } else { 1 };
-        (ag, sharded.len(), self.all_reduces.len())
+        let ar = self.all_reduces.iter().filter(|a| mine(a.ep_owner)).count();
+        (ag, sharded.len(), ar)
     }
 }

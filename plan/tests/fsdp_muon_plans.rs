@@ -591,3 +591,44 @@ fn adamw_only_optimizer_routes_everything_to_adamw() {
     assert!(muon.params.iter().all(|x| x.route == OptimizerRoute::Adamw));
     assert!(muon.batches.is_empty());
 }
+
+/// Per-expert weights under EP: each EP rank reduces only the experts it owns, so the fused
+/// cross-replica buffers are per owner (not one buffer summing every owner's experts).
+#[test]
+fn fused_all_reduce_buffers_are_per_expert_parallel_owner() {
+    // exp-d: per-expert Qwen3-MoE weights, ep 16, edp_replicate 2.
+    let p = plans(&paper("exp-d.toml"));
+    let ep = 16;
+    // The first MoE layer (exp-d's first layers are dense).
+    let layer = p
+        .fsdp
+        .params
+        .iter()
+        .find(|f| f.domain == DataDomain::Expert)
+        .unwrap()
+        .unit;
+    let expert: Vec<_> = p
+        .fsdp
+        .all_reduces
+        .iter()
+        .filter(|a| a.unit == layer && a.domain == DataDomain::Expert)
+        .collect();
+    assert_eq!(expert.len(), ep, "one expert buffer per EP owner");
+    for (owner, ar) in expert.iter().enumerate() {
+        assert_eq!(ar.ep_owner, Some(owner));
+        assert!(!ar.params.is_empty());
+        for name in &ar.params {
+            assert_eq!(fp(&p, name).ep_owner, Some(owner), "{name}");
+        }
+        // Balanced experts: every owner's buffer is the same size.
+        assert_eq!(ar.payload_bytes, expert[0].payload_bytes);
+    }
+    let per_owner_params: usize = expert.iter().map(|a| a.params.len()).sum();
+    let owned = p
+        .fsdp
+        .params
+        .iter()
+        .filter(|f| f.unit == layer && f.domain == DataDomain::Expert && f.ep_owner.is_some())
+        .count();
+    assert_eq!(per_owner_params, owned);
+}
