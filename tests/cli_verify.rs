@@ -1,4 +1,4 @@
-//! End-to-end tests of `hpfsdp verify`.
+//! End-to-end tests of `hpfsdp verify`, AdamW and distributed Muon scenarios.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -102,4 +102,118 @@ fn bad_inputs_exit_2_with_the_file_named() {
     assert_eq!(o.status.code(), Some(2));
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("model.layers.0.nope"), "{e}");
+}
+
+#[test]
+fn verify_muon_scenario_prints_the_muon_checks_and_figures() {
+    let out = std::env::temp_dir().join(format!("hpfsdp-cli-verify-muon-{}", std::process::id()));
+    let o = bin()
+        .arg("verify")
+        .arg(scenario("moe-ep2-fsdp2-muon"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for want in [
+        "optimizer muon+adamw (hyperparallel), 3 steps",
+        "local-muon",
+        "NS matrices per step:",
+        "momentum bytes dedup",
+        "Muon dedup == naive distributed Muon (bitwise)",
+        "Muon sharded == single-device Muon on the run's gradients (bitwise)",
+        "replicas and replica subgroups agree after every step",
+        "Muon dedup figures match the plan",
+        "VERDICT: PASS",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?}:\n{stdout}");
+    }
+    assert!(stdout.contains(&golden("moe-ep2-fsdp2-muon")), "{stdout}");
+    let muon_csv = std::fs::read_to_string(out.join("muon.csv")).unwrap();
+    assert!(muon_csv.contains("NS dedup"), "{muon_csv}");
+    let params = std::fs::read_to_string(out.join("params.csv")).unwrap();
+    assert!(params.contains("local-muon"), "{params}");
+    let html = std::fs::read_to_string(out.join("verify.html")).unwrap();
+    assert!(html.contains("Distributed Muon"));
+    std::fs::remove_dir_all(&out).ok();
+
+    let o = bin()
+        .args(["verify", "--json"])
+        .arg(scenario("dense-hsdp4x2-muon"))
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let r = &v["report"];
+    assert_eq!(r["passed"], true);
+    assert_eq!(r["digest"], golden("dense-hsdp4x2-muon"));
+    assert_eq!(r["steps"], 3);
+    assert_eq!(r["muon"]["replica_count"], 2);
+    assert_eq!(r["muon"]["ranks"].as_array().unwrap().len(), 8);
+    assert_eq!(r["rows"][2]["route"], "muon");
+    assert!(r["checks"].as_array().unwrap().iter().any(|c| c["name"]
+        == "Muon dedup == naive distributed Muon (bitwise)"
+        && c["passed"] == true));
+}
+
+/// A copy of a verification scenario in a temporary file (model path made absolute), edited.
+fn edited(name: &str, from: &str, to: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/verify");
+    let text = std::fs::read_to_string(dir.join(format!("{name}.toml")))
+        .unwrap()
+        .replace(
+            "compact = \"models/",
+            &format!("compact = \"{}/models/", dir.display()),
+        );
+    assert!(text.contains(from));
+    let path = std::env::temp_dir().join(format!(
+        "hpfsdp-cli-{}-{}-{}.toml",
+        name,
+        std::process::id(),
+        to.len()
+    ));
+    std::fs::write(&path, text.replace(from, to)).unwrap();
+    path
+}
+
+#[test]
+fn bad_muon_options_exit_2_naming_the_key() {
+    let p = edited(
+        "dense-fsdp4-muon",
+        "preset = \"hyperparallel\"",
+        "preset = \"hyperparalel\"",
+    );
+    let o = bin().arg("verify").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        e.contains("preset")
+            && e.contains("hyperparalel")
+            && e.contains(&*p.file_name().unwrap().to_string_lossy()),
+        "{e}"
+    );
+    std::fs::remove_file(&p).ok();
+    let p = edited(
+        "dense-hsdp4x2-muon",
+        "preset = \"hyperparallel\"",
+        "preset = \"hyperparallel\"\n\n[optimizer.muon]\nreplica_count = 3",
+    );
+    let o = bin().arg("verify").arg(&p).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let e = String::from_utf8_lossy(&o.stderr);
+    // The file, the line of the key (`path.toml:<line>:`) and the key.
+    let with_line = e
+        .split(".toml:")
+        .skip(1)
+        .any(|rest| rest.starts_with(|c: char| c.is_ascii_digit()));
+    assert!(
+        with_line && e.contains("[optimizer.muon] replica_count"),
+        "{e}"
+    );
+    std::fs::remove_file(&p).ok();
 }

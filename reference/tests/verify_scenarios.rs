@@ -1,15 +1,19 @@
 //! The verification scenarios end to end: production == validation bitwise, sharded ==
 //! single device bitwise for data- and expert-parallel axes (TP within its bound), the golden
 //! digests, mutations caught by validation mode with the module named, the trace against the
-//! step program, and clear errors for bad inputs.
+//! step program, and clear errors for bad inputs; for the `*-muon` scenarios also distributed
+//! Muon on the real gradients over several steps (deduplicated == naive == single-device Muon
+//! on the run's own gradients, bitwise; the dedup figures; a corrupted step is caught).
 
 use std::path::{Path, PathBuf};
 
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_reference::runtime::ExecMode;
 use hpfsdp_reference::verify::compare::{Which, assemble};
-use hpfsdp_reference::verify::report::verify_mutation;
-use hpfsdp_reference::verify::{VerifyError, VerifySpec, run_distributed, verify};
+use hpfsdp_reference::verify::muon::{MUON_VERIFY_STEPS, Route};
+use hpfsdp_reference::verify::muon_report::muon_part;
+use hpfsdp_reference::verify::report::{VerifyReport, verify_mutation};
+use hpfsdp_reference::verify::{VerifyError, VerifySpec, run_distributed, run_single, verify};
 
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/verify")
@@ -26,7 +30,7 @@ fn golden(name: &str) -> String {
     t[name].as_str().unwrap().to_string()
 }
 
-fn check_scenario(name: &str, bitwise_single: bool) {
+fn check_scenario(name: &str, bitwise_single: bool) -> VerifyReport {
     let s = spec(name);
     let r = verify(&s).unwrap();
     for c in r.checks.iter().filter(|c| c.gating) {
@@ -65,6 +69,219 @@ fn check_scenario(name: &str, bitwise_single: bool) {
     assert_eq!(
         r.dispatch_validation.ops, r.dispatch_production.ops,
         "{name}"
+    );
+    r
+}
+
+/// Muon checks every `*-muon` scenario must show.
+const MUON_CHECKS: [&str; 4] = [
+    "Muon dedup == naive distributed Muon (bitwise)",
+    "Muon sharded == single-device Muon on the run's gradients (bitwise)",
+    "replicas and replica subgroups agree after every step",
+    "Muon dedup figures match the plan",
+];
+
+/// A Muon scenario end to end; returns the report for scenario-specific figures.
+fn check_muon(name: &str, bitwise_single: bool) -> VerifyReport {
+    let r = check_scenario(name, bitwise_single);
+    assert_eq!(r.steps, MUON_VERIFY_STEPS, "{name}");
+    assert!(
+        r.optimizer.starts_with("muon+adamw"),
+        "{name}: {}",
+        r.optimizer
+    );
+    for want in MUON_CHECKS {
+        let c = r.checks.iter().find(|c| c.name == want);
+        assert!(
+            c.is_some_and(|c| c.passed && c.gating),
+            "{name}: {want}: {c:?}"
+        );
+    }
+    let m = r.muon.as_ref().expect("Muon summary");
+    let (nd, nn) = m.ns_totals();
+    assert!(nd < nn, "{name}: dedup {nd} vs naive {nn}");
+    assert_eq!(m.ranks.len(), r.world, "{name}");
+    assert_eq!(m.step_losses.len(), MUON_VERIFY_STEPS, "{name}");
+    if bitwise_single {
+        assert_eq!(m.step_losses, m.single_step_losses, "{name}");
+        assert!(
+            r.rows.iter().all(|row| row
+                .first_step
+                .is_some_and(|f| f.grad.bitwise && f.param.bitwise)),
+            "{name}: step 1 bitwise"
+        );
+    }
+    for row in &r.rows {
+        let adamw =
+            row.shape.len() < 2 || row.name.contains("embed") || row.name.contains("lm_head");
+        assert_eq!(row.route == Route::Adamw, adamw, "{name}: {}", row.name);
+    }
+    r
+}
+
+#[test]
+fn dense_fsdp4_muon() {
+    let r = check_muon("dense-fsdp4-muon", true);
+    let m = r.muon.unwrap();
+    let (nd, nn) = m.ns_totals();
+    assert_eq!(nd, m.ns_single, "each matrix once per shard group");
+    assert_eq!(nn, 4 * m.ns_single, "naive repeats NS on every rank");
+    assert_eq!(m.routes.local_muon, 0);
+}
+
+#[test]
+fn dense_hsdp4x2_muon_split_replica_subgroups() {
+    let r = check_muon("dense-hsdp4x2-muon", true);
+    let m = r.muon.unwrap();
+    assert_eq!(m.replica_count, Some(2), "4 replicas on 2-die machines");
+    assert_eq!(m.replica_subgroups, ["dp_replicate 4/2"]);
+    let (nd, nn) = m.ns_totals();
+    assert_eq!(
+        nd,
+        2 * m.ns_single,
+        "once per shard group per replica subgroup"
+    );
+    assert_eq!(nn, 8 * m.ns_single);
+    let (md, mn) = m.momentum_totals();
+    assert_eq!(2 * md, mn, "momentum only on the subgroup's owner");
+    assert!(m.ranks.iter().all(|x| x.replica_bytes > 0));
+}
+
+#[test]
+fn dense_tp2_fsdp2_muon_within_bound() {
+    let r = check_muon("dense-tp2-fsdp2-muon", false);
+    let m = r.muon.unwrap();
+    assert!(m.realigned_layouts > 0, "FSDP over TP uses strided layouts");
+    assert_eq!(m.ns_totals().0, m.ns_single);
+    for row in &r.rows {
+        let f = row.first_step.unwrap();
+        assert!(f.grad.rel_to_max < 1e-5, "{}: {:?}", row.name, f.grad);
+        let bound = row.param_bound_per_step.unwrap();
+        assert!(f.param.max_abs <= bound && row.param.max_abs <= 3.0 * bound);
+    }
+}
+
+#[test]
+fn moe_ep2_fsdp2_muon_local_experts() {
+    let r = check_muon("moe-ep2-fsdp2-muon", true);
+    let local: Vec<&str> = r
+        .rows
+        .iter()
+        .filter(|row| row.route == Route::LocalMuon)
+        .map(|row| row.name.as_str())
+        .collect();
+    assert_eq!(local.len(), 4, "{local:?}");
+    assert!(
+        local.iter().all(|n| n.contains("mlp.experts.")),
+        "{local:?}"
+    );
+    let m = r.muon.unwrap();
+    assert!(m.realigned_layouts > 0, "FSDP inside the EP pieces");
+    assert_eq!(m.ns_totals().0, m.ns_single);
+}
+
+#[test]
+fn uneven_fsdp3_muon_keller_jordan() {
+    let r = check_muon("uneven-fsdp3-muon", true);
+    let m = r.muon.unwrap();
+    assert_eq!(m.preset, "keller-jordan");
+    assert_eq!(m.ns_totals(), (m.ns_single, 3 * m.ns_single));
+}
+
+#[test]
+fn mla_hsdp2x2_muon_adapters_moonlight() {
+    let r = check_muon("mla-hsdp2x2-muon", true);
+    let m = r.muon.unwrap();
+    assert_eq!(m.preset, "moonlight");
+    assert_eq!(m.routes.local_muon, 2, "fused experts sharded on E");
+    let (md, mn) = m.momentum_totals();
+    assert_eq!(2 * md, mn, "replica-domain dedup over 2 replicas");
+}
+
+#[test]
+fn adamw_scenarios_stay_one_adamw_step() {
+    let r = verify(&spec("dense-fsdp4")).unwrap();
+    assert_eq!(r.steps, 1);
+    assert_eq!(r.optimizer, "adamw");
+    assert!(r.muon.is_none());
+    assert!(
+        r.rows
+            .iter()
+            .all(|row| row.route == Route::Adamw && row.first_step.is_none())
+    );
+}
+
+#[test]
+fn a_corrupted_muon_step_is_caught() {
+    let s = spec("dense-fsdp4-muon");
+    let mv = s.muon.as_ref().unwrap();
+    let prod = run_distributed(&s, ExecMode::Production).unwrap();
+    let single = run_single(&s).unwrap();
+    let (_, checks) = muon_part(&s, mv, &prod, &single).unwrap();
+    assert!(checks.iter().all(|c| c.passed), "{checks:?}");
+    // Flip one bit of rank 2's q_proj shard after step 2: the sharded optimizer no longer
+    // reproduces single-device Muon on the run's own gradients.
+    let q = s
+        .fsdp
+        .params
+        .iter()
+        .position(|p| p.name == "model.layers.0.self_attn.q_proj.weight")
+        .unwrap();
+    let mut bad = prod.clone();
+    let x = &mut bad.ranks[2].history[1].params[q][5];
+    *x = f32::from_bits(x.to_bits() ^ 1);
+    let (_, checks) = muon_part(&s, mv, &bad, &single).unwrap();
+    let own = checks
+        .iter()
+        .find(|c| c.name.starts_with("Muon sharded == single-device"))
+        .unwrap();
+    assert!(!own.passed, "{own:?}");
+    assert!(
+        own.detail
+            .contains("step 2 model.layers.0.self_attn.q_proj.weight"),
+        "{}",
+        own.detail
+    );
+    // A naive/dedup disagreement reported by a rank fails its check.
+    let mut bad = prod.clone();
+    bad.ranks[1].muon[0].naive_mismatch.push("x".into());
+    let (_, checks) = muon_part(&s, mv, &bad, &single).unwrap();
+    assert!(
+        checks
+            .iter()
+            .any(|c| c.name.starts_with("Muon dedup == naive") && !c.passed)
+    );
+}
+
+#[test]
+fn bad_muon_options_name_the_file_line_and_key() {
+    let path = dir().join("dense-hsdp4x2-muon.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let bad = dir().join("bad-muon.toml");
+    let e = Scenario::from_str_at(
+        &text.replace("preset = \"hyperparallel\"", "preset = \"hyperparalel\""),
+        &bad,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("bad-muon.toml") && e.contains("preset") && e.contains("hyperparalel"),
+        "{e}"
+    );
+    let sc = Scenario::from_str_at(
+        &text.replace(
+            "preset = \"hyperparallel\"",
+            "preset = \"hyperparallel\"\n[optimizer.muon]\nreplica_count = 3",
+        ),
+        &path,
+    )
+    .unwrap();
+    let e = VerifySpec::from_scenario(&sc).unwrap_err().to_string();
+    assert!(
+        e.contains("dense-hsdp4x2-muon.toml:")
+            && e.contains("replica_count")
+            && e.contains("divide"),
+        "{e}"
     );
 }
 
@@ -105,6 +322,8 @@ fn fsdp_and_hsdp_traces_equal_the_hyperparallel_programs() {
         "dense-hsdp2x4",
         "uneven-fsdp3",
         "mla-hsdp2x2",
+        "dense-fsdp4-muon",
+        "dense-hsdp4x2-muon",
     ] {
         let s = spec(name);
         let prod = run_distributed(&s, ExecMode::Production).unwrap();
@@ -120,6 +339,8 @@ fn mutated_module_contract_is_caught_with_the_module_named() {
         ("dense-fsdp4", "model.layers.1.post_attention_layernorm"),
         ("dense-tp2-fsdp2", "model.layers.1.mlp"),
         ("moe-ep2-fsdp2", "model.layers.0.mlp"),
+        ("dense-tp2-fsdp2-muon", "model.layers.1.mlp"),
+        ("moe-ep2-fsdp2-muon", "model.layers.0.mlp"),
     ] {
         let mut s = spec(scenario);
         s.mutate(target).unwrap();

@@ -1,6 +1,8 @@
-//! `hpfsdp verify`: one training step of a scenario in production mode, in validation mode
-//! and on a single device, compared per parameter; optionally a mutated plan (`--mutate`),
-//! the mode benchmark (`--bench-modes`), JSON and an HTML/CSV report.
+//! `hpfsdp verify`: the training steps of a scenario (one with AdamW; several with distributed
+//! Muon, `[optimizer] kind = "muon+adamw"`) in production mode, in validation mode and on a
+//! single device, compared per parameter, with the Muon dedup figures and checks; optionally a
+//! mutated plan (`--mutate`), the mode benchmark (`--bench-modes`), JSON and an HTML/CSV
+//! report.
 //!
 //! Exit status: 0 when every gating check passes (with `--mutate`: when validation mode
 //! caught the mutation and named its module), 1 when a check fails, 2 on bad input.
@@ -9,6 +11,7 @@ use crate::table::Table;
 use anyhow::{Context, Result};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_reference::verify::bench::{ModeBench, bench_modes};
+use hpfsdp_reference::verify::muon_report::MuonSummary;
 use hpfsdp_reference::verify::report::{MutationOutcome, VerifyReport, verify_mutation};
 use hpfsdp_reference::verify::{VerifySpec, verify};
 use hpfsdp_reports::table::{Section, Table as ReportTable, TableReport, Verdict};
@@ -63,41 +66,52 @@ fn shape(s: &[usize]) -> String {
 }
 
 fn param_rows(r: &VerifyReport) -> (Vec<String>, Vec<Vec<String>>) {
-    let headers = [
+    let multi = r.steps > 1;
+    let mut headers = vec![
         "parameter",
         "shape",
         "placement",
+        "optimizer",
         "grad max abs",
         "grad rel",
         "grad max ULP",
         "param max abs",
         "param max ULP",
-        "bitwise",
-        "prod==val",
-        "verdict",
     ];
+    if multi {
+        headers.extend(["step-1 grad rel", "step-1 param max abs"]);
+    }
+    headers.extend(["bitwise", "prod==val", "verdict"]);
     let rows = r
         .rows
         .iter()
         .map(|p| {
-            vec![
+            let bitwise = p.grad.bitwise
+                && p.param.bitwise
+                && p.first_step
+                    .is_none_or(|f| f.grad.bitwise && f.param.bitwise);
+            let mut row = vec![
                 p.name.clone(),
                 shape(&p.shape),
                 p.placement.clone(),
+                p.route.name().to_string(),
                 sci(p.grad.max_abs),
                 sci(p.grad.rel_to_max),
                 p.grad.max_ulp.to_string(),
                 sci(p.param.max_abs),
                 p.param.max_ulp.to_string(),
-                if p.grad.bitwise && p.param.bitwise {
-                    "yes"
-                } else {
-                    "no"
-                }
-                .into(),
+            ];
+            if multi {
+                let f = p.first_step;
+                row.push(f.map_or("-".into(), |f| sci(f.grad.rel_to_max)));
+                row.push(f.map_or("-".into(), |f| sci(f.param.max_abs)));
+            }
+            row.extend([
+                if bitwise { "yes" } else { "no" }.into(),
                 if p.prod_val_bitwise { "yes" } else { "no" }.into(),
                 p.verdict.clone(),
-            ]
+            ]);
+            row
         })
         .collect();
     (headers.iter().map(|s| s.to_string()).collect(), rows)
@@ -118,6 +132,90 @@ fn check_rows(r: &VerifyReport) -> Vec<Vec<String>> {
             ]
         })
         .collect()
+}
+
+const MUON_HEADERS: [&str; 9] = [
+    "rank",
+    "NS dedup",
+    "NS naive",
+    "momentum bytes dedup",
+    "momentum bytes naive",
+    "gather bytes",
+    "relay bytes",
+    "replica bytes",
+    "collectives",
+];
+
+fn muon_rows(m: &MuonSummary) -> Vec<Vec<String>> {
+    let mut rows: Vec<Vec<String>> = m
+        .ranks
+        .iter()
+        .map(|r| {
+            vec![
+                r.rank.to_string(),
+                r.ns_dedup.to_string(),
+                r.ns_naive.to_string(),
+                r.momentum_bytes_dedup.to_string(),
+                r.momentum_bytes_naive.to_string(),
+                r.gather_bytes.to_string(),
+                r.relay_bytes.to_string(),
+                r.replica_bytes.to_string(),
+                r.collectives.to_string(),
+            ]
+        })
+        .collect();
+    let (nd, nn) = m.ns_totals();
+    let (md, mn) = m.momentum_totals();
+    let sum = |f: fn(&hpfsdp_reference::verify::muon_report::MuonRankLoad) -> u64| -> String {
+        m.ranks.iter().map(f).sum::<u64>().to_string()
+    };
+    rows.push(vec![
+        "all".into(),
+        nd.to_string(),
+        nn.to_string(),
+        md.to_string(),
+        mn.to_string(),
+        sum(|r| r.gather_bytes),
+        sum(|r| r.relay_bytes),
+        sum(|r| r.replica_bytes),
+        sum(|r| r.collectives as u64),
+    ]);
+    rows
+}
+
+fn losses(xs: &[f32]) -> String {
+    xs.iter()
+        .map(f32::to_string)
+        .collect::<Vec<_>>()
+        .join(" -> ")
+}
+
+/// The Muon paragraph above the per-rank table.
+fn muon_text(m: &MuonSummary) -> String {
+    let (nd, nn) = m.ns_totals();
+    format!(
+        "distributed Muon ({} preset, lr {}, {} NS steps), {} optimizer steps: {} gathered matrices (muon), {} local matrix stacks (local-muon), {} AdamW parameters; Muon plan batches: {}; replica subgroups: {}; {} layouts realigned to the runtime's strided FSDP shards
+  NS matrices per step: {nd} deduplicated vs {nn} naive vs {} single device
+  loss per step: production {} | single device {}
+",
+        m.preset,
+        m.lr,
+        m.ns_steps,
+        m.steps,
+        m.routes.muon,
+        m.routes.local_muon,
+        m.routes.adamw,
+        m.batches,
+        if m.replica_subgroups.is_empty() {
+            "none".to_string()
+        } else {
+            m.replica_subgroups.join(", ")
+        },
+        m.realigned_layouts,
+        m.ns_single,
+        losses(&m.step_losses),
+        losses(&m.single_step_losses),
+    )
 }
 
 fn bench_rows(b: &[ModeBench]) -> Vec<Vec<String>> {
@@ -157,7 +255,7 @@ const BENCH_HEADERS: [&str; 10] = [
 
 fn render_text(r: &VerifyReport, bench: Option<&[ModeBench]>) -> String {
     let mut out = format!(
-        "verify {}: {}\n  {} ranks, {}, {} micro-batches x {} tokens ({} per rank), params {}\n",
+        "verify {}: {}\n  {} ranks, {}, {} micro-batches x {} tokens ({} per rank), params {}, optimizer {}, {} step{}\n",
         r.scenario,
         r.description,
         r.world,
@@ -165,13 +263,23 @@ fn render_text(r: &VerifyReport, bench: Option<&[ModeBench]>) -> String {
         r.micro_batches,
         r.tokens_per_micro_batch,
         r.grad_accum,
-        r.param_dtype
+        r.param_dtype,
+        r.optimizer,
+        r.steps,
+        if r.steps == 1 { "" } else { "s" }
     );
     out.push_str(&format!(
-        "  loss: production {} | validation {} | single device {}\n  time: production {:.1} ms | validation {:.1} ms | single device {:.1} ms\n\n",
+        "  loss{}: production {} | validation {} | single device {}\n  time{}: production{} {:.1} ms | validation {:.1} ms | single device {:.1} ms\n\n",
+        if r.steps > 1 { " (mean over all steps)" } else { "" },
         r.loss.production,
         r.loss.validation,
         r.loss.single_device,
+        if r.steps > 1 { " (all steps)" } else { "" },
+        if r.muon.is_some() {
+            " (naive Muon beside)"
+        } else {
+            ""
+        },
         r.timings.production_s * 1e3,
         r.timings.validation_s * 1e3,
         r.timings.single_device_s * 1e3
@@ -184,6 +292,15 @@ fn render_text(r: &VerifyReport, bench: Option<&[ModeBench]>) -> String {
     }
     out.push_str(&t.render());
     out.push('\n');
+    if let Some(m) = &r.muon {
+        out.push_str(&muon_text(m));
+        let mut t = Table::new(&MUON_HEADERS);
+        for row in muon_rows(m) {
+            t.row(row);
+        }
+        out.push_str(&t.render());
+        out.push('\n');
+    }
     let mut c = Table::new(&["check", "result", "detail"]);
     for row in check_rows(r) {
         c.row(row);
@@ -239,13 +356,32 @@ fn write_out(dir: &Path, r: &VerifyReport, bench: Option<&[ModeBench]>) -> Resul
         },
         Section {
             heading: "Parameters".into(),
-            text: "Production gradients and updated parameters (assembled from every rank's \
-                   shards) against the single device; prod==val compares production and \
-                   validation mode bit for bit on every rank."
-                .into(),
+            text: format!(
+                "Production gradients and updated parameters (assembled from every rank's \
+                 shards) against the single device{}; optimizer is the route of each parameter \
+                 ({}); prod==val compares production and validation mode bit for bit on every rank.",
+                if r.steps > 1 {
+                    format!(
+                        " after the last of {} steps (step-1 columns: after the first)",
+                        r.steps
+                    )
+                } else {
+                    String::new()
+                },
+                r.optimizer
+            ),
             table: params.clone(),
         },
     ];
+    if let Some(m) = &r.muon {
+        let t = table(&MUON_HEADERS, muon_rows(m));
+        std::fs::write(dir.join("muon.csv"), t.to_csv())?;
+        sections.push(Section {
+            heading: "Distributed Muon".into(),
+            text: muon_text(m),
+            table: t,
+        });
+    }
     if let Some(b) = bench {
         let t = table(&BENCH_HEADERS, bench_rows(b));
         std::fs::write(dir.join("mode_bench.csv"), t.to_csv())?;
@@ -332,8 +468,13 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
         write_out(dir, &report, bench.as_deref())?;
         if !args.json {
             println!(
-                "wrote {}/verify.html, params.csv, checks.csv",
-                dir.display()
+                "wrote {}/verify.html, params.csv, checks.csv{}",
+                dir.display(),
+                if report.muon.is_some() {
+                    ", muon.csv"
+                } else {
+                    ""
+                }
             );
         }
     }

@@ -3,9 +3,9 @@
 //! in-process ranks, so their results can be compared bit for bit.
 
 use hpfsdp_backends::{Collective, InProcWorld};
-use hpfsdp_plan::fsdp::build_fsdp_plan;
+use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::muon::{MuonPlan, build_muon_plan};
-use hpfsdp_plan::planner::plan as build_sharding_plan;
+use hpfsdp_plan::planner::{ShardingPlan, plan as build_sharding_plan};
 use hpfsdp_plan::scenario::Scenario;
 
 use super::adapters::AdapterRules;
@@ -48,9 +48,20 @@ impl MuonSetup {
             )));
         }
         let fsdp = build_fsdp_plan(scenario, &sharding);
-        let plan = build_muon_plan(scenario, &sharding, &fsdp);
+        MuonSetup::from_plans(scenario, &sharding, &fsdp, adapters)
+    }
+
+    /// Builds the Muon plan from a scenario's already built sharding and FSDP plans (e.g. a
+    /// verification run's, which may carry a mutation) and resolves its optimizer section.
+    pub fn from_plans(
+        scenario: &Scenario,
+        sharding: &ShardingPlan,
+        fsdp: &FsdpPlan,
+        adapters: &AdapterRules,
+    ) -> MuonResult<MuonSetup> {
+        let plan = build_muon_plan(scenario, sharding, fsdp);
         let cfg = MuonConfig::from_section(&scenario.file.optimizer)?;
-        let domains = MuonDomains::from_scenario(scenario, &sharding, &plan)?;
+        let domains = MuonDomains::from_scenario(scenario, sharding, &plan)?;
         let routed = route_params(&plan, adapters)?;
         Ok(MuonSetup {
             cfg,

@@ -42,6 +42,11 @@ pub fn bench_modes(spec: &VerifySpec, repeats: usize) -> Result<Vec<ModeBench>, 
         let mut s = spec.clone();
         s.micro_batch = mb;
         s.grad_accum = 1;
+        // One step, the optimizer alone (no naive Muon baseline beside it).
+        s.steps = 1;
+        if let Some(m) = s.muon.as_mut() {
+            m.naive = false;
+        }
         let (mut tp, mut tv) = (f64::INFINITY, f64::INFINITY);
         let (mut ep, mut ev, mut hits) = (0, 0, 0);
         let mut host = f64::INFINITY;

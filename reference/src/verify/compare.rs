@@ -64,8 +64,39 @@ pub fn shard_indices(
     Ok(out)
 }
 
-/// Rebuild every parameter's whole tensor from the ranks of `run`.
+/// Rebuild every parameter's whole tensor from the ranks of `run` (the last step).
 pub fn assemble(spec: &VerifySpec, run: &DistRun, which: Which) -> Result<Assembled, VerifyError> {
+    assemble_with(spec, |r| {
+        let rank = run.ranks.get(r)?;
+        Some(match which {
+            Which::Grads => &rank.grads,
+            Which::Params => &rank.params,
+        })
+    })
+}
+
+/// Rebuild every parameter's whole tensor from the ranks of `run` after step `step`.
+pub fn assemble_step(
+    spec: &VerifySpec,
+    run: &DistRun,
+    step: usize,
+    which: Which,
+) -> Result<Assembled, VerifyError> {
+    assemble_with(spec, |r| {
+        let s = run.ranks.get(r)?.history.get(step)?;
+        Some(match which {
+            Which::Grads => &s.grads,
+            Which::Params => &s.params,
+        })
+    })
+}
+
+/// Rebuild every parameter's whole tensor from per-rank FSDP-order shard vectors
+/// (`shards(rank)`), checking that replicas agree bit for bit.
+pub fn assemble_with<'a>(
+    spec: &VerifySpec,
+    shards: impl Fn(usize) -> Option<&'a Vec<Vec<f32>>>,
+) -> Result<Assembled, VerifyError> {
     let mut tensors = ParamSet::new();
     let mut replica_mismatch = Vec::new();
     let topos: Vec<RankTopo> = (0..spec.world())
@@ -85,10 +116,9 @@ pub fn assemble(spec: &VerifySpec, run: &DistRun, which: Which) -> Result<Assemb
         let mut mismatch = false;
         for (r, topo) in topos.iter().enumerate() {
             let idx = shard_indices(spec, i, topo)?;
-            let vals = match which {
-                Which::Grads => &run.ranks[r].grads[i],
-                Which::Params => &run.ranks[r].params[i],
-            };
+            let vals = shards(r).and_then(|v| v.get(i)).ok_or_else(|| {
+                VerifyError::Scenario(format!("rank {r} returned no shard of {}", p.name))
+            })?;
             if vals.len() != idx.len() {
                 return Err(VerifyError::Scenario(format!(
                     "rank {r} holds {} elements of {} but its shard has {}",

@@ -1,6 +1,8 @@
-//! The three executions of one training step (forward, backward, AdamW): the distributed
-//! plan in production mode and in validation mode on N in-process ranks, and a single device
-//! that accumulates the same micro-batches in the canonical order the collectives use.
+//! The three executions of the training steps (forward, backward, optimizer: AdamW, or AdamW
+//! chained with distributed Muon): the distributed plan in production mode and in validation
+//! mode on N in-process ranks, and a single device that accumulates the same micro-batches in
+//! the canonical order the collectives use. An AdamW verification runs one step, a Muon one
+//! [`super::muon::MUON_VERIFY_STEPS`] so that momentum carries over.
 
 use std::time::Instant;
 
@@ -9,8 +11,10 @@ use hpfsdp_plan::Layout;
 use hpfsdp_plan::fsdp::DataDomain;
 
 use super::error::VerifyError;
+use super::muon::{MuonRank, MuonStepRecord, runtime_error};
 use super::setup::VerifySpec;
 use crate::model::{ParamSet, TinyModel};
+use crate::muon::SingleDeviceChained;
 use crate::optim::AdamState;
 use crate::runtime::boundary::BoundaryTable;
 use crate::runtime::executor::unit_kinds;
@@ -21,22 +25,35 @@ use crate::runtime::{
 };
 use crate::tensor::Tensor;
 
-/// What one rank ends the step with.
+/// One rank's shards after one training step.
+#[derive(Debug, Clone)]
+pub struct StepShards {
+    /// Averaged shard gradients of the step, in FSDP-plan order.
+    pub grads: Vec<Vec<f32>>,
+    /// Master shards after the step's optimizer update, in FSDP-plan order.
+    pub params: Vec<Vec<f32>>,
+}
+
+/// What one rank ends the run with.
 #[derive(Debug, Clone)]
 pub struct RankResult {
-    /// Losses of this rank's micro-batches, by global micro-batch id.
+    /// Losses of this rank's micro-batches, by data id (see [`VerifySpec::step_data_id`]).
     pub losses: Vec<(usize, f32)>,
-    /// Averaged shard gradients, in FSDP-plan order.
+    /// Averaged shard gradients of the last step, in FSDP-plan order.
     pub grads: Vec<Vec<f32>>,
-    /// Updated master shards, in FSDP-plan order.
+    /// Updated master shards after the last step, in FSDP-plan order.
     pub params: Vec<Vec<f32>>,
+    /// Gradients and updated shards of every step (the last equals `grads` / `params`).
+    pub history: Vec<StepShards>,
+    /// The Muon optimizer's record of every step (empty under AdamW).
+    pub muon: Vec<MuonStepRecord>,
     /// Dispatch counters.
     pub stats: DispatchStats,
     /// FSDP collectives issued.
     pub fsdp: FsdpCounts,
-    /// Wall time of the step on this rank (forward, backward, optimizer), seconds.
+    /// Wall time of all steps on this rank (forward, backward, optimizer), seconds.
     pub step_seconds: f64,
-    /// Layout rules cached at the end of the step.
+    /// Layout rules cached at the end of the run.
     pub cached_rules: usize,
 }
 
@@ -47,12 +64,13 @@ pub struct DistRun {
     pub mode: ExecMode,
     /// Per-rank results.
     pub ranks: Vec<RankResult>,
-    /// Per-rank communication traces.
+    /// Per-rank communication traces of the first step's forward and backward (the calls a
+    /// step program describes; optimizer collectives and later steps are left out).
     pub traces: Vec<Vec<TraceEvent>>,
 }
 
 impl DistRun {
-    /// Slowest rank's step time, seconds.
+    /// Slowest rank's time for all steps, seconds.
     pub fn step_seconds(&self) -> f64 {
         self.ranks
             .iter()
@@ -69,7 +87,7 @@ impl DistRun {
         s
     }
 
-    /// Mean loss over every micro-batch (summed in micro-batch id order).
+    /// Mean loss over every micro-batch of every step (summed in data id order).
     pub fn mean_loss(&self) -> f32 {
         let mut all: Vec<(usize, f32)> = self.ranks.iter().flat_map(|r| r.losses.clone()).collect();
         all.sort_by_key(|x| x.0);
@@ -132,12 +150,60 @@ fn init_piece(
     Ok(Tensor::from_vec(&shape, vals)?)
 }
 
+/// The optimizer of one rank.
+enum RankOptimizer<'a> {
+    /// AdamW on every parameter (one state per FSDP-plan parameter).
+    Adamw(Vec<AdamState>),
+    /// AdamW chained with distributed Muon.
+    Muon(Box<MuonRank<'a>>),
+}
+
+impl<'a> RankOptimizer<'a> {
+    fn new(
+        spec: &'a VerifySpec,
+        mode: ExecMode,
+        rank: usize,
+        shards: &[Vec<f32>],
+    ) -> RtResult<RankOptimizer<'a>> {
+        Ok(match &spec.muon {
+            None => {
+                RankOptimizer::Adamw(shards.iter().map(|s| AdamState::zeros(s.len())).collect())
+            }
+            Some(mv) => {
+                let naive = mv.naive && mode == ExecMode::Production;
+                RankOptimizer::Muon(Box::new(
+                    MuonRank::new(mv, rank, shards, naive).map_err(runtime_error)?,
+                ))
+            }
+        })
+    }
+
+    /// One update of `shards` with `grads` (FSDP order).
+    fn step(
+        &mut self,
+        spec: &VerifySpec,
+        comm: &InProcComm,
+        shards: &mut [Vec<f32>],
+        grads: &[Vec<f32>],
+    ) -> RtResult<Option<MuonStepRecord>> {
+        match self {
+            RankOptimizer::Adamw(states) => {
+                for ((p, g), st) in shards.iter_mut().zip(grads).zip(states.iter_mut()) {
+                    spec.adamw.step(p, g, st);
+                }
+                Ok(None)
+            }
+            RankOptimizer::Muon(m) => m.step(comm, shards, grads).map(Some).map_err(runtime_error),
+        }
+    }
+}
+
 fn rank_main(
     spec: &VerifySpec,
     mode: ExecMode,
     boundaries: &BoundaryTable,
     comm: &InProcComm,
-) -> Result<RankResult, RuntimeError> {
+) -> Result<(RankResult, usize), RuntimeError> {
     let rank = hpfsdp_backends::Collective::rank(comm);
     let topo = RankTopo::new(rank, &spec.scenario.dense_mesh, &spec.scenario.expert_mesh)?;
     let facts = param_facts(spec, &topo).map_err(|e| RuntimeError::plan(e.to_string()))?;
@@ -157,32 +223,65 @@ fn rank_main(
     let ctx = Ctx::new(mode, comm, topo.clone(), boundaries);
     let mut exec = Executor::new(ctx, fsdp, spec.model, spec.seq_len, units, facts);
     let dp = dp_index_of(&spec.scenario.dense_mesh, rank);
+    let initial: Vec<Vec<f32>> = exec
+        .fsdp
+        .params
+        .iter()
+        .map(|p| p.shard.as_slice().to_vec())
+        .collect();
+    let mut opt = RankOptimizer::new(spec, mode, rank, &initial)?;
     let start = Instant::now();
     let mut losses = Vec::new();
-    for a in 0..spec.grad_accum {
-        let id = spec.micro_batch_id(dp, a);
-        let (ids, targets) = spec.data(id);
-        let loss = exec.micro_step(&ids, &targets, a + 1 == spec.grad_accum)?;
-        losses.push((id, loss));
-    }
-    let grads = exec.fsdp.take_grads(spec.micro_batches())?;
-    let mut params = Vec::with_capacity(grads.len());
-    for (p, g) in exec.fsdp.params.iter_mut().zip(&grads) {
-        let mut state = AdamState::zeros(g.len());
-        let shard = p.shard.as_mut_slice();
-        spec.adamw.step(shard, g, &mut state);
-        params.push(shard.to_vec());
+    let mut history = Vec::with_capacity(spec.steps);
+    let mut muon = Vec::new();
+    let mut first_step_calls = 0;
+    for step in 0..spec.steps {
+        for a in 0..spec.grad_accum {
+            let id = spec.step_data_id(step, spec.micro_batch_id(dp, a));
+            let (ids, targets) = spec.data(id);
+            let loss = exec.micro_step(&ids, &targets, a + 1 == spec.grad_accum)?;
+            losses.push((id, loss));
+        }
+        if step == 0 {
+            first_step_calls = hpfsdp_backends::Collective::trace(comm).len();
+        }
+        let grads = exec.fsdp.take_grads(spec.micro_batches())?;
+        let mut shards: Vec<Vec<f32>> = exec
+            .fsdp
+            .params
+            .iter()
+            .map(|p| p.shard.as_slice().to_vec())
+            .collect();
+        if let Some(rec) = opt.step(spec, comm, &mut shards, &grads)? {
+            muon.push(rec);
+        }
+        for (p, s) in exec.fsdp.params.iter_mut().zip(&shards) {
+            p.shard.as_mut_slice().copy_from_slice(s);
+        }
+        history.push(StepShards {
+            grads,
+            params: shards,
+        });
     }
     let step_seconds = start.elapsed().as_secs_f64();
-    Ok(RankResult {
-        losses,
-        grads,
-        params,
-        stats: exec.ctx.stats,
-        fsdp: exec.fsdp.counts,
-        step_seconds,
-        cached_rules: exec.ctx.cached_rules(),
-    })
+    let last = history
+        .last()
+        .cloned()
+        .ok_or_else(|| RuntimeError::plan("a verification runs at least one step"))?;
+    Ok((
+        RankResult {
+            losses,
+            grads: last.grads,
+            params: last.params,
+            history,
+            muon,
+            stats: exec.ctx.stats,
+            fsdp: exec.fsdp.counts,
+            step_seconds,
+            cached_rules: exec.ctx.cached_rules(),
+        },
+        first_step_calls,
+    ))
 }
 
 fn is_peer_exit(e: &RuntimeError) -> bool {
@@ -193,7 +292,7 @@ fn is_peer_exit(e: &RuntimeError) -> bool {
     )
 }
 
-/// Run one step of the plan on `spec.world()` in-process ranks in `mode`. A failure reports
+/// Run the steps of the plan on `spec.world()` in-process ranks in `mode`. A failure reports
 /// the first rank's own error (not the peers that saw it exit).
 pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, VerifyError> {
     let run_err = |source: RuntimeError| VerifyError::Run {
@@ -210,10 +309,14 @@ pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, Ver
     })
     .map_err(|e| run_err(RuntimeError::Comm(e)))?;
     let mut ranks = Vec::new();
+    let mut first_calls = Vec::new();
     let mut first_err: Option<RuntimeError> = None;
     for r in world.results {
         match r {
-            Ok(v) => ranks.push(v),
+            Ok((v, calls)) => {
+                ranks.push(v);
+                first_calls.push(calls);
+            }
             Err(e) => {
                 let replace = match &first_err {
                     None => true,
@@ -228,22 +331,47 @@ pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, Ver
     if let Some(e) = first_err {
         return Err(run_err(e));
     }
+    let traces = world
+        .traces
+        .into_iter()
+        .zip(first_calls)
+        .map(|(mut t, n)| {
+            t.truncate(n);
+            t
+        })
+        .collect();
     Ok(DistRun {
         mode,
         ranks,
-        traces: world.traces,
+        traces,
     })
+}
+
+/// The single device's state after one training step.
+#[derive(Debug, Clone)]
+pub struct SingleStep {
+    /// Averaged full gradients of the step.
+    pub grads: ParamSet<f32>,
+    /// Full parameters after the step's update.
+    pub params: ParamSet<f32>,
 }
 
 /// The single-device run.
 #[derive(Debug, Clone)]
 pub struct SingleRun {
-    /// Averaged full gradients.
+    /// Averaged full gradients of the last step.
     pub grads: ParamSet<f32>,
-    /// Updated full parameters.
+    /// Updated full parameters after the last step.
     pub params: ParamSet<f32>,
-    /// Mean loss over the micro-batches.
+    /// Mean loss over the micro-batches of every step.
     pub mean_loss: f32,
+    /// Mean loss of each step.
+    pub step_losses: Vec<f32>,
+    /// Newton-Schulz matrices run in each step (empty under AdamW).
+    pub ns_matrices: Vec<usize>,
+    /// Gradients and parameters of every step of a multi-step run (empty for one step:
+    /// `grads` and `params` are that step).
+    pub history: Vec<SingleStep>,
     /// Wall time, seconds.
     pub step_seconds: f64,
 }
@@ -306,8 +434,48 @@ fn fold(items: impl Iterator<Item = Vec<f32>>) -> Vec<f32> {
     acc.unwrap_or_default()
 }
 
-/// One step on a single device: each micro-batch's gradient with [`TinyModel`], summed per
-/// parameter in [`canonical_order`], divided once by the micro-batch count, then AdamW.
+/// The single-device optimizer.
+enum SingleOptimizer {
+    /// AdamW on every parameter, states by name.
+    Adamw(std::collections::BTreeMap<String, AdamState>),
+    /// AdamW chained with single-device Muon.
+    Muon(Box<SingleDeviceChained>),
+}
+
+impl SingleOptimizer {
+    fn new(spec: &VerifySpec) -> SingleOptimizer {
+        match &spec.muon {
+            None => SingleOptimizer::Adamw(Default::default()),
+            Some(m) => SingleOptimizer::Muon(Box::new(m.single_device())),
+        }
+    }
+
+    /// One update; returns the Newton-Schulz matrices run (Muon).
+    fn step(
+        &mut self,
+        spec: &VerifySpec,
+        params: &mut ParamSet<f32>,
+        grads: &ParamSet<f32>,
+    ) -> RtResult<Option<usize>> {
+        match self {
+            SingleOptimizer::Adamw(states) => {
+                for (name, g) in grads.iter() {
+                    let st = states
+                        .entry(name.to_string())
+                        .or_insert_with(|| AdamState::zeros(g.len()));
+                    spec.adamw
+                        .step(params.get_mut(name)?.as_mut_slice(), g.as_slice(), st);
+                }
+                Ok(None)
+            }
+            SingleOptimizer::Muon(m) => m.step(params, grads).map(Some).map_err(runtime_error),
+        }
+    }
+}
+
+/// The training steps on a single device: each micro-batch's gradient with [`TinyModel`],
+/// summed per parameter in [`canonical_order`], divided once by the micro-batch count, then
+/// the optimizer (AdamW, or AdamW chained with single-device Muon).
 pub fn run_single(spec: &VerifySpec) -> Result<SingleRun, VerifyError> {
     let err = |source: RuntimeError| VerifyError::Run {
         mode: "single-device".into(),
@@ -315,69 +483,83 @@ pub fn run_single(spec: &VerifySpec) -> Result<SingleRun, VerifyError> {
     };
     let start = Instant::now();
     let model = TinyModel::new(spec.model).map_err(|e| err(e.into()))?;
-    let master = spec
+    let mut master = spec
         .model
         .init_params::<f32>(spec.seed)
         .map_err(|e| err(e.into()))?;
-    let compute = if spec.param_bf16 {
-        let mut c = ParamSet::new();
-        for (n, t) in master.iter() {
-            c.insert(n, t.quantize_bf16());
-        }
-        c
-    } else {
-        master.clone()
-    };
     let m = spec.micro_batches();
-    let mut per_mb = Vec::with_capacity(m);
+    let mut opt = SingleOptimizer::new(spec);
     let mut loss_sum = 0.0f32;
-    for id in 0..m {
-        let (ids, targets) = spec.data(id);
-        let (loss, g) = model
-            .loss_and_grads(&compute, &ids, &targets, spec.seq_len)
-            .map_err(|e| err(e.into()))?;
-        loss_sum += loss;
-        per_mb.push(g);
-    }
+    let mut step_losses = Vec::with_capacity(spec.steps);
+    let mut ns_matrices = Vec::new();
     let mut grads = ParamSet::new();
-    let mut params = ParamSet::new();
-    for (name, t) in master.iter() {
-        let domain = spec
-            .fsdp
-            .param(name)
-            .map_or(DataDomain::Dense, |p| p.domain);
-        let order = canonical_order(spec, domain);
-        let get = |id: usize| -> Vec<f32> {
-            per_mb[id]
-                .get(name)
-                .map(|g| g.as_slice().to_vec())
-                .unwrap_or_default()
+    let mut history = Vec::new();
+    for step in 0..spec.steps {
+        let compute = if spec.param_bf16 {
+            let mut c = ParamSet::new();
+            for (n, t) in master.iter() {
+                c.insert(n, t.quantize_bf16());
+            }
+            c
+        } else {
+            master.clone()
         };
-        let total = fold(order.iter().map(|rep| {
-            fold(rep.iter().map(|step| {
-                fold(
-                    step.iter()
-                        .map(|shard| fold(shard.iter().map(|&id| get(id)))),
-                )
-            }))
-        }));
-        let avg: Vec<f32> = total.into_iter().map(|x| x / m as f32).collect();
-        let mut p = t.as_slice().to_vec();
-        let mut state = AdamState::zeros(p.len());
-        spec.adamw.step(&mut p, &avg, &mut state);
-        grads.insert(
-            name,
-            Tensor::from_vec(t.shape(), avg).map_err(|e| err(e.into()))?,
-        );
-        params.insert(
-            name,
-            Tensor::from_vec(t.shape(), p).map_err(|e| err(e.into()))?,
-        );
+        let mut per_mb = Vec::with_capacity(m);
+        let mut step_sum = 0.0f32;
+        for id in 0..m {
+            let (ids, targets) = spec.data(spec.step_data_id(step, id));
+            let (loss, g) = model
+                .loss_and_grads(&compute, &ids, &targets, spec.seq_len)
+                .map_err(|e| err(e.into()))?;
+            loss_sum += loss;
+            step_sum += loss;
+            per_mb.push(g);
+        }
+        step_losses.push(step_sum / m as f32);
+        grads = ParamSet::new();
+        for (name, t) in master.iter() {
+            let domain = spec
+                .fsdp
+                .param(name)
+                .map_or(DataDomain::Dense, |p| p.domain);
+            let order = canonical_order(spec, domain);
+            let get = |id: usize| -> Vec<f32> {
+                per_mb[id]
+                    .get(name)
+                    .map(|g| g.as_slice().to_vec())
+                    .unwrap_or_default()
+            };
+            let total = fold(order.iter().map(|rep| {
+                fold(rep.iter().map(|step| {
+                    fold(
+                        step.iter()
+                            .map(|shard| fold(shard.iter().map(|&id| get(id)))),
+                    )
+                }))
+            }));
+            let avg: Vec<f32> = total.into_iter().map(|x| x / m as f32).collect();
+            grads.insert(
+                name,
+                Tensor::from_vec(t.shape(), avg).map_err(|e| err(e.into()))?,
+            );
+        }
+        if let Some(ns) = opt.step(spec, &mut master, &grads).map_err(err)? {
+            ns_matrices.push(ns);
+        }
+        if spec.steps > 1 {
+            history.push(SingleStep {
+                grads: grads.clone(),
+                params: master.clone(),
+            });
+        }
     }
     Ok(SingleRun {
         grads,
-        params,
-        mean_loss: loss_sum / m as f32,
+        params: master,
+        mean_loss: loss_sum / (m * spec.steps) as f32,
+        step_losses,
+        ns_matrices,
+        history,
         step_seconds: start.elapsed().as_secs_f64(),
     })
 }

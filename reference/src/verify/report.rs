@@ -1,13 +1,16 @@
 //! The verdict of one verification: the three runs compared per parameter, the checks, the
-//! golden digest, and the table rows reports are made of.
+//! golden digest, and the table rows reports are made of (with the Muon figures and checks of
+//! [`super::muon_report`] when the optimizer is Muon).
 
 use hpfsdp_plan::fsdp::DataDomain;
 use hpfsdp_plan::planner::templates::format_axis_placements;
 use serde::Serialize;
 
-use super::compare::{Diff, Which, assemble, diff, diff_sets, digest};
+use super::compare::{Diff, Which, assemble, assemble_step, diff, diff_sets, digest};
 use super::error::VerifyError;
 use super::harness::{DistRun, run_distributed, run_single};
+use super::muon::Route;
+use super::muon_report::{MUON_STEP_BOUND, MuonSummary, muon_part, param_step_bound};
 use super::setup::VerifySpec;
 use super::trace::compare_trace_with_program;
 use crate::runtime::fsdp::FsdpCounts;
@@ -39,16 +42,35 @@ pub struct ParamRow {
     pub shape: Vec<usize>,
     /// Placement: plan axes, FSDP shard dim and group, replicas.
     pub placement: String,
-    /// Production gradients (assembled) versus single device.
+    /// Optimizer route: `adamw`, `muon` or `local-muon`.
+    pub route: Route,
+    /// Production gradients (assembled) versus single device (the last step's).
     pub grad: Diff,
-    /// Production updated parameters versus single device.
+    /// Production updated parameters versus single device (after the last step).
     pub param: Diff,
+    /// The same comparisons after the first step (multi-step runs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_step: Option<FirstStep>,
+    /// Order-changing runs: the bound on `param.max_abs` per step (the first step's parameters
+    /// must be within it, the last step's within `steps` times it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub param_bound_per_step: Option<f64>,
     /// Production and validation bitwise equal (gradients and parameters, every rank).
     pub prod_val_bitwise: bool,
     /// Whether this parameter's sharded-vs-single comparison must be bitwise.
     pub bitwise_required: bool,
     /// `pass` or `FAIL`.
     pub verdict: String,
+}
+
+/// Gradients and updated parameters versus the single device after the first step, when
+/// both runs still start from the same parameters.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct FirstStep {
+    /// Gradients of step 1.
+    pub grad: Diff,
+    /// Parameters after step 1.
+    pub param: Diff,
 }
 
 /// One named check.
@@ -105,6 +127,10 @@ pub struct VerifyReport {
     pub tokens_per_micro_batch: usize,
     /// Gathered-parameter dtype.
     pub param_dtype: String,
+    /// Optimizer (`adamw`, `muon+adamw (preset)`).
+    pub optimizer: String,
+    /// Training steps per run (forward, backward, optimizer).
+    pub steps: usize,
     /// Loss per execution.
     pub loss: Losses,
     /// Time per execution.
@@ -127,6 +153,9 @@ pub struct VerifyReport {
     pub passed: bool,
     /// Simplifications that apply.
     pub notes: Vec<String>,
+    /// Muon figures (Muon optimizer only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub muon: Option<MuonSummary>,
 }
 
 fn placement_text(spec: &VerifySpec, name: &str) -> String {
@@ -161,6 +190,13 @@ fn prod_val_equal(p: &DistRun, v: &DistRun) -> (bool, Vec<String>) {
         if bits(&a.grads) != bits(&b.grads) || bits(&a.params) != bits(&b.params) {
             bad.push(format!("rank {r}"));
         }
+        let history_equal = a.history.len() == b.history.len()
+            && a.history.iter().zip(&b.history).all(|(x, y)| {
+                bits(&x.grads) == bits(&y.grads) && bits(&x.params) == bits(&y.params)
+            });
+        if !history_equal {
+            bad.push(format!("rank {r} (an earlier step)"));
+        }
         let lb = |x: &[(usize, f32)]| x.iter().map(|(i, l)| (*i, l.to_bits())).collect::<Vec<_>>();
         if lb(&a.losses) != lb(&b.losses) {
             bad.push(format!("rank {r} loss"));
@@ -182,9 +218,32 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
     let grad_d = diff_sets(&pg.tensors, &single.grads);
     let param_d = diff_sets(&pp.tensors, &single.params);
     let bitwise_required = !spec.order_changing();
-    let param_bound = PARAM_ABS_BOUND_LR * spec.adamw.lr;
+    let mv = spec.muon.as_ref();
+    let first = match single.history.first() {
+        Some(s1) if spec.steps > 1 => {
+            let g1 = assemble_step(spec, &prod, 0, Which::Grads)?;
+            let p1 = assemble_step(spec, &prod, 0, Which::Params)?;
+            Some((
+                diff_sets(&g1.tensors, &s1.grads),
+                diff_sets(&p1.tensors, &s1.params),
+            ))
+        }
+        _ => None,
+    };
     let mut rows = Vec::new();
-    for ((name, g), (_, p)) in grad_d.iter().zip(&param_d) {
+    for (k, ((name, g), (_, p))) in grad_d.iter().zip(&param_d).enumerate() {
+        let index = spec.fsdp.params.iter().position(|q| q.name == *name);
+        let route = match (mv, index) {
+            (Some(m), Some(i)) => m.route(i),
+            _ => Route::Adamw,
+        };
+        let first_step = first.as_ref().and_then(|(gs, ps)| {
+            Some(FirstStep {
+                grad: gs.get(k)?.1,
+                param: ps.get(k)?.1,
+            })
+        });
+        let step_bound = index.map_or(0.0, |i| param_step_bound(spec, i));
         let pv = match (
             pg.tensors.get(name),
             vg.tensors.get(name),
@@ -194,10 +253,13 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
             (Ok(a), Ok(b), Ok(c), Ok(d)) => a.bit_eq(b) && c.bit_eq(d),
             _ => false,
         };
+        let (g1, p1) = first_step.map_or((*g, *p), |f| (f.grad, f.param));
         let ok_single = if bitwise_required {
-            g.bitwise && p.bitwise
+            g.bitwise && p.bitwise && g1.bitwise && p1.bitwise
         } else {
-            g.rel_to_max <= GRAD_REL_BOUND && p.max_abs <= param_bound
+            g1.rel_to_max <= GRAD_REL_BOUND
+                && p1.max_abs <= step_bound
+                && p.max_abs <= step_bound * spec.steps as f64
         };
         let shape = single
             .params
@@ -208,8 +270,11 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
             name: name.clone(),
             shape,
             placement: placement_text(spec, name),
+            route,
             grad: *g,
             param: *p,
+            first_step,
+            param_bound_per_step: (!bitwise_required).then_some(step_bound),
             prod_val_bitwise: pv,
             bitwise_required,
             verdict: if ok_single && pv { "pass" } else { "FAIL" }.into(),
@@ -222,8 +287,13 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
         gating: true,
         detail: if pv_equal {
             format!(
-                "gradients, updated shards and losses equal on all {} ranks",
-                spec.world()
+                "gradients, updated shards and losses equal on all {} ranks{}",
+                spec.world(),
+                if spec.steps > 1 {
+                    format!(" after each of {} steps", spec.steps)
+                } else {
+                    String::new()
+                }
             )
         } else {
             format!("differs on {}", pv_bad.join(", "))
@@ -256,21 +326,23 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
         gating: true,
         detail: if bitwise_required {
             format!(
-                "{} of {} parameters bitwise equal (gradients and updated values)",
+                "{} of {} parameters bitwise equal (gradients and updated values{})",
                 rows.len() - failing.len(),
-                rows.len()
+                rows.len(),
+                if spec.steps > 1 {
+                    format!(" after {} steps", spec.steps)
+                } else {
+                    String::new()
+                }
             )
         } else {
-            let worst_g = rows.iter().map(|r| r.grad.rel_to_max).fold(0.0, f64::max);
-            let worst_p = rows.iter().map(|r| r.param.max_abs).fold(0.0, f64::max);
-            format!(
-                "row-parallel TP changes summation order: worst gradient error {worst_g:.2e} of max|g| (bound {GRAD_REL_BOUND:.0e}), worst parameter error {worst_p:.2e} (bound {PARAM_ABS_BOUND_LR}·lr = {param_bound:.1e})"
-            )
+            tp_detail(spec, &rows)
         },
     });
     let (ag, rs, ar) = spec.fsdp.collective_counts();
-    let a = spec.grad_accum as u64;
-    let want = (ag as u64 * a, rs as u64 * a, ar as u64);
+    let steps = spec.steps as u64;
+    let a = spec.grad_accum as u64 * steps;
+    let want = (ag as u64 * a, rs as u64 * a, ar as u64 * steps);
     let c0 = prod.ranks[0].fsdp;
     let got = (c0.all_gathers, c0.reduce_scatters, c0.all_reduces);
     checks.push(Check {
@@ -278,10 +350,18 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
         passed: got == want,
         gating: true,
         detail: format!(
-            "rank 0 issued {} all-gathers, {} reduce-scatters, {} fused all-reduces; the plan gives {} x {a}, {} x {a}, {}",
+            "rank 0 issued {} all-gathers, {} reduce-scatters, {} fused all-reduces; the plan gives {} x {a}, {} x {a}, {} x {steps}",
             got.0, got.1, got.2, ag, rs, ar
         ),
     });
+    let muon = match mv {
+        Some(m) => {
+            let (summary, muon_checks) = muon_part(spec, m, &prod, &single)?;
+            checks.extend(muon_checks);
+            Some(summary)
+        }
+        None => None,
+    };
     checks.push(trace_check(spec, &prod));
     let passed = checks.iter().filter(|c| c.gating).all(|c| c.passed);
     let m = &spec.scenario.file.mesh;
@@ -301,6 +381,8 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
         grad_accum: spec.grad_accum,
         tokens_per_micro_batch: spec.tokens(),
         param_dtype: if spec.param_bf16 { "bf16" } else { "f32" }.into(),
+        optimizer: spec.optimizer_name(),
+        steps: spec.steps,
         loss: Losses {
             production: prod.mean_loss(),
             validation: val.mean_loss(),
@@ -320,7 +402,71 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
         single_device_digest: digest(&single.params),
         passed,
         notes: spec.notes.clone(),
+        muon,
     })
+}
+
+/// The TP check's detail: worst gradient and parameter errors against their bounds, per
+/// optimizer route (after the first and the last step of a multi-step run).
+fn tp_detail(spec: &VerifySpec, rows: &[ParamRow]) -> String {
+    let worst = |f: &dyn Fn(&ParamRow) -> f64, rs: &[&ParamRow]| {
+        rs.iter().map(|r| f(r)).fold(0.0, f64::max)
+    };
+    let all: Vec<&ParamRow> = rows.iter().collect();
+    let g1 = worst(
+        &|r| r.first_step.map_or(r.grad, |f| f.grad).rel_to_max,
+        &all,
+    );
+    let mut t = format!(
+        "row-parallel TP changes summation order: worst step-1 gradient error {g1:.2e} of max|g| (bound {GRAD_REL_BOUND:.0e})"
+    );
+    if spec.steps > 1 {
+        t.push_str(&format!(
+            ", step-{} gradients {:.2e} (taken at parameters that already differ; reported)",
+            spec.steps,
+            worst(&|r| r.grad.rel_to_max, &all)
+        ));
+    }
+    for route in [Route::Adamw, Route::Muon, Route::LocalMuon] {
+        let mine: Vec<&ParamRow> = rows.iter().filter(|r| r.route == route).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let unit = match route {
+            Route::Adamw => format!("{PARAM_ABS_BOUND_LR}·lr"),
+            _ => format!("{MUON_STEP_BOUND}·lr·s"),
+        };
+        // Each row's error in units of its own per-step bound.
+        let ratio =
+            |d: Diff, r: &ParamRow| d.max_abs / r.param_bound_per_step.unwrap_or(f64::INFINITY);
+        let last_abs = worst(&|r| r.param.max_abs, &mine);
+        let last_rel = worst(&|r| r.param.rel_to_max, &mine);
+        let last_ulp = mine.iter().map(|r| r.param.max_ulp).max().unwrap_or(0);
+        let last_ratio = worst(&|r| ratio(r.param, r) / spec.steps as f64, &mine);
+        t.push_str(&format!(
+            "; {} parameters (bound {unit} per step):",
+            route.name()
+        ));
+        if spec.steps > 1 {
+            let first_abs = worst(&|r| r.first_step.map_or(0.0, |f| f.param.max_abs), &mine);
+            let first_ratio = worst(&|r| r.first_step.map_or(0.0, |f| ratio(f.param, r)), &mine);
+            t.push_str(&format!(
+                " step 1 max abs {first_abs:.2e} ({:.0}% of bound),",
+                first_ratio * 100.0
+            ));
+        }
+        t.push_str(&format!(
+            " step {} max abs {last_abs:.2e} (rel {last_rel:.1e}, {last_ulp} ULP; {:.0}% of {})",
+            spec.steps,
+            last_ratio * 100.0,
+            if spec.steps > 1 {
+                format!("{} x bound", spec.steps)
+            } else {
+                "bound".into()
+            }
+        ));
+    }
+    t
 }
 
 /// Compare every rank's production trace with the `hyperparallel` step program of that rank

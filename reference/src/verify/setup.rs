@@ -1,6 +1,6 @@
 //! From a scenario to what the harness executes: the reference model configuration, the
-//! sharding and FSDP plans, the training shape, AdamW settings, the input data, and plan
-//! mutations.
+//! sharding and FSDP plans, the training shape, the optimizer (AdamW, or distributed Muon with
+//! AdamW chained), the input data, and plan mutations.
 
 use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::model::{DType, ExpertLayout, ModelFamily};
@@ -10,6 +10,7 @@ use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::{Layout, Placement};
 
 use super::error::VerifyError;
+use super::muon::{MUON_VERIFY_STEPS, MuonVerify};
 use crate::model::{MlaConfig, ModelConfig, MoeConfig};
 use crate::optim::AdamW;
 use crate::rng::KeyedRng;
@@ -47,8 +48,12 @@ pub struct VerifySpec {
     pub grad_accum: usize,
     /// Gather parameters in bf16 (mixed precision).
     pub param_bf16: bool,
-    /// Optimizer.
+    /// AdamW (every parameter, or the AdamW-routed ones under Muon).
     pub adamw: AdamW,
+    /// Distributed Muon, when `[optimizer] kind = "muon+adamw"`.
+    pub muon: Option<MuonVerify>,
+    /// Training steps (forward, backward, optimizer) per run.
+    pub steps: usize,
     /// Seed of initialisation and data.
     pub seed: u64,
     /// The injected mutation, if any.
@@ -232,15 +237,10 @@ impl VerifySpec {
         }
         let fsdp = build_fsdp_plan(scenario, &sharding);
         let o = &scenario.file.optimizer;
-        let mut notes = Vec::new();
-        if o.kind != "adamw" {
-            notes.push(format!(
-                "[optimizer] kind = \"{}\": verify applies AdamW to every parameter",
-                o.kind
-            ));
-        }
+        let notes = Vec::new();
+        let muon = o.kind == "muon+adamw";
         let tr = &scenario.file.train;
-        Ok(VerifySpec {
+        let mut spec = VerifySpec {
             scenario: scenario.clone(),
             model,
             sharding,
@@ -256,10 +256,24 @@ impl VerifySpec {
                 eps: o.adamw.eps,
                 weight_decay: o.adamw.weight_decay,
             },
+            muon: None,
+            steps: if muon { MUON_VERIFY_STEPS } else { 1 },
             seed: VERIFY_SEED,
             mutation: None,
             notes,
-        })
+        };
+        if muon {
+            spec.muon = Some(MuonVerify::new(&spec)?);
+        }
+        Ok(spec)
+    }
+
+    /// The optimizer in words (`adamw`, `muon+adamw (hyperparallel)`).
+    pub fn optimizer_name(&self) -> String {
+        match &self.muon {
+            None => "adamw".into(),
+            Some(m) => format!("muon+adamw ({})", m.setup.cfg.preset.name()),
+        }
     }
 
     /// World size.
@@ -286,6 +300,12 @@ impl VerifySpec {
     /// The global micro-batch id of data-parallel stream `dp` at accumulation step `a`.
     pub fn micro_batch_id(&self, dp: usize, a: usize) -> usize {
         dp * self.grad_accum + a
+    }
+
+    /// The data id of micro-batch `id` (as [`Self::micro_batch_id`] numbers them) in training
+    /// step `step`: every step reads new micro-batches.
+    pub fn step_data_id(&self, step: usize, id: usize) -> usize {
+        step * self.micro_batches() + id
     }
 
     /// Token ids and next-token targets of micro-batch `id` (keyed by the seed and `id`, so
@@ -399,6 +419,9 @@ impl VerifySpec {
             )));
         };
         self.fsdp = build_fsdp_plan(&self.scenario, &self.sharding);
+        if self.muon.is_some() {
+            self.muon = Some(MuonVerify::new(self)?);
+        }
         self.mutation = Some(Mutation {
             target: target.to_string(),
             module,
