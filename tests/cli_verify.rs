@@ -129,6 +129,8 @@ fn verify_muon_scenario_prints_the_muon_checks_and_figures() {
         "Muon sharded == single-device Muon on the run's gradients (bitwise)",
         "replicas and replica subgroups agree after every step",
         "Muon dedup figures match the plan",
+        "Muon collective trace == hyperparallel Muon optimizer program",
+        "20 Muon calls of step 1 on 4 ranks",
         "VERDICT: PASS",
     ] {
         assert!(stdout.contains(want), "missing {want:?}:\n{stdout}");
@@ -159,6 +161,36 @@ fn verify_muon_scenario_prints_the_muon_checks_and_figures() {
     assert!(r["checks"].as_array().unwrap().iter().any(|c| c["name"]
         == "Muon dedup == naive distributed Muon (bitwise)"
         && c["passed"] == true));
+    assert!(r["checks"].as_array().unwrap().iter().any(|c| c["name"]
+        == "Muon collective trace == hyperparallel Muon optimizer program"
+        && c["passed"] == true
+        && c["gating"] == true));
+}
+
+#[test]
+fn verify_muon_trace_matches_the_program_on_uneven_shards() {
+    // Uneven shards: the program pads every fused-gather segment to the largest rank's piece,
+    // as the engine does, so the gating Muon trace check passes.
+    let o = bin()
+        .arg("verify")
+        .arg(scenario("uneven-fsdp3-muon"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    for want in [
+        "Muon collective trace == hyperparallel Muon optimizer program",
+        "12 Muon calls of step 1 on 3 ranks",
+        "VERDICT: PASS",
+    ] {
+        assert!(stdout.contains(want), "missing {want:?}:\n{stdout}");
+    }
+    assert!(!stdout.contains("advisory"), "{stdout}");
+    assert!(stdout.contains(&golden("uneven-fsdp3-muon")), "{stdout}");
 }
 
 /// A copy of a verification scenario in a temporary file (model path made absolute), edited.

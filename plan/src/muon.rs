@@ -1,9 +1,17 @@
 //! The Muon plan: Muon vs AdamW routing, the matrix-plane predicate, HSDP batches with the
-//! soft numel cap, NS memory batches under the 2^29 / shard-group cap, greedy owners in the
-//! shard and replica domains, replica subgroups from devices per machine, and each batch's
-//! communication (fused gathers per shard axis, relay broadcasts, replica broadcasts).
+//! soft numel cap (per expert-parallel coordinate for per-expert weights, each coordinate's
+//! batches sharing execution slots with the others'), NS memory batches under the 2^29 /
+//! shard-group cap, greedy owners in the shard and replica domains, replica subgroups
+//! ([`subgroups`]: the launcher rule or the rank-to-machine mapping, with a lint for
+//! subgroups spanning supernodes), and each batch's communication (fused gathers per shard
+//! axis, relay broadcasts, replica broadcasts).
+
+pub mod subgroups;
+
+pub use subgroups::{ReplicaSubgroupRule, ReplicaSubgroups, replica_subgroups};
 
 use crate::fsdp::{DataDomain, FsdpPlan, ParamFsdp};
+use crate::planner::lint::LintIssue;
 use crate::planner::{ParamPlan, ShardingPlan};
 use crate::scenario::Scenario;
 use serde::{Deserialize, Serialize};
@@ -87,6 +95,9 @@ pub struct MuonParam {
     /// Matrix-plane predicate: some shard axis cuts one of the last two dims, so Newton-Schulz
     /// needs the gathered matrix.
     pub needs_gather: bool,
+    /// Expert-parallel coordinate holding a per-expert weight (`None`: every rank holds it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep_owner: Option<usize>,
 }
 
 impl MuonParam {
@@ -125,6 +136,17 @@ pub struct MuonBatch {
     pub relay_broadcasts: Vec<(String, u64)>,
     /// Replica broadcasts: (axis, bytes) per hop.
     pub replica_broadcasts: Vec<(String, u64)>,
+    /// Expert-parallel coordinate holding every parameter of the batch (`None`: every rank).
+    /// Per-expert weights live on one EP rank each, and, as HyperParallel's per-process
+    /// optimizer does, each EP coordinate batches its own weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ep_owner: Option<usize>,
+    /// Execution slot: a rank runs the batches of its own EP coordinate (or of every rank) in
+    /// ascending slot order; the batches sharing a slot are the same position of different
+    /// EP coordinates' batch lists, so ranks of different coordinates step through the same
+    /// sequence of slots.
+    #[serde(default)]
+    pub slot: usize,
 }
 
 /// The Muon plan.
@@ -134,10 +156,63 @@ pub struct MuonPlan {
     pub params: Vec<MuonParam>,
     /// HSDP assignments in execution order.
     pub batches: Vec<MuonBatch>,
-    /// Replica subgroup size (None: no split needed).
+    /// Replica subgroup size, one for every replicate axis (`size.min(count)`); `None`: no
+    /// split, or (`topology` rule only) sizes that differ per axis: see
+    /// [`MuonPlan::replica_subgroup_sizes`].
     pub replica_count: Option<usize>,
     /// Devices per machine used to size replica subgroups.
     pub devices_per_machine: usize,
+    /// The rule that sized the replica subgroups.
+    #[serde(default)]
+    pub replica_subgroups: ReplicaSubgroupRule,
+    /// Subgroup size per replicate axis of a Muon parameter (the axis size when not split).
+    #[serde(default)]
+    pub replica_subgroup_sizes: BTreeMap<String, usize>,
+    /// Warnings about the Muon plan (replica subgroups spanning supernodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lints: Vec<LintIssue>,
+}
+
+impl MuonPlan {
+    /// The replica subgroup size along replicate axis `axis` of `size` ranks: the plan's
+    /// per-axis size, else `size.min(replica_count)`; at least 1 and at most `size`.
+    pub fn replica_subgroup_size(&self, axis: &str, size: usize) -> usize {
+        self.replica_subgroup_sizes
+            .get(axis)
+            .copied()
+            .unwrap_or_else(|| self.replica_count.map_or(size, |c| c.min(size)))
+            .clamp(1, size.max(1))
+    }
+
+    /// One line saying how replica subgroups were sized: the rule and, per replicate axis,
+    /// `axis group/subgroup` (`launcher rule: no split` when nothing is split).
+    pub fn replica_subgroup_summary(&self) -> String {
+        let mut axes: BTreeMap<&str, usize> = BTreeMap::new();
+        for p in self.params.iter().filter(|p| p.core_shape.is_some()) {
+            for (axis, size) in &p.replicate_axes {
+                axes.insert(axis, *size);
+            }
+        }
+        let parts: Vec<String> = axes
+            .iter()
+            .filter(|(_, size)| **size > 1)
+            .map(|(axis, size)| {
+                format!("{axis} {size}/{}", self.replica_subgroup_size(axis, *size))
+            })
+            .collect();
+        let split = axes
+            .iter()
+            .any(|(axis, size)| self.replica_subgroup_size(axis, *size) < *size);
+        format!(
+            "{} rule: {}",
+            self.replica_subgroups.name(),
+            match (parts.is_empty(), split) {
+                (true, _) => "no replicated Muon matrices".to_string(),
+                (false, false) => format!("{} (no split)", parts.join(", ")),
+                (false, true) => parts.join(", "),
+            }
+        )
+    }
 }
 
 /// The HSDP batch soft cap in elements per replica-count unit (HyperParallel compares the
@@ -269,6 +344,7 @@ fn muon_param(
         shard_axes,
         replicate_axes,
         needs_gather,
+        ep_owner: p.ep_owner,
     }
 }
 
@@ -291,13 +367,8 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
         })
         .collect();
     let dpm = scenario.topology.dies_per_machine;
-    let replica_count = scenario.file.optimizer.muon.replica_count.or_else(|| {
-        params
-            .iter()
-            .flat_map(|p| p.replicate_axes.iter().map(|(_, s)| *s))
-            .filter_map(|s| replica_subgroup_size(s, dpm))
-            .min()
-    });
+    let subgroups = replica_subgroups(scenario, &params);
+    let replica_count = subgroups.count;
 
     // HSDP groups by domain key.
     let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -329,34 +400,99 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
         )
     });
     let cap = HSDP_BATCH_NUMEL * replica_count.unwrap_or(1) as u64;
-    let mut batches = Vec::new();
-    for (domain, mut members) in ordered {
-        members.sort_by_key(|&i| (std::cmp::Reverse(params[i].numel()), i));
-        let mut current: Vec<usize> = Vec::new();
-        let mut numel = 0;
-        let mut subs = Vec::new();
-        for i in members {
-            current.push(i);
-            numel += params[i].numel();
-            if numel >= cap {
-                subs.push((std::mem::take(&mut current), numel));
-                numel = 0;
-            }
+    let mut subs = sub_batches(&ordered, &params, cap);
+    subs.sort_by_key(|s| (s.key, s.ep_owner));
+    let mut batches: Vec<MuonBatch> = Vec::with_capacity(subs.len());
+    let mut slot = 0;
+    let mut prev_key: Option<SlotKey> = None;
+    for sub in subs {
+        if prev_key.is_some_and(|k| k != sub.key) {
+            slot += 1;
         }
-        if !current.is_empty() {
-            subs.push((current, numel));
-        }
-        for (members, numel) in subs {
-            batches.push(make_batch(&domain, members, numel, &params, replica_count));
-        }
+        prev_key = Some(sub.key);
+        let mut b = make_batch(
+            sub.domain,
+            sub.members,
+            sub.numel,
+            &params,
+            &subgroups.sizes,
+        );
+        b.ep_owner = sub.ep_owner;
+        b.slot = slot;
+        batches.push(b);
     }
-    batches.sort_by_key(|b| std::cmp::Reverse(b.numel));
     MuonPlan {
         params,
         batches,
         replica_count,
         devices_per_machine: dpm,
+        replica_subgroups: subgroups.rule,
+        replica_subgroup_sizes: subgroups.sizes,
+        lints: subgroups.lints,
     }
+}
+
+/// Execution order of a sub-batch: descending size, then domain order, then whether it
+/// belongs to one EP coordinate, then its position in its coordinate's own list. Sub-batches
+/// of different EP coordinates with equal keys share a slot.
+type SlotKey = (std::cmp::Reverse<u64>, usize, bool, usize);
+
+/// One HSDP sub-batch before owners are assigned.
+struct SubBatch<'a> {
+    /// Execution order.
+    key: SlotKey,
+    /// EP coordinate holding its parameters (`None`: every rank).
+    ep_owner: Option<usize>,
+    /// Domain key.
+    domain: &'a str,
+    /// Parameter indices, numel-descending.
+    members: Vec<usize>,
+    /// Total elements.
+    numel: u64,
+}
+
+/// Greedy HSDP sub-batches under the soft `cap` (a batch closes once it reaches the cap),
+/// per domain (in `ordered` order) and per EP coordinate: each coordinate batches its own
+/// per-expert weights, as HyperParallel's per-process optimizer does.
+fn sub_batches<'a>(
+    ordered: &'a [(String, Vec<usize>)],
+    params: &[MuonParam],
+    cap: u64,
+) -> Vec<SubBatch<'a>> {
+    let mut subs = Vec::new();
+    for (rank, (domain, members)) in ordered.iter().enumerate() {
+        let mut per_owner: BTreeMap<Option<usize>, Vec<usize>> = BTreeMap::new();
+        for &i in members {
+            per_owner.entry(params[i].ep_owner).or_default().push(i);
+        }
+        for (ep_owner, mut members) in per_owner {
+            members.sort_by_key(|&i| (std::cmp::Reverse(params[i].numel()), i));
+            let mut current: Vec<usize> = Vec::new();
+            let mut numel = 0;
+            let mut list = Vec::new();
+            for i in members {
+                current.push(i);
+                numel += params[i].numel();
+                if numel >= cap {
+                    list.push((std::mem::take(&mut current), numel));
+                    numel = 0;
+                }
+            }
+            if !current.is_empty() {
+                list.push((current, numel));
+            }
+            for (k, (members, numel)) in list.into_iter().enumerate() {
+                subs.push(SubBatch {
+                    key: (std::cmp::Reverse(numel), rank, ep_owner.is_some(), k),
+                    ep_owner,
+                    domain: domain.as_str(),
+                    members,
+                    numel,
+                });
+            }
+        }
+    }
+    subs
 }
 
 /// Shard-domain owners computed separately over each replica owner's records (all records
@@ -384,7 +520,7 @@ fn make_batch(
     members: Vec<usize>,
     numel: u64,
     params: &[MuonParam],
-    replica_count: Option<usize>,
+    subgroup_sizes: &BTreeMap<String, usize>,
 ) -> MuonBatch {
     let first = &params[members[0]];
     let shard_path = first.needs_gather;
@@ -397,7 +533,7 @@ fn make_batch(
         let sizes: Vec<usize> = first
             .replicate_axes
             .iter()
-            .map(|(_, s)| replica_count.map_or(*s, |c| (*s).min(c)))
+            .map(|(a, s)| subgroup_sizes.get(a).copied().unwrap_or(*s))
             .collect();
         replica_owner = build_owner_by_size(&records, &sizes);
         let local_bytes: u64 = members
@@ -477,6 +613,8 @@ fn make_batch(
         gather_bytes,
         relay_broadcasts: relay,
         replica_broadcasts,
+        ep_owner: None,
+        slot: 0,
     }
 }
 

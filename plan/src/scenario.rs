@@ -263,6 +263,10 @@ pub struct MuonOptions {
     /// Replica subgroup size for replica-domain dedup (default: from devices per machine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_count: Option<usize>,
+    /// How replica subgroups are cut: `launcher` (default; the paper's devices-per-machine
+    /// rule) or `topology` (the replica-group members that share a machine).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_subgroups: Option<String>,
 }
 
 /// `[optimizer.adamw]` options (for 1-D parameters, embeddings and heads).
@@ -763,6 +767,37 @@ impl Scenario {
                 "[optimizer.muon] coefficients must be given exactly when preset = \"custom\""
                     .into(),
             ));
+        }
+        if let Some(rule) = &o.muon.replica_subgroups {
+            let names: Vec<&str> = crate::muon::ReplicaSubgroupRule::ALL
+                .iter()
+                .map(|r| r.name())
+                .collect();
+            if crate::muon::ReplicaSubgroupRule::parse(rule).is_none() {
+                return Err(key_err(
+                    "optimizer.muon",
+                    "replica_subgroups",
+                    format!(
+                        "[optimizer.muon] replica_subgroups = \"{rule}\"; use one of {} \
+                         (launcher: the paper's devices-per-machine rule; topology: the \
+                         replica-group members that share a machine)",
+                        names.join(", ")
+                    ),
+                ));
+            }
+            if rule == "topology"
+                && let Some(c) = o.muon.replica_count
+            {
+                return Err(key_err(
+                    "optimizer.muon",
+                    "replica_count",
+                    format!(
+                        "[optimizer.muon] replica_count = {c} and replica_subgroups = \
+                         \"topology\" both size the replica subgroups; remove replica_count \
+                         or use replica_subgroups = \"launcher\""
+                    ),
+                ));
+            }
         }
         for b in &o.baselines {
             if !MUON_BASELINES.contains(&b.as_str()) {

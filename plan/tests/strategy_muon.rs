@@ -1,13 +1,15 @@
 //! Optimizer strategies in step programs: every strategy validates on the Muon scenarios;
 //! HyperParallel's NS work is deduplicated across shard and replica domains; naive repeats the
 //! single-device work on every rank; replica-owner momentum is 1/R_s of the naive state;
-//! under the canonical mapping no HyperParallel optimizer byte crosses supernodes; template
-//! keys still fold identical programs; at most one batch in flight; the exp-b optimizer
-//! all-gather counts against the calibration; exp-d generation time and template keys.
+//! under the canonical mapping with topology replica subgroups no HyperParallel optimizer
+//! byte crosses supernodes (and the launcher rule warns); template keys still fold identical
+//! programs; at most one batch in flight; the exp-b optimizer all-gather counts against the
+//! calibration; exp-d generation time and template keys; every communicator's members issue
+//! the same collective sequence.
 
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
-use hpfsdp_plan::muon::{MuonPlan, OptimizerRoute, build_muon_plan};
+use hpfsdp_plan::muon::{MuonPlan, OptimizerRoute, ReplicaSubgroupRule, build_muon_plan};
 use hpfsdp_plan::planner::{ShardingPlan, plan};
 use hpfsdp_plan::program::{Category, Payload, StepProgram, Stream};
 use hpfsdp_plan::scenario::Scenario;
@@ -327,22 +329,26 @@ fn momentum_is_one_over_rs_of_naive() {
 }
 
 /// Canonical mapping: shard axis = the dies of one supernode, replicas across supernodes.
-/// With replica subgroups inside a supernode (subgroups of one: each supernode recomputes),
-/// no HyperParallel optimizer collective crosses supernodes. With the automatic subgroup size
-/// (R = 2 <= dies per machine: no split, notes 6.5) the replica broadcasts do, and only they.
+/// With `replica_subgroups = "topology"` (each replica's machine holds no other replica:
+/// subgroups of one, each supernode recomputes) no HyperParallel optimizer collective crosses
+/// supernodes, as with `replica_count = 1`. With the default launcher rule (R = 2 <= dies per
+/// machine: no split, notes 6.5) the replica broadcasts do, and only they; the plan warns,
+/// naming the axis, the bytes and the fix.
 #[test]
 fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
     let topo = [
         ("machines_per_supernode = 2", "machines_per_supernode = 1"),
         ("supernodes = 1", "supernodes = 2"),
     ];
-    let tier_bytes = |x: &Plans| -> (u64, u64, u64) {
+    // (inter-supernode bytes, intra bytes, inter bytes off the optimizer stream, rank 0's
+    // inter-supernode replica broadcast input bytes), over every rank's optimizer ops.
+    let tier_bytes = |x: &Plans| -> (u64, u64, u64, u64) {
         let g = gen_with(
             x,
             StrategyKind::HyperParallel,
             OptimizerStrategy::HyperParallelMuon,
         );
-        let (mut inter, mut intra, mut replica_inter) = (0, 0, 0);
+        let (mut inter, mut intra, mut replica_inter, mut rank0) = (0, 0, 0, 0);
         for r in 0..g.world_size() {
             let p = g.program(r).unwrap();
             for o in p.ops.iter().filter(|o| o.category == Category::Optimizer) {
@@ -351,6 +357,9 @@ fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
                         inter += c.input_bytes.max(c.output_bytes);
                         if o.stream != Stream::Optimizer {
                             replica_inter += c.input_bytes;
+                            if r == 0 {
+                                rank0 += c.input_bytes;
+                            }
                         }
                     } else {
                         intra += c.input_bytes.max(c.output_bytes);
@@ -358,30 +367,90 @@ fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
                 }
             }
         }
-        (inter, intra, replica_inter)
+        (inter, intra, replica_inter, rank0)
     };
+    let topology = edited(
+        "paper/muon-vs-flexshard.toml",
+        &topo,
+        "\n[optimizer.muon]\nreplica_subgroups = \"topology\"\n",
+    );
+    assert_eq!(
+        topology.s.topology.dies_per_supernode(),
+        topology.s.file.mesh.dp_shard
+    );
+    let m = build_muon_plan(&topology.s, &topology.p, &topology.f);
+    assert_eq!(m.replica_subgroups, ReplicaSubgroupRule::Topology);
+    assert_eq!(m.replica_subgroup_sizes.get("dp_replicate"), Some(&1));
+    assert_eq!(m.replica_count, Some(1));
+    assert!(m.lints.is_empty(), "{:?}", m.lints);
+    let (inter, intra, _, _) = tier_bytes(&topology);
+    assert_eq!(inter, 0, "optimizer bytes across supernodes");
+    assert!(intra > 0);
+    // The same as an explicit replica_count = 1.
     let split = edited(
         "paper/muon-vs-flexshard.toml",
         &topo,
         "\n[optimizer.muon]\nreplica_count = 1\n",
     );
-    assert_eq!(
-        split.s.topology.dies_per_supernode(),
-        split.s.file.mesh.dp_shard
-    );
-    let (inter, intra, _) = tier_bytes(&split);
-    assert_eq!(inter, 0, "optimizer bytes across supernodes");
-    assert!(intra > 0);
-    let auto = edited("paper/muon-vs-flexshard.toml", &topo, "");
-    let (inter, intra, replica) = tier_bytes(&auto);
+    assert_eq!(tier_bytes(&split), (inter, intra, 0, 0));
+
+    let launcher = edited("paper/muon-vs-flexshard.toml", &topo, "");
+    let (inter, intra, replica, rank0) = tier_bytes(&launcher);
     println!(
-        "canonical mapping, automatic R_s = R = 2: {:.3} GB inter-supernode (all replica \
-         broadcasts), {:.3} GB intra-supernode; subgroups of one: 0 inter",
+        "canonical mapping, launcher rule (R_s = R = 2): {:.3} GB inter-supernode (all replica \
+         broadcasts), {:.3} GB intra-supernode; topology subgroups: 0 inter",
         inter as f64 / 1e9,
         intra as f64 / 1e9
     );
     assert_eq!(inter, replica);
     assert!(inter > 0);
+    let m = build_muon_plan(&launcher.s, &launcher.p, &launcher.f);
+    assert_eq!(m.replica_subgroups, ReplicaSubgroupRule::Launcher);
+    assert_eq!(m.replica_count, None);
+    let [lint] = m.lints.as_slice() else {
+        panic!("one lint expected: {:?}", m.lints);
+    };
+    println!("{lint}");
+    assert_eq!(lint.code, "muon-replica-subgroup-crosses-supernodes");
+    assert_eq!(lint.axis.as_deref(), Some("dp_replicate"));
+    assert!(lint.message.contains(&format!("{rank0} bytes")), "{lint}");
+    assert!(
+        lint.fix.contains("replica_subgroups = \"topology\""),
+        "{lint}"
+    );
+    // Inside one supernode (the scenario as written) the launcher subgroups do not warn.
+    let inside = load("paper/muon-vs-flexshard.toml");
+    assert!(
+        build_muon_plan(&inside.s, &inside.p, &inside.f)
+            .lints
+            .is_empty()
+    );
+}
+
+/// `[optimizer.muon] replica_subgroups`: unknown values and a conflicting `replica_count`
+/// are rejected with the key, the allowed values and the fix.
+#[test]
+fn replica_subgroups_key_errors() {
+    let path = root().join("paper/muon-vs-flexshard.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let err = |append: &str| {
+        Scenario::from_str_at(&format!("{text}{append}"), &path)
+            .unwrap_err()
+            .to_string()
+    };
+    let e = err("\n[optimizer.muon]\nreplica_subgroups = \"machine\"\n");
+    assert!(
+        e.contains("[optimizer.muon] replica_subgroups = \"machine\"")
+            && e.contains("launcher, topology"),
+        "{e}"
+    );
+    let e = err("\n[optimizer.muon]\nreplica_subgroups = \"topology\"\nreplica_count = 2\n");
+    assert!(
+        e.contains("replica_count = 2") && e.contains("remove replica_count"),
+        "{e}"
+    );
+    let ok = format!("{text}\n[optimizer.muon]\nreplica_subgroups = \"launcher\"\n");
+    assert!(Scenario::from_str_at(&ok, &path).is_ok());
 }
 
 /// The pipeline: the gathers of NS batch j+1 are issued before the NS of batch j and after the
@@ -572,19 +641,26 @@ fn owner_placement_baselines() {
     }));
 }
 
-/// Equal template keys give programs equal up to their groups' ranks, for Muon programs.
+/// Equal template keys give programs equal up to their groups' ranks and op names (labels
+/// for reports, which folding ignores), for Muon programs.
 #[test]
 fn muon_template_keys_fold_identical_programs() {
-    for rel in [
+    let mut all: Vec<Plans> = [
         "verify/dense-hsdp2x4.toml",
         "verify/moe-ep2-fsdp2.toml",
         "verify/dense-tp2-fsdp2.toml",
         "verify/mla-hsdp2x2.toml",
         "verify/uneven-fsdp3.toml",
-    ] {
-        let x = verify_muon(rel);
+    ]
+    .iter()
+    .map(|rel| verify_muon(rel))
+    .collect();
+    // Per-expert weights: EP classes whose programs differ only in names share keys.
+    all.push(mini_exp_d());
+    for x in &all {
+        let name = &x.s.file.name;
         for kind in StrategyKind::ALL {
-            for o in OptimizerStrategy::ALL.into_iter().filter(|o| o.is_muon()) {
+            for o in OptimizerStrategy::ALL {
                 let Ok(g) = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o) else {
                     continue;
                 };
@@ -594,14 +670,20 @@ fn muon_template_keys_fold_identical_programs() {
                     for grp in &mut prog.groups {
                         grp.ranks = vec![grp.ranks.len()];
                     }
+                    for op in &mut prog.ops {
+                        op.name = None;
+                    }
                     prog.rank = 0;
                     let key = g.template_key(rank);
                     match by_key.get(&key) {
-                        Some(first) => assert_eq!(first, &prog, "{rel} {kind} {o} rank {rank}"),
+                        Some(first) => assert_eq!(first, &prog, "{name} {kind} {o} rank {rank}"),
                         None => {
                             by_key.insert(key, prog);
                         }
                     }
+                }
+                if name == "mini-exp-d" && o == OptimizerStrategy::AdamW {
+                    assert_eq!(by_key.len(), 1, "{kind}: EP classes share one template");
                 }
             }
         }
@@ -638,4 +720,123 @@ fn exp_d_generation_and_template_keys() {
         ns_flops_of(&p) as f64 / 1e12
     );
     assert!(per_rank.as_secs_f64() < 1.0, "{per_rank:?}");
+}
+
+/// One call on a communicator: (kind, dtype, input bytes, output bytes).
+type Call = (CollectiveKind, hpfsdp_plan::model::DType, u64, u64);
+
+/// Checks that the members of every communicator (label and ranks) issue identical call
+/// sequences on it; returns the number of member sequences compared.
+fn communicators_agree(g: &ProgramGenerator) -> Result<usize, String> {
+    let mut first: HashMap<(String, Vec<usize>), (usize, Vec<Call>)> = HashMap::new();
+    let mut compared = 0;
+    for r in 0..g.world_size() {
+        let p = g.program(r).map_err(|e| e.to_string())?;
+        let mut per: Vec<Vec<Call>> = vec![Vec::new(); p.groups.len()];
+        for c in p.ops.iter().filter_map(|o| o.payload.as_collective()) {
+            per[c.group.index()].push((c.kind, c.dtype, c.input_bytes, c.output_bytes));
+        }
+        for (gi, seq) in per.into_iter().enumerate() {
+            let key = (p.groups[gi].label.clone(), p.groups[gi].ranks.clone());
+            match first.get(&key) {
+                Some((r0, s0)) => {
+                    compared += 1;
+                    if *s0 != seq {
+                        let i = s0.iter().zip(&seq).take_while(|(a, b)| a == b).count();
+                        return Err(format!(
+                            "communicator '{}' {:?}: rank {r0} and rank {r} differ at call {i}: \
+                             {:?} vs {:?}",
+                            key.0,
+                            key.1,
+                            s0.get(i),
+                            seq.get(i)
+                        ));
+                    }
+                }
+                None => {
+                    first.insert(key, (r, seq));
+                }
+            }
+        }
+    }
+    Ok(compared)
+}
+
+/// A 32-rank exp-d in miniature: MLA + per-expert MoE, dense HSDP 2 x 8 x TP 2 and expert
+/// 4 replicas x EP 4 x ETP 2, so that a dense shard group spans EP classes whose replica
+/// owners of an expert batch differ (an expert batch sits between two dense batches in plan
+/// order, and some classes own none of it).
+fn mini_exp_d() -> Plans {
+    let text = r#"
+name = "mini-exp-d"
+hardware = "ascend-910c-a3"
+[model]
+compact = "models/tiny-mla.toml"
+expert_layout = "per_expert"
+dtype = "bf16"
+[mesh]
+dp_replicate = 2
+dp_shard = 8
+tp = 2
+ep = 4
+etp = 2
+edp_replicate = 4
+edp_shard = 1
+[topology]
+dies_per_machine = 8
+machines_per_supernode = 2
+supernodes = 2
+[train]
+seq_len = 32
+global_batch = 16
+micro_batch = 1
+recompute = "off"
+[fsdp]
+strategy = "hyperparallel"
+baselines = ["fsdp2", "megatron-ddp"]
+param_dtype = "bf16"
+reduce_dtype = "f32"
+[optimizer]
+kind = "muon+adamw"
+preset = "hyperparallel"
+"#;
+    let at = root().join("verify/mini-exp-d.toml");
+    plans_of(Scenario::from_str_at(text, &at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")))
+}
+
+/// Regression (exp-d: "rank 697 op#30179 is broadcast ..., but rank 705 issued all-gather
+/// ... as the same call"): every member of a communicator issues the same collective
+/// sequence, for every Muon optimizer strategy on every FSDP strategy. The HyperParallel
+/// Muon used to prefetch the next gathers at "the rank's previous non-empty NS batch", which
+/// depends on the EP class and on replica ownership in other domains, so a dense shard group
+/// saw a prefetched gather before a relay broadcast on some members and after it on others.
+#[test]
+fn communicator_members_issue_identical_sequences() {
+    let mut all: Vec<Plans> = MUON_SCENARIOS.iter().map(|r| load(r)).collect();
+    all.push(mini_exp_d());
+    for x in &all {
+        for kind in StrategyKind::ALL {
+            for o in OptimizerStrategy::ALL.into_iter().filter(|o| o.is_muon()) {
+                let Ok(g) = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o) else {
+                    assert!(o.owner_placement() && kind != StrategyKind::HyperParallel);
+                    continue;
+                };
+                let n = communicators_agree(&g)
+                    .unwrap_or_else(|e| panic!("{} {kind} {o}: {e}", x.s.file.name));
+                assert!(n > 0, "{} {kind} {o}", x.s.file.name);
+            }
+        }
+    }
+}
+
+/// The same check on exp-d itself (768 ranks, about 30 s per optimizer strategy in release
+/// builds): `cargo test --release -p hpfsdp-plan --test strategy_muon -- --ignored`.
+#[test]
+#[ignore = "slow: generates 768 exp-d programs per optimizer strategy"]
+fn exp_d_communicator_members_issue_identical_sequences() {
+    let x = load("paper/exp-d.toml");
+    for o in OptimizerStrategy::ALL.into_iter().filter(|o| o.is_muon()) {
+        let g = gen_with(&x, StrategyKind::HyperParallel, o);
+        communicators_agree(&g).unwrap_or_else(|e| panic!("exp-d {o}: {e}"));
+    }
 }

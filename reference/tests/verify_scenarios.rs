@@ -3,7 +3,9 @@
 //! digests, mutations caught by validation mode with the module named, the trace against the
 //! step program, and clear errors for bad inputs; for the `*-muon` scenarios also distributed
 //! Muon on the real gradients over several steps (deduplicated == naive == single-device Muon
-//! on the run's own gradients, bitwise; the dedup figures; a corrupted step is caught).
+//! on the run's own gradients, bitwise; the dedup figures; a corrupted step is caught) and the
+//! engine's collective trace against the `hyperparallel` Muon optimizer program (passing, or
+//! advisory with its known plan-side difference).
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +14,9 @@ use hpfsdp_reference::runtime::ExecMode;
 use hpfsdp_reference::verify::compare::{Which, assemble};
 use hpfsdp_reference::verify::muon::{MUON_VERIFY_STEPS, Route};
 use hpfsdp_reference::verify::muon_report::muon_part;
-use hpfsdp_reference::verify::report::{VerifyReport, verify_mutation};
+use hpfsdp_reference::verify::report::{
+    MUON_TRACE_CHECK, MUON_TRACE_GATING, VerifyReport, muon_trace_check, verify_mutation,
+};
 use hpfsdp_reference::verify::{VerifyError, VerifySpec, run_distributed, run_single, verify};
 
 fn dir() -> PathBuf {
@@ -81,9 +85,54 @@ const MUON_CHECKS: [&str; 4] = [
     "Muon dedup figures match the plan",
 ];
 
+/// The Muon trace check ("Muon collective trace == hyperparallel Muon optimizer program") per
+/// Muon scenario: `Ok((calls, broadcasts))`, it passes, comparing that many calls of step 1
+/// summed over ranks, every broadcast's root included; `Err(piece)`, the known difference on
+/// the plan side, `piece` a piece of the first-difference message (the check is advisory
+/// until none is left, see `MUON_TRACE_GATING`).
+fn muon_trace_expectation(name: &str) -> Result<(usize, usize), &'static str> {
+    match name {
+        "dense-fsdp4-muon" => Ok((20, 16)),
+        "dense-hsdp4x2-muon" => Ok((40, 32)),
+        "moe-ep2-fsdp2-muon" => Ok((20, 16)),
+        "mla-hsdp2x2-muon" => Ok((28, 24)),
+        "uneven-fsdp3-muon" => Ok((12, 9)),
+        "dense-tp2-fsdp2-muon" => Ok((64, 48)),
+        _ => panic!("no Muon trace expectation for {name}"),
+    }
+}
+
 /// A Muon scenario end to end; returns the report for scenario-specific figures.
 fn check_muon(name: &str, bitwise_single: bool) -> VerifyReport {
     let r = check_scenario(name, bitwise_single);
+    let t = r
+        .checks
+        .iter()
+        .find(|c| c.name == MUON_TRACE_CHECK)
+        .unwrap_or_else(|| panic!("{name}: no Muon trace check"));
+    assert_eq!(t.gating, MUON_TRACE_GATING, "{name}");
+    match muon_trace_expectation(name) {
+        Ok((calls, broadcasts)) => {
+            assert!(t.passed, "{name}: {}", t.detail);
+            let want = format!("{calls} Muon calls of step 1 on {} ranks", r.world);
+            assert!(t.detail.starts_with(&want), "{name}: {}", t.detail);
+            let roots = format!("{broadcasts} of {broadcasts} broadcast roots compared");
+            assert!(t.detail.ends_with(&roots), "{name}: {}", t.detail);
+        }
+        Err(known) => {
+            assert!(
+                !t.passed,
+                "{name}: the known plan-side difference is gone: expect a pass here (and make \
+                 the check gating once no scenario differs): {}",
+                t.detail
+            );
+            assert!(
+                t.detail.contains(known),
+                "{name}: another difference than the known one: {}",
+                t.detail
+            );
+        }
+    }
     assert_eq!(r.steps, MUON_VERIFY_STEPS, "{name}");
     assert!(
         r.optimizer.starts_with("muon+adamw"),
@@ -219,6 +268,32 @@ fn a_corrupted_muon_step_is_caught() {
     let single = run_single(&s).unwrap();
     let (_, checks) = muon_part(&s, mv, &prod, &single).unwrap();
     assert!(checks.iter().all(|c| c.passed), "{checks:?}");
+    // The engine's step-1 calls on each rank: one fused all-gather, then the relay broadcasts
+    // of the 4 shard owners; a wrong root or a missing call breaks the Muon trace check.
+    assert!(muon_trace_check(&s, &prod).passed);
+    assert!(prod.muon_traces.iter().all(|t| t.len() == 5));
+    let mut bad = prod.clone();
+    let e = &mut bad.muon_traces[1][2];
+    e.root = Some(e.ranks[3]);
+    let c = muon_trace_check(&s, &bad);
+    assert!(!c.passed, "{c:?}");
+    assert!(
+        c.detail.contains("rank 1, communicator")
+            && c.detail.contains("call #2: the trace has broadcast")
+            && c.detail.contains("from group position 3 (trace #")
+            && c.detail.contains("from group position 1 (muon.b0.relay.")
+            && c.detail.contains("of 4 ranks differ"),
+        "{}",
+        c.detail
+    );
+    let mut bad = prod.clone();
+    bad.muon_traces[3].pop();
+    let c = muon_trace_check(&s, &bad);
+    assert!(
+        c.detail.contains("call #4: the trace has nothing"),
+        "{}",
+        c.detail
+    );
     // Flip one bit of rank 2's q_proj shard after step 2: the sharded optimizer no longer
     // reproduces single-device Muon on the run's own gradients.
     let q = s

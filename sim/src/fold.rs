@@ -9,6 +9,11 @@
 //! groups until the partition stops changing. A rank whose group holds a straggler is thereby
 //! separated from a rank whose groups do not.
 //!
+//! Op names are labels for reports (the engine never reads them), so programs that differ
+//! only in names fold: the per-expert weights of different expert-parallel ranks, the
+//! matrices different Muon owners orthogonalize. A class's timeline carries its
+//! representative's names.
+//!
 //! Program identity is decided by a 128-bit BLAKE3 digest of the program's canonical bytes.
 
 use crate::error::SimError;
@@ -98,10 +103,18 @@ pub(crate) struct RankView<'a> {
     pub groups: Cow<'a, [Group]>,
 }
 
-/// Digest of a program's ops and resident memory (its groups excluded).
+/// Digest of a program's ops and resident memory (its groups and op names excluded).
 pub(crate) fn ops_digest(prog: &StepProgram) -> u128 {
     let mut sink = ByteSink(Vec::new());
-    prog.ops.hash(&mut sink);
+    prog.ops.len().hash(&mut sink);
+    for op in &prog.ops {
+        op.id.hash(&mut sink);
+        op.stream.hash(&mut sink);
+        op.category.hash(&mut sink);
+        op.deps.hash(&mut sink);
+        op.payload.hash(&mut sink);
+        op.memory.hash(&mut sink);
+    }
     prog.resident.hash(&mut sink);
     digest(&sink.0)
 }

@@ -86,12 +86,14 @@ impl Workload {
         Ok(Self::assemble_reps(world_size, topology, classes, reps))
     }
 
-    /// Folds a job whose ranks share a few program **templates**: `template_key(rank)` is
-    /// equal for two ranks exactly when their programs are identical except for the ranks
-    /// inside their groups, and `groups(rank)` is the group table of `rank`'s program. Only
-    /// one program per template plus one per class representative is generated, so a
-    /// 100,000-rank job costs group tables, not programs. The classes are the same as
-    /// [`Workload::fold_with`] finds when the key is honest; a test checks this.
+    /// Folds a job whose ranks share a few program **templates**: two ranks with equal
+    /// `template_key(rank)` must have programs that are identical except for the ranks inside
+    /// their groups and op names (different keys may still turn out identical: templates
+    /// whose programs are equal fold together), and `groups(rank)` is the group table of
+    /// `rank`'s program. One program per template is generated, and reused as its class's
+    /// representative where it is one, so a 100,000-rank job costs group tables, not
+    /// programs. The classes are the same as [`Workload::fold_with`] finds when the key is
+    /// honest; a test checks this.
     pub fn fold_templated<K, G, P>(
         world_size: usize,
         topology: Topology,
@@ -105,19 +107,21 @@ impl Workload {
         P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
     {
         check_world(world_size, &topology)?;
-        // One digest per template, from its first rank's program.
-        let mut template_digest: HashMap<u64, u128> = HashMap::new();
-        for rank in 0..world_size {
-            let key = template_key(rank);
-            if let std::collections::hash_map::Entry::Vacant(e) = template_digest.entry(key) {
+        // One program per template, from its first rank; kept, since the first rank of a
+        // template is the smallest rank of its class unless the class merges templates whose
+        // programs turn out equal.
+        let keys: Vec<u64> = (0..world_size).map(&template_key).collect();
+        let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
+        for (rank, &key) in keys.iter().enumerate() {
+            if let std::collections::hash_map::Entry::Vacant(e) = templates.entry(key) {
                 let p = program(rank)?;
                 check_program(&p, rank, world_size)?;
-                e.insert(fold::ops_digest(&p));
+                e.insert((fold::ops_digest(&p), rank, Some(p)));
             }
         }
         let classes = fold::classes_of_views(world_size, &topology, |rank| {
             Ok(RankView {
-                ops_digest: template_digest[&template_key(rank)],
+                ops_digest: templates[&keys[rank]].0,
                 groups: Cow::Owned(groups(rank)?),
             })
         })?;
@@ -125,8 +129,19 @@ impl Workload {
             .members
             .iter()
             .map(|m| {
-                let p = program(m[0])?;
-                check_program(&p, m[0], world_size)?;
+                let rep = m[0];
+                let p = match templates.get_mut(&keys[rep]) {
+                    Some((_, first, p)) if *first == rep => p.take(),
+                    _ => None,
+                };
+                let p = match p {
+                    Some(p) => p,
+                    None => {
+                        let p = program(rep)?;
+                        check_program(&p, rep, world_size)?;
+                        p
+                    }
+                };
                 check_tiers(&p, &topology)?;
                 Ok(p)
             })

@@ -89,15 +89,17 @@ pub fn run(path: &Path, json: bool, accuracy: bool) -> Result<ExitCode> {
     }
     let total = stats.total();
     println!(
-        "scenario {}: {} ranks, {} Muon / {} AdamW params, {} Muon batches, replica subgroup {}",
+        "scenario {}: {} ranks, {} Muon / {} AdamW params, {} Muon batches, replica subgroups {}",
         scenario.file.name,
         stats.per_rank.len(),
         muon_params,
         muon.params.len() - muon_params,
         muon.batches.len(),
-        muon.replica_count
-            .map_or("none (no split)".to_string(), |r| r.to_string())
+        muon.replica_subgroup_summary()
     );
+    for l in &muon.lints {
+        println!("{l}");
+    }
     let mut t = Table::new(&[
         "figure",
         "deduplicated (hyperparallel)",

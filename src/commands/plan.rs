@@ -244,12 +244,11 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
         .filter(|p| p.route == OptimizerRoute::Muon)
         .count();
     out.push_str(&format!(
-        "optimizer  {} Muon / {} AdamW params; {} Muon batches; replica subgroup {}\n",
+        "optimizer  {} Muon / {} AdamW params; {} Muon batches; replica subgroups {}\n",
         muon_n,
         m.params.len() - muon_n,
         m.batches.len(),
-        m.replica_count
-            .map_or("none (no split)".into(), |c| c.to_string())
+        m.replica_subgroup_summary()
     ));
     out.push_str(&format!("digest     {}\n\n", r.sharding_digest));
 
@@ -420,17 +419,17 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
     out.push_str("\nCOMMUNICATION GROUPS\n");
     out.push_str(&gt.render());
 
-    // Lint.
-    let errors = s
-        .lints
+    // Lint: the sharding plan's, then the Muon plan's (replica subgroups on the slow tier).
+    let lints: Vec<_> = s.lints.iter().chain(&m.lints).collect();
+    let errors = lints
         .iter()
         .filter(|l| l.severity == Severity::Error)
         .count();
     out.push_str(&format!(
         "\nLINT: {errors} error(s), {} warning(s)\n",
-        s.lints.len() - errors
+        lints.len() - errors
     ));
-    for l in &s.lints {
+    for l in lints {
         out.push_str(&format!("{l}\n"));
     }
     out

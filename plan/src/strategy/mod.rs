@@ -402,6 +402,39 @@ pub struct ProgramGenerator {
     tokens_per_step: u64,
     model_flops_per_step: f64,
     megatron: Option<megatron::Layout>,
+    /// Per expert-parallel class, the class's template signature (computed on first use).
+    class_signatures: std::sync::OnceLock<Vec<u64>>,
+}
+
+/// Digest of the part of a program its expert-parallel class decides, with op names left
+/// out. With an optimizer schedule (`schedule`: the Muon strategies, whose schedule has its
+/// own digest): every op outside it, the gradients it frees and the resident memory other
+/// than optimizer state; without one (the AdamW placeholder): the whole program.
+fn class_part_digest(p: &StepProgram, schedule: bool) -> u64 {
+    use crate::program::{Category, MemTag};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for op in &p.ops {
+        if schedule && op.category == Category::Optimizer {
+            for m in op.memory.iter().filter(|m| m.tag == MemTag::Grads) {
+                m.hash(&mut h);
+            }
+            continue;
+        }
+        op.id.hash(&mut h);
+        op.stream.hash(&mut h);
+        op.category.hash(&mut h);
+        op.deps.hash(&mut h);
+        op.payload.hash(&mut h);
+        op.memory.hash(&mut h);
+    }
+    for r in p
+        .resident
+        .iter()
+        .filter(|r| !schedule || r.tag != MemTag::Optimizer)
+    {
+        r.hash(&mut h);
+    }
+    h.finish()
 }
 
 impl ProgramGenerator {
@@ -576,6 +609,7 @@ impl ProgramGenerator {
             tokens_per_step,
             model_flops_per_step,
             megatron,
+            class_signatures: std::sync::OnceLock::new(),
         })
     }
 
@@ -626,23 +660,79 @@ impl ProgramGenerator {
     }
 
     /// A key such that two ranks with equal keys get programs that are identical except for
-    /// the ranks inside their groups (same ops, same group table order, labels and sizes).
-    /// It hashes the rank's expert-parallel class (when per-expert weights make the parameter
-    /// sets differ), the tier of each of its groups (collectives carry their tier) and, for
-    /// the Muon optimizer strategies, the digest of the rank's optimizer schedule (owners make
-    /// it rank-dependent: which matrices a rank orthogonalizes, relays and owns).
+    /// the ranks inside their groups and op names (same ops, same group table order, labels
+    /// and sizes). It hashes the signature of the rank's expert-parallel class (classes whose
+    /// programs differ only in per-expert weight names share one), the tier of each of its
+    /// groups (collectives carry their tier) and, for the Muon optimizer strategies, the
+    /// digest of the rank's optimizer schedule without names (owners make it rank-dependent:
+    /// which matrices a rank orthogonalizes, relays and owns).
     /// Cost: one group construction per family, O(group sizes), plus the optimizer digest
-    /// (cached per distinct optimizer coordinate).
+    /// (cached per distinct optimizer coordinate); the first call generates one program per
+    /// expert-parallel class.
     pub fn template_key(&self, rank: usize) -> u64 {
         let rank = rank.min(self.world_size.saturating_sub(1));
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        self.ctx.class_of(rank).hash(&mut h);
+        let class = self.ctx.class_of(rank);
+        self.class_signatures().get(class).hash(&mut h);
         for f in &self.ctx.families {
             let ranks = self.ctx.group_ranks(f, rank);
             self.ctx.topology.tier_of(&ranks).hash(&mut h);
         }
         muon::template_digest(&self.ctx, rank).hash(&mut h);
         h.finish()
+    }
+
+    /// The template signature of every expert-parallel class: classes whose programs differ
+    /// only in names (per-expert weights: the same shapes on every EP coordinate) share one,
+    /// so their ranks can fold. It is the digest of the first rank's program outside the
+    /// optimizer schedule, names left out ([`ProgramGenerator::template_key`] hashes the
+    /// schedule itself). The class index itself under owner placement (DMuon, MatrixFSDP),
+    /// whose FSDP part also depends on the rank's position, and when a program fails.
+    fn class_signatures(&self) -> &[u64] {
+        self.class_signatures.get_or_init(|| {
+            let n = self.ctx.classes.len();
+            let by_index = |c: usize| c as u64;
+            let schedule = self.ctx.opt.strategy.is_muon();
+            if n <= 1 || self.ctx.opt.strategy.owner_placement() {
+                return (0..n).map(by_index).collect();
+            }
+            let mut first: Vec<Option<usize>> = vec![None; n];
+            let mut found = 0;
+            for r in 0..self.world_size {
+                let c = self.ctx.class_of(r);
+                if let Some(slot) = first.get_mut(c).filter(|s| s.is_none()) {
+                    *slot = Some(r);
+                    found += 1;
+                    if found == n {
+                        break;
+                    }
+                }
+            }
+            let digests: Vec<Option<u64>> = first
+                .iter()
+                .map(|r| {
+                    r.and_then(|r| self.program(r).ok())
+                        .map(|p| class_part_digest(&p, schedule))
+                })
+                .collect();
+            // A class whose program could not be generated keeps its own signature.
+            digests
+                .iter()
+                .enumerate()
+                .map(|(c, d)| match d {
+                    Some(d) => {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        (0u8, d).hash(&mut h);
+                        h.finish()
+                    }
+                    None => {
+                        let mut h = std::collections::hash_map::DefaultHasher::new();
+                        (1u8, by_index(c)).hash(&mut h);
+                        h.finish()
+                    }
+                })
+                .collect()
+        })
     }
 
     /// The optimizer strategy this generator emits.

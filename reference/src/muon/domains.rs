@@ -261,7 +261,7 @@ impl MuonDomains {
             let mut replicate_axes = Vec::new();
             for (a, size) in &p.replicate_axes {
                 let i = axis_of(a)?;
-                let sub = plan.replica_count.map_or(*size, |c| c.min(*size));
+                let sub = plan.replica_subgroup_size(a, *size);
                 if sub == 0 || !size.is_multiple_of(sub) {
                     return Err(MuonError::config(
                         "optimizer.muon",

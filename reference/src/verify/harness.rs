@@ -67,6 +67,10 @@ pub struct DistRun {
     /// Per-rank communication traces of the first step's forward and backward (the calls a
     /// step program describes; optimizer collectives and later steps are left out).
     pub traces: Vec<Vec<TraceEvent>>,
+    /// Per-rank communication traces of the deduplicated Muon engine in the first optimizer
+    /// step (the calls the Muon optimizer part of a step program describes; AdamW chained
+    /// first issues none, naive Muon's calls are left out). Empty under AdamW.
+    pub muon_traces: Vec<Vec<TraceEvent>>,
 }
 
 impl DistRun {
@@ -331,6 +335,17 @@ pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, Ver
     if let Some(e) = first_err {
         return Err(run_err(e));
     }
+    let muon_traces = world
+        .traces
+        .iter()
+        .zip(&ranks)
+        .map(|(t, r)| {
+            r.muon
+                .first()
+                .and_then(|m| t.get(m.dedup_calls.clone()))
+                .map_or_else(Vec::new, <[TraceEvent]>::to_vec)
+        })
+        .collect();
     let traces = world
         .traces
         .into_iter()
@@ -344,6 +359,7 @@ pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, Ver
         mode,
         ranks,
         traces,
+        muon_traces,
     })
 }
 

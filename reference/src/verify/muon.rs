@@ -273,6 +273,9 @@ pub struct MuonStepRecord {
     pub naive: Option<StepReport>,
     /// Parameters whose updated local piece differs in any bit between the two.
     pub naive_mismatch: Vec<String>,
+    /// Positions in this rank's communication trace of the deduplicated engine's calls in
+    /// this step (AdamW chained first issues none; naive Muon's calls come after).
+    pub dedup_calls: std::ops::Range<usize>,
 }
 
 struct NaiveSide {
@@ -343,8 +346,11 @@ impl<'a> MuonRank<'a> {
     ) -> MuonResult<MuonStepRecord> {
         let g = self.mv.to_set(self.rank, grads)?;
         let mut p = self.mv.to_set(self.rank, shards)?;
+        let start = comm.trace().len();
+        let dedup = self.dedup.step(comm, &mut p, &g)?;
         let mut rec = MuonStepRecord {
-            dedup: self.dedup.step(comm, &mut p, &g)?,
+            dedup,
+            dedup_calls: start..comm.trace().len(),
             ..MuonStepRecord::default()
         };
         if let Some(n) = &mut self.naive {

@@ -345,7 +345,7 @@ fn replica_subgroups(mv: &MuonVerify) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for p in &mv.setup.plan.params {
         for (axis, size) in &p.replicate_axes {
-            let sub = mv.setup.plan.replica_count.map_or(*size, |c| c.min(*size));
+            let sub = mv.setup.plan.replica_subgroup_size(axis, *size);
             let t = format!("{axis} {size}/{sub}");
             if p.core_shape.is_some() && !out.contains(&t) {
                 out.push(t);

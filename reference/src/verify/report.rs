@@ -12,10 +12,10 @@ use super::harness::{DistRun, run_distributed, run_single};
 use super::muon::Route;
 use super::muon_report::{MUON_STEP_BOUND, MuonSummary, muon_part, param_step_bound};
 use super::setup::VerifySpec;
-use super::trace::compare_trace_with_program;
+use super::trace::{Part, ProgramRoots, compare_part, compare_trace_with_program};
 use crate::runtime::fsdp::FsdpCounts;
 use crate::runtime::{DispatchStats, ExecMode};
-use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
+use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 
 /// Bound on row-parallel TP gradients: `max |g_tp − g_1| ≤ GRAD_REL_BOUND · max |g_1|` per
 /// parameter. Row-parallel layers split each length-`K` dot product into `tp` partial sums
@@ -363,6 +363,9 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
         None => None,
     };
     checks.push(trace_check(spec, &prod));
+    if mv.is_some() {
+        checks.push(muon_trace_check(spec, &prod));
+    }
     let passed = checks.iter().filter(|c| c.gating).all(|c| c.passed);
     let m = &spec.scenario.file.mesh;
     Ok(VerifyReport {
@@ -522,6 +525,96 @@ pub fn trace_check(spec: &VerifySpec, prod: &DistRun) -> Check {
         detail: format!(
             "{calls} FSDP/TP/EP calls on {} ranks match per communicator (kind, elements, dtype)",
             prod.traces.len()
+        ),
+    }
+}
+
+/// Name of [`muon_trace_check`].
+pub const MUON_TRACE_CHECK: &str = "Muon collective trace == hyperparallel Muon optimizer program";
+
+/// Whether the Muon trace check gates the verdict: yes, the deduplicated engine's collectives
+/// (notes `hyper-parallel.md` 6.4-6.6) equal the `hyperparallel` Muon program's on every Muon
+/// verification scenario, including uneven shards (segments padded to the largest rank's
+/// piece) and back-to-back shard-path batches (no gather prefetch across batches).
+pub const MUON_TRACE_GATING: bool = true;
+
+/// Compare every rank's trace of the deduplicated Muon engine in the first optimizer step
+/// ([`DistRun::muon_traces`]: fused shard all-gathers, relay broadcasts, replica broadcasts)
+/// with the `Optimizer` collectives of the `hyperparallel` step program with the
+/// `hyperparallel` Muon optimizer of that rank: per communicator (matched by membership) the
+/// same sequence of kind, element count and dtype, and for broadcasts the same root position
+/// in the group.
+pub fn muon_trace_check(spec: &VerifySpec, prod: &DistRun) -> Check {
+    let name = MUON_TRACE_CHECK.to_string();
+    let fail = |detail: String| Check {
+        name: name.clone(),
+        passed: false,
+        gating: MUON_TRACE_GATING,
+        detail,
+    };
+    let Some(mv) = spec.muon.as_ref() else {
+        return fail("not a Muon scenario".into());
+    };
+    let generator = match ProgramGenerator::with_optimizer(
+        &spec.scenario,
+        &spec.sharding,
+        &spec.fsdp,
+        StrategyKind::HyperParallel,
+        OptimizerStrategy::HyperParallelMuon,
+    ) {
+        Ok(g) => g,
+        Err(e) => return fail(format!("no step program: {e}")),
+    };
+    let roots = ProgramRoots::from_muon_plan(&mv.setup.plan);
+    let (mut calls, mut root_calls, mut broadcasts) = (0, 0, 0);
+    let mut per_kind: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut first: Option<String> = None;
+    let mut differing = 0;
+    for (rank, trace) in prod.muon_traces.iter().enumerate() {
+        let program = match generator.program(rank) {
+            Ok(p) => p,
+            Err(e) => return fail(format!("no step program for rank {rank}: {e}")),
+        };
+        match compare_part(trace, &program, Part::MuonOptimizer, Some(&roots)) {
+            Ok(m) => {
+                calls += m.calls();
+                root_calls += m.roots_compared;
+            }
+            Err(e) => {
+                differing += 1;
+                first.get_or_insert_with(|| e.to_string());
+            }
+        }
+        for e in trace {
+            if let Some(k) = e.kind.plan_kind() {
+                *per_kind.entry(k.name()).or_default() += 1;
+                broadcasts += usize::from(k == hpfsdp_plan::CollectiveKind::Broadcast);
+            }
+        }
+    }
+    if let Some(e) = first {
+        return fail(format!(
+            "first difference: {e} (the Muon calls of {differing} of {} ranks differ)",
+            prod.muon_traces.len()
+        ));
+    }
+    let kinds = per_kind
+        .iter()
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Check {
+        name,
+        passed: true,
+        gating: MUON_TRACE_GATING,
+        detail: format!(
+            "{calls} Muon calls of step 1 on {} ranks ({}) match per communicator (kind, elements, dtype); {root_calls} of {broadcasts} broadcast roots compared",
+            prod.muon_traces.len(),
+            if kinds.is_empty() {
+                "none".into()
+            } else {
+                kinds
+            }
         ),
     }
 }

@@ -57,9 +57,8 @@ pub(crate) fn owner_step(ctx: &Ctx, view: &RankView, s: &mut Schedule) -> Vec<us
 }
 
 /// The DMuon optimizer schedule of one rank.
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let mut s = Schedule::default();
     let unselected_expert = |i: usize, p: &super::OptParam| {
         p.route == OptimizerRoute::Muon && oc.placed[i].is_none() && p.plan_shape.len() >= 3
     };

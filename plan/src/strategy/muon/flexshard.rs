@@ -27,9 +27,8 @@ use std::collections::BTreeMap;
 type GroupKey = (Vec<String>, (u64, u64));
 
 /// The FlexShard schedule of one rank.
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let mut s = Schedule::default();
     adamw_units(ctx, view, &mut s, |_, _| false);
     // Plan batch order (descending size), held Muon parameters.
     let mut local = Vec::new();

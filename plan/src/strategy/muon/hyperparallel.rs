@@ -1,7 +1,9 @@
 //! HyperParallel's layout-driven distributed Muon (notes `hyper-parallel.md` 6.4-6.7, 8.1;
 //! paper §6, Algorithm "One distributed Muon step").
 //!
-//! Per HSDP batch of the Muon plan (descending size), on every rank holding its parameters:
+//! Per execution slot of the Muon plan (descending size; a slot holds one batch for every
+//! rank, or one per expert-parallel coordinate for per-expert weights), on every rank
+//! holding the slot's batch of its coordinate:
 //! 1. **Replica dedup (6.5):** only parameters whose replica owner is the rank's replica
 //!    coordinate (coordinate modulo the subgroup size `R_s`) are processed; their momentum
 //!    is the only Muon state the rank keeps (1/R_s of the one-copy-per-replica state).
@@ -25,7 +27,14 @@
 //! Pipelining (paper Fig. "Batched orthogonalization and pipelining"): the gathers of the
 //! next NS memory batch are issued before the current batch's NS, so they overlap it; they
 //! depend on the compute op issued before them, so they never run ahead of the previous
-//! NS: at most one batch of gathers in flight.
+//! NS: at most one batch of gathers in flight. "Next" and "current" are positions in the
+//! rank-independent sequence of (slot, memory batch) steps, not in the rank's own non-empty
+//! batches: every member of a communicator then issues its collectives in the same order
+//! (a rank-dependent prefetch point once put a dense shard group's gather before a relay
+//! broadcast on some members and after it on others, on exp-d).
+//!
+//! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
+//! doing the same work get identical programs and fold in the simulator.
 
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
@@ -33,23 +42,27 @@ use super::{OptParam, RankView, adamw_units, local_matrices, momentum, ns_ops, p
 use crate::CollectiveKind;
 use crate::program::{MemTag, Stream};
 use crate::strategy::Ctx;
+use std::collections::BTreeMap;
 
 /// Stream of the replica-domain broadcasts (the replicate process group's stream).
 pub const REPLICA_STREAM: Stream = Stream::Aux(0);
 /// Replica broadcast buffer cap (`replicate_broadcast_max_bytes`, 512 MiB).
 pub const REPLICA_BROADCAST_MAX_BYTES: u64 = 512 * 1024 * 1024;
 
-/// One batch as this rank sees it.
+/// The batch a rank runs in one slot of the plan.
 struct RankBatch {
     /// Index in the plan.
     index: usize,
+    /// Slot (names use it: equal across EP coordinates).
+    slot: usize,
     /// Held parameters.
     held: Vec<usize>,
     /// Held parameters this rank's replica coordinate owns.
     owned: Vec<usize>,
     /// Shard path.
     shard_path: bool,
-    /// Owned members of each non-empty NS memory batch.
+    /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
+    /// none of it).
     units: Vec<Vec<usize>>,
     /// Replica coordinate.
     rc: Vec<usize>,
@@ -73,48 +86,70 @@ pub(crate) fn grid(sizes: &[usize]) -> Vec<Vec<usize>> {
     out
 }
 
-fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<RankBatch> {
+/// The batch the rank runs in every slot (`None`: it holds none of the slot's batches).
+fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
     let oc = &ctx.opt;
-    let mut out = Vec::new();
-    for (index, b) in oc.plan.batches.iter().enumerate() {
-        let held: Vec<usize> = b
-            .params
-            .iter()
-            .copied()
-            .filter(|&i| oc.params[i].held_by(view.class))
-            .collect();
-        let Some(&first) = held.first() else {
-            continue;
-        };
-        let rc = view.replica_coord(&oc.params[first]);
-        let owned: Vec<usize> = held
-            .iter()
-            .copied()
-            .filter(|i| b.replica_owner.get(i).is_none_or(|c| *c == rc))
-            .collect();
-        let mut sorted = owned.clone();
-        sorted.sort_unstable();
-        let units = b
-            .memory_batches
-            .iter()
-            .map(|mb| {
-                mb.iter()
+    oc.slots
+        .iter()
+        .map(|slot| {
+            // The slot's batch of this rank's EP coordinate (or of every rank).
+            slot.batches.iter().find_map(|&index| {
+                let b = &oc.plan.batches[index];
+                if b.ep_owner.is_some_and(|o| o != view.class) {
+                    return None;
+                }
+                let held: Vec<usize> = b
+                    .params
+                    .iter()
                     .copied()
-                    .filter(|i| sorted.binary_search(i).is_ok())
-                    .collect::<Vec<_>>()
+                    .filter(|&i| oc.params[i].held_by(view.class))
+                    .collect();
+                let &first = held.first()?;
+                let rc = view.replica_coord(&oc.params[first]);
+                let owned: Vec<usize> = held
+                    .iter()
+                    .copied()
+                    .filter(|i| b.replica_owner.get(i).is_none_or(|c| *c == rc))
+                    .collect();
+                let mut sorted = owned.clone();
+                sorted.sort_unstable();
+                let units = b
+                    .memory_batches
+                    .iter()
+                    .map(|mb| {
+                        mb.iter()
+                            .copied()
+                            .filter(|i| sorted.binary_search(i).is_ok())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                Some(RankBatch {
+                    index,
+                    slot: b.slot,
+                    held,
+                    owned,
+                    shard_path: b.shard_path,
+                    units,
+                    rc,
+                })
             })
-            .filter(|u| !u.is_empty())
-            .collect();
-        out.push(RankBatch {
-            index,
-            held,
-            owned,
-            shard_path: b.shard_path,
-            units,
-            rc,
-        });
+        })
+        .collect()
+}
+
+/// Elements of the largest piece of parameter `i` any rank holds before the fused gather
+/// along its shard axis `from` (the earlier axes already gathered): every tensor dim
+/// ceil-chunked by the axes `from..` that cut it (notes 6.4: a segment is the elementwise
+/// max of the ranks' local shapes, rounded up to 512 bytes).
+fn max_piece(ctx: &Ctx, i: usize, from: usize) -> u64 {
+    let p = &ctx.opt.plan.params[i];
+    let mut shape = p.shape.clone();
+    for a in p.shard_axes.iter().skip(from) {
+        if let Some(d) = shape.get_mut(a.tensor_dim) {
+            *d = d.div_ceil(a.size.max(1) as u64);
+        }
     }
-    out
+    shape.iter().product()
 }
 
 /// Fused gathers of one NS memory batch, per shard axis; returns (last op, buffer bytes).
@@ -125,20 +160,18 @@ fn gathers(
     first: &OptParam,
     members: &[usize],
 ) -> (Option<u32>, u64) {
-    let mut remaining = first.shard_size();
     let mut last: Option<u32> = None;
     let mut buffers = 0;
-    for a in &first.shard {
+    for (k, a) in first.shard.iter().enumerate() {
         let input: u64 = members
             .iter()
-            .map(|&i| pad512_bf16(ctx.opt.params[i].numel.div_ceil(remaining.max(1))))
+            .map(|&i| pad512_bf16(max_piece(ctx, i, k)))
             .sum();
-        remaining /= a.size.max(1) as u64;
         let out = input * a.size as u64;
         let mut deps = vec![Dep::Issue];
         deps.extend(last.map(Dep::Op));
         if let Some(op) = s.coll(
-            format!("{prefix}.ag.{}", a.name),
+            s.name(|| format!("{prefix}.ag.{}", a.name)),
             Stream::Optimizer,
             a.slot,
             CollectiveKind::AllGather,
@@ -156,153 +189,125 @@ fn gathers(
 }
 
 /// The HyperParallel Muon schedule of one rank.
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let mut s = Schedule::default();
     adamw_units(ctx, view, &mut s, |_, _| false);
     let grad_bytes = ctx.opts.reduce_dtype.bytes();
     let master = ctx.opts.master_dtype.bytes();
     let batches = rank_batches(ctx, view);
-    for b in &batches {
-        s.momentum_bytes += b
-            .owned
-            .iter()
-            .map(|&i| oc.params[i].local_elems * grad_bytes)
-            .sum::<u64>();
-    }
-    // Flattened NS memory batches: (batch position, unit position).
-    let flat: Vec<(usize, usize)> = batches
+    s.momentum_bytes = batches
+        .iter()
+        .flatten()
+        .flat_map(|b| &b.owned)
+        .map(|&i| oc.params[i].local_elems * grad_bytes)
+        .sum();
+    // Steps: every NS memory batch position of every slot, in slot order, whether or not the
+    // rank takes part in it. Every op has a rank-independent position (step, phase), and a
+    // rank emits an op on a communicator exactly when its fellow members do, so all members
+    // of a communicator issue the same sequence. (The prefetch point of a gather is the step
+    // before its own, never "the rank's previous non-empty step", which depends on the EP
+    // coordinate and on replica ownership in other domains.)
+    let flat: Vec<(usize, usize)> = oc
+        .slots
         .iter()
         .enumerate()
-        .flat_map(|(bp, b)| (0..b.units.len()).map(move |u| (bp, u)))
+        .flat_map(|(slot, x)| (0..x.steps).map(move |u| (slot, u)))
         .collect();
-    let mut issued = 0usize;
+    let unit = |k: usize| -> Option<(&RankBatch, usize, &[usize])> {
+        let &(slot, u) = flat.get(k)?;
+        let b = batches[slot].as_ref()?;
+        let members = b.units.get(u)?;
+        (!members.is_empty()).then_some((b, u, members.as_slice()))
+    };
     let mut unit_gather: Vec<(Option<u32>, u64)> = vec![(None, 0); flat.len()];
+    let mut issued = vec![false; flat.len()];
     let mut momentum_done = vec![false; batches.len()];
     let mut in_flight: Option<(Vec<u32>, u64, usize)> = None;
+    // Momentum of the unit's batch (once) and the unit's fused gathers.
+    let mut issue = |s: &mut Schedule, k: usize, unit_gather: &mut [(Option<u32>, u64)]| {
+        if k >= flat.len() || std::mem::replace(&mut issued[k], true) {
+            return;
+        }
+        let Some((ib, iu, members)) = unit(k) else {
+            return;
+        };
+        if !std::mem::replace(&mut momentum_done[ib.slot], true) {
+            let elems = ib.owned.iter().map(|&i| oc.params[i].local_elems).sum();
+            momentum(
+                ctx,
+                s,
+                s.name(|| format!("muon.b{}.momentum", ib.slot)),
+                elems,
+                ib.owned.len() as u32,
+            );
+        }
+        if ib.shard_path {
+            unit_gather[k] = gathers(
+                ctx,
+                s,
+                &s.name(|| format!("muon.b{}.m{iu}", ib.slot)),
+                &oc.params[members[0]],
+                members,
+            );
+        }
+    };
     let mut k = 0usize;
-    for b in &batches {
-        let plan_b = &oc.plan.batches[b.index];
-        let bi = b.index;
-        let mut ns_of_batch = Vec::new();
-        for u in 0..b.units.len() {
+    for (slot, x) in oc.slots.iter().enumerate() {
+        for _ in 0..x.steps {
             // Issue the gathers of this NS batch (if not yet) and of the next one.
-            while issued < flat.len() && issued <= k + 1 {
-                let (ibp, iu) = flat[issued];
-                let ib = &batches[ibp];
-                if !momentum_done[ibp] {
-                    momentum_done[ibp] = true;
-                    let elems = ib.owned.iter().map(|&i| oc.params[i].local_elems).sum();
-                    momentum(
-                        ctx,
-                        &mut s,
-                        format!("muon.b{}.momentum", ib.index),
-                        elems,
-                        ib.owned.len() as u32,
-                    );
-                }
-                if ib.shard_path {
-                    let members = &ib.units[iu];
-                    let first = &oc.params[members[0]];
-                    unit_gather[issued] = gathers(
-                        ctx,
-                        &mut s,
-                        &format!("muon.b{}.m{iu}", ib.index),
-                        first,
-                        members,
-                    );
-                }
-                issued += 1;
+            issue(&mut s, k, &mut unit_gather);
+            if flat.get(k + 1).is_some_and(|&(next, _)| next == slot) {
+                issue(&mut s, k + 1, &mut unit_gather);
             }
-            let members = &b.units[u];
-            let prefix = format!("muon.b{bi}.m{u}");
-            let (gather, buf) = unit_gather[k];
-            let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
-            let ns = if b.shard_path {
-                let items = members.iter().filter_map(|&i| {
-                    let p = &oc.params[i];
-                    let mine = plan_b.shard_owner.get(&i) == Some(&view.shard_coord(p));
-                    (mine).then_some((p.core?, p.matrices))
-                });
-                ns_ops(ctx, &mut s, &prefix, items.collect::<Vec<_>>(), &deps, true)
-            } else {
-                let items = members.iter().filter_map(|&i| {
-                    let p = &oc.params[i];
-                    Some((p.core?, local_matrices(ctx, p, view)))
-                });
-                ns_ops(ctx, &mut s, &prefix, items.collect::<Vec<_>>(), &deps, true)
+            let step = k;
+            k += 1;
+            let Some((b, u, members)) = unit(step) else {
+                continue;
             };
+            let plan_b = &oc.plan.batches[b.index];
+            let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
+            let (gather, buf) = unit_gather[step];
+            let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
+            let items: Vec<((u64, u64), u64)> = if b.shard_path {
+                members
+                    .iter()
+                    .filter_map(|&i| {
+                        let p = &oc.params[i];
+                        let mine = plan_b.shard_owner.get(&i) == Some(&view.shard_coord(p));
+                        mine.then_some((p.core?, p.matrices))
+                    })
+                    .collect()
+            } else {
+                members
+                    .iter()
+                    .filter_map(|&i| {
+                        let p = &oc.params[i];
+                        Some((p.core?, local_matrices(ctx, p, view)))
+                    })
+                    .collect()
+            };
+            let ns = ns_ops(ctx, &mut s, &prefix, items, &deps, true);
             if let Some(&last) = ns.last().or(gather.as_ref()) {
                 s.free(last, MemTag::Buffers, buf);
             }
-            ns_of_batch.extend(ns);
-            k += 1;
         }
-        // Relay broadcast, dim by dim, then slice and apply.
-        let mut relay: Vec<u32> = Vec::new();
-        let mut relay_buf = 0;
-        if b.shard_path && !b.owned.is_empty() {
-            let first = &oc.params[b.owned[0]];
-            let sizes: Vec<usize> = first.shard.iter().map(|a| a.size).collect();
-            let mine = view.shard_coord(first);
-            let coords = grid(&sizes);
-            let bytes: Vec<u64> = coords
-                .iter()
-                .map(|c| {
-                    b.owned
-                        .iter()
-                        .filter(|&&i| plan_b.shard_owner.get(&i) == Some(c))
-                        .map(|&i| pad512_bf16(oc.params[i].numel))
-                        .sum()
-                })
-                .collect();
-            let mut prev_dim: Vec<u32> = Vec::new();
-            for (d, a) in first.shard.iter().enumerate() {
-                let mut this_dim = Vec::new();
-                for (c, &n) in coords.iter().zip(&bytes) {
-                    if n == 0 || c[d + 1..] != mine[d + 1..] {
-                        continue;
-                    }
-                    let mut deps = vec![Dep::Issue];
-                    deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
-                    let label = c
-                        .iter()
-                        .map(|x| x.to_string())
-                        .collect::<Vec<_>>()
-                        .join("_");
-                    if let Some(op) = s.coll(
-                        format!("muon.b{bi}.relay.{}.c{label}", a.name),
-                        Stream::Optimizer,
-                        a.slot,
-                        CollectiveKind::Broadcast,
-                        n,
-                        n,
-                        crate::model::DType::Bf16,
-                        deps,
-                    ) {
-                        s.alloc(op, MemTag::Buffers, n);
-                        relay_buf += n;
-                        this_dim.push(op);
-                    }
-                }
-                relay.extend(&this_dim);
-                prev_dim = this_dim;
-            }
-        }
+        let Some(b) = &batches[slot] else {
+            continue;
+        };
+        let relay = relay_broadcast(ctx, view, &mut s, b);
         if !b.owned.is_empty() {
             let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
-            let mut deps: Vec<Dep> = relay.iter().map(|&o| Dep::Op(o)).collect();
+            let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
             deps.push(Dep::Issue);
             let apply = s.compute(
-                format!("muon.b{bi}.apply"),
+                s.name(|| format!("muon.b{slot}.apply")),
                 ns_cost::apply_work(elems, b.owned.len() as u32, ctx.opts.master_dtype),
                 deps,
             );
-            s.free(apply, MemTag::Buffers, relay_buf);
+            s.free(apply, MemTag::Buffers, relay.1);
         }
         // Replica broadcast of the updated local parameters; land the previous batch.
-        let first = &oc.params[b.held[0]];
-        let flush = replica_broadcast(&mut s, ctx, b, first, master);
+        let flush = replica_broadcast(&mut s, ctx, b, &oc.params[b.held[0]], master);
         if let Some(f) = flush {
             if let Some(prev) = in_flight.take() {
                 land(&mut s, prev);
@@ -316,8 +321,61 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
     s
 }
 
+/// The relay broadcasts of a shard-path batch, dim by dim (each dim waits for the previous
+/// one); returns (ops, buffer bytes).
+fn relay_broadcast(ctx: &Ctx, view: &RankView, s: &mut Schedule, b: &RankBatch) -> (Vec<u32>, u64) {
+    let oc = &ctx.opt;
+    let mut relay: Vec<u32> = Vec::new();
+    let mut relay_buf = 0;
+    let Some(&f) = b.owned.first().filter(|_| b.shard_path) else {
+        return (relay, relay_buf);
+    };
+    let plan_b = &oc.plan.batches[b.index];
+    let first = &oc.params[f];
+    let mine = view.shard_coord(first);
+    // Bytes of every compute coordinate, in lexicographic coordinate order.
+    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
+    for i in &b.owned {
+        if let Some(c) = plan_b.shard_owner.get(i) {
+            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
+        }
+    }
+    let mut prev_dim: Vec<u32> = Vec::new();
+    for (d, a) in first.shard.iter().enumerate() {
+        let mut this_dim = Vec::new();
+        for (c, &n) in &bytes {
+            if n == 0 || c.get(d + 1..) != mine.get(d + 1..) {
+                continue;
+            }
+            let mut deps = vec![Dep::Issue];
+            deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
+            let name = s.name(|| {
+                let label: Vec<String> = c.iter().map(|x| x.to_string()).collect();
+                format!("muon.b{}.relay.{}.c{}", b.slot, a.name, label.join("_"))
+            });
+            if let Some(op) = s.coll(
+                name,
+                Stream::Optimizer,
+                a.slot,
+                CollectiveKind::Broadcast,
+                n,
+                n,
+                crate::model::DType::Bf16,
+                deps,
+            ) {
+                s.alloc(op, MemTag::Buffers, n);
+                relay_buf += n;
+                this_dim.push(op);
+            }
+        }
+        relay.extend(&this_dim);
+        prev_dim = this_dim;
+    }
+    (relay, relay_buf)
+}
+
 /// The hierarchical replica broadcasts of one batch; returns (last-hop ops, bytes received,
-/// batch index) when the rank takes part in any.
+/// slot) when the rank takes part in any.
 fn replica_broadcast(
     s: &mut Schedule,
     ctx: &Ctx,
@@ -332,6 +390,7 @@ fn replica_broadcast(
     let sizes: Vec<usize> = first.replicate.iter().map(|a| a.coord_size).collect();
     let mut last_hops = Vec::new();
     let mut received = 0;
+    let mut first_op: Option<u32> = None;
     for src in grid(&sizes) {
         let bytes: u64 = b
             .held
@@ -340,11 +399,10 @@ fn replica_broadcast(
             .map(|&i| (ctx.opt.params[i].local_elems * master).div_ceil(512) * 512)
             .sum();
         let chunks = bytes.div_ceil(REPLICA_BROADCAST_MAX_BYTES);
-        let label = src
-            .iter()
-            .map(|x| x.to_string())
-            .collect::<Vec<_>>()
-            .join("_");
+        let label = s.name(|| {
+            let c: Vec<String> = src.iter().map(|x| x.to_string()).collect();
+            c.join("_")
+        });
         for c in 0..chunks {
             let n = (bytes - c * REPLICA_BROADCAST_MAX_BYTES).min(REPLICA_BROADCAST_MAX_BYTES);
             let mut prev: Option<u32> = None;
@@ -354,8 +412,9 @@ fn replica_broadcast(
                 }
                 let mut deps = vec![Dep::Issue];
                 deps.extend(prev.map(Dep::Op));
+                let name = s.name(|| format!("muon.b{}.rb.{}.s{label}.k{c}", b.slot, a.name));
                 if let Some(op) = s.coll(
-                    format!("muon.b{}.rb.{}.s{label}.k{c}", b.index, a.name),
+                    name,
                     REPLICA_STREAM,
                     a.slot,
                     CollectiveKind::Broadcast,
@@ -364,6 +423,7 @@ fn replica_broadcast(
                     ctx.opts.master_dtype,
                     deps,
                 ) {
+                    first_op.get_or_insert(op);
                     prev = Some(op);
                 }
             }
@@ -371,18 +431,23 @@ fn replica_broadcast(
                 last_hops.push(op);
                 if src != b.rc {
                     received += n;
-                    s.alloc(op, MemTag::Buffers, n);
                 }
             }
         }
     }
-    (!last_hops.is_empty()).then_some((last_hops, received, b.index))
+    // The receive buffers of every source are packed when the batch is flushed (notes 6.5:
+    // `flush_group` packs, then issues the async broadcasts), so they are allocated with the
+    // batch's first broadcast: the same op on every member, whichever source it is.
+    if let Some(op) = first_op {
+        s.alloc(op, MemTag::Buffers, received);
+    }
+    (!last_hops.is_empty()).then_some((last_hops, received, b.slot))
 }
 
 /// Lands an in-flight batch: waits its broadcasts and unpacks what was received.
-fn land(s: &mut Schedule, (ops, bytes, index): (Vec<u32>, u64, usize)) {
+fn land(s: &mut Schedule, (ops, bytes, slot): (Vec<u32>, u64, usize)) {
     let mut deps: Vec<Dep> = ops.iter().map(|&o| Dep::Op(o)).collect();
     deps.push(Dep::Issue);
-    let op = s.copy(format!("muon.b{index}.land"), bytes, 1, deps);
+    let op = s.copy(s.name(|| format!("muon.b{slot}.land")), bytes, 1, deps);
     s.free(op, MemTag::Buffers, bytes);
 }

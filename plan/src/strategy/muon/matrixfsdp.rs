@@ -19,9 +19,8 @@ use crate::muon::OptimizerRoute;
 use crate::strategy::Ctx;
 
 /// The MatrixFSDP optimizer schedule of one rank.
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let mut s = Schedule::default();
     adamw_units(ctx, view, &mut s, |_, _| false);
     dmuon::owner_step(ctx, view, &mut s);
     let rest: Vec<usize> = (0..oc.params.len())

@@ -239,12 +239,24 @@ impl OptParam {
     }
 }
 
+/// One execution slot of the Muon plan: the batches sharing it (one per EP coordinate, or one
+/// for every rank) and its number of NS memory-batch steps (the most of its batches).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Slot {
+    /// Plan batch indices.
+    pub batches: Vec<usize>,
+    /// NS memory-batch positions.
+    pub steps: usize,
+}
+
 /// Rank-independent data of the optimizer strategy.
 #[derive(Debug, Clone)]
 pub struct OptCtx {
     /// The strategy.
     pub strategy: OptimizerStrategy,
     pub(crate) plan: MuonPlan,
+    /// The plan's batches by slot, in execution order.
+    pub(crate) slots: Vec<Slot>,
     pub(crate) ns_steps: u64,
     pub(crate) params: Vec<OptParam>,
     /// DMuon / MatrixFSDP: owner position in the FSDP shard group of each placed matrix.
@@ -318,7 +330,11 @@ impl OptCtx {
                 batches: Vec::new(),
                 replica_count: None,
                 devices_per_machine: scenario.topology.dies_per_machine,
+                replica_subgroups: Default::default(),
+                replica_subgroup_sizes: BTreeMap::new(),
+                lints: Vec::new(),
             },
+            slots: Vec::new(),
             ns_steps: ns_steps(scenario),
             params: Vec::new(),
             placed: Vec::new(),
@@ -340,13 +356,18 @@ impl OptCtx {
                 ),
             });
         }
-        let rs = muon.replica_count;
         for ((mp, fp), pp) in muon.params.iter().zip(&fsdp.params).zip(&trainable) {
             let expert = fp.domain == DataDomain::Expert;
             let mesh = meshes[usize::from(expert)];
             let mut resolve = |name: &str, size: usize, replicate: bool| -> Option<AxisRef> {
                 let mesh_axis = mesh.axis_index(name)?;
-                let block = if replicate { rs } else { None };
+                // Replicate axes: the replica subgroup (a contiguous block of the group).
+                let coord_size = if replicate {
+                    muon.replica_subgroup_size(name, size)
+                } else {
+                    size
+                };
+                let block = (coord_size < size).then_some(coord_size);
                 let slot = axis_family(families, meshes, expert, mesh_axis, block);
                 Some(AxisRef {
                     name: name.to_string(),
@@ -354,11 +375,7 @@ impl OptCtx {
                     mesh_axis,
                     size,
                     expert,
-                    coord_size: if replicate {
-                        rs.map_or(size, |c| size.min(c))
-                    } else {
-                        size
-                    },
+                    coord_size,
                 })
             };
             let shard = mp
@@ -394,6 +411,14 @@ impl OptCtx {
                 plan_shape: fp.plan_local_shape.clone(),
             });
         }
+        for (i, b) in muon.batches.iter().enumerate() {
+            if ctx.slots.len() <= b.slot {
+                ctx.slots.resize_with(b.slot + 1, Slot::default);
+            }
+            let slot = &mut ctx.slots[b.slot];
+            slot.batches.push(i);
+            slot.steps = slot.steps.max(b.memory_batches.len());
+        }
         ctx.plan = muon;
         for (d, (shard, mesh)) in [("dp_shard", 0usize), ("edp_shard", 1usize)]
             .into_iter()
@@ -428,7 +453,11 @@ impl OptCtx {
             return d;
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        build(ctx, &view).hash(&mut h);
+        let anonymous = Schedule {
+            anonymous: true,
+            ..Schedule::default()
+        };
+        build(ctx, &view, anonymous).hash_without_names(&mut h);
         if self.strategy.owner_placement() {
             placement_signature(ctx, &view).hash(&mut h);
         }
@@ -551,14 +580,13 @@ impl RankView {
                 &ctx.expert_mesh
             };
             for (i, &c) in coords.iter().enumerate() {
-                let name = &mesh.axes()[i].name;
-                let rep = name.ends_with("replicate");
-                let modulo = if rep {
-                    ctx.opt.plan.replica_count.unwrap_or(usize::MAX)
+                let axis = &mesh.axes()[i];
+                let modulo = if axis.name.ends_with("replicate") {
+                    ctx.opt.plan.replica_subgroup_size(&axis.name, axis.size)
                 } else {
                     usize::MAX
                 };
-                k.push(c % modulo);
+                k.push(c % modulo.max(1));
             }
         }
         k
@@ -579,18 +607,19 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
 
 /// The optimizer schedule of `rank` (empty for the placeholder AdamW).
 pub(crate) fn schedule(ctx: &Ctx, rank: usize) -> Schedule {
-    build(ctx, &RankView::new(ctx, rank))
+    build(ctx, &RankView::new(ctx, rank), Schedule::default())
 }
 
-fn build(ctx: &Ctx, view: &RankView) -> Schedule {
+/// Appends the strategy's ops for `view` to `s` (empty, possibly anonymous).
+fn build(ctx: &Ctx, view: &RankView, s: Schedule) -> Schedule {
     match ctx.opt.strategy {
-        OptimizerStrategy::AdamW => Schedule::default(),
-        OptimizerStrategy::HyperParallelMuon => hyperparallel::schedule(ctx, view),
-        OptimizerStrategy::Naive => naive::schedule(ctx, view),
-        OptimizerStrategy::Moonlight => moonlight::schedule(ctx, view),
-        OptimizerStrategy::DMuon => dmuon::schedule(ctx, view),
-        OptimizerStrategy::MatrixFsdp => matrixfsdp::schedule(ctx, view),
-        OptimizerStrategy::FlexShard => flexshard::schedule(ctx, view),
+        OptimizerStrategy::AdamW => s,
+        OptimizerStrategy::HyperParallelMuon => hyperparallel::schedule(ctx, view, s),
+        OptimizerStrategy::Naive => naive::schedule(ctx, view, s),
+        OptimizerStrategy::Moonlight => moonlight::schedule(ctx, view, s),
+        OptimizerStrategy::DMuon => dmuon::schedule(ctx, view, s),
+        OptimizerStrategy::MatrixFsdp => matrixfsdp::schedule(ctx, view, s),
+        OptimizerStrategy::FlexShard => flexshard::schedule(ctx, view, s),
     }
 }
 
@@ -637,15 +666,16 @@ pub(crate) fn adamw_units(
     }
     for (u, (elems, tensors)) in per_unit {
         s.adamw_state_bytes += elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM;
-        let name = ctx.fsdp.units[u].name.clone();
-        let name = name.strip_prefix("model.").unwrap_or(&name).to_string();
+        let name = &ctx.fsdp.units[u].name;
+        let name = name.strip_prefix("model.").unwrap_or(name);
         let work = super::optimizer::adamw_work(
             elems,
             tensors,
             ctx.opts.master_dtype,
             ctx.opts.reduce_dtype,
         );
-        s.compute(format!("{name}.adamw"), work, vec![Dep::Ready, Dep::Issue]);
+        let name = s.name(|| format!("{name}.adamw"));
+        s.compute(name, work, vec![Dep::Ready, Dep::Issue]);
     }
 }
 
@@ -682,7 +712,8 @@ pub(crate) fn ns_ops(
         }
         let mut d = deps.to_vec();
         d.push(Dep::Issue);
-        let op = s.compute(format!("{prefix}.ns{k}"), w, d);
+        let name = s.name(|| format!("{prefix}.ns{k}"));
+        let op = s.compute(name, w, d);
         let ws = ns_cost::ns_workspace_bytes(n, r, c);
         s.alloc(op, MemTag::Buffers, ws);
         s.free(op, MemTag::Buffers, ws);

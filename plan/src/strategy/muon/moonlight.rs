@@ -25,10 +25,9 @@ pub fn bucket_elems(dp: u64) -> u64 {
 }
 
 /// The Moonlight schedule of one rank.
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     let gb = ctx.opts.reduce_dtype.bytes();
-    let mut s = Schedule::default();
     adamw_units(ctx, view, &mut s, |_, _| false);
     // Buckets per sharding domain (same shard axes), reverse model order.
     let mut domains: BTreeMap<Vec<(String, usize)>, Vec<Vec<usize>>> = BTreeMap::new();

@@ -67,9 +67,8 @@ pub(crate) fn gather_everywhere(ctx: &Ctx, s: &mut Schedule, params: &[usize]) {
 }
 
 /// The naive schedule of one rank.
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView) -> Schedule {
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let mut s = Schedule::default();
     adamw_units(ctx, view, &mut s, |_, _| false);
     let muon: Vec<usize> = (0..oc.params.len())
         .filter(|&i| oc.params[i].route == OptimizerRoute::Muon && oc.params[i].held_by(view.class))

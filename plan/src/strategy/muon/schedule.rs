@@ -3,8 +3,8 @@
 //!
 //! Building the schedule apart from the program lets [`super::template_digest`] hash exactly
 //! what will be emitted (owner-dependent NS work, relay participation, owned state), so that
-//! equal template keys still mean identical programs modulo groups, and ranks whose
-//! optimizer work happens to be identical share one template.
+//! equal template keys still mean identical programs modulo groups and op names, and ranks
+//! whose optimizer work happens to be identical share one template.
 
 use super::super::emit::Emitter;
 use super::super::parallel::CollSpec;
@@ -71,9 +71,36 @@ pub(crate) struct Schedule {
     pub momentum_bytes: u64,
     /// Resident AdamW moment bytes.
     pub adamw_state_bytes: u64,
+    /// Leave op names empty (a schedule built only to be hashed: names cost time and
+    /// [`Schedule::hash_without_names`] skips them).
+    pub anonymous: bool,
 }
 
 impl Schedule {
+    /// Hashes everything the program will carry except op names (labels for reports, which
+    /// symmetry folding ignores): ops, streams, payloads, dependencies, memory effects and the
+    /// resident optimizer state.
+    pub fn hash_without_names<H: std::hash::Hasher>(&self, h: &mut H) {
+        use std::hash::Hash;
+        self.ops.len().hash(h);
+        for op in &self.ops {
+            op.stream.hash(h);
+            op.category.hash(h);
+            op.work.hash(h);
+            op.deps.hash(h);
+            op.alloc.hash(h);
+            op.free.hash(h);
+        }
+        self.momentum_bytes.hash(h);
+        self.adamw_state_bytes.hash(h);
+    }
+
+    /// An op name: `f()`, or empty for an anonymous schedule (so hot paths do not format
+    /// names that are thrown away).
+    pub fn name(&self, f: impl FnOnce() -> String) -> String {
+        if self.anonymous { String::new() } else { f() }
+    }
+
     fn push(&mut self, op: SOp) -> u32 {
         self.ops.push(op);
         (self.ops.len() - 1) as u32
