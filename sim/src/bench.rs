@@ -296,19 +296,21 @@ pub fn bench_synthetic(
     })
 }
 
-/// Derives the plans of `scenario`, generates its strategy's programs, folds and simulates
-/// them, timing the whole (the `prepare` figure covers planning and program generation).
+/// Derives the plans of `scenario`, generates its strategy's programs with `optimizer`
+/// (`None`: the scenario's default, distributed Muon on `muon+adamw` scenarios), folds and
+/// simulates them, timing the whole (the `prepare` figure covers program generation).
 pub fn bench_scenario(
     name: &str,
     scenario: Scenario,
     strategy: &str,
+    optimizer: Option<&str>,
     profile: &HardwareProfile,
 ) -> Result<BenchReport, SimError> {
     let t0 = Instant::now();
     let plans = ScenarioPlans::new(scenario);
     let plan_s = t0.elapsed().as_secs_f64();
     let t0 = Instant::now();
-    let prepared = prepare(&plans, strategy, None, true)?;
+    let prepared = prepare(&plans, strategy, optimizer, true)?;
     let prepare_s = t0.elapsed().as_secs_f64();
     let options = RunOptions {
         record_timeline: false,
@@ -389,16 +391,25 @@ pub fn bench_suite(
     ];
     if let Some(d) = exp_d {
         out.push(bench_scenario(
-            "exp-d",
+            "exp-d (AdamW)",
             d.clone(),
             "hyperparallel",
+            Some("adamw"),
+            profile,
+        )?);
+        out.push(bench_scenario(
+            "exp-d (distributed Muon)",
+            d.clone(),
+            "hyperparallel",
+            None,
             profile,
         )?);
         let big = scaled_scenario(d, 100_000)?;
         out.push(bench_scenario(
-            "exp-d x131 replicas",
+            "exp-d x131 replicas (AdamW)",
             big,
             "hyperparallel",
+            Some("adamw"),
             profile,
         )?);
     } else {
