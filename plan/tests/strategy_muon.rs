@@ -767,41 +767,8 @@ fn communicators_agree(g: &ProgramGenerator) -> Result<usize, String> {
 /// owners of an expert batch differ (an expert batch sits between two dense batches in plan
 /// order, and some classes own none of it).
 fn mini_exp_d() -> Plans {
-    let text = r#"
-name = "mini-exp-d"
-hardware = "ascend-910c-a3"
-[model]
-compact = "models/tiny-mla.toml"
-expert_layout = "per_expert"
-dtype = "bf16"
-[mesh]
-dp_replicate = 2
-dp_shard = 8
-tp = 2
-ep = 4
-etp = 2
-edp_replicate = 4
-edp_shard = 1
-[topology]
-dies_per_machine = 8
-machines_per_supernode = 2
-supernodes = 2
-[train]
-seq_len = 32
-global_batch = 16
-micro_batch = 1
-recompute = "off"
-[fsdp]
-strategy = "hyperparallel"
-baselines = ["fsdp2", "megatron-ddp"]
-param_dtype = "bf16"
-reduce_dtype = "f32"
-[optimizer]
-kind = "muon+adamw"
-preset = "hyperparallel"
-"#;
-    let at = root().join("verify/mini-exp-d.toml");
-    plans_of(Scenario::from_str_at(text, &at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")))
+    let at = root().join("fixtures/mini-exp-d.toml");
+    plans_of(Scenario::load(&at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")))
 }
 
 /// Regression (exp-d: "rank 697 op#30179 is broadcast ..., but rank 705 issued all-gather

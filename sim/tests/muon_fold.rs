@@ -12,45 +12,11 @@ fn scenarios() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
 }
 
-/// exp-d in miniature (32 ranks): MLA + per-expert MoE, dense HSDP 2 x 8 x TP 2, expert
-/// 4 replicas x EP 4 x ETP 2: 4 EP classes, replica owners in both domains, shard owners on
-/// two axes.
-const MINI_EXP_D: &str = r#"
-name = "mini-exp-d"
-hardware = "ascend-910c-a3"
-[model]
-compact = "models/tiny-mla.toml"
-expert_layout = "per_expert"
-dtype = "bf16"
-[mesh]
-dp_replicate = 2
-dp_shard = 8
-tp = 2
-ep = 4
-etp = 2
-edp_replicate = 4
-edp_shard = 1
-[topology]
-dies_per_machine = 8
-machines_per_supernode = 2
-supernodes = 2
-[train]
-seq_len = 32
-global_batch = 16
-micro_batch = 1
-recompute = "off"
-[fsdp]
-strategy = "hyperparallel"
-param_dtype = "bf16"
-reduce_dtype = "f32"
-[optimizer]
-kind = "muon+adamw"
-preset = "hyperparallel"
-"#;
-
 fn mini_exp_d() -> ScenarioPlans {
-    let at = scenarios().join("verify/mini-exp-d.toml");
-    ScenarioPlans::new(Scenario::from_str_at(MINI_EXP_D, &at).unwrap())
+    // exp-d in miniature (32 ranks): 4 EP classes, replica owners in both domains, shard
+    // owners on two axes.
+    let at = scenarios().join("fixtures/mini-exp-d.toml");
+    ScenarioPlans::new(Scenario::load(&at).unwrap())
 }
 
 fn profile(plans: &ScenarioPlans) -> HardwareProfile {
