@@ -8,16 +8,7 @@
 use super::presets::{MomentumForm, MuonConfig};
 use crate::bf16::quantize_bf16 as q;
 
-/// ATen's `lerp(self, end, w)`: `self + w·(end − self)` when `|w| < 0.5`, else
-/// `end − (end − self)·(1 − w)`, in f32.
-#[inline]
-pub fn lerp(start: f32, end: f32, weight: f32) -> f32 {
-    if weight.abs() < 0.5 {
-        start + weight * (end - start)
-    } else {
-        end - (end - start) * (1.0 - weight)
-    }
-}
+pub use crate::optim::lerp;
 
 /// Updates the momentum buffer `buf` with gradient `grad` and returns the Newton-Schulz input
 /// (rounded to bf16, held in f32).

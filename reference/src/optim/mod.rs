@@ -2,4 +2,4 @@
 
 pub mod adamw;
 
-pub use adamw::{AdamState, AdamW};
+pub use adamw::{AdamState, AdamW, lerp};
