@@ -81,7 +81,7 @@ enum Event {
     HostDone { unit: u32, op: u32 },
     OpDone { unit: u32, op: u32 },
     Latency { inst: u32 },
-    Transfer { inst: u32, version: u32 },
+    Transfer { inst: u32, version: u64 },
 }
 
 const HOST: u16 = u16::MAX;

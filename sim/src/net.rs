@@ -6,6 +6,10 @@
 //! share of its most loaded participant, `1/max(k)`. Work is measured in nanoseconds at full
 //! bandwidth; finish times are re-planned for every transfer that shares a link with one that
 //! starts or finishes. All arithmetic is integer, so results are exact and repeatable.
+//!
+//! Every re-planning gives the transfer a new finish **version**, drawn from one counter for
+//! the whole network, so a finish event of an earlier plan is never mistaken for the current
+//! one: not even after the id is reused, as the engine does for every phase of a collective.
 
 use hpfsdp_plan::Tier;
 use std::collections::HashMap;
@@ -20,7 +24,7 @@ struct Transfer {
     remaining_ns: u64,
     share_k: u64,
     last_ns: u64,
-    version: u32,
+    version: u64,
 }
 
 /// A new finish time for a transfer; older versions of its finish event are stale.
@@ -30,8 +34,8 @@ pub struct Finish {
     pub id: TransferId,
     /// When it finishes if nothing else changes.
     pub time_ns: u64,
-    /// Version to match against the finish event.
-    pub version: u32,
+    /// Version to match against the finish event; unique over the network's lifetime.
+    pub version: u64,
 }
 
 /// Active transfers and per-(rank, tier) link loads.
@@ -39,6 +43,8 @@ pub struct Finish {
 pub struct Network {
     links: Vec<Vec<TransferId>>,
     transfers: HashMap<TransferId, Transfer>,
+    /// The last finish version handed out (to any transfer).
+    last_version: u64,
 }
 
 fn tier_index(t: Tier) -> usize {
@@ -55,6 +61,7 @@ impl Network {
         Self {
             links: vec![Vec::new(); units * 3],
             transfers: HashMap::new(),
+            last_version: 0,
         }
     }
 
@@ -87,7 +94,7 @@ impl Network {
     }
 
     /// True when `version` is the current finish event of transfer `id`.
-    pub fn is_current(&self, id: TransferId, version: u32) -> bool {
+    pub fn is_current(&self, id: TransferId, version: u64) -> bool {
         self.transfers
             .get(&id)
             .is_some_and(|t| t.version == version)
@@ -138,7 +145,8 @@ impl Network {
             tr.remaining_ns = tr.remaining_ns.saturating_sub(done);
             tr.last_ns = now_ns;
             tr.share_k = k;
-            tr.version += 1;
+            self.last_version += 1;
+            tr.version = self.last_version;
             out.push(Finish {
                 id,
                 time_ns: now_ns + tr.remaining_ns * k,
@@ -179,7 +187,7 @@ mod tests {
                 Finish {
                     id: 2,
                     time_ns: 140,
-                    version: 1
+                    version: 3
                 }
             ]
         );
@@ -192,7 +200,7 @@ mod tests {
             vec![Finish {
                 id: 1,
                 time_ns: 150,
-                version: 3
+                version: 4
             }]
         );
         // Other tiers are independent.
@@ -202,8 +210,36 @@ mod tests {
             vec![Finish {
                 id: 3,
                 time_ns: 147,
-                version: 1
+                version: 5
             }]
         );
+    }
+
+    /// The engine reuses a collective's transfer id for each of its phases. A finish event
+    /// left over from an earlier phase (its plan was superseded by an earlier finish) must not
+    /// end a later phase that happens to be re-planned as often.
+    #[test]
+    fn stale_finish_of_an_earlier_phase_never_matches_a_reused_id() {
+        let mut n = Network::new(1);
+        // Phase 1 of transfer 1: 100 ns alone, then shared with 2 (10 ns) from t=0.
+        n.start(1, &[0], Tier::IntraSupernode, 100, 0);
+        let f = n.start(2, &[0], Tier::IntraSupernode, 10, 0);
+        let stale = f.iter().find(|f| f.id == 1).copied().unwrap();
+        assert_eq!(stale.time_ns, 200);
+        // 2 ends at 20; 1 speeds up (its event at 200 goes stale) and ends at 110.
+        let f = n.finish(2, 20);
+        assert_eq!(f[0].time_ns, 110);
+        assert!(n.is_current(1, f[0].version));
+        n.finish(1, 110);
+        // Phase 2 reuses id 1 and is re-planned once, as phase 1 was before its stale event.
+        n.start(1, &[0], Tier::IntraSupernode, 500, 110);
+        let f = n.start(3, &[0], Tier::IntraSupernode, 500, 110);
+        let current = f.iter().find(|f| f.id == 1).copied().unwrap();
+        assert_eq!(current.time_ns, 1110);
+        assert!(
+            !n.is_current(1, stale.version),
+            "the event at 200 would end phase 2"
+        );
+        assert!(n.is_current(1, current.version));
     }
 }

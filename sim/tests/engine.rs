@@ -414,3 +414,85 @@ fn groups_spanning_machines_run_two_level_collectives() {
         assert_eq!(r.breakdown.overlap_rate, 0.0);
     }
 }
+
+/// Regression: the network reuses a collective's transfer id for each phase, and a finish
+/// event of phase 1 whose plan was superseded (a concurrent transfer ended, so phase 1 sped
+/// up) once ended phase 2 early when phase 2 had been re-planned as often as phase 1 had
+/// been by then. Here the all-gather X over 2 machines x 2 dies shares phase 1 (intra-machine)
+/// with a short all-gather Y, and phase 2 (intra-supernode) with an all-gather Z that starts
+/// after a compute: X may not end sooner than its phases take alone, and folding (the four
+/// ranks are one class) changes nothing.
+#[test]
+fn a_stale_finish_event_of_phase_one_does_not_end_phase_two() {
+    let p = a3();
+    let topology = Topology::new(2, 2, 1).unwrap();
+    let x_bytes = 1u64 << 26; // X: 256 MiB gathered over 4 ranks
+    let programs: Vec<StepProgram> = (0..4)
+        .map(|rank| {
+            let mut b = ProgramBuilder::new(rank);
+            let gx = b.group(Group::new("x", vec![0, 1, 2, 3]).unwrap());
+            let machine = rank / 2 * 2;
+            let gy = b.group(Group::new("y", vec![machine, machine + 1]).unwrap());
+            let gz = b.group(Group::new("z", vec![rank % 2, rank % 2 + 2]).unwrap());
+            let mut x = ag(gx, 4, x_bytes);
+            x.tier = Tier::IntraSupernode;
+            b.collective(Stream::AllGather, Category::FsdpAg, x, &[]);
+            b.collective(Stream::Parallel, Category::Tp, ag(gy, 2, 1 << 22), &[]);
+            let c = b.compute(work(100_000_000_000), &[]);
+            let mut z = ag(gz, 2, 1 << 24);
+            z.tier = Tier::IntraSupernode;
+            b.collective(Stream::Aux(0), Category::Tp, z, &[c]);
+            b.build().unwrap()
+        })
+        .collect();
+    let phases = collective_phases(
+        CollectiveKind::AllGather,
+        &GroupShape::of(&[0, 1, 2, 3], &topology),
+        x_bytes,
+        4 * x_bytes,
+        true,
+        &p,
+    );
+    assert_eq!(phases.len(), 2);
+    let alone: u64 = phases
+        .iter()
+        .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
+        .sum();
+    let mut ends = Vec::new();
+    for fold in [false, true] {
+        let w = if fold {
+            Workload::folded(programs.clone(), topology).unwrap()
+        } else {
+            Workload::unfolded(programs.clone(), topology).unwrap()
+        };
+        assert_eq!(w.units.len(), if fold { 1 } else { 4 });
+        let r = simulate(&w, &p, &SimOptions::default()).unwrap();
+        let t = r.timeline.as_ref().unwrap();
+        for rank in 0..4 {
+            let spans = &t.rank(rank).unwrap().spans;
+            let (x, y, z) = (&spans[0], &spans[1], &spans[3]);
+            let start = x.transfer_start_ns.unwrap();
+            // The scenario: Y overlaps phase 1 of X, Z overlaps phase 2.
+            assert!(
+                y.end_ns < start + ns(phases[0].cost.total_s()) * 2,
+                "fold {fold}"
+            );
+            assert!(z.transfer_start_ns.unwrap() > start + ns(phases[0].cost.total_s()));
+            assert!(z.transfer_start_ns.unwrap() < x.end_ns, "fold {fold}");
+            assert!(
+                x.end_ns >= start + alone,
+                "fold {fold} rank {rank}: X took {} ns, alone it takes {alone} ns",
+                x.end_ns - start
+            );
+        }
+        ends.push((r.step_time_ns, spans_of(&r)));
+    }
+    assert_eq!(ends[0], ends[1]);
+}
+
+fn spans_of(r: &hpfsdp_sim::SimResult) -> Vec<Vec<hpfsdp_plan::program::OpSpan>> {
+    let t = r.timeline.as_ref().unwrap();
+    (0..r.world_size)
+        .map(|rank| t.rank(rank).unwrap().spans.clone())
+        .collect()
+}

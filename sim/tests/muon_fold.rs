@@ -134,9 +134,9 @@ fn muon_programs_fold_across_expert_parallel_classes() {
 
 /// The same check on exp-d with the HyperParallel Muon (768 ranks, 240 classes; the
 /// unfolded run takes minutes): `cargo test --release -p hpfsdp-sim --test muon_fold --
-/// --ignored`. (The AdamW placeholder on exp-d is not checked here: its folded and unfolded
-/// step times differ by about 2 us, from the first backward reduce-scatter that shares the
-/// intra-supernode tier; that predates owner-dependent folding.)
+/// --ignored`. (exp-d with AdamW once differed by about 2 us between folded and unfolded: a
+/// stale finish event of a collective's first phase ended its second phase early, at a point
+/// that depended on how often each run re-planned the transfer; see `sim/src/net.rs`.)
 #[test]
 #[ignore = "slow: simulates exp-d unfolded"]
 fn exp_d_folding_does_not_change_results() {

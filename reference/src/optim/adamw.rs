@@ -120,7 +120,11 @@ mod tests {
         let v = v0 * 0.95f32 + ((1.0f64 - 0.95) as f32) * g * g;
         assert_eq!(st.m[0].to_bits(), m.to_bits());
         assert_eq!(st.v[0].to_bits(), v.to_bits());
-        assert_ne!(m.to_bits(), (0.9f32 * m0 + w * g).to_bits(), "order must matter here");
+        assert_ne!(
+            m.to_bits(),
+            (0.9f32 * m0 + w * g).to_bits(),
+            "order must matter here"
+        );
         let step_size = (1e-3 / (1.0 - libm::pow(0.9, 5.0))) as f32;
         let denom = v.sqrt() / (libm::sqrt(1.0 - libm::pow(0.95, 5.0)) as f32) + 1e-8f32;
         let want = p0 * ((1.0f64 - 1e-3 * 0.1) as f32) + -step_size * m / denom;
