@@ -29,11 +29,12 @@ pub mod ns_cost;
 pub(crate) mod schedule;
 
 use super::{Ctx, GroupFamily, StrategyError, StrategyKind};
+use crate::CollectiveKind;
 use crate::fsdp::{DataDomain, FsdpPlan};
 use crate::mesh::DeviceMesh;
 use crate::muon::{MuonPlan, OptimizerRoute, build_muon_plan, build_owner_by_size};
 use crate::planner::ShardingPlan;
-use crate::program::MemTag;
+use crate::program::{MemTag, Stream};
 use crate::scenario::Scenario;
 use schedule::{Dep, Schedule};
 use serde::{Deserialize, Serialize};
@@ -680,6 +681,53 @@ pub(crate) fn adamw_units(
 }
 
 /// Momentum update over `elems` local elements in `tensors` tensors.
+/// DTensor-style unpadded gathers of the parameters `members` (sharded like `members[0]`),
+/// one all-gather per shard axis in order, each waiting for the previous one, in the gradient
+/// dtype: on the axis `k` each rank contributes `ceil(numel / product of the remaining axis
+/// sizes)` elements per parameter. Returns the last gather and the gathered buffer bytes
+/// (allocated here). Shared by the `naive` (one parameter) and `moonlight` (one bucket)
+/// baselines.
+pub(crate) fn unpadded_gathers(
+    ctx: &Ctx,
+    s: &mut Schedule,
+    prefix: &str,
+    members: &[usize],
+) -> (Option<u32>, u64) {
+    let oc = &ctx.opt;
+    let gb = ctx.opts.reduce_dtype.bytes();
+    let (mut last, mut buf) = (None, 0);
+    let Some(&f) = members.first() else {
+        return (last, buf);
+    };
+    let first = &oc.params[f];
+    let mut remaining = first.shard_size();
+    for a in &first.shard {
+        let input: u64 = members
+            .iter()
+            .map(|&i| oc.params[i].numel.div_ceil(remaining.max(1)) * gb)
+            .sum();
+        remaining /= a.size.max(1) as u64;
+        let out = input * a.size as u64;
+        let mut deps = vec![Dep::Issue];
+        deps.extend(last.map(Dep::Op));
+        if let Some(op) = s.coll(
+            format!("{prefix}.ag.{}", a.name),
+            Stream::Optimizer,
+            a.slot,
+            CollectiveKind::AllGather,
+            input,
+            out,
+            ctx.opts.reduce_dtype,
+            deps,
+        ) {
+            s.alloc(op, MemTag::Buffers, out);
+            buf += out;
+            last = Some(op);
+        }
+    }
+    (last, buf)
+}
+
 pub(crate) fn momentum(ctx: &Ctx, s: &mut Schedule, name: String, elems: u64, tensors: u32) -> u32 {
     let w = ns_cost::momentum_work(elems, tensors, ctx.opts.reduce_dtype);
     s.compute(name, w, vec![Dep::Ready, Dep::Issue])

@@ -12,10 +12,9 @@
 
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, local_matrices, momentum, ns_ops};
-use crate::CollectiveKind;
+use super::{RankView, adamw_units, local_matrices, momentum, ns_ops, unpadded_gathers};
 use crate::muon::OptimizerRoute;
-use crate::program::{MemTag, Stream};
+use crate::program::MemTag;
 use crate::strategy::Ctx;
 use std::collections::BTreeMap;
 
@@ -69,36 +68,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
                 .copied()
                 .filter(|&i| oc.params[i].needs_gather)
                 .collect();
-            let mut last = None;
-            let mut buf = 0;
-            if let Some(&f) = gathered.first() {
-                let first = &oc.params[f];
-                let mut remaining = first.shard_size();
-                for a in &first.shard {
-                    let input: u64 = gathered
-                        .iter()
-                        .map(|&i| oc.params[i].numel.div_ceil(remaining.max(1)) * gb)
-                        .sum();
-                    remaining /= a.size.max(1) as u64;
-                    let out = input * a.size as u64;
-                    let mut deps = vec![Dep::Issue];
-                    deps.extend(last.map(Dep::Op));
-                    if let Some(op) = s.coll(
-                        format!("{prefix}.ag.{}", a.name),
-                        Stream::Optimizer,
-                        a.slot,
-                        CollectiveKind::AllGather,
-                        input,
-                        out,
-                        ctx.opts.reduce_dtype,
-                        deps,
-                    ) {
-                        s.alloc(op, MemTag::Buffers, out);
-                        buf += out;
-                        last = Some(op);
-                    }
-                }
-            }
+            let (last, buf) = unpadded_gathers(ctx, &mut s, &prefix, &gathered);
             let items: Vec<((u64, u64), u64)> = members
                 .iter()
                 .filter_map(|&i| {

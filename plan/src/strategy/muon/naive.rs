@@ -11,45 +11,20 @@
 
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, momentum, ns_ops};
-use crate::CollectiveKind;
+use super::{RankView, adamw_units, momentum, ns_ops, unpadded_gathers};
 use crate::muon::OptimizerRoute;
-use crate::program::{MemTag, Stream};
+use crate::program::MemTag;
 use crate::strategy::Ctx;
 
 /// Gathers each of `params` whole on every rank, orthogonalizes it there and applies the
 /// local slice (the per-parameter loop).
 pub(crate) fn gather_everywhere(ctx: &Ctx, s: &mut Schedule, params: &[usize]) {
     let oc = &ctx.opt;
-    let gb = ctx.opts.reduce_dtype.bytes();
     for &i in params {
         let p = &oc.params[i];
         let Some(core) = p.core else { continue };
         let prefix = format!("muon.p{i}");
-        let mut remaining = p.shard_size();
-        let mut last = None;
-        let mut buf = 0;
-        for a in &p.shard {
-            let input = p.numel.div_ceil(remaining.max(1)) * gb;
-            remaining /= a.size.max(1) as u64;
-            let out = input * a.size as u64;
-            let mut deps = vec![Dep::Issue];
-            deps.extend(last.map(Dep::Op));
-            if let Some(op) = s.coll(
-                format!("{prefix}.ag.{}", a.name),
-                Stream::Optimizer,
-                a.slot,
-                CollectiveKind::AllGather,
-                input,
-                out,
-                ctx.opts.reduce_dtype,
-                deps,
-            ) {
-                s.alloc(op, MemTag::Buffers, out);
-                buf += out;
-                last = Some(op);
-            }
-        }
+        let (last, buf) = unpadded_gathers(ctx, s, &prefix, &[i]);
         let matrices = if last.is_some() {
             p.matrices
         } else {
