@@ -6,6 +6,7 @@ pub mod digest;
 pub mod error;
 pub mod fsdp;
 pub mod glob;
+pub mod kernel;
 pub mod layout;
 pub mod mesh;
 pub mod model;

@@ -20,9 +20,11 @@
 //! [`ProgramBuilder`], which validates them ([`StepProgram::validate`]).
 
 use crate::collective::CollectiveKind;
+use crate::kernel::{KernelWork, MixId};
 use crate::model::DType;
 use crate::topology::Tier;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// Index of an op inside its [`StepProgram`] (equal to its position in `ops`).
@@ -250,7 +252,8 @@ pub struct ResidentMemory {
     pub bytes: u64,
 }
 
-/// Kernel work: a roofline op costed by FLOPs and HBM traffic.
+/// Kernel work of one compute op: totals (for MFU and reports) and, when known, the op's
+/// kernel mix (see [`crate::kernel`]), which the simulator costs kernel class by kernel class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 pub struct ComputeWork {
     /// Floating-point operations (multiply and add counted separately: 2 per MAC).
@@ -259,6 +262,23 @@ pub struct ComputeWork {
     pub hbm_bytes: u64,
     /// Number of device kernels this op stands for (each costs a host launch); at least 1.
     pub kernels: u32,
+    /// The op's kernel mix in [`StepProgram::kernel_mixes`]; `None` means the totals describe
+    /// `kernels` memory-bound launches (element-wise work with no GEMM inside).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mix: Option<MixId>,
+}
+
+impl ComputeWork {
+    /// Work of `kernels` memory-bound launches (no mix): settle kernels, optimizer foreach
+    /// kernels, casts.
+    pub fn memory_bound(flops: u64, hbm_bytes: u64, kernels: u32) -> Self {
+        Self {
+            flops,
+            hbm_bytes,
+            kernels,
+            mix: None,
+        }
+    }
 }
 
 /// A device-to-device copy of `bytes` bytes (read `bytes`, write `bytes`).
@@ -399,6 +419,9 @@ pub struct StepProgram {
     pub resident: Vec<ResidentMemory>,
     /// Ops in host issue order.
     pub ops: Vec<Op>,
+    /// Kernel mixes referenced by compute ops ([`ComputeWork::mix`]), by content id.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kernel_mixes: BTreeMap<MixId, Vec<KernelWork>>,
 }
 
 /// Why a step program is malformed. Every message names the op or group at fault.
@@ -532,6 +555,18 @@ pub enum ProgramError {
         /// Bytes live before the free.
         live_bytes: u64,
     },
+    /// A compute op whose kernel mix is not in the program's table.
+    #[error(
+        "rank {rank}: {op} refers to kernel mix {mix:016x}, which is not in the program's kernel_mixes; build compute ops with ProgramBuilder::compute_kernels"
+    )]
+    UnknownKernelMix {
+        /// Program rank.
+        rank: usize,
+        /// The op.
+        op: OpId,
+        /// The missing mix id.
+        mix: u64,
+    },
     /// An op id passed to the builder that does not exist yet.
     #[error("rank {rank}: builder was given {op}, but only {len} ops exist")]
     UnknownOp {
@@ -643,6 +678,15 @@ impl StepProgram {
                 stream: op.stream.name(),
                 fix: "only Payload::Host may run on Stream::Host",
             }),
+            Payload::Compute(ComputeWork { mix: Some(id), .. })
+                if !self.kernel_mixes.contains_key(id) =>
+            {
+                Err(ProgramError::UnknownKernelMix {
+                    rank,
+                    op: op.id,
+                    mix: id.0,
+                })
+            }
             Payload::Compute(ComputeWork { kernels, .. })
             | Payload::Copy(CopyWork { kernels, .. }) => {
                 if *kernels == 0 {
@@ -720,6 +764,7 @@ impl ProgramBuilder {
                 groups: Vec::new(),
                 resident: Vec::new(),
                 ops: Vec::new(),
+                kernel_mixes: BTreeMap::new(),
             },
             error: None,
         }
@@ -783,6 +828,39 @@ impl ProgramBuilder {
         deps: &[OpId],
     ) -> OpId {
         self.push(stream, category, Payload::Compute(work), deps)
+    }
+
+    /// Appends the kernels `kernels` as one compute op on `stream` with `category`: the op's
+    /// totals are the kernels' sums and its mix is interned in the program's table.
+    pub fn compute_kernels(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        kernels: &[KernelWork],
+        deps: &[OpId],
+    ) -> OpId {
+        let work = self.intern_kernels(kernels);
+        self.push(stream, category, Payload::Compute(work), deps)
+    }
+
+    /// Interns `kernels` in the program's mix table and returns the [`ComputeWork`] that
+    /// refers to them (for ops built with [`ProgramBuilder::push`]).
+    pub fn intern_kernels(&mut self, kernels: &[KernelWork]) -> ComputeWork {
+        let (flops, hbm_bytes, count) = crate::kernel::totals(kernels);
+        if kernels.is_empty() {
+            return ComputeWork::memory_bound(0, 0, 1);
+        }
+        let id = MixId::of(kernels);
+        self.program
+            .kernel_mixes
+            .entry(id)
+            .or_insert_with(|| kernels.to_vec());
+        ComputeWork {
+            flops,
+            hbm_bytes,
+            kernels: count.max(1),
+            mix: Some(id),
+        }
     }
 
     /// Appends a device copy of `bytes` bytes (one kernel) with category [`Category::Copy`].
@@ -1017,6 +1095,7 @@ mod tests {
                 flops: 10,
                 hbm_bytes: 10,
                 kernels: 2,
+                mix: None,
             },
             &[a, a],
         );

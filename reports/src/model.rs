@@ -242,6 +242,7 @@ mod tests {
                 flops: 1,
                 hbm_bytes: 1,
                 kernels: 1,
+                mix: None,
             },
             &[],
         );

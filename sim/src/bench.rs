@@ -102,6 +102,7 @@ pub fn synthetic_program(
         flops: flops * slow,
         hbm_bytes: full_bytes * 2,
         kernels,
+        mix: None,
     };
     let coll = |kind, group, tier, input_bytes, output_bytes| CollectiveOp {
         kind,
@@ -195,6 +196,7 @@ pub fn synthetic_program(
             flops: 10 * shard_bytes * layers as u64,
             hbm_bytes: 12 * shard_bytes * layers as u64,
             kernels: 4 * layers as u32,
+            mix: None,
         },
         &deps,
     );

@@ -341,6 +341,25 @@ pub fn compute_s(flops: u64, hbm_bytes: u64, kernels: u32, profile: &HardwarePro
     math.max(memory) + kernels as f64 * c.device_launch_us_per_kernel * 1e-6
 }
 
+/// Device time of one compute op, seconds: each entry of its kernel mix costed on its own
+/// (see [`hpfsdp_plan::kernel`]), or the op's totals as one roofline when it has no mix.
+pub fn compute_work_s(
+    work: &hpfsdp_plan::program::ComputeWork,
+    mixes: &std::collections::BTreeMap<
+        hpfsdp_plan::kernel::MixId,
+        Vec<hpfsdp_plan::kernel::KernelWork>,
+    >,
+    profile: &HardwareProfile,
+) -> f64 {
+    match work.mix.and_then(|id| mixes.get(&id)) {
+        Some(kernels) => kernels
+            .iter()
+            .map(|k| compute_s(k.flops, k.hbm_bytes, k.count, profile))
+            .sum(),
+        None => compute_s(work.flops, work.hbm_bytes, work.kernels, profile),
+    }
+}
+
 /// Device copy of `bytes` (read once, written once) at HBM bandwidth, seconds:
 /// `2 bytes / (hbm_bw * copy_eff) + kernels * device_launch`.
 pub fn copy_s(bytes: u64, kernels: u32, profile: &HardwareProfile) -> f64 {

@@ -22,7 +22,7 @@
 //! Time is integer nanoseconds; events are ordered by `(time, sequence number)` in a binary
 //! heap, so runs are deterministic and byte-identical.
 
-use crate::cost::{collective_phases, compute_s, copy_s};
+use crate::cost::{collective_phases, compute_work_s, copy_s};
 use crate::error::SimError;
 use crate::memory::MemoryTracker;
 use crate::net::{Finish, Network};
@@ -244,7 +244,7 @@ impl<'a> Engine<'a> {
                     Payload::Compute(w) => (
                         ns(w.kernels as f64 * kernel_host_us * 1e-6),
                         Exec::Device {
-                            duration_ns: ns(compute_s(w.flops, w.hbm_bytes, w.kernels, profile)),
+                            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)),
                         },
                     ),
                     Payload::Copy(w) => (

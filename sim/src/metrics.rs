@@ -238,6 +238,7 @@ mod tests {
             flops: 1,
             hbm_bytes: 1,
             kernels: 1,
+            mix: None,
         };
         let c = |kind| CollectiveOp {
             kind,

@@ -222,5 +222,6 @@ fn empty_program() -> hpfsdp_plan::program::StepProgram {
         groups: Vec::new(),
         resident: Vec::new(),
         ops: Vec::new(),
+        kernel_mixes: Default::default(),
     }
 }

@@ -24,6 +24,7 @@ fn work(flops: u64) -> ComputeWork {
         flops,
         hbm_bytes: 0,
         kernels: 1,
+        mix: None,
     }
 }
 

@@ -223,6 +223,7 @@ pub(crate) fn build_stages(
                     flops: (a.flops * rank_tokens).round() as u64,
                     hbm_bytes: (a.bytes * rank_tokens + w).round() as u64,
                     kernels: a.kernels.max(1),
+                    mix: None,
                 };
                 items.push(Item::Compute(Segment {
                     name: a.name,
@@ -231,6 +232,7 @@ pub(crate) fn build_stages(
                         flops: 2 * fwd.flops,
                         hbm_bytes: 2 * fwd.hbm_bytes,
                         kernels: 2 * fwd.kernels,
+                        mix: None,
                     },
                 }));
             }
@@ -316,11 +318,13 @@ pub(crate) fn build_stages(
                         flops: 0,
                         hbm_bytes: weight_bytes[si],
                         kernels: 1,
+                        mix: None,
                     },
                     bwd: ComputeWork {
                         flops: 0,
                         hbm_bytes: 2 * weight_bytes[si],
                         kernels: 2,
+                        mix: None,
                     },
                 }),
             );

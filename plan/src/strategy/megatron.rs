@@ -250,6 +250,7 @@ pub(crate) fn generate(
                         flops: b.padded_elems,
                         hbm_bytes: 2 * bytes,
                         kernels: 1,
+                        mix: None,
                     },
                     &[],
                     &format!("bucket{k}.grad_scale"),

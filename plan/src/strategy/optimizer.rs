@@ -22,6 +22,7 @@ pub fn adamw_work(elems: u64, tensors: u32, master: DType, grad: DType) -> Compu
         flops: ADAMW_FLOPS_PER_ELEM * elems,
         hbm_bytes: per_elem * elems,
         kernels: tensors.max(1),
+        mix: None,
     }
 }
 

@@ -68,6 +68,7 @@ pub fn ns_work(matrices: u64, rows: u64, cols: u64, steps: u64) -> ComputeWork {
         flops: matrices * ns_flops(rows, cols, steps),
         hbm_bytes: matrices * ns_hbm_bytes(rows, cols, steps),
         kernels: ns_kernels(steps),
+        mix: None,
     }
 }
 
@@ -80,6 +81,7 @@ pub fn momentum_work(elems: u64, tensors: u32, grad: DType) -> ComputeWork {
         flops: MOMENTUM_FLOPS_PER_ELEM * elems,
         hbm_bytes: (3 * g + NS_ELEM_BYTES) * elems,
         kernels: 4 + tensors.saturating_sub(1) / 64,
+        mix: None,
     }
 }
 
@@ -90,6 +92,7 @@ pub fn apply_work(elems: u64, tensors: u32, master: DType) -> ComputeWork {
         flops: APPLY_FLOPS_PER_ELEM * elems,
         hbm_bytes: (2 * master.bytes() + NS_ELEM_BYTES) * elems,
         kernels: 2 + tensors.saturating_sub(1) / 64,
+        mix: None,
     }
 }
 
