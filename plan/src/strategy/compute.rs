@@ -18,6 +18,7 @@
 use super::parallel::{self, ParColl, ParDims, Side};
 use super::{StrategyError, StrategyOptions};
 use crate::fsdp::FsdpPlan;
+use crate::kernel::KernelWork;
 use crate::model::{ComputeKind, ComputeOp, LayerCompute};
 use crate::planner::{BoundarySpec, ShardingPlan};
 use crate::program::ComputeWork;
@@ -55,15 +56,32 @@ pub fn forward_kernels(op: &ComputeOp) -> u32 {
     }
 }
 
-/// Kernel work of a compute segment.
+/// Kernel work of a compute segment: the kernels it launches, by cost class.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {
     /// Readable name (`layers.3` or `layers.3.self_attn` when the layer is cut).
     pub name: String,
-    /// Forward work per micro-batch.
-    pub fwd: ComputeWork,
-    /// Backward work per micro-batch.
-    pub bwd: ComputeWork,
+    /// Forward kernels per micro-batch, in launch order.
+    pub fwd: Vec<KernelWork>,
+    /// Backward kernels per micro-batch, in launch order.
+    pub bwd: Vec<KernelWork>,
+}
+
+impl Segment {
+    /// Forward FLOPs per micro-batch.
+    pub fn fwd_flops(&self) -> u64 {
+        crate::kernel::totals(&self.fwd).0
+    }
+}
+
+/// Transitional: one kernel entry standing for the totals of `work` (the simulator costs it
+/// exactly like the old single roofline).
+fn lump(work: ComputeWork) -> Vec<KernelWork> {
+    vec![KernelWork::memory_bound(
+        work.kernels,
+        work.flops,
+        work.hbm_bytes,
+    )]
 }
 
 /// One step of a stage: compute, or a model-parallel collective.
@@ -98,7 +116,7 @@ impl Stage {
         self.items
             .iter()
             .map(|i| match i {
-                Item::Compute(s) => s.fwd.flops,
+                Item::Compute(s) => s.fwd_flops(),
                 Item::Coll(_) => 0,
             })
             .sum()
@@ -227,13 +245,13 @@ pub(crate) fn build_stages(
                 };
                 items.push(Item::Compute(Segment {
                     name: a.name,
-                    fwd,
-                    bwd: ComputeWork {
+                    fwd: lump(fwd),
+                    bwd: lump(ComputeWork {
                         flops: 2 * fwd.flops,
                         hbm_bytes: 2 * fwd.hbm_bytes,
                         kernels: 2 * fwd.kernels,
                         mix: None,
-                    },
+                    }),
                 }));
             }
         };
@@ -314,18 +332,8 @@ pub(crate) fn build_stages(
                 0,
                 Item::Compute(Segment {
                     name: stage_name.clone(),
-                    fwd: ComputeWork {
-                        flops: 0,
-                        hbm_bytes: weight_bytes[si],
-                        kernels: 1,
-                        mix: None,
-                    },
-                    bwd: ComputeWork {
-                        flops: 0,
-                        hbm_bytes: 2 * weight_bytes[si],
-                        kernels: 2,
-                        mix: None,
-                    },
+                    fwd: vec![KernelWork::memory_bound(1, 0, weight_bytes[si])],
+                    bwd: vec![KernelWork::memory_bound(2, 0, 2 * weight_bytes[si])],
                 }),
             );
         }

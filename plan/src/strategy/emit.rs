@@ -115,6 +115,20 @@ impl<'a> Emitter<'a> {
         Some(op)
     }
 
+    /// Appends a list of kernels as one compute op (interned kernel mix); compute-stream ops
+    /// become the new issue point.
+    pub fn compute_kernels(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        kernels: &[crate::kernel::KernelWork],
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let work = self.b.intern_kernels(kernels);
+        self.compute(stream, category, work, deps, name)
+    }
+
     /// Appends kernel work; compute-stream ops become the new issue point.
     pub fn compute(
         &mut self,
@@ -199,10 +213,10 @@ impl<'a> Emitter<'a> {
             match item {
                 Item::Compute(s) => {
                     let d = self.take_deps(if first.is_none() { deps } else { &[] });
-                    let op = self.compute(
+                    let op = self.compute_kernels(
                         Stream::Compute,
                         Category::Compute,
-                        s.fwd,
+                        &s.fwd,
                         &d,
                         &format!("{}.{suffix}", s.name),
                     );
@@ -229,10 +243,10 @@ impl<'a> Emitter<'a> {
             match item {
                 Item::Compute(s) => {
                     let d = self.take_deps(if first.is_none() { deps } else { &[] });
-                    let op = self.compute(
+                    let op = self.compute_kernels(
                         Stream::Compute,
                         Category::Compute,
-                        s.bwd,
+                        &s.bwd,
                         &d,
                         &format!("{}.bwd", s.name),
                     );
