@@ -205,10 +205,21 @@ fn prod_val_equal(p: &DistRun, v: &DistRun) -> (bool, Vec<String>) {
     (bad.is_empty(), bad)
 }
 
-/// Run the three executions of `spec` and compare them.
+/// Run the three executions of `spec` (the distributed ones on in-process ranks) and compare
+/// them.
 pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
     let prod = run_distributed(spec, ExecMode::Production)?;
     let val = run_distributed(spec, ExecMode::Validation)?;
+    verify_runs(spec, &prod, &val)
+}
+
+/// Compare distributed runs made on any backend (`prod` in production mode, `val` in
+/// validation mode) with the single device, which runs here.
+pub fn verify_runs(
+    spec: &VerifySpec,
+    prod: &DistRun,
+    val: &DistRun,
+) -> Result<VerifyReport, VerifyError> {
     let single = run_single(spec)?;
     let pg = assemble(spec, &prod, Which::Grads)?;
     let pp = assemble(spec, &prod, Which::Params)?;
