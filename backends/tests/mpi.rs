@@ -117,7 +117,11 @@ fn f32_data(rank: usize, n: usize, salt: usize) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let k = (rank * 131 + i * 17 + salt * 7) % 23;
-            let big = if (rank + i) % 3 == 0 { 1.0e7 } else { 1.0 };
+            let big = if (rank + i).is_multiple_of(3) {
+                1.0e7
+            } else {
+                1.0
+            };
             (k as f32 - 11.0) * big * 0.37 + (i as f32) * 1e-3
         })
         .collect()
