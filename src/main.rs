@@ -96,6 +96,14 @@ enum Command {
         /// batch 1 and 2.
         #[arg(long)]
         bench_modes: bool,
+        /// Backend of the distributed runs: `inproc` (threads) or `mpi` (one rank per process:
+        /// `mpirun -np <world> hpfsdp verify ... --backend mpi`, build with `--features mpi`).
+        #[arg(long, value_enum, default_value = "inproc")]
+        backend: commands::verify::VerifyBackend,
+        /// With `--backend mpi`: bound on every collective wait, seconds; on expiry the rank
+        /// reports the call, group and missing ranks and ends the job.
+        #[arg(long, default_value_t = 300.0, value_name = "SECONDS")]
+        timeout_s: f64,
     },
     /// Layout-driven distributed Muon on a scenario: momentum memory and Newton-Schulz work per
     /// rank, deduplicated vs naive, and Newton-Schulz accuracy per preset.
@@ -154,12 +162,16 @@ fn main() -> ExitCode {
             out,
             mutate,
             bench_modes,
+            backend,
+            timeout_s,
         } => commands::verify::run(&commands::verify::VerifyArgs {
             scenario,
             json,
             out,
             mutate,
             bench_modes,
+            backend,
+            timeout_s,
         }),
         Command::Muon {
             scenario,

@@ -2,7 +2,9 @@
 //!
 //! - [`inproc`]: ranks as threads of one process; deterministic; used by the reference executor
 //!   and by tests.
-//! - `mpi`, `hccl`, `nccl`: to follow, behind cargo features, implementing the same trait.
+//! - [`mpi`] (feature `mpi`): one rank per process under `mpirun`; deterministic (bitwise equal
+//!   to `inproc`) or native MPI reductions.
+//! - `hccl`, `nccl`: to follow, behind cargo features, implementing the same trait.
 //!
 //! Every backend reduces in ascending rank order ([`reduce`]) so results are bit-identical
 //! across backends, runs and thread timings, and records a per-rank [`TraceEvent`] list.
@@ -27,6 +29,8 @@ pub mod collective;
 pub mod error;
 pub mod group;
 pub mod inproc;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod reduce;
 pub mod trace;
 pub mod types;
@@ -37,6 +41,8 @@ pub use error::{CommError, CommResult};
 pub use group::{Group, GroupId};
 pub use half::bf16;
 pub use inproc::{InProcComm, InProcWorld, WorldRun};
+#[cfg(feature = "mpi")]
+pub use mpi::{MpiComm, MpiOptions, ReductionMode};
 pub use trace::TraceEvent;
 pub use types::{CollectiveKind, DType, Element, ReduceOp};
 

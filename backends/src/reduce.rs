@@ -5,7 +5,9 @@
 //! widened to f32, combined in f32 in the same order, and rounded to bf16 **once** at the end
 //! (round-to-nearest-even, as `half::bf16::from_f32` does) — what GPU collectives that accumulate
 //! in f32 do. `Avg` is the `Sum` result divided once by the number of contributions (in f32).
-//! `Max`/`Min` propagate NaN.
+//! `Max`/`Min` propagate NaN. f64 payloads reduce in f64 the same way. u8 payloads are summed
+//! exactly in u64 and wrap modulo 256 at the end (what MPI's `MPI_SUM` on `MPI_UINT8_T` gives);
+//! their `Avg` is the exact sum divided by the count, rounded down.
 
 use half::bf16;
 
@@ -80,32 +82,77 @@ pub fn reduce_bf16_in_rank_order(op: ReduceOp, parts: &[&[bf16]]) -> Vec<bf16> {
     acc.into_iter().map(bf16::from_f32).collect()
 }
 
+/// Combine two f64 values with `op` (the f64 twin of `combine`).
+#[inline]
+fn combine_f64(op: ReduceOp, acc: f64, x: f64) -> f64 {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => acc + x,
+        ReduceOp::Max | ReduceOp::Min if acc.is_nan() || x.is_nan() => f64::NAN,
+        ReduceOp::Max => acc.max(x),
+        ReduceOp::Min => acc.min(x),
+    }
+}
+
+/// Reduce f64 slices (ascending rank order) element-wise in f64.
+pub fn reduce_f64_in_rank_order(op: ReduceOp, parts: &[&[f64]]) -> Vec<f64> {
+    let Some(first) = parts.first() else {
+        return Vec::new();
+    };
+    let mut acc = first.to_vec();
+    for part in &parts[1..] {
+        for (a, &x) in acc.iter_mut().zip(part.iter()) {
+            *a = combine_f64(op, *a, x);
+        }
+    }
+    if op == ReduceOp::Avg {
+        let n = parts.len() as f64;
+        for a in &mut acc {
+            *a /= n;
+        }
+    }
+    acc
+}
+
+/// Reduce u8 slices element-wise: exact u64 sums wrapped modulo 256 (`Sum`), floor of the exact
+/// mean (`Avg`), or the extreme value (`Max`/`Min`). Integer arithmetic, so order is irrelevant.
+pub fn reduce_u8_in_rank_order(op: ReduceOp, parts: &[&[u8]]) -> Vec<u8> {
+    let Some(first) = parts.first() else {
+        return Vec::new();
+    };
+    (0..first.len())
+        .map(|i| {
+            let column = parts.iter().map(|p| p[i]);
+            match op {
+                ReduceOp::Sum => column.map(u64::from).sum::<u64>() as u8,
+                ReduceOp::Avg => (column.map(u64::from).sum::<u64>() / parts.len() as u64) as u8,
+                ReduceOp::Max => column.max().unwrap_or(0),
+                ReduceOp::Min => column.min().unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
 /// Reduce whole buffers of one dtype and equal length, given in ascending rank order.
 ///
 /// Buffers of another dtype than the first are skipped (callers validate dtypes beforehand).
 pub fn reduce_buffers_in_rank_order(op: ReduceOp, parts: &[&Buffer]) -> Buffer {
     let dtype = parts.first().map_or(DType::F32, |b| b.dtype());
+    macro_rules! slices {
+        ($variant:ident) => {
+            parts
+                .iter()
+                .filter_map(|b| match b {
+                    Buffer::$variant(v) => Some(v.as_slice()),
+                    _ => None,
+                })
+                .collect::<Vec<_>>()
+        };
+    }
     match dtype {
-        DType::F32 => {
-            let slices: Vec<&[f32]> = parts
-                .iter()
-                .filter_map(|b| match b {
-                    Buffer::F32(v) => Some(v.as_slice()),
-                    Buffer::Bf16(_) => None,
-                })
-                .collect();
-            Buffer::F32(reduce_f32_in_rank_order(op, &slices))
-        }
-        DType::Bf16 => {
-            let slices: Vec<&[bf16]> = parts
-                .iter()
-                .filter_map(|b| match b {
-                    Buffer::Bf16(v) => Some(v.as_slice()),
-                    Buffer::F32(_) => None,
-                })
-                .collect();
-            Buffer::Bf16(reduce_bf16_in_rank_order(op, &slices))
-        }
+        DType::F32 => Buffer::F32(reduce_f32_in_rank_order(op, &slices!(F32))),
+        DType::Bf16 => Buffer::Bf16(reduce_bf16_in_rank_order(op, &slices!(Bf16))),
+        DType::F64 => Buffer::F64(reduce_f64_in_rank_order(op, &slices!(F64))),
+        DType::U8 => Buffer::U8(reduce_u8_in_rank_order(op, &slices!(U8))),
     }
 }
 
@@ -160,5 +207,32 @@ mod tests {
         assert_eq!((mn[0], mn[2]), (1.0, 2.0));
         let avg = reduce_f32_in_rank_order(ReduceOp::Avg, &[&a, &b]);
         assert_eq!((avg[0], avg[2]), (2.0, 3.0));
+    }
+
+    #[test]
+    fn f64_and_u8_reductions() {
+        let a = [1.0f64, f64::NAN];
+        let b = [2.0f64, 0.0];
+        let s = reduce_f64_in_rank_order(ReduceOp::Avg, &[&a, &b]);
+        assert_eq!(s[0], 1.5);
+        assert!(reduce_f64_in_rank_order(ReduceOp::Max, &[&a, &b])[1].is_nan());
+        let x = [200u8, 3];
+        let y = [100u8, 4];
+        assert_eq!(
+            reduce_u8_in_rank_order(ReduceOp::Sum, &[&x, &y]),
+            vec![44, 7]
+        );
+        assert_eq!(
+            reduce_u8_in_rank_order(ReduceOp::Avg, &[&x, &y]),
+            vec![150, 3]
+        );
+        assert_eq!(
+            reduce_u8_in_rank_order(ReduceOp::Max, &[&x, &y]),
+            vec![200, 4]
+        );
+        assert_eq!(
+            reduce_u8_in_rank_order(ReduceOp::Min, &[&x, &y]),
+            vec![100, 3]
+        );
     }
 }

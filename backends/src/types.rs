@@ -11,6 +11,30 @@ pub enum DType {
     F32,
     /// bfloat16 (stored as `half::bf16`).
     Bf16,
+    /// IEEE binary64 (optimizer states, loss sums, calibration payloads).
+    F64,
+    /// Raw bytes (serialized records, masks); reductions wrap modulo 256 (see [`crate::reduce`]).
+    U8,
+}
+
+impl DType {
+    /// Every element type, in code order (the order of [`DType::code`]).
+    pub const ALL: [DType; 4] = [DType::F32, DType::Bf16, DType::F64, DType::U8];
+
+    /// A small stable integer for this type, used in wire headers between processes.
+    pub fn code(self) -> u64 {
+        match self {
+            DType::F32 => 0,
+            DType::Bf16 => 1,
+            DType::F64 => 2,
+            DType::U8 => 3,
+        }
+    }
+
+    /// The type with wire code `code`, if any.
+    pub fn from_code(code: u64) -> Option<DType> {
+        DType::ALL.into_iter().find(|d| d.code() == code)
+    }
 }
 
 impl DType {
@@ -19,14 +43,18 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::Bf16 => 2,
+            DType::F64 => 8,
+            DType::U8 => 1,
         }
     }
 
-    /// Lower-case name (`f32`, `bf16`).
+    /// Lower-case name (`f32`, `bf16`, `f64`, `u8`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::Bf16 => "bf16",
+            DType::F64 => "f64",
+            DType::U8 => "u8",
         }
     }
 }
@@ -128,15 +156,27 @@ mod tests {
         assert_eq!(CollectiveKind::Recv.plan_kind(), Some(P::SendRecv));
         assert_eq!(CollectiveKind::Barrier.plan_kind(), None);
     }
+
+    #[test]
+    fn dtype_codes_round_trip_and_sizes() {
+        for d in DType::ALL {
+            assert_eq!(DType::from_code(d.code()), Some(d));
+        }
+        assert_eq!(DType::from_code(99), None);
+        let sizes: Vec<usize> = DType::ALL.iter().map(|d| d.size_bytes()).collect();
+        assert_eq!(sizes, vec![4, 2, 8, 1]);
+    }
 }
 
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
     impl Sealed for half::bf16 {}
+    impl Sealed for f64 {}
+    impl Sealed for u8 {}
 }
 
-/// An element type a backend can move: `f32` or `half::bf16` (sealed).
+/// An element type a backend can move: `f32`, `half::bf16`, `f64` or `u8` (sealed).
 pub trait Element: sealed::Sealed + Copy + Send + Sync + fmt::Debug + 'static {
     /// The matching [`DType`].
     const DTYPE: DType;
@@ -146,34 +186,28 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + fmt::Debug + 'static {
     fn from_buffer(b: crate::Buffer) -> crate::CommResult<Vec<Self>>;
 }
 
-impl Element for f32 {
-    const DTYPE: DType = DType::F32;
-    fn into_buffer(v: Vec<Self>) -> crate::Buffer {
-        crate::Buffer::F32(v)
-    }
-    fn from_buffer(b: crate::Buffer) -> crate::CommResult<Vec<Self>> {
-        match b {
-            crate::Buffer::F32(v) => Ok(v),
-            other => Err(crate::CommError::DTypeMismatch {
-                expected: DType::F32,
-                actual: other.dtype(),
-            }),
+/// Implements [`Element`] for a type and its [`crate::Buffer`] variant.
+macro_rules! element {
+    ($t:ty, $dtype:ident, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn into_buffer(v: Vec<Self>) -> crate::Buffer {
+                crate::Buffer::$variant(v)
+            }
+            fn from_buffer(b: crate::Buffer) -> crate::CommResult<Vec<Self>> {
+                match b {
+                    crate::Buffer::$variant(v) => Ok(v),
+                    other => Err(crate::CommError::DTypeMismatch {
+                        expected: DType::$dtype,
+                        actual: other.dtype(),
+                    }),
+                }
+            }
         }
-    }
+    };
 }
 
-impl Element for bf16 {
-    const DTYPE: DType = DType::Bf16;
-    fn into_buffer(v: Vec<Self>) -> crate::Buffer {
-        crate::Buffer::Bf16(v)
-    }
-    fn from_buffer(b: crate::Buffer) -> crate::CommResult<Vec<Self>> {
-        match b {
-            crate::Buffer::Bf16(v) => Ok(v),
-            other => Err(crate::CommError::DTypeMismatch {
-                expected: DType::Bf16,
-                actual: other.dtype(),
-            }),
-        }
-    }
-}
+element!(f32, F32, F32);
+element!(bf16, Bf16, Bf16);
+element!(f64, F64, F64);
+element!(u8, U8, U8);

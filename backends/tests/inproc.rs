@@ -493,3 +493,25 @@ fn a_panicking_rank_is_reported_and_its_peers_are_released() {
         }
     );
 }
+
+#[test]
+fn f64_and_u8_payloads_gather_and_reduce() {
+    let run = InProcWorld::run(3, |c| {
+        let g = Group::world(3)?;
+        let r = c.rank();
+        let f = c.all_reduce_vec(&g, vec![0.1f64 * r as f64, 1e308], ReduceOp::Sum)?;
+        let b = c.all_gather_vec(&g, vec![r as u8, 250])?;
+        let s = c.reduce_scatter_vec(&g, vec![200u8, 100, 1], ReduceOp::Sum)?;
+        Ok::<_, CommError>((f, b, s))
+    })
+    .unwrap();
+    for (rank, res) in run.results.into_iter().enumerate() {
+        let (f, b, s) = res.unwrap();
+        // Ascending rank order in f64: (0 + 0.1) + 0.2.
+        assert_eq!(f[0].to_bits(), (0.0f64 + 0.1 + 0.2).to_bits());
+        assert_eq!(f[1], f64::INFINITY);
+        assert_eq!(b, vec![0, 250, 1, 250, 2, 250]);
+        // 3 x 200 = 600 wraps to 88; 3 x 100 = 300 wraps to 44; 3 x 1 = 3.
+        assert_eq!(s, vec![[88u8, 44, 3][rank]]);
+    }
+}

@@ -31,6 +31,19 @@ pub struct VerifyArgs {
     pub mutate: Option<String>,
     /// Also run the production/validation mode benchmark.
     pub bench_modes: bool,
+    /// Which backend runs the distributed executions.
+    pub backend: VerifyBackend,
+    /// Bound on every collective wait of a process backend, seconds.
+    pub timeout_s: f64,
+}
+
+/// The backend of `verify`'s distributed executions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum VerifyBackend {
+    /// Every rank a thread of this process.
+    Inproc,
+    /// This process is one rank of an `mpirun -np <world>` job (build with `--features mpi`).
+    Mpi,
 }
 
 #[derive(Serialize)]
@@ -412,6 +425,9 @@ fn write_out(dir: &Path, r: &VerifyReport, bench: Option<&[ModeBench]>) -> Resul
 
 /// Runs the command.
 pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
+    if args.backend == VerifyBackend::Mpi {
+        return run_mpi(args);
+    }
     let mut spec = load(&args.scenario)?;
     if let Some(target) = &args.mutate {
         spec.mutate(target)?;
@@ -454,18 +470,23 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    emit(args, &report, bench.as_deref())
+}
+
+/// Print (and with `--out`, write) the report; the exit status of its verdict.
+fn emit(args: &VerifyArgs, report: &VerifyReport, bench: Option<&[ModeBench]>) -> Result<ExitCode> {
     if args.json {
         let j = JsonOut {
-            report: Some(&report),
+            report: Some(report),
             mutation: None,
-            mode_bench: bench.as_deref(),
+            mode_bench: bench,
         };
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
-        print!("{}", render_text(&report, bench.as_deref()));
+        print!("{}", render_text(report, bench));
     }
     if let Some(dir) = &args.out {
-        write_out(dir, &report, bench.as_deref())?;
+        write_out(dir, report, bench)?;
         if !args.json {
             println!(
                 "wrote {}/verify.html, params.csv, checks.csv{}",
@@ -483,4 +504,64 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `--backend mpi` without MPI support compiled in.
+#[cfg(not(feature = "mpi"))]
+fn run_mpi(_args: &VerifyArgs) -> Result<ExitCode> {
+    anyhow::bail!(
+        "this hpfsdp was built without MPI support: rebuild with `cargo build --release --features mpi` \
+         (needs an MPI library, mpicc and libclang), then run `mpirun -np <world> target/release/hpfsdp verify ... --backend mpi`"
+    )
+}
+
+/// Checks every rank makes before any communication; the same outcome on every rank.
+#[cfg(feature = "mpi")]
+fn mpi_preflight(args: &VerifyArgs, comm: &dyn hpfsdp_backends::Collective) -> Result<VerifySpec> {
+    if args.mutate.is_some() || args.bench_modes {
+        anyhow::bail!(
+            "--mutate and --bench-modes run on the in-process backend only; drop --backend mpi"
+        );
+    }
+    let spec = load(&args.scenario)?;
+    hpfsdp_reference::verify::multiprocess::check_world(&spec, comm)
+        .with_context(|| format!("{} under mpirun", args.scenario.display()))?;
+    Ok(spec)
+}
+
+/// `verify --backend mpi`: this process is one rank; rank 0 prints the report, the others
+/// print nothing. A bad scenario or world size is reported by rank 0 (exit 2 on every rank);
+/// a failure during the run is printed by the rank that saw it, which then ends the job.
+#[cfg(feature = "mpi")]
+fn run_mpi(args: &VerifyArgs) -> Result<ExitCode> {
+    use hpfsdp_backends::Collective;
+    use hpfsdp_backends::mpi::{MpiComm, MpiOptions, ReductionMode};
+    if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
+        anyhow::bail!(
+            "--timeout-s must be a positive number of seconds, got {}",
+            args.timeout_s
+        );
+    }
+    let comm = MpiComm::world_with(MpiOptions {
+        mode: ReductionMode::Deterministic,
+        timeout: std::time::Duration::from_secs_f64(args.timeout_s),
+    })?;
+    let rank = comm.rank();
+    let spec = match mpi_preflight(args, &comm) {
+        Ok(s) => s,
+        Err(e) if rank == 0 => return Err(e),
+        Err(_) => return Ok(ExitCode::from(2)),
+    };
+    match hpfsdp_reference::verify::verify_on(&spec, &comm) {
+        Ok(Some(report)) => emit(args, &report, None),
+        Ok(None) => Ok(ExitCode::SUCCESS),
+        Err(e) => {
+            eprintln!(
+                "error (mpi rank {rank} of {}): {} cannot be verified: {e}",
+                comm.world_size(),
+                args.scenario.display()
+            );
+            comm.abort(2)
+        }
+    }
 }

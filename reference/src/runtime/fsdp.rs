@@ -338,6 +338,13 @@ impl FsdpRuntime {
             let mut v: Vec<f32> = match buf {
                 Buffer::F32(v) => v,
                 Buffer::Bf16(v) => v.into_iter().map(|x| x.to_f32()).collect(),
+                other => {
+                    return Err(hpfsdp_backends::CommError::DTypeMismatch {
+                        expected: hpfsdp_backends::DType::F32,
+                        actual: other.dtype(),
+                    }
+                    .into());
+                }
             };
             let numel: usize = p.full_shape.iter().product();
             let full = if p.shard_dim == 0 {

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use hpfsdp_backends::{CommError, InProcComm, InProcWorld, TraceEvent};
+use hpfsdp_backends::{Collective, CommError, InProcWorld, TraceEvent};
 use hpfsdp_plan::Layout;
 use hpfsdp_plan::fsdp::DataDomain;
 
@@ -186,7 +186,7 @@ impl<'a> RankOptimizer<'a> {
     fn step(
         &mut self,
         spec: &VerifySpec,
-        comm: &InProcComm,
+        comm: &dyn Collective,
         shards: &mut [Vec<f32>],
         grads: &[Vec<f32>],
     ) -> RtResult<Option<MuonStepRecord>> {
@@ -202,13 +202,17 @@ impl<'a> RankOptimizer<'a> {
     }
 }
 
+/// The steps of one rank. `comm` may have been used before (a process backend runs several
+/// executions on one communicator): trace positions are returned relative to the calls made
+/// before this run, so the result is the same as on a fresh communicator.
 fn rank_main(
     spec: &VerifySpec,
     mode: ExecMode,
     boundaries: &BoundaryTable,
-    comm: &InProcComm,
+    comm: &dyn Collective,
 ) -> Result<(RankResult, usize), RuntimeError> {
-    let rank = hpfsdp_backends::Collective::rank(comm);
+    let base = comm.trace().len();
+    let rank = comm.rank();
     let topo = RankTopo::new(rank, &spec.scenario.dense_mesh, &spec.scenario.expert_mesh)?;
     let facts = param_facts(spec, &topo).map_err(|e| RuntimeError::plan(e.to_string()))?;
     let fsdp = FsdpRuntime::new(
@@ -247,7 +251,7 @@ fn rank_main(
             losses.push((id, loss));
         }
         if step == 0 {
-            first_step_calls = hpfsdp_backends::Collective::trace(comm).len();
+            first_step_calls = comm.trace().len() - base;
         }
         let grads = exec.fsdp.take_grads(spec.micro_batches())?;
         let mut shards: Vec<Vec<f32>> = exec
@@ -256,7 +260,8 @@ fn rank_main(
             .iter()
             .map(|p| p.shard.as_slice().to_vec())
             .collect();
-        if let Some(rec) = opt.step(spec, comm, &mut shards, &grads)? {
+        if let Some(mut rec) = opt.step(spec, comm, &mut shards, &grads)? {
+            rec.dedup_calls = rec.dedup_calls.start - base..rec.dedup_calls.end - base;
             muon.push(rec);
         }
         for (p, s) in exec.fsdp.params.iter_mut().zip(&shards) {
@@ -296,6 +301,89 @@ fn is_peer_exit(e: &RuntimeError) -> bool {
     )
 }
 
+/// What one rank's run gives the report.
+#[derive(Debug, Clone)]
+pub struct RankRun {
+    /// The rank's result.
+    pub result: RankResult,
+    /// The rank's calls of this run (positions and per-group call numbers counted from the
+    /// start of the run), up to the end of the first step's backward pass and beyond.
+    pub trace: Vec<TraceEvent>,
+    /// Calls of the first step's forward and backward (what [`DistRun::traces`] holds).
+    pub first_step_calls: usize,
+}
+
+/// `full[base..]` renumbered as if the communicator were fresh at `base`: positions from 0,
+/// and each group's (or send/receive channel's) call numbers from 0.
+pub fn rebase_trace(full: &[TraceEvent], base: usize) -> Vec<TraceEvent> {
+    use std::collections::HashMap;
+    let key = |e: &TraceEvent| (e.kind.name() == "recv", e.group_id, e.peer, e.tag);
+    let mut before: HashMap<_, u64> = HashMap::new();
+    for e in &full[..base.min(full.len())] {
+        *before.entry(key(e)).or_insert(0) += 1;
+    }
+    full.iter()
+        .skip(base)
+        .enumerate()
+        .map(|(i, e)| {
+            let mut e = e.clone();
+            e.index = i;
+            e.seq -= before.get(&key(&e)).copied().unwrap_or(0);
+            e
+        })
+        .collect()
+}
+
+fn boundary_table(spec: &VerifySpec) -> Result<BoundaryTable, RuntimeError> {
+    let topo0 = RankTopo::new(0, &spec.scenario.dense_mesh, &spec.scenario.expert_mesh)?;
+    BoundaryTable::compile(&spec.sharding, &topo0.plan_mesh)
+}
+
+/// Run this rank's part of the steps of the plan in `mode` over `comm` (any backend: an
+/// in-process thread or one process of an MPI job).
+pub fn run_rank(
+    spec: &VerifySpec,
+    mode: ExecMode,
+    comm: &dyn Collective,
+) -> Result<RankRun, RuntimeError> {
+    let boundaries = boundary_table(spec)?;
+    let base = comm.trace().len();
+    let (result, first_step_calls) = rank_main(spec, mode, &boundaries, comm)?;
+    Ok(RankRun {
+        result,
+        trace: rebase_trace(&comm.trace(), base),
+        first_step_calls,
+    })
+}
+
+impl DistRun {
+    /// Assemble a distributed run from every rank's [`RankRun`] (indexed by rank).
+    pub fn from_rank_runs(mode: ExecMode, runs: Vec<RankRun>) -> DistRun {
+        let mut ranks = Vec::with_capacity(runs.len());
+        let mut traces = Vec::with_capacity(runs.len());
+        let mut muon_traces = Vec::with_capacity(runs.len());
+        for run in runs {
+            muon_traces.push(
+                run.result
+                    .muon
+                    .first()
+                    .and_then(|m| run.trace.get(m.dedup_calls.clone()))
+                    .map_or_else(Vec::new, <[TraceEvent]>::to_vec),
+            );
+            let mut t = run.trace;
+            t.truncate(run.first_step_calls);
+            traces.push(t);
+            ranks.push(run.result);
+        }
+        DistRun {
+            mode,
+            ranks,
+            traces,
+            muon_traces,
+        }
+    }
+}
+
 /// Run the steps of the plan on `spec.world()` in-process ranks in `mode`. A failure reports
 /// the first rank's own error (not the peers that saw it exit).
 pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, VerifyError> {
@@ -303,24 +391,20 @@ pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, Ver
         mode: mode.name().to_string(),
         source,
     };
-    let boundaries = {
-        let topo0 = RankTopo::new(0, &spec.scenario.dense_mesh, &spec.scenario.expert_mesh)
-            .map_err(run_err)?;
-        BoundaryTable::compile(&spec.sharding, &topo0.plan_mesh).map_err(run_err)?
-    };
+    let boundaries = boundary_table(spec).map_err(run_err)?;
     let world = InProcWorld::run(spec.world(), |comm| {
         rank_main(spec, mode, &boundaries, comm)
     })
     .map_err(|e| run_err(RuntimeError::Comm(e)))?;
-    let mut ranks = Vec::new();
-    let mut first_calls = Vec::new();
+    let mut runs = Vec::new();
     let mut first_err: Option<RuntimeError> = None;
-    for r in world.results {
+    for (r, trace) in world.results.into_iter().zip(world.traces) {
         match r {
-            Ok((v, calls)) => {
-                ranks.push(v);
-                first_calls.push(calls);
-            }
+            Ok((result, first_step_calls)) => runs.push(RankRun {
+                result,
+                trace,
+                first_step_calls,
+            }),
             Err(e) => {
                 let replace = match &first_err {
                     None => true,
@@ -335,32 +419,7 @@ pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, Ver
     if let Some(e) = first_err {
         return Err(run_err(e));
     }
-    let muon_traces = world
-        .traces
-        .iter()
-        .zip(&ranks)
-        .map(|(t, r)| {
-            r.muon
-                .first()
-                .and_then(|m| t.get(m.dedup_calls.clone()))
-                .map_or_else(Vec::new, <[TraceEvent]>::to_vec)
-        })
-        .collect();
-    let traces = world
-        .traces
-        .into_iter()
-        .zip(first_calls)
-        .map(|(mut t, n)| {
-            t.truncate(n);
-            t
-        })
-        .collect();
-    Ok(DistRun {
-        mode,
-        ranks,
-        traces,
-        muon_traces,
-    })
+    Ok(DistRun::from_rank_runs(mode, runs))
 }
 
 /// The single device's state after one training step.

@@ -205,24 +205,35 @@ fn prod_val_equal(p: &DistRun, v: &DistRun) -> (bool, Vec<String>) {
     (bad.is_empty(), bad)
 }
 
-/// Run the three executions of `spec` and compare them.
+/// Run the three executions of `spec` (the distributed ones on in-process ranks) and compare
+/// them.
 pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
     let prod = run_distributed(spec, ExecMode::Production)?;
     let val = run_distributed(spec, ExecMode::Validation)?;
+    verify_runs(spec, &prod, &val)
+}
+
+/// Compare distributed runs made on any backend (`prod` in production mode, `val` in
+/// validation mode) with the single device, which runs here.
+pub fn verify_runs(
+    spec: &VerifySpec,
+    prod: &DistRun,
+    val: &DistRun,
+) -> Result<VerifyReport, VerifyError> {
     let single = run_single(spec)?;
-    let pg = assemble(spec, &prod, Which::Grads)?;
-    let pp = assemble(spec, &prod, Which::Params)?;
-    let vg = assemble(spec, &val, Which::Grads)?;
-    let vp = assemble(spec, &val, Which::Params)?;
-    let (pv_equal, pv_bad) = prod_val_equal(&prod, &val);
+    let pg = assemble(spec, prod, Which::Grads)?;
+    let pp = assemble(spec, prod, Which::Params)?;
+    let vg = assemble(spec, val, Which::Grads)?;
+    let vp = assemble(spec, val, Which::Params)?;
+    let (pv_equal, pv_bad) = prod_val_equal(prod, val);
     let grad_d = diff_sets(&pg.tensors, &single.grads);
     let param_d = diff_sets(&pp.tensors, &single.params);
     let bitwise_required = !spec.order_changing();
     let mv = spec.muon.as_ref();
     let first = match single.history.first() {
         Some(s1) if spec.steps > 1 => {
-            let g1 = assemble_step(spec, &prod, 0, Which::Grads)?;
-            let p1 = assemble_step(spec, &prod, 0, Which::Params)?;
+            let g1 = assemble_step(spec, prod, 0, Which::Grads)?;
+            let p1 = assemble_step(spec, prod, 0, Which::Params)?;
             Some((
                 diff_sets(&g1.tensors, &s1.grads),
                 diff_sets(&p1.tensors, &s1.params),
@@ -356,15 +367,15 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
     });
     let muon = match mv {
         Some(m) => {
-            let (summary, muon_checks) = muon_part(spec, m, &prod, &single)?;
+            let (summary, muon_checks) = muon_part(spec, m, prod, &single)?;
             checks.extend(muon_checks);
             Some(summary)
         }
         None => None,
     };
-    checks.push(trace_check(spec, &prod));
+    checks.push(trace_check(spec, prod));
     if mv.is_some() {
-        checks.push(muon_trace_check(spec, &prod));
+        checks.push(muon_trace_check(spec, prod));
     }
     let passed = checks.iter().filter(|c| c.gating).all(|c| c.passed);
     let m = &spec.scenario.file.mesh;
