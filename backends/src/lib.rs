@@ -2,7 +2,9 @@
 //!
 //! - [`inproc`]: ranks as threads of one process; deterministic; used by the reference executor
 //!   and by tests.
-//! - `mpi`, `hccl`, `nccl`: to follow, behind cargo features, implementing the same trait.
+//! - `hccl`, `nccl` (features of the same names): vendor libraries loaded at run time with
+//!   `libloading`, sharing [`device`] (runtime abstraction, rendezvous, the `Collective` impl).
+//! - `mpi`: to follow, behind a cargo feature, implementing the same trait.
 //!
 //! Every backend reduces in ascending rank order ([`reduce`]) so results are bit-identical
 //! across backends, runs and thread timings, and records a per-rank [`TraceEvent`] list.
@@ -24,9 +26,14 @@
 
 pub mod buffer;
 pub mod collective;
+pub mod device;
 pub mod error;
 pub mod group;
+#[cfg(feature = "hccl")]
+pub mod hccl;
 pub mod inproc;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod reduce;
 pub mod trace;
 pub mod types;
