@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -53,7 +52,6 @@ enum Role {
     Server {
         table: Arc<Table>,
         local: SocketAddr,
-        stop: Arc<AtomicBool>,
     },
     Client,
 }
@@ -68,7 +66,9 @@ pub struct TcpStore {
 impl TcpStore {
     /// Serve the store on `addr` (`host:port`; port 0 picks a free port, see
     /// [`TcpStore::local_addr`]). If `host` is not an address of this machine, the store listens
-    /// on all interfaces at `port`.
+    /// on all interfaces at `port`. The server thread lives until the process exits, not just as
+    /// long as this value: ranks that create group communicators after rank 0 has dropped its
+    /// communicator must still reach it.
     pub fn serve(addr: &str) -> CommResult<TcpStore> {
         let method = format!("tcp:{addr}");
         let listener = TcpListener::bind(addr).or_else(|first| {
@@ -84,18 +84,17 @@ impl TcpStore {
             reason: format!("cannot read the listening address: {e}"),
         })?;
         let table = Arc::new(Table::default());
-        let stop = Arc::new(AtomicBool::new(false));
-        let (t, s) = (Arc::clone(&table), Arc::clone(&stop));
+        let t = Arc::clone(&table);
         std::thread::Builder::new()
             .name("hpfsdp-rendezvous".into())
-            .spawn(move || accept_loop(listener, t, s))
+            .spawn(move || accept_loop(listener, t))
             .map_err(|e| CommError::Rendezvous {
                 method,
                 reason: format!("cannot start the server thread: {e}"),
             })?;
         Ok(TcpStore {
             addr: addr.to_string(),
-            role: Role::Server { table, local, stop },
+            role: Role::Server { table, local },
             connect_timeout: DEFAULT_RENDEZVOUS_TIMEOUT,
         })
     }
@@ -175,16 +174,6 @@ impl TcpStore {
     }
 }
 
-impl Drop for TcpStore {
-    fn drop(&mut self) {
-        if let Role::Server { local, stop, .. } = &self.role {
-            stop.store(true, Ordering::SeqCst);
-            // Wake the accept loop so its thread ends.
-            let _ = TcpStream::connect_timeout(local, Duration::from_millis(200));
-        }
-    }
-}
-
 impl KeyValueStore for TcpStore {
     fn method(&self) -> String {
         format!("tcp:{}", self.addr)
@@ -258,11 +247,8 @@ fn read_limited(s: &mut impl Read, limit: u32) -> std::io::Result<Vec<u8>> {
     Ok(v)
 }
 
-fn accept_loop(listener: TcpListener, table: Arc<Table>, stop: Arc<AtomicBool>) {
+fn accept_loop(listener: TcpListener, table: Arc<Table>) {
     for conn in listener.incoming() {
-        if stop.load(Ordering::SeqCst) {
-            break;
-        }
         let Ok(conn) = conn else { continue };
         let table = Arc::clone(&table);
         // A failed request only affects its own client, which reports the broken connection.
