@@ -6,8 +6,10 @@
 //!   `libloading`, sharing [`device`] (runtime abstraction, rendezvous, the `Collective` impl).
 //! - `mpi`: to follow, behind a cargo feature, implementing the same trait.
 //!
-//! Every backend reduces in ascending rank order ([`reduce`]) so results are bit-identical
-//! across backends, runs and thread timings, and records a per-rank [`TraceEvent`] list.
+//! Every backend records a per-rank [`TraceEvent`] list. The host backends (`inproc`, `mpi`)
+//! reduce in ascending rank order ([`reduce`]), so their results are bit-identical across
+//! backends, runs and thread timings; `hccl` and `nccl` use the vendor library's own reduction,
+//! where bitwise equality with `inproc` is not promised.
 //!
 //! ```
 //! use hpfsdp_backends::{Collective, CollectiveExt, Group, InProcWorld, ReduceOp};

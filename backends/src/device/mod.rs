@@ -8,11 +8,11 @@
 //! Built with feature `hccl` or `nccl`:
 //! - `loader`: `dlopen` through `libloading` with a search list, an override variable and an
 //!   error that names every path tried;
-//! - `runtime`: the [`DeviceRuntime`] abstraction over the CUDA runtime and ACL (device, streams,
+//! - `runtime`: the `DeviceRuntime` abstraction over the CUDA runtime and ACL (device, streams,
 //!   memory, copies, timing events), with `cuda` and `acl` implementations;
-//! - `library`: the [`CollLibrary`] trait a vendor collective library implements;
-//! - `comm`: [`DeviceComm`], the [`crate::Collective`] implementation shared by both vendors,
-//!   plus device-resident [`DeviceBuffer`]s and per-call device times for replay.
+//! - `library`: the `CollLibrary` trait a vendor collective library implements;
+//! - `comm`: `DeviceComm`, the [`crate::Collective`] implementation shared by both vendors,
+//!   plus device-resident `DeviceBuffer`s and per-call device times for replay.
 //!
 //! Reductions on these backends are the vendor library's own (its order, its algorithms): the
 //! bitwise equality with `inproc` that [`crate::reduce`] guarantees is **not** promised here.
