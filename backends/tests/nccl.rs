@@ -8,7 +8,7 @@ mod fake;
 
 use std::mem::{align_of, size_of};
 
-use hpfsdp_backends::device::{DeviceOp, FileStore, StoreExchange, WorldSpec};
+use hpfsdp_backends::device::{DeviceOp, DeviceP2p, FileStore, StoreExchange, WorldSpec};
 use hpfsdp_backends::nccl::abi::{
     NCCL_SPLIT_MIN_VERSION, NCCL_SPLIT_NOCOLOR, NCCL_UNIQUE_ID_BYTES, NcclDataType, NcclRedOp,
     NcclUniqueId, decode_version, nccl_dtype, nccl_op,
@@ -278,6 +278,39 @@ fn device_buffers_run_without_host_copies_and_report_time() {
             .err()
             .expect("short output buffer");
         assert!(err.to_string().contains("16 bf16 elements"), "{err}");
+        // A device-resident exchange with the other rank, as one batch.
+        let mine = c.upload(&Buffer::from(vec![r as f32 + 5.0; 3])).unwrap();
+        let theirs = c.alloc_device(DType::F32, 3).unwrap();
+        let peer = 1 - r;
+        let batch = [
+            DeviceP2p::Send {
+                buffer: &mine,
+                peer,
+            },
+            DeviceP2p::Recv {
+                buffer: &theirs,
+                peer,
+            },
+        ];
+        times.push(c.issue_device_p2p(&batch, 7).unwrap().wait().unwrap());
+        assert_eq!(
+            theirs.download().unwrap(),
+            Buffer::from(vec![peer as f32 + 5.0; 3])
+        );
+        let kinds: Vec<_> = c
+            .trace()
+            .iter()
+            .rev()
+            .take(2)
+            .map(|e| (e.kind, e.peer, e.tag))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (CollectiveKind::Recv, Some(peer), Some(7)),
+                (CollectiveKind::Send, Some(peer), Some(7))
+            ]
+        );
         (x.download().unwrap(), y.download().unwrap(), times)
     });
     for (x, y, times) in results {

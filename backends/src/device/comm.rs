@@ -16,7 +16,6 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::marker::PhantomData;
 use std::sync::{Arc, Mutex};
 
 use super::buffer::DeviceBuffer;
@@ -34,6 +33,7 @@ use crate::group::{Group, GroupId};
 use crate::trace::TraceEvent;
 use crate::types::{CollectiveKind, DType, ReduceOp};
 
+pub use super::device_ops::{DeviceOp, DeviceP2p, DeviceWork};
 pub use super::staging::DeviceTiming;
 
 /// State shared by a communicator and its in-flight work; torn down when the last user goes.
@@ -64,81 +64,12 @@ impl<L: CollLibrary> Drop for Shared<L> {
 ///
 /// Not `Sync`: issue calls from one thread; handles may be waited on from any thread.
 pub struct DeviceComm<L: CollLibrary> {
-    shared: Arc<Shared<L>>,
-    world: WorldSpec,
+    pub(super) shared: Arc<Shared<L>>,
+    pub(super) world: WorldSpec,
     exchange: Box<dyn IdExchange>,
     group_seq: RefCell<HashMap<GroupId, u64>>,
     p2p_seq: RefCell<HashMap<(CollectiveKind, usize, u64), u64>>,
     trace: RefCell<Vec<TraceEvent>>,
-}
-
-/// A collective on device-resident buffers (see [`DeviceComm::issue_device`]). Counts come
-/// from the buffers: all-gather sends all of `send`; `recv` must hold at least the output.
-#[derive(Debug, Clone, Copy)]
-pub enum DeviceOp<'a> {
-    /// Gather `send` from every member into `recv`.
-    AllGather {
-        /// Input.
-        send: &'a DeviceBuffer,
-        /// Output (`send.len() * group size` elements at least).
-        recv: &'a DeviceBuffer,
-    },
-    /// Reduce `send` and scatter equal chunks.
-    ReduceScatter {
-        /// Input (a multiple of the group size).
-        send: &'a DeviceBuffer,
-        /// Output (`send.len() / group size` elements at least).
-        recv: &'a DeviceBuffer,
-        /// Reduction.
-        op: ReduceOp,
-    },
-    /// Reduce `send` into `recv` on every member (the two may be the same buffer).
-    AllReduce {
-        /// Input.
-        send: &'a DeviceBuffer,
-        /// Output (`send.len()` elements at least).
-        recv: &'a DeviceBuffer,
-        /// Reduction.
-        op: ReduceOp,
-    },
-    /// Broadcast `buffer` from global rank `root`, in place.
-    Broadcast {
-        /// Payload (input on the root, output elsewhere).
-        buffer: &'a DeviceBuffer,
-        /// Global rank of the root.
-        root: usize,
-    },
-    /// Equal-chunk all-to-all.
-    AllToAll {
-        /// Input (a multiple of the group size).
-        send: &'a DeviceBuffer,
-        /// Output (`send.len()` elements at least).
-        recv: &'a DeviceBuffer,
-    },
-    /// All-to-all with per-member counts (packed chunks in member order).
-    AllToAllV {
-        /// Input.
-        send: &'a DeviceBuffer,
-        /// Output.
-        recv: &'a DeviceBuffer,
-        /// Elements sent to each member.
-        send_counts: &'a [usize],
-        /// Elements received from each member.
-        recv_counts: &'a [usize],
-    },
-}
-
-/// An enqueued device-resident collective; borrows its buffers until waited on or dropped.
-pub struct DeviceWork<'a> {
-    work: StagedWork,
-    _buffers: PhantomData<&'a DeviceBuffer>,
-}
-
-impl DeviceWork<'_> {
-    /// Block until the operation finished; returns its device time in microseconds.
-    pub fn wait(mut self) -> CommResult<f64> {
-        self.work.finish().map(|(_, us)| us)
-    }
 }
 
 impl<L: CollLibrary> DeviceComm<L> {
@@ -308,7 +239,7 @@ impl<L: CollLibrary> DeviceComm<L> {
     }
 
     /// The communicator of `group` (the caller is a member), created on first use.
-    fn comm_for(&self, group: &Group) -> CommResult<RawComm> {
+    pub(super) fn comm_for(&self, group: &Group) -> CommResult<RawComm> {
         if group.size() == self.world.world_size {
             return Ok(self.shared.world);
         }
@@ -337,7 +268,7 @@ impl<L: CollLibrary> DeviceComm<L> {
     }
 
     /// Record a group call in the trace; returns the timing record to fill when it completes.
-    fn record(
+    pub(super) fn record(
         &self,
         spec: &Spec,
         group: &Group,
@@ -395,7 +326,7 @@ impl<L: CollLibrary> DeviceComm<L> {
         }
     }
 
-    fn enqueue(
+    pub(super) fn enqueue(
         &self,
         spec: &Spec,
         send: DevPtr,
@@ -475,126 +406,14 @@ impl<L: CollLibrary> DeviceComm<L> {
             staging.into_vec(),
             output,
             divide_by,
-            meta,
+            vec![meta],
         );
         Ok(Handle::new(kind, Box::new(work)))
     }
 }
 
-/// Check a device buffer against the element type and minimum length an operation needs.
-fn check_device_buffer(
-    kind: CollectiveKind,
-    what: &str,
-    b: &DeviceBuffer,
-    dtype: DType,
-    min_len: usize,
-) -> CommResult<()> {
-    if b.dtype() != dtype || b.len() < min_len {
-        return Err(CommError::InvalidArgument {
-            kind,
-            reason: format!(
-                "{what} buffer holds {} {} elements but {min_len} {dtype} elements are needed",
-                b.len(),
-                b.dtype()
-            ),
-        });
-    }
-    Ok(())
-}
-
 impl<L: CollLibrary> DeviceComm<L> {
-    /// Enqueue a collective on device-resident buffers (no host copies) between timing events.
-    /// The returned work borrows the buffers; its [`DeviceWork::wait`] gives the device time.
-    /// Reductions the library lacks (HCCL's average) are refused here.
-    pub fn issue_device<'a>(&self, group: &Group, op: DeviceOp<'a>) -> CommResult<DeviceWork<'a>> {
-        let (spec, send, recv, root) = self.device_spec(group, &op)?;
-        let kind = spec.kind();
-        validate::position(kind, group, self.world.rank, self.world.world_size)?;
-        if let Some(o) = spec.op().filter(|o| !self.shared.lib.supports(*o)) {
-            return Err(CommError::Unavailable {
-                backend: L::BACKEND.into(),
-                reason: format!("{kind} with {o} is not a native reduction of this library"),
-            });
-        }
-        let out_len = spec.output_elements(group.size());
-        check_device_buffer(kind, "output", recv, send.dtype(), out_len)?;
-        p2p::flush(&self.shared)?;
-        let comm = self.comm_for(group)?;
-        let meta = self.record(&spec, group, send.dtype(), send.len(), root);
-        let at = Launch {
-            comm,
-            stream: self.shared.stream,
-        };
-        let ctx = &self.shared.ctx;
-        let events = record_around(ctx, self.shared.stream, || {
-            self.enqueue(&spec, send.ptr(), recv.ptr(), send.dtype(), at)
-        })?;
-        Ok(DeviceWork {
-            work: StagedWork::new(
-                Arc::clone(ctx),
-                events,
-                Vec::new(),
-                Output::Nothing,
-                None,
-                meta,
-            ),
-            _buffers: PhantomData,
-        })
-    }
-
-    /// The spec, send and receive buffers, and root of a device operation.
-    fn device_spec<'a>(
-        &self,
-        group: &Group,
-        op: &DeviceOp<'a>,
-    ) -> CommResult<(Spec, &'a DeviceBuffer, &'a DeviceBuffer, Option<usize>)> {
-        use CollectiveKind as K;
-        Ok(match *op {
-            DeviceOp::AllGather { send, recv } => (
-                validate::spec_for(K::AllGather, group, send.len(), None, None)?,
-                send,
-                recv,
-                None,
-            ),
-            DeviceOp::ReduceScatter { send, recv, op } => (
-                validate::spec_for(K::ReduceScatter, group, send.len(), Some(op), None)?,
-                send,
-                recv,
-                None,
-            ),
-            DeviceOp::AllReduce { send, recv, op } => (
-                validate::spec_for(K::AllReduce, group, send.len(), Some(op), None)?,
-                send,
-                recv,
-                None,
-            ),
-            DeviceOp::Broadcast { buffer, root } => (
-                validate::spec_for(K::Broadcast, group, buffer.len(), None, Some(root))?,
-                buffer,
-                buffer,
-                Some(root),
-            ),
-            DeviceOp::AllToAll { send, recv } => (
-                validate::spec_for(K::AllToAll, group, send.len(), None, None)?,
-                send,
-                recv,
-                None,
-            ),
-            DeviceOp::AllToAllV {
-                send,
-                recv,
-                send_counts,
-                recv_counts,
-            } => (
-                validate::spec_all_to_all_v(group, send.len(), send_counts, recv_counts)?,
-                send,
-                recv,
-                None,
-            ),
-        })
-    }
-
-    fn check_peer(&self, kind: CollectiveKind, peer: usize) -> CommResult<()> {
+    pub(super) fn check_peer(&self, kind: CollectiveKind, peer: usize) -> CommResult<()> {
         if peer < self.world.world_size {
             return Ok(());
         }
@@ -608,7 +427,7 @@ impl<L: CollLibrary> DeviceComm<L> {
     }
 
     /// Record a send/recv in the trace; returns the timing record.
-    fn record_p2p(
+    pub(super) fn record_p2p(
         &self,
         kind: CollectiveKind,
         peer: usize,

@@ -55,6 +55,16 @@ pub struct P2pOp {
     pub peer: usize,
 }
 
+impl P2pOp {
+    /// The trace kind of this half.
+    pub fn kind(&self) -> crate::types::CollectiveKind {
+        match self.direction {
+            P2pDirection::Send => crate::types::CollectiveKind::Send,
+            P2pDirection::Recv => crate::types::CollectiveKind::Recv,
+        }
+    }
+}
+
 /// Per-peer element counts and displacements of an all-to-all-v (all in elements).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllToAllVLayout {

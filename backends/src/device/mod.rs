@@ -29,6 +29,8 @@ pub mod comm;
 #[cfg(feature = "nccl")]
 pub mod cuda;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
+mod device_ops;
+#[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod library;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod loader;
@@ -44,7 +46,7 @@ mod validate;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub use buffer::DeviceBuffer;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
-pub use comm::{DeviceComm, DeviceOp, DeviceTiming, DeviceWork};
+pub use comm::{DeviceComm, DeviceOp, DeviceP2p, DeviceTiming, DeviceWork};
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub use library::{CollLibrary, P2pDirection, P2pOp, RawComm};
 #[cfg(any(feature = "hccl", feature = "nccl"))]

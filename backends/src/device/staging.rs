@@ -155,14 +155,15 @@ pub(crate) enum Output {
     Nothing,
 }
 
-/// An enqueued collective: waits on its end event, logs the device time, copies back, frees.
+/// An enqueued operation: waits on its end event, logs the device time (once per call it
+/// carries), copies back, frees.
 pub(crate) struct StagedWork {
     ctx: Arc<DeviceContext>,
     events: Option<EventPair>,
     buffers: Vec<DevPtr>,
     output: Option<Output>,
     divide_by: Option<usize>,
-    meta: DeviceTiming,
+    metas: Vec<DeviceTiming>,
 }
 
 impl StagedWork {
@@ -172,7 +173,7 @@ impl StagedWork {
         buffers: Vec<DevPtr>,
         output: Output,
         divide_by: Option<usize>,
-        meta: DeviceTiming,
+        metas: Vec<DeviceTiming>,
     ) -> StagedWork {
         StagedWork {
             ctx,
@@ -180,7 +181,7 @@ impl StagedWork {
             buffers,
             output: Some(output),
             divide_by,
-            meta,
+            metas,
         }
     }
 
@@ -196,7 +197,9 @@ impl StagedWork {
             return Ok((Buffer::empty(DType::F32), 0.0));
         };
         let device_us = elapsed_us(&self.ctx, events)?;
-        self.ctx.log(self.meta.clone(), device_us);
+        for meta in &self.metas {
+            self.ctx.log(meta.clone(), device_us);
+        }
         let out = match self.output.take() {
             Some(Output::Device { ptr, dtype, len }) => {
                 let mut out = Buffer::zeros(dtype, len);
