@@ -228,3 +228,53 @@ fn the_environment_chooses_the_rendezvous() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_second_communicator_on_the_same_store_gets_fresh_keys() {
+    let dir = fresh_dir("second");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    for round in 0..2u8 {
+        let got: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2)
+                .map(|r| {
+                    let (dir, addr) = (&dir, &addr);
+                    s.spawn(move || {
+                        let file = StoreExchange::new(FileStore::new(dir).unwrap(), r, WAIT);
+                        // Rank 0 serves the same address again: the process shares its server.
+                        let tcp = if r == 0 {
+                            TcpStore::serve(addr)
+                        } else {
+                            TcpStore::connect(addr)
+                        };
+                        let tcp = StoreExchange::new(tcp.unwrap(), r, WAIT);
+                        let mut a = if r == 0 {
+                            blob(0, round, 16)
+                        } else {
+                            vec![0; 16]
+                        };
+                        file.broadcast_id(&mut a).unwrap();
+                        let mut b = if r == 0 {
+                            blob(0, round + 10, 16)
+                        } else {
+                            vec![0; 16]
+                        };
+                        tcp.broadcast_id(&mut b).unwrap();
+                        [a, b].concat()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let want = [blob(0, round, 16), blob(0, round + 10, 16)].concat();
+        assert_eq!(got, vec![want.clone(), want], "round {round}");
+    }
+    assert!(
+        dir.join("world.1.id").exists(),
+        "the second round used the next key"
+    );
+}

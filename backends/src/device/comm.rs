@@ -62,7 +62,8 @@ impl<L: CollLibrary> Drop for Shared<L> {
 
 /// One rank's communicator on a run-time loaded vendor library (`L` = NCCL or HCCL).
 ///
-/// Not `Sync`: issue calls from one thread; handles may be waited on from any thread.
+/// Not `Sync`: issue calls from one thread. Handles are `Send`, but waiting on a queued
+/// send/recv issues the pending batch on the communicator, so wait on the issuing thread.
 pub struct DeviceComm<L: CollLibrary> {
     pub(super) shared: Arc<Shared<L>>,
     pub(super) world: WorldSpec,

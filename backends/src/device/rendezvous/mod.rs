@@ -11,14 +11,14 @@
 //! The MPI backend can implement [`IdExchange::broadcast_id`] with an `MPI_Bcast` over
 //! `MPI_COMM_WORLD`; sub-communicators then come from `ncclCommSplit` where the library has it.
 //!
-//! Keys are counted: the `n`-th exchange under one key uses `key.n`, so a process can build
-//! several communicators in one job. A store directory or port must be fresh for each job
+//! Keys are counted per process, store and rank: the `n`-th exchange under one key uses `key.n`,
+//! so a process can build several communicators in one job on one store. A store directory or port must be fresh for each job
 //! (stale files from an earlier job would be read as this job's ids).
 
 mod file;
 mod tcp;
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -77,8 +77,10 @@ pub struct StoreExchange<S: KeyValueStore> {
     store: S,
     rank: usize,
     timeout: Duration,
-    counters: Mutex<HashMap<String, u64>>,
 }
+
+/// How many exchanges each (store, rank, key) has made in this process.
+static COUNTERS: Mutex<BTreeMap<(String, usize, String), u64>> = Mutex::new(BTreeMap::new());
 
 impl<S: KeyValueStore> StoreExchange<S> {
     /// An exchange for global rank `rank`, every wait bounded by `timeout`.
@@ -87,7 +89,6 @@ impl<S: KeyValueStore> StoreExchange<S> {
             store,
             rank,
             timeout,
-            counters: Mutex::default(),
         }
     }
 
@@ -97,8 +98,11 @@ impl<S: KeyValueStore> StoreExchange<S> {
     }
 
     fn counted_key(&self, key: &str) -> String {
-        let mut counters = self.counters.lock().unwrap_or_else(|e| e.into_inner());
-        let n = counters.entry(key.to_string()).or_insert(0);
+        // Process-wide per (store, rank, key): a second communicator built on the same store in
+        // the same job continues the numbering instead of reading the first one's ids.
+        let mut counters = COUNTERS.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = (self.store.method(), self.rank, key.to_string());
+        let n = counters.entry(slot).or_insert(0);
         let counted = format!("{key}.{n}");
         *n += 1;
         counted

@@ -4,7 +4,7 @@
 //! - put: `1u8, key_len u32, key, value_len u32, value` → `0u8`;
 //! - get: `2u8, key_len u32, key, timeout_ms u64` → `0u8, len u32, value` or `1u8` (timed out).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
@@ -17,6 +17,9 @@ const OP_PUT: u8 = 1;
 const OP_GET: u8 = 2;
 const MAX_KEY_BYTES: u32 = 4096;
 const MAX_VALUE_BYTES: u32 = 1 << 20;
+
+/// Stores this process serves, by the address asked for (port 0 excluded).
+static SERVERS: Mutex<BTreeMap<String, (Arc<Table>, SocketAddr)>> = Mutex::new(BTreeMap::new());
 
 #[derive(Default)]
 struct Table {
@@ -70,6 +73,18 @@ impl TcpStore {
     /// long as this value: ranks that create group communicators after rank 0 has dropped its
     /// communicator must still reach it.
     pub fn serve(addr: &str) -> CommResult<TcpStore> {
+        let mut servers = SERVERS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((table, local)) = servers.get(addr) {
+            // This process already serves `addr` (an earlier communicator): share it.
+            return Ok(TcpStore {
+                addr: addr.to_string(),
+                role: Role::Server {
+                    table: Arc::clone(table),
+                    local: *local,
+                },
+                connect_timeout: DEFAULT_RENDEZVOUS_TIMEOUT,
+            });
+        }
         let method = format!("tcp:{addr}");
         let listener = TcpListener::bind(addr).or_else(|first| {
             let port = addr.rsplit(':').next().unwrap_or("");
@@ -92,6 +107,9 @@ impl TcpStore {
                 method,
                 reason: format!("cannot start the server thread: {e}"),
             })?;
+        if !addr.ends_with(":0") {
+            servers.insert(addr.to_string(), (Arc::clone(&table), local));
+        }
         Ok(TcpStore {
             addr: addr.to_string(),
             role: Role::Server { table, local },
