@@ -50,7 +50,7 @@ struct AclFns {
     recent_err_msg: Option<unsafe extern "C" fn() -> *const c_char>,
 }
 
-/// ACL's symbol table; the library stays loaded while this value lives. `aclInit` is called
+/// ACL's symbol table (the library stays mapped until the process exits). `aclInit` is called
 /// once when loading; `aclFinalize` is left to process exit because other code in the process
 /// (or a second communicator) may still use ACL.
 pub struct AclRuntime {

@@ -50,7 +50,7 @@ struct CudaFns {
     get_error_string: Option<unsafe extern "C" fn(c_int) -> *const c_char>,
 }
 
-/// The CUDA runtime's symbol table; the library stays loaded while this value lives.
+/// The CUDA runtime's symbol table (the library stays mapped until the process exits).
 pub struct CudaRuntime {
     fns: CudaFns,
     libs: LibrarySet,

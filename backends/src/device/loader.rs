@@ -1,6 +1,8 @@
 //! Opening vendor libraries at run time: a search list, an override variable, and an error
 //! that names every path tried with the loader's message.
 
+use std::mem::ManuallyDrop;
+
 use libloading::Library;
 
 use super::world::EnvLookup;
@@ -20,11 +22,14 @@ pub struct LibrarySpec {
 }
 
 /// One or more opened libraries whose symbols are resolved in order (HCCL's functions may live
-/// in `libhccl.so` or, on newer CANN, in `libhcomm.so`). The libraries stay loaded for as long as
-/// this value lives, so function pointers taken from it must not outlive it.
+/// in `libhccl.so` or, on newer CANN, in `libhcomm.so`).
+///
+/// Libraries are never closed: vendor runtimes keep threads and device contexts that crash the
+/// process at exit when their code is unmapped early, so the mapping stays until the process
+/// ends (a later load of the same file only bumps the loader's reference count).
 pub struct LibrarySet {
     backend: &'static str,
-    libs: Vec<(String, Library)>,
+    libs: Vec<(String, ManuallyDrop<Library>)>,
 }
 
 impl std::fmt::Debug for LibrarySet {
@@ -89,7 +94,7 @@ impl LibrarySet {
             for path in candidates {
                 match open_one(&path) {
                     Ok(lib) => {
-                        libs.push((path, lib));
+                        libs.push((path, ManuallyDrop::new(lib)));
                         break;
                     }
                     Err(e) => attempts.push(format!("{path}: {e}")),
@@ -126,8 +131,7 @@ impl LibrarySet {
     /// Resolve `name` as a function pointer of type `T`, if any library exports it.
     ///
     /// # Safety
-    /// `T` must be the exact `extern "C"` function-pointer type of the symbol, and the pointer
-    /// must not be called after this set is dropped.
+    /// `T` must be the exact `extern "C"` function-pointer type of the symbol.
     pub unsafe fn optional<T: Copy>(&self, name: &str) -> Option<T> {
         self.libs.iter().find_map(|(_, lib)| {
             // SAFETY: the caller guarantees `T` matches the symbol's type.
