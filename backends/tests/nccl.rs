@@ -8,7 +8,9 @@ mod fake;
 
 use std::mem::{align_of, size_of};
 
-use hpfsdp_backends::device::{DeviceOp, DeviceP2p, FileStore, StoreExchange, WorldSpec};
+use hpfsdp_backends::device::{
+    DeviceCollective, DeviceOp, DeviceP2p, FileStore, StoreExchange, WorldSpec,
+};
 use hpfsdp_backends::nccl::abi::{
     NCCL_SPLIT_MIN_VERSION, NCCL_SPLIT_NOCOLOR, NCCL_UNIQUE_ID_BYTES, NcclDataType, NcclRedOp,
     NcclUniqueId, decode_version, nccl_dtype, nccl_op,
@@ -153,10 +155,11 @@ fn comm(rank: usize, n: usize, dir: &std::path::Path) -> NcclComm {
 #[test]
 fn one_rank_world_runs_every_call_and_logs_device_times() {
     let dir = fresh_dir("nccl-one");
-    let c = comm(0, 1, &dir);
+    // Through the object-safe view a run-time backend factory would hand out.
+    let c: Box<dyn DeviceCollective> = Box::new(comm(0, 1, &dir));
     assert_eq!(c.backend_name(), "nccl");
     assert!(c.describe().contains("NCCL 2.20.5"), "{}", c.describe());
-    let got = scenario(&c, true).expect("scenario");
+    let got = scenario(c.as_ref(), true).expect("scenario");
     assert_eq!(got, inproc_outputs(1, true)[0]);
     let trace = c.trace();
     let mut times = c.device_times();

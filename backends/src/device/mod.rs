@@ -12,7 +12,8 @@
 //!   memory, copies, timing events), with `cuda` and `acl` implementations;
 //! - `library`: the `CollLibrary` trait a vendor collective library implements;
 //! - `comm`: `DeviceComm`, the [`crate::Collective`] implementation shared by both vendors,
-//!   plus device-resident `DeviceBuffer`s and per-call device times for replay.
+//!   plus device-resident `DeviceBuffer`s and per-call device times for replay;
+//! - `object`: `DeviceCollective`, the object-safe view a run-time backend factory returns.
 //!
 //! Reductions on these backends are the vendor library's own (its order, its algorithms): the
 //! bitwise equality with `inproc` that [`crate::reduce`] guarantees is **not** promised here.
@@ -35,6 +36,8 @@ pub mod library;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod loader;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
+pub mod object;
+#[cfg(any(feature = "hccl", feature = "nccl"))]
 mod p2p;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod runtime;
@@ -51,6 +54,8 @@ pub use comm::{DeviceComm, DeviceOp, DeviceP2p, DeviceTiming, DeviceWork};
 pub use library::{CollLibrary, P2pDirection, P2pOp, RawComm};
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub use loader::{LibrarySet, LibrarySpec};
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub use object::DeviceCollective;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub use runtime::{DevPtr, DeviceRuntime, Event, Stream};
 

@@ -6,7 +6,8 @@ use super::abi::{AclStreamHandle, HcclCommHandle, HcclResult, HcclRootInfo, Hccl
 use crate::device::LibrarySet;
 use crate::error::CommResult;
 
-/// Function pointers into the loaded HCCL; valid for the rest of the process (a [`LibrarySet`] never unmaps).
+/// Function pointers into the loaded HCCL; valid for the rest of the process (a
+/// [`LibrarySet`] never unmaps).
 #[derive(Clone, Copy)]
 pub(crate) struct HcclFns {
     pub get_root_info: unsafe extern "C" fn(*mut HcclRootInfo) -> HcclResult,

@@ -6,7 +6,8 @@ use super::abi::{CudaStreamHandle, NcclCommHandle, NcclResult, NcclUniqueId};
 use crate::device::LibrarySet;
 use crate::error::CommResult;
 
-/// Function pointers into the loaded NCCL; valid for the rest of the process (a [`LibrarySet`] never unmaps).
+/// Function pointers into the loaded NCCL; valid for the rest of the process (a
+/// [`LibrarySet`] never unmaps).
 #[derive(Clone, Copy)]
 pub(crate) struct NcclFns {
     pub get_version: unsafe extern "C" fn(*mut c_int) -> NcclResult,
