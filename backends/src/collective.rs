@@ -10,7 +10,8 @@
 //!   a group meets the `n`-th call of every other member. Mismatched kinds, dtypes or sizes are
 //!   reported as [`crate::CommError::Mismatch`] where the backend can detect them.
 //! - Reductions combine contributions in ascending rank order (see [`crate::reduce`]), so results
-//!   are bit-identical on every backend and every run.
+//!   are bit-identical on every backend and every run; the run-time loaded `hccl` and `nccl`
+//!   backends are the exception (the vendor library's own reduction, see [`crate::device`]).
 
 use crate::buffer::Buffer;
 use crate::error::CommResult;

@@ -91,6 +91,43 @@ pub enum CommError {
     /// The world itself was configured wrongly (e.g. zero ranks).
     #[error("invalid world: {0}")]
     InvalidWorld(String),
+    /// A vendor library (NCCL, HCCL, CUDA runtime, ACL) could not be loaded: every path tried,
+    /// each with the loader's (dlerror) text, and the environment variable that overrides the
+    /// search.
+    #[error(
+        "{backend}: cannot load the {library} library; tried {}. Set {env_var}=/full/path/to/the/library to choose the file",
+        .attempts.join("; ")
+    )]
+    LibraryLoad {
+        /// Backend name (`nccl`, `hccl`).
+        backend: String,
+        /// Which library (`NCCL`, `CUDA runtime`, `HCCL`, `ACL`).
+        library: String,
+        /// The environment variable that overrides the search.
+        env_var: String,
+        /// One `path: loader error` entry per path tried, in order.
+        attempts: Vec<String>,
+    },
+    /// A vendor library or runtime call returned a failure code.
+    #[error("{backend}: {call} failed with code {code}: {message}")]
+    DeviceCall {
+        /// Backend name (`nccl`, `hccl`).
+        backend: String,
+        /// The C function that failed, with the context it was called in.
+        call: String,
+        /// The numeric return code.
+        code: i64,
+        /// The library's own description of the code, when it offers one.
+        message: String,
+    },
+    /// Exchanging a communicator id between processes (file or TCP rendezvous) failed.
+    #[error("rendezvous {method}: {reason}")]
+    Rendezvous {
+        /// `file:/path`, `tcp:host:port`, `local` or `mpi`.
+        method: String,
+        /// What went wrong and how to fix it.
+        reason: String,
+    },
     /// The backend cannot do this (library absent, feature off, op unsupported).
     #[error("backend {backend} unavailable: {reason}")]
     Unavailable {

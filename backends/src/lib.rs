@@ -4,10 +4,13 @@
 //!   and by tests.
 //! - [`mpi`] (feature `mpi`): one rank per process under `mpirun`; deterministic (bitwise equal
 //!   to `inproc`) or native MPI reductions.
-//! - `hccl`, `nccl`: to follow, behind cargo features, implementing the same trait.
+//! - `hccl`, `nccl` (features of the same names): vendor libraries loaded at run time with
+//!   `libloading`, sharing [`device`] (runtime abstraction, rendezvous, the `Collective` impl).
 //!
-//! Every backend reduces in ascending rank order ([`reduce`]) so results are bit-identical
-//! across backends, runs and thread timings, and records a per-rank [`TraceEvent`] list.
+//! Every backend records a per-rank [`TraceEvent`] list. The host backends (`inproc`, `mpi`)
+//! reduce in ascending rank order ([`reduce`]), so their results are bit-identical across
+//! backends, runs and thread timings; `hccl` and `nccl` use the vendor library's own reduction,
+//! where bitwise equality with `inproc` is not promised.
 //!
 //! ```
 //! use hpfsdp_backends::{Collective, CollectiveExt, Group, InProcWorld, ReduceOp};
@@ -26,11 +29,16 @@
 
 pub mod buffer;
 pub mod collective;
+pub mod device;
 pub mod error;
 pub mod group;
+#[cfg(feature = "hccl")]
+pub mod hccl;
 pub mod inproc;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod reduce;
 pub mod trace;
 pub mod types;
