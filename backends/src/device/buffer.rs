@@ -114,9 +114,15 @@ impl Drop for DeviceBuffer {
     }
 }
 
-/// The bytes of a host buffer (f32 and bf16 have no padding and no invalid bit patterns).
+/// The bytes of a host buffer (f32, bf16, f64 and u8 have no padding and no invalid bit
+/// patterns).
 pub(crate) fn host_bytes(b: &Buffer) -> &[u8] {
     match b {
+        // SAFETY: a live slice reinterpreted as bytes; u8 has alignment 1.
+        Buffer::F64(v) => unsafe {
+            std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..]))
+        },
+        Buffer::U8(v) => v,
         // SAFETY: a live slice reinterpreted as bytes; u8 has alignment 1.
         Buffer::F32(v) => unsafe {
             std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(&v[..]))
@@ -131,6 +137,12 @@ pub(crate) fn host_bytes(b: &Buffer) -> &[u8] {
 /// The bytes of a host buffer, writable (every bit pattern is a valid f32 / bf16).
 pub(crate) fn host_bytes_mut(b: &mut Buffer) -> &mut [u8] {
     match b {
+        // SAFETY: as in host_bytes, with unique access.
+        Buffer::F64(v) => unsafe {
+            let n = std::mem::size_of_val(&v[..]);
+            std::slice::from_raw_parts_mut(v.as_mut_ptr().cast::<u8>(), n)
+        },
+        Buffer::U8(v) => v,
         // SAFETY: as in host_bytes, with unique access.
         Buffer::F32(v) => unsafe {
             let n = std::mem::size_of_val(&v[..]);
@@ -153,5 +165,8 @@ pub(crate) fn divide_in_place(b: &mut Buffer, n: usize) {
         Buffer::Bf16(v) => v
             .iter_mut()
             .for_each(|x| *x = bf16::from_f32(x.to_f32() / n)),
+        Buffer::F64(v) => v.iter_mut().for_each(|x| *x /= n as f64),
+        // Integer payloads are counts: an average truncates toward zero.
+        Buffer::U8(v) => v.iter_mut().for_each(|x| *x = (*x as f32 / n) as u8),
     }
 }

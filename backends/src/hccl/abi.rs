@@ -117,6 +117,8 @@ pub fn hccl_dtype(dtype: DType) -> HcclDataType {
     match dtype {
         DType::F32 => HcclDataType::Fp32,
         DType::Bf16 => HcclDataType::Bfp16,
+        DType::F64 => HcclDataType::Fp64,
+        DType::U8 => HcclDataType::Uint8,
     }
 }
 

@@ -98,6 +98,8 @@ pub fn nccl_dtype(dtype: DType) -> NcclDataType {
     match dtype {
         DType::F32 => NcclDataType::Float32,
         DType::Bf16 => NcclDataType::Bfloat16,
+        DType::F64 => NcclDataType::Float64,
+        DType::U8 => NcclDataType::Uint8,
     }
 }
 
