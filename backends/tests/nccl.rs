@@ -387,3 +387,31 @@ fn invalid_arguments_are_rejected_before_any_library_call() {
     ));
     assert!(c.trace().is_empty(), "rejected calls leave no trace");
 }
+
+#[test]
+fn dropped_handles_release_their_work_and_later_calls_still_match() {
+    let dir = fresh_dir("nccl-dropped");
+    let c = comm(0, 1, &dir);
+    let g = Group::world(1).unwrap();
+    let h = c
+        .all_reduce(&g, Buffer::from(vec![1.0f32; 4]), ReduceOp::Sum)
+        .unwrap();
+    // The stand-in finishes work inside the call, so the end event has completed.
+    assert!(h.is_complete());
+    drop(h);
+    // A queued send whose handle is dropped before any flush is withdrawn, not issued.
+    drop(c.send(Buffer::from(vec![2.0f32; 3]), 0, 1).unwrap());
+    let s = c.send(Buffer::from(vec![3.0f32; 2]), 0, 1).unwrap();
+    let r = c.recv(0, 1, DType::F32, 2).unwrap();
+    assert!(!r.is_complete(), "queued until the first wait");
+    assert_eq!(r.wait_vec::<f32>().unwrap(), vec![3.0, 3.0]);
+    assert_eq!(
+        s.wait_vec::<f32>().unwrap(),
+        vec![3.0, 3.0],
+        "a send hands its input back"
+    );
+    assert_eq!(
+        c.all_reduce_vec(&g, vec![5.0f32], ReduceOp::Max).unwrap(),
+        vec![5.0]
+    );
+}

@@ -12,8 +12,7 @@ use hpfsdp_backends::{CommError, Group};
 const WAIT: Duration = Duration::from_secs(20);
 
 fn fresh_dir(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("rendezvous-{name}-{}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rendezvous-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }

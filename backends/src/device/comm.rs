@@ -209,6 +209,7 @@ impl<L: CollLibrary> DeviceComm<L> {
     /// world communicator is split once per group; otherwise each member creates the group's
     /// communicator through the exchange (which then needs `broadcast_group_id`).
     pub fn create_groups(&self, groups: &[Group]) -> CommResult<()> {
+        self.activate()?;
         for g in groups {
             g.check_world(self.world.world_size)?;
             if g.size() == self.world.world_size || self.known(g) {
@@ -229,6 +230,13 @@ impl<L: CollLibrary> DeviceComm<L> {
             }
         }
         Ok(())
+    }
+
+    /// Make this rank's device current for the calling thread (library calls that create
+    /// communicators or enqueue work need it; the communicator may have moved threads).
+    pub(super) fn activate(&self) -> CommResult<()> {
+        let ctx = &self.shared.ctx;
+        ctx.rt.set_device(ctx.device_index)
     }
 
     fn lock_groups(&self) -> std::sync::MutexGuard<'_, HashMap<GroupId, RawComm>> {
@@ -363,6 +371,7 @@ impl<L: CollLibrary> DeviceComm<L> {
     ) -> CommResult<Handle> {
         let kind = spec.kind();
         validate::position(kind, group, self.world.rank, self.world.world_size)?;
+        self.activate()?;
         p2p::flush(&self.shared)?;
         let comm = self.comm_for(group)?;
         let dtype = input.dtype();
@@ -370,7 +379,6 @@ impl<L: CollLibrary> DeviceComm<L> {
         let (spec, divide_by) = self.native_or_host_avg(spec, group);
         let out_len = spec.output_elements(group.size());
         let ctx = &self.shared.ctx;
-        ctx.rt.set_device(ctx.device_index)?;
         let mut staging = Staging::new(Arc::clone(ctx));
         let (send, recv) = match spec {
             Spec::Barrier => {

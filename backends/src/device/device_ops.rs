@@ -121,6 +121,7 @@ impl<L: CollLibrary> DeviceComm<L> {
         }
         let out_len = spec.output_elements(group.size());
         check_device_buffer(kind, "output", recv, send.dtype(), out_len)?;
+        self.activate()?;
         p2p::flush(&self.shared)?;
         let comm = self.comm_for(group)?;
         let meta = self.record(&spec, group, send.dtype(), send.len(), root);
@@ -215,6 +216,7 @@ impl<L: CollLibrary> DeviceComm<L> {
         for op in &raw {
             self.check_peer(op.kind(), op.peer)?;
         }
+        self.activate()?;
         p2p::flush(&self.shared)?;
         let metas = raw
             .iter()

@@ -25,7 +25,8 @@ pub fn fake_library() -> PathBuf {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake/fake_collectives.c");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         let tmp = dir.join(format!("libfake_collectives.{}.so.tmp", std::process::id()));
-        let out = dir.join(format!("libfake_collectives.{}.so", std::process::id()));
+        // Replaced atomically, so a copy another test process has mapped stays valid.
+        let out = dir.join("libfake_collectives.so");
         let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
         let result = Command::new(&cc)
             .args(["-shared", "-fPIC", "-O1", "-o"])
@@ -48,8 +49,7 @@ pub fn fake_library() -> PathBuf {
 
 /// A fresh directory for one test's file rendezvous.
 pub fn fresh_dir(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("rdv-{name}-{}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rdv-{name}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("create rendezvous dir");
     dir
