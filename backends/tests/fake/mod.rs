@@ -94,7 +94,7 @@ pub fn on_threads<R: Send>(n: usize, f: impl Fn(usize) -> R + Sync) -> Vec<R> {
 }
 
 /// Bit patterns of every output of [`scenario`], in order.
-pub type Outputs = Vec<Vec<u32>>;
+pub type Outputs = Vec<Vec<u64>>;
 
 /// Every collective kind on the world, a sub-group, f32 and bf16, with values whose sums are
 /// exact so any correct backend gives the same bits. `avg` is skipped where a backend lacks it.
