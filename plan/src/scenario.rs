@@ -769,11 +769,11 @@ impl Scenario {
             ));
         }
         if let Some(rule) = &o.muon.replica_subgroups {
-            let names: Vec<&str> = crate::muon::ReplicaSubgroupRule::ALL
+            let names: Vec<&str> = crate::replica_subgroup_rule::ReplicaSubgroupRule::ALL
                 .iter()
                 .map(|r| r.name())
                 .collect();
-            if crate::muon::ReplicaSubgroupRule::parse(rule).is_none() {
+            if crate::replica_subgroup_rule::ReplicaSubgroupRule::parse(rule).is_none() {
                 return Err(key_err(
                     "optimizer.muon",
                     "replica_subgroups",
