@@ -361,7 +361,19 @@ fn check_batch_invariants(p: &Plans) {
         assert_eq!(in_mem, members);
         for mb in &b.memory_batches {
             let n: u64 = mb.iter().map(|&i| p.muon.params[i].numel()).sum();
-            assert!(mb.len() == 1 || n <= cap, "memory batch {n} over cap {cap}");
+            // Shard path: a memory batch first takes S matrices (min_batch_size = S), then
+            // closes at the cap; local path: one.
+            let min = if b.shard_path { first.shard_size() } else { 1 };
+            assert!(
+                mb.len() <= min || n <= cap,
+                "memory batch {n} over cap {cap}"
+            );
+            if b.shard_path && !std::ptr::eq(mb, b.memory_batches.last().unwrap()) {
+                assert!(
+                    mb.len() >= min,
+                    "a shard-path memory batch fills every owner first"
+                );
+            }
             if !b.shard_path {
                 let shapes: BTreeSet<_> = mb.iter().map(|&i| p.muon.params[i].core_shape).collect();
                 assert_eq!(shapes.len(), 1, "local NS batches share a core shape");
@@ -507,9 +519,15 @@ fn exp_b_muon_batches_by_hand() {
     assert!(big.shard_path);
     assert_eq!(big.params.len(), 64);
     assert_eq!(big.numel, 1 << 29);
-    // NS cap 2^29 / 16 = 33,554,432 = four projections per memory batch.
-    assert_eq!(big.memory_batches.len(), 16);
-    assert!(big.memory_batches.iter().all(|m| m.len() == 4));
+    // NS cap 2^29 / 16 = 33,554,432 whole elements, but a shard-path memory batch first
+    // takes 16 matrices (min_batch_size = shard size): four batches of 16 projections.
+    assert_eq!(big.memory_batches.len(), 4);
+    assert!(big.memory_batches.iter().all(|m| m.len() == 16));
+    // Every memory batch keeps all 16 owners busy (greedy owners in numel-then-index order).
+    for mb in &big.memory_batches {
+        let owners: BTreeSet<&Vec<usize>> = mb.iter().map(|i| &big.shard_owner[i]).collect();
+        assert_eq!(owners.len(), 16);
+    }
     // Equal sizes over 16 coordinates: four each.
     let mut per: BTreeMap<&Vec<usize>, usize> = BTreeMap::new();
     for c in big.shard_owner.values() {
@@ -517,11 +535,11 @@ fn exp_b_muon_batches_by_hand() {
     }
     assert_eq!(per.len(), 16);
     assert!(per.values().all(|&n| n == 4));
-    // Fused gather per memory batch: 4 x (524288 x 2 B) x 16 shards.
+    // Fused gather per memory batch: 16 x (524288 x 2 B) x 16 shards.
     assert!(
         big.gather_bytes
             .iter()
-            .all(|g| g == &vec![("dp_shard".to_string(), 67_108_864)])
+            .all(|g| g == &vec![("dp_shard".to_string(), 268_435_456)])
     );
     // Relay: one broadcast per owner coordinate with its four full updates.
     assert_eq!(big.relay_broadcasts.len(), 16);
@@ -534,6 +552,12 @@ fn exp_b_muon_batches_by_hand() {
     assert!(rest.shard_path);
     assert_eq!(rest.params.len(), 32 + 96 + 48);
     assert_eq!(rest.numel, 32 * 8_388_608 + 96 * 1_048_576 + 48 * 262_144);
+    // 16 + 16 projections (each 16 over the cap), k/v 32 at a time (32 x 1,048,576 = the
+    // cap), the 48 routers together.
+    assert_eq!(
+        rest.memory_batches.iter().map(Vec::len).collect::<Vec<_>>(),
+        [16, 16, 32, 32, 32, 48]
+    );
 }
 
 #[test]
