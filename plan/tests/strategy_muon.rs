@@ -83,13 +83,21 @@ fn is_ns(name: &str) -> bool {
         .is_some_and(|(_, k)| !k.is_empty() && k.chars().all(|c| c.is_ascii_digit()))
 }
 
-/// NS FLOPs of one program.
+/// NS matmul FLOPs of one program: the GEMM entries of its NS ops' kernel mixes (every NS op
+/// carries one; the element-wise kernels' FLOPs are not counted).
 fn ns_flops_of(p: &StepProgram) -> u64 {
     p.ops
         .iter()
         .filter(|o| o.category == Category::Optimizer && is_ns(o.name.as_deref().unwrap_or("")))
         .map(|o| match o.payload {
-            Payload::Compute(w) => w.flops,
+            Payload::Compute(w) => {
+                let mix = w.mix.expect("NS ops carry a kernel mix");
+                p.kernel_mixes[&mix]
+                    .iter()
+                    .filter(|k| k.class.name() == "gemm")
+                    .map(|k| k.flops)
+                    .sum::<u64>()
+            }
             _ => 0,
         })
         .sum()

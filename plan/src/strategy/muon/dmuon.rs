@@ -16,15 +16,24 @@
 //! paper's "unselected fused [E,M,N] weights"); TP-fragmented matrices (DMuon's nested TP
 //! `gather`/`scatter` ownership is not modelled) take the naive per-parameter gather path.
 
-use super::ns_cost;
-use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, momentum, naive, ns_ops, placed_owner};
+use super::schedule::Schedule;
+use super::{
+    NsCall, NsImpl, RankView, adamw_units, apply, fused_calls, momentum, naive, ns_ops,
+    placed_owner,
+};
 use crate::muon::OptimizerRoute;
 use crate::strategy::Ctx;
 
-/// Momentum, batched NS and apply on the whole matrices this rank owns under owner placement;
-/// returns the owned parameters.
-pub(crate) fn owner_step(ctx: &Ctx, view: &RankView, s: &mut Schedule) -> Vec<usize> {
+/// Momentum, NS and apply on the whole matrices this rank owns under owner placement, with
+/// the implementation's NS calls (`calls` groups the owned `(core shape, matrices)` items)
+/// and kernels (`imp`); returns the owned parameters.
+pub(crate) fn owner_step(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    calls: fn(Vec<((u64, u64), u64)>) -> Vec<NsCall>,
+    imp: NsImpl,
+) -> Vec<usize> {
     let oc = &ctx.opt;
     let owned: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
@@ -47,11 +56,14 @@ pub(crate) fn owner_step(ctx: &Ctx, view: &RankView, s: &mut Schedule) -> Vec<us
         .iter()
         .filter_map(|&i| Some((oc.params[i].core?, oc.params[i].plan_matrices)))
         .collect();
-    ns_ops(ctx, s, "muon.owned", items, &[], true);
-    s.compute(
+    ns_ops(ctx, s, "muon.owned", calls(items), &[], imp);
+    apply(
+        ctx,
+        s,
         "muon.owned.apply".into(),
-        ns_cost::apply_work(elems, owned.len() as u32, ctx.opts.master_dtype),
-        vec![Dep::Issue],
+        elems,
+        owned.len() as u32,
+        vec![],
     );
     owned
 }
@@ -63,7 +75,9 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         p.route == OptimizerRoute::Muon && oc.placed[i].is_none() && p.plan_shape.len() >= 3
     };
     adamw_units(ctx, view, &mut s, unselected_expert);
-    owner_step(ctx, view, &mut s);
+    // Shape-grouped batched Gram-space NS (`muon.md` 7.4; paper Table "design contrast":
+    // "Gram-NS batching with SYRK kernels"): FP32 normalization, FP16 iterations.
+    owner_step(ctx, view, &mut s, fused_calls, NsImpl::GramFp16);
     let rest: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
             let p = &oc.params[i];

@@ -14,7 +14,10 @@
 //! `E`) are orthogonalized locally.
 
 use super::schedule::Schedule;
-use super::{RankView, adamw_units, dmuon, local_matrices, momentum, naive, ns_ops};
+use super::{
+    NsImpl, RankView, adamw_units, apply, dmuon, local_matrices, momentum, naive, ns_ops,
+    per_param_calls,
+};
 use crate::muon::OptimizerRoute;
 use crate::strategy::Ctx;
 
@@ -22,7 +25,10 @@ use crate::strategy::Ctx;
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     adamw_units(ctx, view, &mut s, |_, _| false);
-    dmuon::owner_step(ctx, view, &mut s);
+    // Per-matrix `torch.optim.Muon` (calibration README, "Setups of the distributed-Muon
+    // comparisons": per-matrix torch.optim.Muon with fixed NS coefficients): one bf16 NS
+    // call per matrix, no shape batching.
+    dmuon::owner_step(ctx, view, &mut s, per_param_calls, NsImpl::Bf16);
     let rest: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
             let p = &oc.params[i];
@@ -47,13 +53,23 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .iter()
         .filter_map(|&i| Some((oc.params[i].core?, local_matrices(ctx, &oc.params[i], view))))
         .collect();
-    ns_ops(ctx, &mut s, "muon.local", items, &[], true);
+    ns_ops(
+        ctx,
+        &mut s,
+        "muon.local",
+        per_param_calls(items),
+        &[],
+        NsImpl::Bf16,
+    );
     if !local.is_empty() {
         let e: u64 = local.iter().map(|&i| oc.params[i].local_elems).sum();
-        s.compute(
+        apply(
+            ctx,
+            &mut s,
             "muon.local.apply".into(),
-            super::ns_cost::apply_work(e, local.len() as u32, ctx.opts.master_dtype),
-            vec![super::schedule::Dep::Issue],
+            e,
+            local.len() as u32,
+            vec![],
         );
     }
     naive::gather_everywhere(ctx, &mut s, &gather);

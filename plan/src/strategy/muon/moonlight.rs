@@ -10,9 +10,11 @@
 //! then NS of every gathered matrix **redundantly on every rank** (no dedup, per-parameter NS
 //! calls), and the update of the local partition. Every replica keeps its momentum.
 
-use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, local_matrices, momentum, ns_ops, unpadded_gathers};
+use super::{
+    NsImpl, RankView, adamw_units, apply, local_matrices, momentum, ns_ops, per_param_calls,
+    unpadded_gathers,
+};
 use crate::muon::OptimizerRoute;
 use crate::program::MemTag;
 use crate::strategy::Ctx;
@@ -82,13 +84,23 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
                 })
                 .collect();
             let deps: Vec<Dep> = last.map(Dep::Op).into_iter().collect();
-            ns_ops(ctx, &mut s, &prefix, items, &deps, false);
-            let apply = s.compute(
-                format!("{prefix}.apply"),
-                ns_cost::apply_work(elems, members.len() as u32, ctx.opts.master_dtype),
-                vec![Dep::Issue],
+            ns_ops(
+                ctx,
+                &mut s,
+                &prefix,
+                per_param_calls(items),
+                &deps,
+                NsImpl::Bf16,
             );
-            s.free(apply, MemTag::Buffers, buf);
+            let op = apply(
+                ctx,
+                &mut s,
+                format!("{prefix}.apply"),
+                elems,
+                members.len() as u32,
+                vec![],
+            );
+            s.free(op, MemTag::Buffers, buf);
         }
     }
     s
