@@ -374,6 +374,12 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
         })
         .collect();
     let dpm = scenario.topology.dies_per_machine;
+    let fill_owners = scenario
+        .file
+        .optimizer
+        .muon
+        .ns_batch_fill_owners
+        .unwrap_or(true);
     let subgroups = replica_subgroups(scenario, &params);
     let replica_count = subgroups.count;
 
@@ -423,6 +429,7 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
             sub.numel,
             &params,
             &subgroups.sizes,
+            fill_owners,
         );
         b.ep_owner = sub.ep_owner;
         b.slot = slot;
@@ -522,12 +529,15 @@ fn shard_owners_per_replica(
         .collect()
 }
 
+/// One HSDP assignment with its owners, NS memory batches and communication sizes;
+/// `fill_owners`: shard-path memory batches take `S` matrices before the cap applies.
 fn make_batch(
     domain: &str,
     members: Vec<usize>,
     numel: u64,
     params: &[MuonParam],
     subgroup_sizes: &BTreeMap<String, usize>,
+    fill_owners: bool,
 ) -> MuonBatch {
     let first = &params[members[0]];
     let shard_path = first.needs_gather;
@@ -559,11 +569,13 @@ fn make_batch(
         // each shard group balances its own.
         let owners = shard_owners_per_replica(&records, &sizes, &replica_owner);
         // `min_batch_size = total_shard_size` (HyperParallel `_process_shard_params`, commit
-        // 3ad2a77): a memory batch first fills every compute-owner coordinate of the shard
-        // group, then the soft 2^29 / S cap applies; without it every matrix above the cap
-        // was a batch of one, orthogonalized by one owner while the others waited.
+        // 3ad2a77; `[optimizer.muon] ns_batch_fill_owners`, default on): a memory batch first
+        // fills every compute-owner coordinate of the shard group, then the soft 2^29 / S cap
+        // applies; without it every matrix above the cap is a batch of one, orthogonalized by
+        // one owner while the others wait.
         let s_size = first.shard_size().max(1);
-        let mem = split_memory_batches(&records, NS_BATCH_NUMEL / s_size as u64, s_size);
+        let min = if fill_owners { s_size } else { 1 };
+        let mem = split_memory_batches(&records, NS_BATCH_NUMEL / s_size as u64, min);
         let mut gathers = Vec::new();
         for mb in &mem {
             let mut per_axis = Vec::new();

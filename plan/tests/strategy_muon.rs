@@ -237,6 +237,7 @@ fn ns_flops_dedup() {
     let cases: Vec<(Plans, u64)> = vec![
         (load("paper/exp-b.toml"), 1),
         (load("paper/muon-vs-flexshard.toml"), 1),
+        (load("fixtures/muon-hsdp-2x8.toml"), 1),
         (load("paper/muon-vs-dmuon.toml"), 1),
         (verify_muon("verify/dense-hsdp2x4.toml"), 1),
         // Subgroups of one: every replica recomputes (deterministic recomputation).
@@ -297,7 +298,7 @@ fn ns_flops_dedup() {
 /// projections per batch here).
 #[test]
 fn momentum_is_one_over_rs_of_naive() {
-    let x = load("paper/muon-vs-flexshard.toml");
+    let x = load("fixtures/muon-hsdp-2x8.toml");
     let m = build_muon_plan(&x.s, &x.p, &x.f);
     let rs = m.replica_count.unwrap_or(x.s.file.mesh.dp_replicate) as u64;
     assert_eq!(rs, 2);
@@ -317,7 +318,7 @@ fn momentum_is_one_over_rs_of_naive() {
         n += nm;
         if r == 0 || r == 8 {
             println!(
-                "muon-vs-flexshard rank {r} momentum: hyperparallel {:.3} GB, naive {:.3} GB",
+                "muon-hsdp-2x8 rank {r} momentum: hyperparallel {:.3} GB, naive {:.3} GB",
                 hm as f64 / 1e9,
                 nm as f64 / 1e9
             );
@@ -378,7 +379,7 @@ fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
         (inter, intra, replica_inter, rank0)
     };
     let topology = edited(
-        "paper/muon-vs-flexshard.toml",
+        "fixtures/muon-hsdp-2x8.toml",
         &topo,
         "\n[optimizer.muon]\nreplica_subgroups = \"topology\"\n",
     );
@@ -396,13 +397,13 @@ fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
     assert!(intra > 0);
     // The same as an explicit replica_count = 1.
     let split = edited(
-        "paper/muon-vs-flexshard.toml",
+        "fixtures/muon-hsdp-2x8.toml",
         &topo,
         "\n[optimizer.muon]\nreplica_count = 1\n",
     );
     assert_eq!(tier_bytes(&split), (inter, intra, 0, 0));
 
-    let launcher = edited("paper/muon-vs-flexshard.toml", &topo, "");
+    let launcher = edited("fixtures/muon-hsdp-2x8.toml", &topo, "");
     let (inter, intra, replica, rank0) = tier_bytes(&launcher);
     println!(
         "canonical mapping, launcher rule (R_s = R = 2): {:.3} GB inter-supernode (all replica \
@@ -427,7 +428,7 @@ fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
         "{lint}"
     );
     // Inside one supernode (the scenario as written) the launcher subgroups do not warn.
-    let inside = load("paper/muon-vs-flexshard.toml");
+    let inside = load("fixtures/muon-hsdp-2x8.toml");
     assert!(
         build_muon_plan(&inside.s, &inside.p, &inside.f)
             .lints
@@ -439,7 +440,7 @@ fn canonical_mapping_sends_no_optimizer_bytes_across_supernodes() {
 /// are rejected with the key, the allowed values and the fix.
 #[test]
 fn replica_subgroups_key_errors() {
-    let path = root().join("paper/muon-vs-flexshard.toml");
+    let path = root().join("fixtures/muon-hsdp-2x8.toml");
     let text = std::fs::read_to_string(&path).unwrap();
     let err = |append: &str| {
         Scenario::from_str_at(&format!("{text}{append}"), &path)
@@ -496,7 +497,7 @@ fn at_most_one_batch_in_flight() {
             }
         }
     }
-    assert_eq!(order.len(), 10, "fused-gather NS batches on exp-b");
+    assert_eq!(order.len(), 28, "fused-gather NS batches on exp-b");
     let mut checked = 0;
     for j in 0..order.len() {
         let Some(ns) = ns_pos.get(&order[j]) else {
@@ -527,8 +528,8 @@ fn at_most_one_batch_in_flight() {
     }
     assert!(checked >= 4, "rank 0 runs NS in {checked} batches");
 
-    // Replica broadcasts: HSDP muon-vs-flexshard.
-    let x = load("paper/muon-vs-flexshard.toml");
+    // Replica broadcasts: the HSDP fixture muon-hsdp-2x8.
+    let x = load("fixtures/muon-hsdp-2x8.toml");
     let g = gen_with(
         &x,
         StrategyKind::HyperParallel,
@@ -565,13 +566,11 @@ fn at_most_one_batch_in_flight() {
     }
 }
 
-/// Optimizer all-gathers per step on exp-b: one fused gather per NS memory batch, 4 + 6 = 10
-/// with HyperParallel's `min_batch_size = S` (commit 3ad2a77: a shard-path memory batch fills
-/// all 16 owners before the 2^29 / 16 cap applies). The exp-b calibration run counted 28
-/// aligned non-FSDP all-gathers on FSDP2 (125 - 97) and 28 on HyperParallel (1,087 - 1,059,
-/// the root unit not regathered in backward): exactly the count of the split without the
-/// minimum (every projection over the cap alone: 16 + 12), i.e. that run's HyperParallel
-/// revision predates `min_batch_size`. The model follows the revision the notes describe.
+/// Optimizer all-gathers per step on exp-b, against the calibration's 28 (FSDP2: 125 - 97)
+/// and 28 (HyperParallel: 1,087 - 1,059, the root unit not regathered in backward): one fused
+/// gather per NS memory batch of the measured revision (exp-b.toml sets
+/// `ns_batch_fill_owners = false`: every projection over the 2^29 / 16 cap alone, 16 + 12).
+/// With the current revision's `min_batch_size = S` it would be 4 + 6 = 10.
 #[test]
 fn exp_b_optimizer_gather_counts() {
     let x = load("paper/exp-b.toml");
@@ -595,7 +594,7 @@ fn exp_b_optimizer_gather_counts() {
     }
     // Both FSDP layouts shard every matrix on dim 0 over 16: the same Muon plan.
     assert_eq!(counts[0], counts[1]);
-    assert_eq!(counts[0], 10);
+    assert_eq!(counts[0], 28);
     for o in [
         OptimizerStrategy::Naive,
         OptimizerStrategy::Moonlight,
