@@ -12,10 +12,11 @@
 //!    exp-c's TP-sharded 7BV2 with two replicas); a rank doing everything would be 16x.
 //! 3. **Owners compute concurrently.** The optimizer range of every rank is at most
 //!    [`MAX_RANGE_FACTOR`] times the largest owner's NS time plus that rank's optimizer
-//!    communication and other optimizer kernels (AdamW, momentum, apply). A plan that leaves one owner at work while the others wait (every
-//!    matrix above the NS memory cap a batch of its own) breaks it by an order of magnitude:
-//!    the 30-layer Qwen3-14B comparison then spends about 8 s in the optimizer for about
-//!    0.6 s of NS per owner.
+//!    communication and other optimizer kernels (AdamW, momentum, apply); communication
+//!    counts data movement only, not the wait for a peer still computing. Every scenario
+//!    sits at about 1.0. A plan that leaves one owner at work while the others wait (every
+//!    matrix above the NS memory cap a batch of its own) gives 3.3 on the 30-layer Qwen3-14B
+//!    comparison ([`one_owner_at_a_time_breaks_the_range_bound`]).
 
 use hpfsdp_plan::program::{Category, Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
@@ -28,7 +29,7 @@ use std::path::PathBuf;
 const MAX_SHARE_FACTOR: f64 = 4.0;
 /// Largest optimizer range over (largest owner NS time + the rank's optimizer communication
 /// and other optimizer kernels).
-const MAX_RANGE_FACTOR: f64 = 3.0;
+const MAX_RANGE_FACTOR: f64 = 2.0;
 
 fn scenarios() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
@@ -59,6 +60,7 @@ struct RankNs {
     ns_cost_s: f64,
     ns_timeline_s: f64,
     range_s: f64,
+    /// Data-movement time of its optimizer collectives (peer waits excluded).
     comm_s: f64,
     /// Device time of the rank's other optimizer kernels (AdamW, momentum, apply, unpack).
     other_s: f64,
@@ -105,6 +107,18 @@ fn per_rank(
             .filter_map(|(i, _)| spans.iter().find(|s| s.op.index() == i))
             .map(|s| (s.end_ns - s.start_ns) as f64 * 1e-9)
             .sum();
+        // Optimizer collectives' data movement, from the moment all peers had arrived (the
+        // wait for a peer still computing is not communication work).
+        let transfer: f64 = p
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| {
+                o.category == Category::Optimizer && o.payload.as_collective().is_some()
+            })
+            .filter_map(|(i, _)| spans.iter().find(|s| s.op.index() == i))
+            .map(|s| (s.end_ns - s.transfer_start_ns.unwrap_or(s.start_ns)) as f64 * 1e-9)
+            .sum();
         let rr = result.rank(p.rank).expect("rank result");
         let opt = rr
             .breakdown
@@ -118,7 +132,7 @@ fn per_rank(
             range_s: opt.map_or(0.0, |c| {
                 c.last_end_ns.saturating_sub(c.first_start_ns) as f64 * 1e-9
             }),
-            comm_s: opt.map_or(0.0, |c| c.comm_busy_ns as f64 * 1e-9),
+            comm_s: transfer,
             other_s: other,
             ranks: unit.ranks.iter().map(|r| r.end - r.start).sum(),
         });
@@ -126,12 +140,12 @@ fn per_rank(
     out
 }
 
-fn check(rel: &str) {
-    let plans = ScenarioPlans::new(Scenario::load(&scenarios().join(rel)).unwrap());
+/// Simulates the scenario's HyperParallel Muon step; returns its per-rank NS figures.
+fn simulate_ranks(plans: &ScenarioPlans, rel: &str) -> Vec<RankNs> {
     let profile =
         HardwareProfile::load_named(&plans.scenario.file.hardware, scenarios().join("hardware"))
             .unwrap();
-    let prepared = prepare(&plans, "hyperparallel", Some("hyperparallel"), true)
+    let prepared = prepare(plans, "hyperparallel", Some("hyperparallel"), true)
         .unwrap_or_else(|e| panic!("{rel}: {e}"));
     let options = RunOptions {
         fold: true,
@@ -141,7 +155,21 @@ fn check(rel: &str) {
     let result = run_prepared(&prepared, &profile, &options)
         .unwrap_or_else(|e| panic!("{rel}: {e}"))
         .result;
-    let ranks = per_rank(&prepared, &result, &profile);
+    per_rank(&prepared, &result, &profile)
+}
+
+/// The largest range / (largest owner NS + comm + other) ratio over the ranks.
+fn worst_range_ratio(ranks: &[RankNs]) -> f64 {
+    let largest = ranks.iter().map(|r| r.ns_cost_s).fold(0.0, f64::max);
+    ranks
+        .iter()
+        .map(|r| r.range_s / (largest + r.comm_s + r.other_s))
+        .fold(0.0, f64::max)
+}
+
+fn check(rel: &str) {
+    let plans = ScenarioPlans::new(Scenario::load(&scenarios().join(rel)).unwrap());
+    let ranks = simulate_ranks(&plans, rel);
     // 1. The timeline charges exactly the cost function's time for the kernel mixes.
     for r in &ranks {
         assert!(
@@ -230,4 +258,23 @@ fn experiment_scenarios() {
 #[ignore = "slow: exp-d programs for 768 ranks"]
 fn exp_d() {
     check("paper/exp-d.toml");
+}
+
+/// The defect the range invariant exists for: the 30-layer Qwen3-14B comparison planned with
+/// every matrix above the 2^29 / 16 cap in an NS batch of its own (the revision without
+/// `min_batch_size = S`) leaves one owner computing at a time: range / (largest owner NS +
+/// comm + other) is 3.3, over the bound; the current plan stays at 1.0.
+#[test]
+fn one_owner_at_a_time_breaks_the_range_bound() {
+    let path = scenarios().join("paper/muon-vs-dmuon.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let serial = text.replace("ns_steps = 5", "ns_steps = 5\nns_batch_fill_owners = false");
+    assert_ne!(serial, text);
+    let plans = ScenarioPlans::new(Scenario::from_str_at(&serial, &path).unwrap());
+    let bad = worst_range_ratio(&simulate_ranks(&plans, "serial muon-vs-dmuon"));
+    let plans = ScenarioPlans::new(Scenario::load(&path).unwrap());
+    let good = worst_range_ratio(&simulate_ranks(&plans, "muon-vs-dmuon"));
+    println!("range / (largest NS + comm + other): {bad:.2} serial, {good:.2} filled");
+    assert!(bad > MAX_RANGE_FACTOR, "{bad:.2}");
+    assert!(good <= MAX_RANGE_FACTOR, "{good:.2}");
 }
