@@ -22,7 +22,7 @@
 //!   Table "Gram-NS batching with SYRK kernels"; calibration README: "DMuon normalises the NS
 //!   input in FP32 and iterates in FP16"): shape-grouped batched calls of
 //!   [`ns_cost::gram_ns_call_kernels`](super::ns_cost::gram_ns_call_kernels).
-//! - **Not selected** (paper: "[E,M,N] expert weights not selected by DMuon remain on the
+//! - **Not selected** (paper: "`[E,M,N]` expert weights not selected by DMuon remain on the
 //!   stock FSDP2 and original-optimizer path"): fused 3-D expert weights stay on FSDP and
 //!   AdamW; TP-fragmented matrices (DMuon's nested TP `gather`/`scatter` ownership is not
 //!   modelled) take the naive per-parameter gather path.
