@@ -14,6 +14,7 @@ pub mod muon;
 pub mod placement;
 pub mod planner;
 pub mod program;
+pub mod replica_subgroup_rule;
 pub mod scenario;
 pub mod strategy;
 pub mod topology;

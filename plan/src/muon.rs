@@ -123,7 +123,8 @@ pub struct MuonBatch {
     pub params: Vec<usize>,
     /// Total elements.
     pub numel: u64,
-    /// NS memory sub-batches (indices), each under the 2^29 / shard-size cap.
+    /// NS memory sub-batches (indices), each under the 2^29 / shard-size cap once it holds
+    /// `S` matrices (shard path) or one (local path).
     pub memory_batches: Vec<Vec<usize>>,
     /// Shard-domain owner coordinate of each parameter (shard path only), balanced inside the
     /// subset of records of the parameter's replica owner (notes 6.4/6.5).
@@ -218,7 +219,11 @@ impl MuonPlan {
 /// The HSDP batch soft cap in elements per replica-count unit (HyperParallel compares the
 /// 512 MiB byte constant against a numel).
 pub const HSDP_BATCH_NUMEL: u64 = 512 * 1024 * 1024;
-/// Newton-Schulz memory cap: 2^29 elements divided by the shard-group size.
+/// Newton-Schulz memory cap: 2^29 elements divided by the shard-group size `S`, compared with
+/// the whole-matrix numel (the optimizer's parameters are DTensors, so `p.numel()` is global:
+/// HyperParallel's `_process_shard_params` reads their placements and `to_local()` next to
+/// the split). On the shard path a memory batch takes at least `S` matrices before the cap
+/// closes it ([`split_memory_batches`]).
 pub const NS_BATCH_NUMEL: u64 = 1 << 29;
 
 /// Greedy owner assignment: records sorted by (-numel, index); each picks the least-loaded
@@ -248,13 +253,15 @@ pub fn build_owner_by_size(
     out
 }
 
-/// Sequential greedy split under `cap` elements; the first item of a batch is always taken.
-pub fn split_memory_batches(items: &[(usize, u64)], cap: u64) -> Vec<Vec<usize>> {
+/// Sequential greedy split under `cap` elements (`_split_into_memory_safe_batches`): a new
+/// batch starts when the current one holds at least `min_batch` items and the next item would
+/// take it over the cap, so a batch takes its first `min_batch` items whatever their size.
+pub fn split_memory_batches(items: &[(usize, u64)], cap: u64, min_batch: usize) -> Vec<Vec<usize>> {
     let mut out: Vec<Vec<usize>> = Vec::new();
     let mut current = 0u64;
     for &(i, n) in items {
         match out.last_mut() {
-            Some(b) if current + n <= cap => {
+            Some(b) if b.len() < min_batch.max(1) || current + n <= cap => {
                 b.push(i);
                 current += n;
             }
@@ -367,6 +374,12 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
         })
         .collect();
     let dpm = scenario.topology.dies_per_machine;
+    let fill_owners = scenario
+        .file
+        .optimizer
+        .muon
+        .ns_batch_fill_owners
+        .unwrap_or(true);
     let subgroups = replica_subgroups(scenario, &params);
     let replica_count = subgroups.count;
 
@@ -416,6 +429,7 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
             sub.numel,
             &params,
             &subgroups.sizes,
+            fill_owners,
         );
         b.ep_owner = sub.ep_owner;
         b.slot = slot;
@@ -515,12 +529,15 @@ fn shard_owners_per_replica(
         .collect()
 }
 
+/// One HSDP assignment with its owners, NS memory batches and communication sizes;
+/// `fill_owners`: shard-path memory batches take `S` matrices before the cap applies.
 fn make_batch(
     domain: &str,
     members: Vec<usize>,
     numel: u64,
     params: &[MuonParam],
     subgroup_sizes: &BTreeMap<String, usize>,
+    fill_owners: bool,
 ) -> MuonBatch {
     let first = &params[members[0]];
     let shard_path = first.needs_gather;
@@ -551,7 +568,14 @@ fn make_batch(
         // `build_owner_by_size` runs over those): with replicas, the subsets are disjoint and
         // each shard group balances its own.
         let owners = shard_owners_per_replica(&records, &sizes, &replica_owner);
-        let mem = split_memory_batches(&records, NS_BATCH_NUMEL / first.shard_size().max(1) as u64);
+        // `min_batch_size = total_shard_size` (HyperParallel `_process_shard_params`, commit
+        // 3ad2a77; `[optimizer.muon] ns_batch_fill_owners`, default on): a memory batch first
+        // fills every compute-owner coordinate of the shard group, then the soft 2^29 / S cap
+        // applies; without it every matrix above the cap is a batch of one, orthogonalized by
+        // one owner while the others wait.
+        let s_size = first.shard_size().max(1);
+        let min = if fill_owners { s_size } else { 1 };
+        let mem = split_memory_batches(&records, NS_BATCH_NUMEL / s_size as u64, min);
         let mut gathers = Vec::new();
         for mb in &mem {
             let mut per_axis = Vec::new();
@@ -598,7 +622,7 @@ fn make_batch(
         }
         let mem = by_shape
             .values()
-            .flat_map(|v| split_memory_batches(v, NS_BATCH_NUMEL))
+            .flat_map(|v| split_memory_batches(v, NS_BATCH_NUMEL, 1))
             .collect();
         (BTreeMap::new(), mem, Vec::new(), Vec::new())
     };
@@ -692,8 +716,13 @@ mod tests {
     #[test]
     fn memory_batches_and_replica_subgroups() {
         assert_eq!(
-            split_memory_batches(&[(0, 6), (1, 5), (2, 4), (3, 20)], 10),
+            split_memory_batches(&[(0, 6), (1, 5), (2, 4), (3, 20)], 10, 1),
             vec![vec![0], vec![1, 2], vec![3]]
+        );
+        // A minimum batch of 2 takes the first two items over the cap, then closes at it.
+        assert_eq!(
+            split_memory_batches(&[(0, 6), (1, 5), (2, 4), (3, 20), (4, 1)], 10, 2),
+            vec![vec![0, 1], vec![2, 3], vec![4]]
         );
         assert_eq!(replica_subgroup_size(6, 16), None);
         assert_eq!(replica_subgroup_size(24, 16), Some(12));

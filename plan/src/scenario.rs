@@ -267,6 +267,12 @@ pub struct MuonOptions {
     /// rule) or `topology` (the replica-group members that share a machine).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_subgroups: Option<String>,
+    /// Whether a shard-path NS memory batch first takes one matrix per shard-group rank
+    /// before its 2^29 / S cap applies (HyperParallel's `min_batch_size = S`, commit 3ad2a77;
+    /// default `true`). `false` is the earlier revision, where every matrix above the cap is
+    /// a batch of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_batch_fill_owners: Option<bool>,
 }
 
 /// `[optimizer.adamw]` options (for 1-D parameters, embeddings and heads).
@@ -769,11 +775,11 @@ impl Scenario {
             ));
         }
         if let Some(rule) = &o.muon.replica_subgroups {
-            let names: Vec<&str> = crate::muon::ReplicaSubgroupRule::ALL
+            let names: Vec<&str> = crate::replica_subgroup_rule::ReplicaSubgroupRule::ALL
                 .iter()
                 .map(|r| r.name())
                 .collect();
-            if crate::muon::ReplicaSubgroupRule::parse(rule).is_none() {
+            if crate::replica_subgroup_rule::ReplicaSubgroupRule::parse(rule).is_none() {
                 return Err(key_err(
                     "optimizer.muon",
                     "replica_subgroups",

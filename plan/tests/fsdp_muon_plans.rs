@@ -2,7 +2,7 @@
 //! reduce-scatter sizes (bf16, 16 shards, zero-copy) and per-micro-batch collective counts;
 //! uneven ceil-chunk sharding on a tiny model; experts that shard dim 1 when too few remain
 //! per rank; per-expert weights under EP x expert TP; the HSDP fused all-reduce buffers of
-//! muon-vs-flexshard (payload rounded up to 512 B, offsets back to back); Muon routing, core
+//! the muon-hsdp-2x8 fixture (payload rounded up to 512 B, offsets back to back); Muon routing, core
 //! shapes, matrix-plane gather predicate, HSDP batches, the 2^29 / shard-size NS memory cap,
 //! greedy owner balance and replica subgroups (24 replicas on 16-die machines -> 12).
 
@@ -38,12 +38,15 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 fn plans(path: &Path) -> Plans {
-    let scenario = Scenario::load(path).unwrap_or_else(|e| panic!("{e}"));
+    plans_from(Scenario::load(path).unwrap_or_else(|e| panic!("{e}")))
+}
+
+fn plans_from(scenario: Scenario) -> Plans {
     let sharding = plan(&scenario.model, &scenario.planner_input());
     assert!(
         !sharding.has_errors(),
         "{}: {:?}",
-        path.display(),
+        scenario.file.name,
         sharding.lints
     );
     let fsdp = build_fsdp_plan(&scenario, &sharding);
@@ -273,8 +276,8 @@ fn per_expert_weights_are_sized_on_their_owner_with_expert_tp() {
 
 #[test]
 fn hsdp_fused_all_reduce_buffers() {
-    // muon-vs-flexshard: Qwen3-30B-A3B, 2 replicas x 8 shards, f32 reduction.
-    let p = plans(&paper("muon-vs-flexshard.toml"));
+    // muon-hsdp-2x8: Qwen3-30B-A3B, 2 replicas x 8 shards, f32 reduction.
+    let p = plans(&paper("../fixtures/muon-hsdp-2x8.toml"));
     assert_eq!(p.fsdp.groups["dense.replicate"].size, 2);
     assert_eq!(p.fsdp.groups["dense.replicate"].rank0_group, [0, 8]);
     assert_eq!(p.fsdp.groups["dense.shard"].size, 8);
@@ -361,7 +364,24 @@ fn check_batch_invariants(p: &Plans) {
         assert_eq!(in_mem, members);
         for mb in &b.memory_batches {
             let n: u64 = mb.iter().map(|&i| p.muon.params[i].numel()).sum();
-            assert!(mb.len() == 1 || n <= cap, "memory batch {n} over cap {cap}");
+            // Shard path: a memory batch first takes S matrices (min_batch_size = S), then
+            // closes at the cap; local path: one.
+            let fill = p.scenario.file.optimizer.muon.ns_batch_fill_owners != Some(false);
+            let min = if b.shard_path && fill {
+                first.shard_size()
+            } else {
+                1
+            };
+            assert!(
+                mb.len() <= min || n <= cap,
+                "memory batch {n} over cap {cap}"
+            );
+            if b.shard_path && !std::ptr::eq(mb, b.memory_batches.last().unwrap()) {
+                assert!(
+                    mb.len() >= min,
+                    "a shard-path memory batch fills every owner first"
+                );
+            }
             if !b.shard_path {
                 let shapes: BTreeSet<_> = mb.iter().map(|&i| p.muon.params[i].core_shape).collect();
                 assert_eq!(shapes.len(), 1, "local NS batches share a core shape");
@@ -482,6 +502,8 @@ fn exp_b_muon_routing_and_shapes() {
 
 #[test]
 fn exp_b_muon_batches_by_hand() {
+    // The measured run's revision (`ns_batch_fill_owners = false` in exp-b.toml): every
+    // memory batch closes at the cap on its own.
     let p = plans(&paper("exp-b.toml"));
     check_batch_invariants(&p);
     let b = &p.muon.batches;
@@ -537,8 +559,83 @@ fn exp_b_muon_batches_by_hand() {
 }
 
 #[test]
+fn exp_b_muon_batches_fill_every_owner() {
+    // exp-b as the current HyperParallel revision runs it (`ns_batch_fill_owners` on, the
+    // default): shard-path memory batches take 16 matrices before the cap.
+    let path = paper("exp-b.toml");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "ns_batch_fill_owners = false",
+        "ns_batch_fill_owners = true",
+    );
+    let p = plans_from(Scenario::from_str_at(&text, &path).unwrap());
+    check_batch_invariants(&p);
+    let b = &p.muon.batches;
+    // Experts: 24 batches of two gate_up (402,653,184 each; soft cap 2^29 closes at two),
+    // 16 of three down (201,326,592 each); then the 2-D shard group split at the cap:
+    // 64 q/o projections (8,388,608 each = 2^29 exactly), then the other 176 matrices.
+    assert_eq!(b.len(), 42);
+    for x in &b[..24] {
+        assert!(!x.shard_path);
+        assert_eq!(x.numel, 2 * 402_653_184);
+        assert_eq!(x.memory_batches.len(), 2, "each gate_up alone under 2^29");
+        assert!(x.shard_owner.is_empty() && x.gather_bytes.is_empty());
+        assert!(x.replica_owner.is_empty());
+    }
+    for x in &b[24..40] {
+        assert_eq!(x.numel, 3 * 201_326_592);
+        assert_eq!(
+            x.memory_batches.iter().map(Vec::len).collect::<Vec<_>>(),
+            [2, 1]
+        );
+    }
+    let big = &b[40];
+    assert!(big.shard_path);
+    assert_eq!(big.params.len(), 64);
+    assert_eq!(big.numel, 1 << 29);
+    // NS cap 2^29 / 16 = 33,554,432 whole elements, but a shard-path memory batch first
+    // takes 16 matrices (min_batch_size = shard size): four batches of 16 projections.
+    assert_eq!(big.memory_batches.len(), 4);
+    assert!(big.memory_batches.iter().all(|m| m.len() == 16));
+    // Every memory batch keeps all 16 owners busy (greedy owners in numel-then-index order).
+    for mb in &big.memory_batches {
+        let owners: BTreeSet<&Vec<usize>> = mb.iter().map(|i| &big.shard_owner[i]).collect();
+        assert_eq!(owners.len(), 16);
+    }
+    // Equal sizes over 16 coordinates: four each.
+    let mut per: BTreeMap<&Vec<usize>, usize> = BTreeMap::new();
+    for c in big.shard_owner.values() {
+        *per.entry(c).or_default() += 1;
+    }
+    assert_eq!(per.len(), 16);
+    assert!(per.values().all(|&n| n == 4));
+    // Fused gather per memory batch: 16 x (524288 x 2 B) x 16 shards.
+    assert!(
+        big.gather_bytes
+            .iter()
+            .all(|g| g == &vec![("dp_shard".to_string(), 268_435_456)])
+    );
+    // Relay: one broadcast per owner coordinate with its four full updates.
+    assert_eq!(big.relay_broadcasts.len(), 16);
+    assert!(
+        big.relay_broadcasts
+            .iter()
+            .all(|(a, n)| a == "dp_shard" && *n == 67_108_864)
+    );
+    let rest = &b[41];
+    assert!(rest.shard_path);
+    assert_eq!(rest.params.len(), 32 + 96 + 48);
+    assert_eq!(rest.numel, 32 * 8_388_608 + 96 * 1_048_576 + 48 * 262_144);
+    // 16 + 16 projections (each 16 over the cap), k/v 32 at a time (32 x 1,048,576 = the
+    // cap), the 48 routers together.
+    assert_eq!(
+        rest.memory_batches.iter().map(Vec::len).collect::<Vec<_>>(),
+        [16, 16, 32, 32, 32, 48]
+    );
+}
+
+#[test]
 fn hsdp_muon_replica_owners_without_split() {
-    let p = plans(&paper("muon-vs-flexshard.toml"));
+    let p = plans(&paper("../fixtures/muon-hsdp-2x8.toml"));
     check_batch_invariants(&p);
     // A 2-way replica group fits in an 8-die machine: no subgroup split.
     assert_eq!(p.muon.replica_count, None);

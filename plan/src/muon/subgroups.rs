@@ -22,52 +22,22 @@
 use super::{MuonParam, OptimizerRoute, replica_subgroup_size};
 use crate::mesh::DeviceMesh;
 use crate::planner::lint::LintIssue;
+pub use crate::replica_subgroup_rule::ReplicaSubgroupRule;
 use crate::scenario::Scenario;
 use crate::topology::{Tier, Topology};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-/// How replica subgroups are sized (`[optimizer.muon] replica_subgroups`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ReplicaSubgroupRule {
-    /// The paper's devices-per-machine rule (or `replica_count`), one size for every axis.
-    #[default]
-    Launcher,
-    /// Per axis, the replica-group members that share a machine.
-    Topology,
-}
-
-impl ReplicaSubgroupRule {
-    /// Every rule, in a stable order.
-    pub const ALL: [ReplicaSubgroupRule; 2] =
-        [ReplicaSubgroupRule::Launcher, ReplicaSubgroupRule::Topology];
-
-    /// The name in scenario files.
-    pub fn name(self) -> &'static str {
-        match self {
-            ReplicaSubgroupRule::Launcher => "launcher",
-            ReplicaSubgroupRule::Topology => "topology",
-        }
-    }
-
-    /// Parses a scenario-file name (`None` for an unknown one).
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|r| r.name() == name)
-    }
-
-    /// The rule a scenario asks for (`launcher` when the key is absent; the scenario loader
-    /// has already rejected unknown names).
-    pub fn of(scenario: &Scenario) -> Self {
-        scenario
-            .file
-            .optimizer
-            .muon
-            .replica_subgroups
-            .as_deref()
-            .and_then(Self::parse)
-            .unwrap_or_default()
-    }
+/// The rule a scenario asks for (`launcher` when the key is absent; the scenario loader has
+/// already rejected unknown names).
+pub fn rule_of(scenario: &Scenario) -> ReplicaSubgroupRule {
+    scenario
+        .file
+        .optimizer
+        .muon
+        .replica_subgroups
+        .as_deref()
+        .and_then(ReplicaSubgroupRule::parse)
+        .unwrap_or_default()
 }
 
 /// The replica subgroups of a Muon plan.
@@ -128,7 +98,7 @@ fn broadcast_bytes(params: &[MuonParam], axis: &str, master_bytes: u64) -> u64 {
 /// Sizes the replica subgroups of `params` under the scenario's rule, and lints launcher
 /// subgroups that span supernodes.
 pub fn replica_subgroups(scenario: &Scenario, params: &[MuonParam]) -> ReplicaSubgroups {
-    let rule = ReplicaSubgroupRule::of(scenario);
+    let rule = rule_of(scenario);
     let dpm = scenario.topology.dies_per_machine;
     // Replicate axes of Muon parameters, with their sizes.
     let mut axes: BTreeMap<String, usize> = BTreeMap::new();

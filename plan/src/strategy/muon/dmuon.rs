@@ -1,30 +1,50 @@
-//! DMuon ("dedicated ownership", `muon.md` 7.4; paper Tables "design contrast": owner
-//! publication and gradient reduction hooked into the FSDP2 lifecycle).
+//! DMuon ("dedicated ownership", `muon.md` 7.4; paper related work and Tables "design
+//! contrast"). Each modelling choice and the source fact it rests on:
 //!
-//! `dedicate_params()` gives each selected 2-D Muon matrix one owner rank of the data-parallel
-//! (FSDP shard) group, by greedy LPT on numel; the owner keeps the full parameter and its
-//! momentum, the others hold zero-size placeholders. The **FSDP part** of the program changes
-//! (see `strategy::hyperparallel`): instead of the per-parameter all-gather the owner
-//! **publishes** the matrix by broadcast before forward, before recompute and before backward
-//! (the recompute forward fires the publication hook again), and the gradient is **reduced
-//! to the owner** instead of reduce-scattered. The **optimizer step** is local: the owner runs
-//! momentum and batched NS (one call per core shape; Gram-space NS costs are not modelled
-//! separately) on its whole matrices and applies them; there is no optimizer collective (the
-//! next forward's publication ships the update).
-//!
-//! Not selected: fused 3-D expert weights stay on FSDP and the original optimizer (AdamW, the
-//! paper's "unselected fused [E,M,N] weights"); TP-fragmented matrices (DMuon's nested TP
-//! `gather`/`scatter` ownership is not modelled) take the naive per-parameter gather path.
+//! - **Owners** (`muon.md` 7.4 "`dedicate_params()` ... gives each selected matrix one owner
+//!   rank storing the full param"; LPT, "same-layer params on different ranks"): each
+//!   selected 2-D Muon matrix gets one owner of the data-parallel (FSDP shard) group by greedy
+//!   LPT on numel (DMuon's measured-makespan MILP is not modelled); the owner keeps the full
+//!   parameter and its momentum, the others hold zero-size placeholders.
+//! - **Publication and reduction in the model path** (`muon.md` 7.4 "forward/backward
+//!   broadcast from owner; gradients reduced to owner"; paper: "owner publication, gradient
+//!   reduction, and prefetch run on DMuon's own lifecycle hooks", "lookahead publication"):
+//!   the **FSDP part** of the program changes (see `strategy::hyperparallel`): the owner
+//!   publishes the matrix by broadcast before forward and before backward, and again before a
+//!   recompute (the forward hook fires in the recompute forward too), one unit ahead like the
+//!   FSDP gathers it replaces; the gradient is reduced to the owner instead of
+//!   reduce-scattered.
+//! - **Local optimizer step** (paper Table: "Owner-to-all broadcast / all-to-owner reduce" are
+//!   its only collectives): momentum, NS and apply on the owner's whole matrices; no
+//!   optimizer collective (the next forward's publication ships the update).
+//! - **Gram-space NS** (`muon.md` 7.4 "NS default is Gram-space NS (Dao-AILab
+//!   gram-newton-schulz; restart at `[2]`), fp32 normalization then fp16 iteration"; paper
+//!   Table "Gram-NS batching with SYRK kernels"; calibration README: "DMuon normalises the NS
+//!   input in FP32 and iterates in FP16"): shape-grouped batched calls of
+//!   [`ns_cost::gram_ns_call_kernels`](super::ns_cost::gram_ns_call_kernels).
+//! - **Not selected** (paper: "`[E,M,N]` expert weights not selected by DMuon remain on the
+//!   stock FSDP2 and original-optimizer path"): fused 3-D expert weights stay on FSDP and
+//!   AdamW; TP-fragmented matrices (DMuon's nested TP `gather`/`scatter` ownership is not
+//!   modelled) take the naive per-parameter gather path.
 
-use super::ns_cost;
-use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, momentum, naive, ns_ops, placed_owner};
+use super::schedule::Schedule;
+use super::{
+    NsCall, NsImpl, RankView, adamw_units, apply, fused_calls, momentum, naive, ns_ops,
+    placed_owner,
+};
 use crate::muon::OptimizerRoute;
 use crate::strategy::Ctx;
 
-/// Momentum, batched NS and apply on the whole matrices this rank owns under owner placement;
-/// returns the owned parameters.
-pub(crate) fn owner_step(ctx: &Ctx, view: &RankView, s: &mut Schedule) -> Vec<usize> {
+/// Momentum, NS and apply on the whole matrices this rank owns under owner placement, with
+/// the implementation's NS calls (`calls` groups the owned `(core shape, matrices)` items)
+/// and kernels (`imp`); returns the owned parameters.
+pub(crate) fn owner_step(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    calls: fn(Vec<((u64, u64), u64)>) -> Vec<NsCall>,
+    imp: NsImpl,
+) -> Vec<usize> {
     let oc = &ctx.opt;
     let owned: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
@@ -47,11 +67,14 @@ pub(crate) fn owner_step(ctx: &Ctx, view: &RankView, s: &mut Schedule) -> Vec<us
         .iter()
         .filter_map(|&i| Some((oc.params[i].core?, oc.params[i].plan_matrices)))
         .collect();
-    ns_ops(ctx, s, "muon.owned", items, &[], true);
-    s.compute(
+    ns_ops(ctx, s, "muon.owned", calls(items), &[], imp);
+    apply(
+        ctx,
+        s,
         "muon.owned.apply".into(),
-        ns_cost::apply_work(elems, owned.len() as u32, ctx.opts.master_dtype),
-        vec![Dep::Issue],
+        elems,
+        owned.len() as u32,
+        vec![],
     );
     owned
 }
@@ -63,7 +86,9 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         p.route == OptimizerRoute::Muon && oc.placed[i].is_none() && p.plan_shape.len() >= 3
     };
     adamw_units(ctx, view, &mut s, unselected_expert);
-    owner_step(ctx, view, &mut s);
+    // Shape-grouped batched Gram-space NS (`muon.md` 7.4; paper Table "design contrast":
+    // "Gram-NS batching with SYRK kernels"): FP32 normalization, FP16 iterations.
+    owner_step(ctx, view, &mut s, fused_calls, NsImpl::GramFp16);
     let rest: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
             let p = &oc.params[i];

@@ -15,7 +15,7 @@
 
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, local_matrices, momentum, ns_ops};
+use super::{NsImpl, RankView, adamw_units, apply, fused_calls, local_matrices, momentum, ns_ops};
 use crate::CollectiveKind;
 use crate::model::DType;
 use crate::muon::{NS_BATCH_NUMEL, OptimizerRoute};
@@ -68,7 +68,14 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .iter()
         .filter_map(|&i| Some((oc.params[i].core?, local_matrices(ctx, &oc.params[i], view))))
         .collect();
-    ns_ops(ctx, &mut s, "muon.local", items, &[], true);
+    ns_ops(
+        ctx,
+        &mut s,
+        "muon.local",
+        fused_calls(items),
+        &[],
+        NsImpl::Bf16,
+    );
     let mut k = 0;
     for key in &order {
         let members = &groups[key];
@@ -94,10 +101,13 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     }
     if !local.is_empty() {
         let e: u64 = local.iter().map(|&i| oc.params[i].local_elems).sum();
-        s.compute(
+        apply(
+            ctx,
+            &mut s,
             "muon.local.apply".into(),
-            ns_cost::apply_work(e, local.len() as u32, ctx.opts.master_dtype),
-            vec![Dep::Issue],
+            e,
+            local.len() as u32,
+            vec![],
         );
     }
     s
@@ -160,7 +170,14 @@ fn bucket_ops(ctx: &Ctx, view: &RankView, s: &mut Schedule, prefix: &str, bucket
     let r = view.coord(block) as u64;
     let mine = matrices.saturating_sub(r * per_rank).min(per_rank);
     let deps: Vec<Dep> = fwd.map(Dep::Op).into_iter().collect();
-    ns_ops(ctx, s, prefix, [((rows, cols), mine)], &deps, true);
+    ns_ops(
+        ctx,
+        s,
+        prefix,
+        fused_calls([((rows, cols), mine)]),
+        &deps,
+        NsImpl::Bf16,
+    );
     let back = s.coll(
         format!("{prefix}.a2a_back"),
         Stream::Optimizer,
@@ -176,13 +193,12 @@ fn bucket_ops(ctx: &Ctx, view: &RankView, s: &mut Schedule, prefix: &str, bucket
     let unpack = s.copy(format!("{prefix}.unpack"), local_bytes, 1, deps);
     let freed = if fwd.is_some() { 2 * a2a } else { a2a };
     s.free(unpack, MemTag::Buffers, freed);
-    s.compute(
+    apply(
+        ctx,
+        s,
         format!("{prefix}.apply"),
-        ns_cost::apply_work(
-            bucket.iter().map(|&i| oc.params[i].local_elems).sum(),
-            bucket.len() as u32,
-            ctx.opts.master_dtype,
-        ),
-        vec![Dep::Issue],
+        bucket.iter().map(|&i| oc.params[i].local_elems).sum(),
+        bucket.len() as u32,
+        vec![],
     );
 }

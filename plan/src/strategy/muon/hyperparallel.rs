@@ -36,10 +36,13 @@
 //! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
 //! doing the same work get identical programs and fold in the simulator.
 
-use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{OptParam, RankView, adamw_units, local_matrices, momentum, ns_ops, pad512_bf16};
+use super::{
+    NsImpl, OptParam, RankView, adamw_units, apply, capped_calls, fused_calls, local_matrices,
+    momentum, ns_ops, pad512_bf16,
+};
 use crate::CollectiveKind;
+use crate::muon::NS_BATCH_NUMEL;
 use crate::program::{MemTag, Stream};
 use crate::strategy::Ctx;
 use std::collections::BTreeMap;
@@ -268,25 +271,26 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
             let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
             let (gather, buf) = unit_gather[step];
             let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
-            let items: Vec<((u64, u64), u64)> = if b.shard_path {
-                members
+            let calls = if b.shard_path {
+                // The owner's gathered matrices, per core shape, in NS calls under
+                // 2^29 / S whole-matrix elements each (`_gather_and_compute_shard_updates`).
+                let mine: Vec<((u64, u64), u64, u64)> = members
                     .iter()
                     .filter_map(|&i| {
                         let p = &oc.params[i];
                         let mine = plan_b.shard_owner.get(&i) == Some(&view.shard_coord(p));
-                        mine.then_some((p.core?, p.matrices))
+                        mine.then_some((p.core?, p.matrices, p.numel))
                     })
-                    .collect()
+                    .collect();
+                let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
+                capped_calls(&mine, cap)
             } else {
-                members
-                    .iter()
-                    .filter_map(|&i| {
-                        let p = &oc.params[i];
-                        Some((p.core?, local_matrices(ctx, p, view)))
-                    })
-                    .collect()
+                fused_calls(members.iter().filter_map(|&i| {
+                    let p = &oc.params[i];
+                    Some((p.core?, local_matrices(ctx, p, view)))
+                }))
             };
-            let ns = ns_ops(ctx, &mut s, &prefix, items, &deps, true);
+            let ns = ns_ops(ctx, &mut s, &prefix, calls, &deps, NsImpl::Bf16);
             if let Some(&last) = ns.last().or(gather.as_ref()) {
                 s.free(last, MemTag::Buffers, buf);
             }
@@ -297,14 +301,10 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         let relay = relay_broadcast(ctx, view, &mut s, b);
         if !b.owned.is_empty() {
             let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
-            let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
-            deps.push(Dep::Issue);
-            let apply = s.compute(
-                s.name(|| format!("muon.b{slot}.apply")),
-                ns_cost::apply_work(elems, b.owned.len() as u32, ctx.opts.master_dtype),
-                deps,
-            );
-            s.free(apply, MemTag::Buffers, relay.1);
+            let deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
+            let name = s.name(|| format!("muon.b{slot}.apply"));
+            let op = apply(ctx, &mut s, name, elems, b.owned.len() as u32, deps);
+            s.free(op, MemTag::Buffers, relay.1);
         }
         // Replica broadcast of the updated local parameters; land the previous batch.
         let flush = replica_broadcast(&mut s, ctx, b, &oc.params[b.held[0]], master);

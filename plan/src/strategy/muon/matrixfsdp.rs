@@ -1,20 +1,31 @@
-//! MatrixFSDP (`muon.md` 7.5; paper Tables "design contrast": owner-shaped ZeRO-3 shards).
+//! MatrixFSDP (`muon.md` 7.5; paper related work and Tables "design contrast"). Each
+//! modelling choice and the source fact it rests on:
 //!
-//! A layout policy keeps each selected matrix whole on one owner rank of the data-parallel
-//! (FSDP shard) group: the owner's "shard" is the whole matrix, the others' shards are empty.
-//! A global planner balances owners (greedy LPT on numel here). The **FSDP part** keeps FSDP's
-//! schedule but its collectives carry the owner-shaped shards (see `strategy::hyperparallel`):
-//! the parameter all-gather becomes an owner-to-all transfer (a broadcast of the whole
-//! matrix) and the backward reduce-scatter lands the whole gradient on the owner (a reduce).
-//! The **optimizer step** issues no matrix collective: the owner runs momentum, batched NS and
-//! the update on its whole matrices; the momentum lives only there.
-//!
-//! Not placed: matrices fragmented by TP/EP (excluded from owner placement) take the naive
-//! per-parameter gather path; matrices whose plane no shard axis cuts (experts sharded on
-//! `E`) are orthogonalized locally.
+//! - **Owner-shaped ZeRO-3 shards** (paper: "for each 2-D weight one data-parallel rank owns
+//!   the whole matrix and the remaining ranks hold empty shards"; "a global owner planner
+//!   balances resident bytes and optimizer work"): each selected matrix lives whole on one
+//!   owner of the FSDP shard group, owners by greedy LPT on numel.
+//! - **Owner traffic in the model path** (paper: "the ordinary backward reduction delivers
+//!   the full Muon input to the owner", "owner-segment point-to-point collectives"): the
+//!   **FSDP part** keeps FSDP's schedule but its collectives carry the owner-shaped shards
+//!   (see `strategy::hyperparallel`): the parameter all-gather becomes an owner-to-all
+//!   broadcast of the whole matrix and the backward reduce-scatter a reduce of the whole
+//!   gradient to the owner.
+//! - **Communication-free optimizer step** (paper Table: "None in the optimizer step"): the
+//!   owner runs momentum, NS and the update on its whole matrices; the momentum lives only
+//!   there.
+//! - **Per-matrix `torch.optim.Muon`** (calibration README, MatrixFSDP comparison: "per-matrix
+//!   `torch.optim.Muon` with fixed NS coefficients"; `muon.md` 3.1: "Only a for-loop
+//!   implementation exists"): one bf16 NS call per matrix, GEMM batch 1, no shape batching.
+//! - **Not placed** (paper: "Matrices already fragmented by tensor parallelism are excluded
+//!   from owner placement"): they take the naive per-parameter gather path; matrices whose
+//!   plane no shard axis cuts (experts sharded on `E`) are orthogonalized locally.
 
 use super::schedule::Schedule;
-use super::{RankView, adamw_units, dmuon, local_matrices, momentum, naive, ns_ops};
+use super::{
+    NsImpl, RankView, adamw_units, apply, dmuon, local_matrices, momentum, naive, ns_ops,
+    per_param_calls,
+};
 use crate::muon::OptimizerRoute;
 use crate::strategy::Ctx;
 
@@ -22,7 +33,10 @@ use crate::strategy::Ctx;
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     adamw_units(ctx, view, &mut s, |_, _| false);
-    dmuon::owner_step(ctx, view, &mut s);
+    // Per-matrix `torch.optim.Muon` (calibration README, "Setups of the distributed-Muon
+    // comparisons": per-matrix torch.optim.Muon with fixed NS coefficients): one bf16 NS
+    // call per matrix, no shape batching.
+    dmuon::owner_step(ctx, view, &mut s, per_param_calls, NsImpl::Bf16);
     let rest: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
             let p = &oc.params[i];
@@ -47,13 +61,23 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .iter()
         .filter_map(|&i| Some((oc.params[i].core?, local_matrices(ctx, &oc.params[i], view))))
         .collect();
-    ns_ops(ctx, &mut s, "muon.local", items, &[], true);
+    ns_ops(
+        ctx,
+        &mut s,
+        "muon.local",
+        per_param_calls(items),
+        &[],
+        NsImpl::Bf16,
+    );
     if !local.is_empty() {
         let e: u64 = local.iter().map(|&i| oc.params[i].local_elems).sum();
-        s.compute(
+        apply(
+            ctx,
+            &mut s,
             "muon.local.apply".into(),
-            super::ns_cost::apply_work(e, local.len() as u32, ctx.opts.master_dtype),
-            vec![super::schedule::Dep::Issue],
+            e,
+            local.len() as u32,
+            vec![],
         );
     }
     naive::gather_everywhere(ctx, &mut s, &gather);

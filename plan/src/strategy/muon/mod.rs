@@ -680,7 +680,6 @@ pub(crate) fn adamw_units(
     }
 }
 
-/// Momentum update over `elems` local elements in `tensors` tensors.
 /// DTensor-style unpadded gathers of the parameters `members` (sharded like `members[0]`),
 /// one all-gather per shard axis in order, each waiting for the previous one, in the gradient
 /// dtype: on the axis `k` each rank contributes `ceil(numel / product of the remaining axis
@@ -728,41 +727,137 @@ pub(crate) fn unpadded_gathers(
     (last, buf)
 }
 
+/// Momentum update over `elems` local elements in `tensors` tensors (memory-bound foreach
+/// kernels), once the gradients are reduced.
 pub(crate) fn momentum(ctx: &Ctx, s: &mut Schedule, name: String, elems: u64, tensors: u32) -> u32 {
-    let w = ns_cost::momentum_work(elems, tensors, ctx.opts.reduce_dtype);
-    s.compute(name, w, vec![Dep::Ready, Dep::Issue])
+    let k = ns_cost::momentum_kernels(elems, tensors, ctx.opts.reduce_dtype);
+    s.kernels(name, k, vec![Dep::Ready, Dep::Issue])
 }
 
-/// Batched NS over `(core shape, matrices)` items: one op per core shape (shape-fused NS,
-/// notes 6.6), each allocating and freeing its workspace. Returns the ops.
+/// Slice-and-apply of the update on `elems` local elements in `tensors` tensors (memory-bound
+/// foreach kernels), after `deps` and the issue point.
+pub(crate) fn apply(
+    ctx: &Ctx,
+    s: &mut Schedule,
+    name: String,
+    elems: u64,
+    tensors: u32,
+    mut deps: Vec<Dep>,
+) -> u32 {
+    deps.push(Dep::Issue);
+    let k = ns_cost::apply_kernels(elems, tensors, ctx.opts.master_dtype);
+    s.kernels(name, k, deps)
+}
+
+/// How an implementation runs Newton-Schulz.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NsImpl {
+    /// The standard quintic iteration in bf16 ([`ns_cost::ns_call_kernels`]).
+    Bf16,
+    /// DMuon's Gram-space iteration: FP32 normalization, FP16 SYRK/GEMM iterations
+    /// ([`ns_cost::gram_ns_call_kernels`]).
+    GramFp16,
+}
+
+/// One NS call: `matrices` matrices of one core shape orthogonalized by one batched launch
+/// sequence (GEMM batch = `matrices`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NsCall {
+    /// Core matrix shape.
+    pub core: (u64, u64),
+    /// Matrices in the call.
+    pub matrices: u64,
+}
+
+/// Shape-fused batching (notes 6.6): one call per core shape over all its matrices.
+pub(crate) fn fused_calls(items: impl IntoIterator<Item = ((u64, u64), u64)>) -> Vec<NsCall> {
+    let mut by_shape: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+    for (core, n) in items {
+        *by_shape.entry(core).or_default() += n;
+    }
+    by_shape
+        .into_iter()
+        .map(|(core, matrices)| NsCall { core, matrices })
+        .collect()
+}
+
+/// One call per parameter (per-parameter optimizer loops: `torch.optim.Muon`, DTensor
+/// `full_tensor()` recipes), batched only over the parameter's own leading dims.
+pub(crate) fn per_param_calls(items: impl IntoIterator<Item = ((u64, u64), u64)>) -> Vec<NsCall> {
+    items
+        .into_iter()
+        .map(|(core, matrices)| NsCall { core, matrices })
+        .collect()
+}
+
+/// HyperParallel's owner-side NS calls (`_gather_and_compute_shard_updates`): per core shape,
+/// the rank's gathered matrices split sequentially under `cap` whole-matrix elements
+/// (`_split_into_memory_safe_batches(shard_size = S)`, at least one matrix per call).
+/// `items` are (core shape, matrices, elements) per parameter in plan order.
+pub(crate) fn capped_calls(items: &[((u64, u64), u64, u64)], cap: u64) -> Vec<NsCall> {
+    let mut by_shape: BTreeMap<(u64, u64), Vec<(u64, u64)>> = BTreeMap::new();
+    for &(core, matrices, elems) in items {
+        by_shape.entry(core).or_default().push((matrices, elems));
+    }
+    let mut out = Vec::new();
+    for (core, params) in by_shape {
+        let (mut matrices, mut elems) = (0u64, 0u64);
+        for (m, e) in params {
+            if matrices > 0 && elems + e > cap {
+                out.push(NsCall { core, matrices });
+                (matrices, elems) = (0, 0);
+            }
+            matrices += m;
+            elems += e;
+        }
+        if matrices > 0 {
+            out.push(NsCall { core, matrices });
+        }
+    }
+    out
+}
+
+/// NS ops for `calls`: one op per core shape holding the kernels of its calls in order (each
+/// call's GEMMs batched over the call's matrices), allocating and freeing the largest call's
+/// workspace. Returns the ops.
 pub(crate) fn ns_ops(
     ctx: &Ctx,
     s: &mut Schedule,
     prefix: &str,
-    items: impl IntoIterator<Item = ((u64, u64), u64)>,
+    calls: impl IntoIterator<Item = NsCall>,
     deps: &[Dep],
-    batched: bool,
+    imp: NsImpl,
 ) -> Vec<u32> {
-    let mut by_shape: BTreeMap<(u64, u64), (u64, u32)> = BTreeMap::new();
-    for (core, n) in items {
-        if n > 0 {
-            let e = by_shape.entry(core).or_default();
-            e.0 += n;
-            e.1 += 1;
+    let mut by_shape: BTreeMap<(u64, u64), Vec<u64>> = BTreeMap::new();
+    for c in calls {
+        if c.matrices > 0 {
+            by_shape.entry(c.core).or_default().push(c.matrices);
         }
     }
     let steps = ctx.opt.ns_steps;
     let mut out = Vec::new();
-    for (k, ((r, c), (n, calls))) in by_shape.into_iter().enumerate() {
-        let mut w = ns_cost::ns_work(n, r, c, steps);
-        if !batched {
-            w.kernels = w.kernels.saturating_mul(calls);
+    for (k, ((r, c), sizes)) in by_shape.into_iter().enumerate() {
+        let mut kernels = Vec::new();
+        let mut runs: Vec<(u64, u32)> = Vec::new();
+        for n in &sizes {
+            match runs.last_mut() {
+                Some((m, times)) if m == n => *times += 1,
+                _ => runs.push((*n, 1)),
+            }
+        }
+        for (n, times) in runs {
+            let call = match imp {
+                NsImpl::Bf16 => ns_cost::ns_call_kernels(n, r, c, steps),
+                NsImpl::GramFp16 => ns_cost::gram_ns_call_kernels(n, r, c, steps),
+            };
+            kernels.extend(call.into_iter().map(|w| w.repeated(times)));
         }
         let mut d = deps.to_vec();
         d.push(Dep::Issue);
         let name = s.name(|| format!("{prefix}.ns{k}"));
-        let op = s.compute(name, w, d);
-        let ws = ns_cost::ns_workspace_bytes(n, r, c);
+        let op = s.kernels(name, kernels, d);
+        let largest = sizes.iter().copied().max().unwrap_or(0);
+        let ws = ns_cost::ns_workspace_bytes(largest, r, c);
         s.alloc(op, MemTag::Buffers, ws);
         s.free(op, MemTag::Buffers, ws);
         out.push(op);

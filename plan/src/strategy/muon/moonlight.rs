@@ -3,16 +3,22 @@
 //!
 //! Gradients are already reduce-scattered by the FSDP/DDP strategy. Per **bucket** of the
 //! distributed optimizer (Muon parameters in reverse model order, per sharding domain, closed
-//! at Megatron's default `max(40M, 1M x dp)` elements, notes `pytorch-baselines.md` 4.2):
-//! momentum on the local partition, one "DP gather" (an all-gather, Moonlight issue #45) per
-//! shard axis of the members whose matrix plane is cut (the others hold whole matrices in
-//! their partition, "only those params split in the DP boundary need the extra gather"),
-//! then NS of every gathered matrix **redundantly on every rank** (no dedup, per-parameter NS
-//! calls), and the update of the local partition. Every replica keeps its momentum.
+//! at Megatron's default `max(40M, 1M x dp)` elements, notes `pytorch-baselines.md` 4.2), laid
+//! out back to back in one flat buffer whose `dp` equal contiguous ranges are the ranks'
+//! ZeRO-1 partitions: momentum on the local partition, one "DP gather" (an all-gather,
+//! Moonlight issue #45) per shard axis of the members that **straddle a partition boundary**
+//! (Moonshot's author in PR #1428: "only those params ... split in the DP boundary will need
+//! the extra gather"; a member inside one range is whole on its rank), then NS of **only the
+//! matrices overlapping the rank's own partition** (the distributed optimizer updates its
+//! partition; a straddling matrix is orthogonalized by every rank it overlaps, redundantly),
+//! one call per parameter, and the update of the local partition. Every replica keeps its
+//! momentum.
 
-use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, local_matrices, momentum, ns_ops, unpadded_gathers};
+use super::{
+    NsImpl, RankView, adamw_units, apply, local_matrices, momentum, ns_ops, per_param_calls,
+    unpadded_gathers,
+};
 use crate::muon::OptimizerRoute;
 use crate::program::MemTag;
 use crate::strategy::Ctx;
@@ -63,13 +69,9 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
                 elems,
                 members.len() as u32,
             );
-            let gathered: Vec<usize> = members
-                .iter()
-                .copied()
-                .filter(|&i| oc.params[i].needs_gather)
-                .collect();
-            let (last, buf) = unpadded_gathers(ctx, &mut s, &prefix, &gathered);
-            let items: Vec<((u64, u64), u64)> = members
+            let (straddling, mine) = partition_overlap(ctx, view, members);
+            let (last, buf) = unpadded_gathers(ctx, &mut s, &prefix, &straddling);
+            let items: Vec<((u64, u64), u64)> = mine
                 .iter()
                 .filter_map(|&i| {
                     let p = &oc.params[i];
@@ -82,14 +84,66 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
                 })
                 .collect();
             let deps: Vec<Dep> = last.map(Dep::Op).into_iter().collect();
-            ns_ops(ctx, &mut s, &prefix, items, &deps, false);
-            let apply = s.compute(
-                format!("{prefix}.apply"),
-                ns_cost::apply_work(elems, members.len() as u32, ctx.opts.master_dtype),
-                vec![Dep::Issue],
+            ns_ops(
+                ctx,
+                &mut s,
+                &prefix,
+                per_param_calls(items),
+                &deps,
+                NsImpl::Bf16,
             );
-            s.free(apply, MemTag::Buffers, buf);
+            let op = apply(
+                ctx,
+                &mut s,
+                format!("{prefix}.apply"),
+                elems,
+                members.len() as u32,
+                vec![],
+            );
+            s.free(op, MemTag::Buffers, buf);
         }
     }
     s
+}
+
+/// The bucket's ZeRO-1 layout seen by `view`: the members that straddle a partition boundary
+/// (they need the DP gather) and the members overlapping the rank's own partition (it
+/// orthogonalizes them). Members are laid out back to back in bucket order (elements after
+/// TP), the buffer padded to a multiple of the DP size `dp` (the shard group) and cut into
+/// `dp` equal ranges; the rank's range is its position in the shard group.
+fn partition_overlap(ctx: &Ctx, view: &RankView, members: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let oc = &ctx.opt;
+    let Some(&first) = members.first() else {
+        return (Vec::new(), Vec::new());
+    };
+    let p0 = &oc.params[first];
+    let dp = p0.shard_size().max(1);
+    // Linear position in the shard group (shard axes in mesh order, last fastest).
+    let pos = p0
+        .shard
+        .iter()
+        .fold(0u64, |acc, a| acc * a.size as u64 + view.coord(a) as u64);
+    let total: u64 = members.iter().map(|&i| oc.params[i].plan_elems).sum();
+    let part = total.div_ceil(dp);
+    let (lo, hi) = (pos * part, (pos + 1) * part);
+    let (mut straddling, mut mine) = (Vec::new(), Vec::new());
+    let mut off = 0u64;
+    for &i in members {
+        let n = oc.params[i].plan_elems;
+        let (start, end) = (off, off + n);
+        off = end;
+        let p = &oc.params[i];
+        if !p.needs_gather {
+            // The plane is not sharded (experts cut on E): local matrices on every rank.
+            mine.push(i);
+            continue;
+        }
+        if n > 0 && start / part != (end - 1) / part {
+            straddling.push(i);
+        }
+        if start < hi && end > lo {
+            mine.push(i);
+        }
+    }
+    (straddling, mine)
 }

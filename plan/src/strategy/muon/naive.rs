@@ -9,9 +9,10 @@
 //! dims), and the update of the local slice. So each rank runs the full single-device NS
 //! work, S·R times redundant in total, and issues one gather per sharded parameter and axis.
 
-use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{RankView, adamw_units, momentum, ns_ops, unpadded_gathers};
+use super::{
+    NsImpl, RankView, adamw_units, apply, momentum, ns_ops, per_param_calls, unpadded_gathers,
+};
 use crate::muon::OptimizerRoute;
 use crate::program::MemTag;
 use crate::strategy::Ctx;
@@ -31,13 +32,16 @@ pub(crate) fn gather_everywhere(ctx: &Ctx, s: &mut Schedule, params: &[usize]) {
             p.plan_matrices
         };
         let deps: Vec<Dep> = last.map(Dep::Op).into_iter().collect();
-        ns_ops(ctx, s, &prefix, [(core, matrices)], &deps, true);
-        let apply = s.compute(
-            format!("{prefix}.apply"),
-            ns_cost::apply_work(p.local_elems, 1, ctx.opts.master_dtype),
-            vec![Dep::Issue],
+        ns_ops(
+            ctx,
+            s,
+            &prefix,
+            per_param_calls([(core, matrices)]),
+            &deps,
+            NsImpl::Bf16,
         );
-        s.free(apply, MemTag::Buffers, buf);
+        let op = apply(ctx, s, format!("{prefix}.apply"), p.local_elems, 1, vec![]);
+        s.free(op, MemTag::Buffers, buf);
     }
 }
 

@@ -9,6 +9,7 @@
 use super::super::emit::Emitter;
 use super::super::parallel::CollSpec;
 use crate::CollectiveKind;
+use crate::kernel::KernelWork;
 use crate::model::DType;
 use crate::program::{Category, ComputeWork, CopyWork, MemTag, OpId, Stream};
 
@@ -24,10 +25,12 @@ pub(crate) enum Dep {
 }
 
 /// What an op does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum Work {
     /// Kernels.
     Compute(ComputeWork),
+    /// A kernel mix (interned into the program when lowered).
+    Kernels(Vec<KernelWork>),
     /// A device copy.
     Copy(CopyWork),
     /// A collective on the group at table position `slot`.
@@ -113,6 +116,19 @@ impl Schedule {
             stream: Stream::Compute,
             category: Category::Optimizer,
             work: Work::Compute(work),
+            deps,
+            alloc: None,
+            free: None,
+        })
+    }
+
+    /// Appends a kernel mix on the compute stream (NS GEMMs, memory-bound optimizer kernels).
+    pub fn kernels(&mut self, name: String, kernels: Vec<KernelWork>, deps: Vec<Dep>) -> u32 {
+        self.push(SOp {
+            name,
+            stream: Stream::Compute,
+            category: Category::Optimizer,
+            work: Work::Kernels(kernels),
             deps,
             alloc: None,
             free: None,
@@ -207,8 +223,9 @@ pub(crate) fn lower(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpI
         }
         deps.sort_unstable();
         deps.dedup();
-        let id = match op.work {
-            Work::Compute(w) => Some(e.compute(op.stream, op.category, w, &deps, &op.name)),
+        let id = match &op.work {
+            Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
+            Work::Kernels(k) => Some(e.compute_kernels(op.stream, op.category, k, &deps, &op.name)),
             Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),
             Work::Coll {
                 slot,
@@ -218,10 +235,10 @@ pub(crate) fn lower(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpI
             } => e.collective_on(
                 op.stream,
                 op.category,
-                slot,
-                spec,
-                dtype,
-                aligned,
+                *slot,
+                *spec,
+                *dtype,
+                *aligned,
                 &deps,
                 &op.name,
             ),
