@@ -64,7 +64,8 @@ pub enum OpShape {
         /// Output features.
         output: u64,
     },
-    /// Fused causal (flash) attention core over `heads` query heads.
+    /// Fused causal (flash) attention core over `heads` query heads, followed by the copy of
+    /// its output back to token-major layout ([`EagerRecipe::AttentionLayout`]).
     Attention {
         /// Query heads (before TP).
         heads: u64,
@@ -527,16 +528,6 @@ impl Ops {
             flops,
             qkv_elems + heads * vd,
             shape,
-        );
-        // The output goes back to token-major layout before o_proj.
-        let layout = format!("{}.out_layout", name.trim_end_matches(".attn"));
-        self.memory_bound(
-            &layout,
-            ComputeKind::Elementwise,
-            0.0,
-            0.0,
-            EagerRecipe::AttentionLayout,
-            heads * vd,
         );
     }
 

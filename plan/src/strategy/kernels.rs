@@ -16,6 +16,7 @@
 //! - attention: one fused kernel over `micro_batch` sequences of `seq_len / cp` tokens and
 //!   `heads / tp` heads, FLOPs from the profile (causal triangle); backward 2.5x the forward
 //!   FLOPs (FlashAttention-2, Dao 2023, section 3.1: five matmuls against two) and 2x bytes;
+//!   plus the copy of the output to token-major layout each way;
 //! - memory-bound ops: the [`EagerRecipe`] kernel counts and bytes per element (bf16 figures,
 //!   scaled to the compute dtype).
 //!
@@ -105,7 +106,21 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
             top_k,
         } => router(c, hidden, experts, top_k),
         OpShape::Experts { input, output, .. } => experts(c, input, output),
-        OpShape::Attention { heads, qk_dim, .. } => attention(op, c, heads, qk_dim),
+        OpShape::Attention {
+            heads,
+            qk_dim,
+            v_dim,
+        } => {
+            let (mut fwd, mut bwd) = attention(op, c, heads, qk_dim);
+            // The output back to token-major layout (`transpose(1, 2).contiguous()`); its
+            // gradient copy runs before the attention backward.
+            let elems = c.rank_tokens * (heads * v_dim) as f64;
+            let (lf, lb) = memory_bound(EagerRecipe::AttentionLayout, elems, 0.0, c.act_bytes);
+            fwd.extend(lf);
+            let mut b = lb;
+            b.append(&mut bwd);
+            (fwd, b)
+        }
         OpShape::MemoryBound {
             recipe,
             width,
@@ -391,7 +406,11 @@ mod tests {
             }),
             &c,
         );
-        assert_eq!(b[0].flops, (2.5 * f[0].flops as f64) as u64);
+        assert_eq!(b[1].flops, (2.5 * f[0].flops as f64) as u64);
+        assert_eq!(
+            (f[1].class, b[0].class),
+            (KernelClass::MemoryBound, KernelClass::MemoryBound)
+        );
         assert!(matches!(
             f[0].class,
             KernelClass::Attention {
