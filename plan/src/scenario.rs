@@ -162,6 +162,20 @@ pub struct TrainSection {
     /// Low-precision (fp8) training; gates `when = "low_precision"` overrides.
     #[serde(default)]
     pub low_precision: bool,
+    /// Expert-parallel routing imbalance on top of uniform top-k routing: the busiest EP
+    /// rank's routed token count is the expected maximum under uniform routing times this
+    /// factor (>= 1.0; 1.0, the default, is perfectly random routing). See
+    /// [`crate::strategy::routing`].
+    #[serde(default = "unit_skew", skip_serializing_if = "is_unit_skew")]
+    pub routing_skew: f64,
+}
+
+fn unit_skew() -> f64 {
+    1.0
+}
+
+fn is_unit_skew(v: &f64) -> bool {
+    *v == 1.0
 }
 
 /// Per-baseline changes to the FSDP options (e.g. FSDP2 with prefetch depth 0).
@@ -676,6 +690,17 @@ impl Scenario {
             ));
         }
         let grad_accum_steps = tr.global_batch / (tr.micro_batch * dp);
+        if !(tr.routing_skew.is_finite() && tr.routing_skew >= 1.0) {
+            return Err(key_err(
+                "train",
+                "routing_skew",
+                format!(
+                    "[train] routing_skew = {}; it must be a number >= 1.0 (1.0 = uniform \
+                     random routing, 1.2 = the busiest expert-parallel rank gets 20% more tokens)",
+                    tr.routing_skew
+                ),
+            ));
+        }
         let layers = model.config.num_hidden_layers;
         let recompute = match &tr.recompute {
             RecomputeSpec::Mode(mode) => match mode.as_str() {

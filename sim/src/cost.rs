@@ -1,6 +1,7 @@
 //! Cost models: alpha-beta collectives (flat ring/mesh, two-level hierarchical, pairwise
 //! all-to-all, pipelined broadcast, send/recv), the unaligned-buffer penalty, copies at HBM
-//! bandwidth and roofline compute. Pure functions of sizes and profile numbers.
+//! bandwidth, and the roofline of compute ops (each kernel of a mix costed by class in
+//! [`crate::compute_cost`]). Pure functions of sizes and profile numbers.
 //!
 //! Notation (shared/reference/notes/backends-hardware.md section 6): `p` ranks, `n` bytes of
 //! the *full* buffer per rank (all-gather output, reduce-scatter input, all-reduce buffer,
@@ -331,18 +332,20 @@ fn zip(tiers: &[Tier], costs: &[PhaseCost]) -> Vec<Phase> {
         .collect()
 }
 
-/// Roofline time of kernel work, seconds:
-/// `max(flops / (peak * compute_eff), bytes / (hbm_bw * hbm_eff)) + kernels * device_launch`.
+/// Roofline time of kernel work with no kernel mix (memory-bound work: settle kernels,
+/// optimizer element-wise kernels), seconds:
+/// `max(flops / (peak * gemm_ceiling), bytes / (hbm_bw * hbm_eff)) + kernels * device_launch`.
 pub fn compute_s(flops: u64, hbm_bytes: u64, kernels: u32, profile: &HardwareProfile) -> f64 {
     let c = &profile.calibration;
     let d = &profile.device;
-    let math = flops as f64 / (d.bf16_flops_per_s * c.compute_efficiency);
+    let math = flops as f64 / (d.bf16_flops_per_s * c.gemm_ceiling);
     let memory = hbm_bytes as f64 / (d.hbm_bandwidth_bytes_per_s * c.hbm_efficiency);
     math.max(memory) + kernels as f64 * c.device_launch_us_per_kernel * 1e-6
 }
 
-/// Device time of one compute op, seconds: each entry of its kernel mix costed on its own
-/// (see [`hpfsdp_plan::kernel`]), or the op's totals as one roofline when it has no mix.
+/// Device time of one compute op, seconds: each entry of its kernel mix costed on its own by
+/// class ([`crate::compute_cost::kernel_s`]), or the op's totals as one memory-bound roofline
+/// when it has no mix.
 pub fn compute_work_s(
     work: &hpfsdp_plan::program::ComputeWork,
     mixes: &std::collections::BTreeMap<
@@ -354,7 +357,7 @@ pub fn compute_work_s(
     match work.mix.and_then(|id| mixes.get(&id)) {
         Some(kernels) => kernels
             .iter()
-            .map(|k| compute_s(k.flops, k.hbm_bytes, k.count, profile))
+            .map(|k| crate::compute_cost::kernel_s(k, profile))
             .sum(),
         None => compute_s(work.flops, work.hbm_bytes, work.kernels, profile),
     }
@@ -459,7 +462,7 @@ mod tests {
         let t = compute_s(1_000_000_000_000_000, 0, 1, &p);
         close(
             t,
-            1e15 / (376e12 * c.compute_efficiency) + c.device_launch_us_per_kernel * 1e-6,
+            1e15 / (376e12 * c.gemm_ceiling) + c.device_launch_us_per_kernel * 1e-6,
         );
         // Memory-bound: 1.6e12 bytes.
         let t = compute_s(1, 1_600_000_000_000, 3, &p);

@@ -15,10 +15,12 @@
 
 pub mod bench;
 pub mod calibration;
+pub mod compute_cost;
 pub mod cost;
 pub mod engine;
 pub mod error;
 pub mod fold;
+pub mod gemm_table;
 pub mod memory;
 pub mod metrics;
 pub mod net;

@@ -1,6 +1,8 @@
 //! Hardware profiles: device peaks, the three network tiers and calibrated constants, read from
 //! TOML files in `scenarios/hardware/`. Every key carries its unit in its name.
 
+use crate::compute_cost::ComputeSpec;
+use crate::gemm_table::GemmTable;
 use hpfsdp_plan::{Tier, Topology};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -133,8 +135,9 @@ impl Default for CollectiveSettings {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Calibration {
-    /// Fraction of the BF16 peak that compute kernels reach, in (0, 1].
-    pub compute_efficiency: f64,
+    /// Fraction of the BF16 peak that large square GEMMs approach (the shape model's ceiling,
+    /// see [`crate::compute_cost`]; attention is costed relative to it), in (0, 1].
+    pub gemm_ceiling: f64,
     /// Fraction of the HBM bandwidth that memory-bound kernels reach, in (0, 1].
     pub hbm_efficiency: f64,
     /// Fraction of the HBM bandwidth that device copies reach, in (0, 1].
@@ -171,6 +174,9 @@ pub struct HardwareProfile {
     /// Collective decomposition.
     #[serde(default)]
     pub collectives: CollectiveSettings,
+    /// Per-kernel-class compute efficiency: GEMM table and shape model, attention.
+    #[serde(default)]
+    pub compute: ComputeSpec,
     /// Calibrated constants.
     pub calibration: Calibration,
 }
@@ -200,8 +206,14 @@ pub const BUILTIN_PROFILES: [(&str, &str); 5] = [
     ),
 ];
 
+/// GEMM tables of the built-in profiles (file name, CSV text), compiled in like the profiles.
+/// None is shipped yet: no public per-shape GEMM measurements of these devices with a source
+/// for every point were available, so the built-in profiles use the shape model; a user's
+/// own table (`hpfsdp calibrate --from gemm.csv`) goes next to a profile file on disk.
+pub const BUILTIN_GEMM_TABLES: [(&str, &str); 0] = [];
+
 impl HardwareProfile {
-    /// Reads and validates a profile file.
+    /// Reads and validates a profile file; its `[compute] gemm_table` is read relative to it.
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ProfileError> {
         let path = path.as_ref();
         let file = path.display().to_string();
@@ -211,7 +223,22 @@ impl HardwareProfile {
             key: "-".into(),
             message: format!("cannot read the hardware profile: {e}"),
         })?;
-        Self::parse(&text, &file)
+        let mut profile = Self::parse(&text, &file)?;
+        if let Some(name) = profile.compute.gemm_table.clone() {
+            let csv = path.parent().unwrap_or(Path::new(".")).join(&name);
+            let table_text = std::fs::read_to_string(&csv).map_err(|e| ProfileError {
+                file: file.clone(),
+                line: line_of_key(&text, "compute.gemm_table"),
+                key: "compute.gemm_table".into(),
+                message: format!(
+                    "cannot read the GEMM table {}: {e}; put it next to the profile or remove the key",
+                    csv.display()
+                ),
+            })?;
+            profile.compute.table =
+                Some(GemmTable::parse(&table_text, &csv.display().to_string())?);
+        }
+        Ok(profile)
     }
 
     /// Loads `DIR/NAME.toml`; falls back to the built-in copy when the file does not exist.
@@ -276,7 +303,21 @@ impl HardwareProfile {
                         .join(", ")
                 ),
             })?;
-        Self::parse(text, &format!("<builtin {n}>"))
+        let file = format!("<builtin {n}>");
+        let mut profile = Self::parse(text, &file)?;
+        if let Some(table) = profile.compute.gemm_table.clone() {
+            let (_, csv) = BUILTIN_GEMM_TABLES
+                .iter()
+                .find(|(t, _)| *t == table)
+                .ok_or_else(|| ProfileError {
+                    file: file.clone(),
+                    line: line_of_key(text, "compute.gemm_table"),
+                    key: "compute.gemm_table".into(),
+                    message: format!("no built-in GEMM table '{table}'"),
+                })?;
+            profile.compute.table = Some(GemmTable::parse(csv, &format!("<builtin {table}>"))?);
+        }
+        Ok(profile)
     }
 
     /// Parses and validates profile text; `file` names it in errors.
@@ -372,7 +413,16 @@ impl HardwareProfile {
             fraction(&format!("tiers.{name}.efficiency"), t.efficiency)?;
         }
         let c = &self.calibration;
-        fraction("calibration.compute_efficiency", c.compute_efficiency)?;
+        fraction("calibration.gemm_ceiling", c.gemm_ceiling)?;
+        let k = &self.compute;
+        positive("compute.gemm_m_half", k.gemm_m_half)?;
+        positive("compute.gemm_n_half", k.gemm_n_half)?;
+        positive("compute.gemm_k_half", k.gemm_k_half)?;
+        fraction(
+            "compute.attention_relative_efficiency",
+            k.attention_relative_efficiency,
+        )?;
+        positive("compute.attention_seq_half", k.attention_seq_half)?;
         fraction("calibration.hbm_efficiency", c.hbm_efficiency)?;
         fraction("calibration.copy_efficiency", c.copy_efficiency)?;
         fraction(
@@ -521,13 +571,13 @@ mod tests {
 
         let text = BUILTIN_PROFILES[0]
             .1
-            .replace("compute_efficiency = 0.", "compute_efficiency = 1.7 # 0.");
+            .replace("gemm_ceiling = 0.", "gemm_ceiling = 1.7 # 0.");
         assert_ne!(
             text, BUILTIN_PROFILES[0].1,
-            "the profile has a compute_efficiency line"
+            "the profile has a gemm_ceiling line"
         );
         let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
-        assert_eq!(err.key, "calibration.compute_efficiency");
+        assert_eq!(err.key, "calibration.gemm_ceiling");
         assert!(err.line > 0);
     }
 

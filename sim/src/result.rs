@@ -44,6 +44,38 @@ pub struct RankResult {
     pub collectives: Vec<CollectiveStats>,
     /// Live-memory figures.
     pub memory: MemoryReport,
+    /// Launch counts of the rank's step program.
+    #[serde(default)]
+    pub launches: LaunchCounts,
+}
+
+/// What one rank's step launches: device kernels (compute and copies, communication
+/// excluded, as the profiler's device-kernel count of experiment A), collectives and host
+/// synchronisations. `calibrate` prints them next to the measured counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct LaunchCounts {
+    /// Device kernels per step (compute and copy kernels).
+    pub device_kernels: u64,
+    /// Collectives per step.
+    pub collectives: u64,
+    /// Host ops that wait for device work (device -> host synchronisations and host work).
+    pub host_ops: u64,
+}
+
+impl LaunchCounts {
+    /// Counts the launches of `program`.
+    pub fn of(program: &hpfsdp_plan::program::StepProgram) -> Self {
+        let mut c = Self::default();
+        for op in &program.ops {
+            match &op.payload {
+                Payload::Compute(w) => c.device_kernels += w.kernels as u64,
+                Payload::Copy(w) => c.device_kernels += w.kernels as u64,
+                Payload::Collective(_) => c.collectives += 1,
+                Payload::Host { .. } => c.host_ops += 1,
+            }
+        }
+        c
+    }
 }
 
 /// The prediction for one training step.
@@ -168,6 +200,7 @@ pub(crate) fn assemble(
                 )
                 .collect(),
             memory: outcome.memory,
+            launches: LaunchCounts::of(program),
         });
         if options.record_timeline {
             timeline.push(RankTimeline {

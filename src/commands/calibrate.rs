@@ -78,7 +78,10 @@ pub fn run(hardware: &str, do_fit: bool, out: &Path) -> Result<ExitCode> {
 
 fn value(figure: Figure, v: f64) -> String {
     match figure {
-        Figure::AllGathers | Figure::ReduceScatters => format!("{v:.0}"),
+        Figure::AllGathers
+        | Figure::ReduceScatters
+        | Figure::DeviceKernels
+        | Figure::Collectives => format!("{v:.0}"),
         Figure::OverlapRate => format!("{:.2}%", v * 100.0),
         Figure::AllGatherBytes
         | Figure::ReduceScatterBytes

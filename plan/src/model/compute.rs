@@ -13,9 +13,161 @@
 //! - Element-wise ops: RMSNorm 4 FLOPs per element, RoPE 3, SwiGLU 5 per output element,
 //!   residual add 1, top-k combine 2 per routed element, cross-entropy 4 per logit.
 //! - Bytes count activations only (read + written, [`ACT_BYTES`] per element, flash-style
-//!   attention reads q, k, v once and writes its output); weights are not included.
+//!   attention reads q, k, v once and writes its output); weights are not included. These
+//!   per-token figures drive the activation-memory accounting.
+//! - Every op also carries its [`OpShape`]: the device kernels an eager PyTorch step launches
+//!   for it, with the dimensions their rates depend on. The strategy turns shapes into kernel
+//!   lists per rank (`crate::strategy::compute`), the simulator costs each kernel by class.
+//!   Memory-bound ops follow an [`EagerRecipe`]: the kernel counts and HBM bytes of the eager
+//!   (unfused) PyTorch implementation, which differ from the activation bytes above (an eager
+//!   RMSNorm upcasts to fp32 and makes eight passes over the data).
 
 use super::{ComputeKind, ComputeOp, LayerCompute, ModelIr};
+use serde::{Deserialize, Serialize};
+
+/// The kernels one profile op launches, with their dimensions per token (the strategy scales
+/// them by the tokens and parallel degrees of a rank).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(tag = "shape", rename_all = "kebab-case")]
+pub enum OpShape {
+    /// Linear layer `input -> output` features: one GEMM forward; backward a data-gradient
+    /// GEMM and a weight-gradient GEMM. `row_parallel`: tensor parallelism splits the input
+    /// features (`o_proj`, `down_proj`), otherwise the output features.
+    Linear {
+        /// Input features.
+        input: u64,
+        /// Output features.
+        output: u64,
+        /// TP splits the input (row-parallel) rather than the output (column-parallel).
+        row_parallel: bool,
+    },
+    /// MoE router: the gate GEMM `hidden -> experts`, then the routing kernels (fp32 softmax,
+    /// top-k, renormalisation: [`EagerRecipe::RouterSoftmaxTopk`] over `experts`) and the
+    /// token permutation to expert order ([`EagerRecipe::TokenPermute`] over `top_k * hidden`).
+    Router {
+        /// Hidden size.
+        hidden: u64,
+        /// Routed experts.
+        experts: u64,
+        /// Experts per token.
+        top_k: u64,
+    },
+    /// A routed-expert projection `input -> output` for each routed copy of a token: one
+    /// grouped GEMM over the rank's experts (rows per expert = routed copies / local experts).
+    Experts {
+        /// Routed experts in the model.
+        experts: u64,
+        /// Experts per token.
+        top_k: u64,
+        /// Input features.
+        input: u64,
+        /// Output features.
+        output: u64,
+    },
+    /// Fused causal (flash) attention core over `heads` query heads, followed by the copy of
+    /// its output back to token-major layout ([`EagerRecipe::AttentionLayout`]).
+    Attention {
+        /// Query heads (before TP).
+        heads: u64,
+        /// Query/key head dimension.
+        qk_dim: u64,
+        /// Value head dimension.
+        v_dim: u64,
+    },
+    /// Memory-bound eager kernels over `width` elements per token (per routed copy when
+    /// `routed`: expert activations scale with the routed load, not the tokens).
+    MemoryBound {
+        /// Which eager implementation (kernel count and bytes per element).
+        recipe: EagerRecipe,
+        /// Elements per token (or per routed copy).
+        width: u64,
+        /// Width counts per routed copy of a token.
+        routed: bool,
+    },
+    /// No shape known (ops built by hand): one memory-bound kernel of the op's totals.
+    #[default]
+    Opaque,
+}
+
+/// The eager PyTorch implementation of a memory-bound op: kernels launched and HBM bytes moved
+/// per element, forward and backward. The kernel-count rule table of a step (what the
+/// simulator compares with the measured 57,560 device kernels of experiment A):
+///
+/// | recipe | fwd kernels | fwd bytes/elem | bwd kernels | bwd bytes/elem | eager code |
+/// | --- | --- | --- | --- | --- | --- |
+/// | RmsNorm | 8 | 36 | 12 | 76 | `x.float()`, `pow`, `mean`, `+eps`, `rsqrt`, `mul`, `.to(bf16)`, `weight *` (HF `Qwen3RMSNorm`) |
+/// | Rope | 10 | 20 | 10 | 20 | per q and k: `x*cos`, `neg`, `cat` (rotate_half), `*sin`, `add` |
+/// | SwiGlu | 2 | 10 | 3 | 18 | `silu(gate)`, `* up` |
+/// | Residual | 1 | 6 | 1 | 6 | `a + b`; backward accumulates the two gradient branches |
+/// | Embedding | 1 | 4 | 2 | 6 | `index_select`; backward zero-fill + `embedding_dense_backward` |
+/// | CrossEntropy | 4 | 14 | 4 | 22 | `logits.float()`, `log_softmax`, `nll_loss`, `mean` |
+/// | AttentionLayout | 1 | 4 | 1 | 4 | `transpose(1, 2).contiguous()` of the attention output |
+/// | RouterSoftmaxTopk | 6 | 18 | 6 | 26 | `.float()`, `softmax`, `topk`, `sum`, `div`, `.to(bf16)` |
+/// | TokenPermute | 3 | 4 | 2 | 6 | `argsort` of expert ids, `histc` counts, `index_select` of tokens |
+/// | ExpertCombine | 3 | 10 | 4 | 20 | unpermute `index_select`, `* routing weights`, `sum` over top-k |
+///
+/// Bytes: bf16 = 2, fp32 = 4 per element, each kernel reads its inputs and writes its output
+/// once (reductions to one value per token count only their read). Linear layers launch 1
+/// GEMM forward and 2 backward (dX, dW); attention 1 fused kernel each way (flash backward
+/// does ~2.5x the forward FLOPs: 5 matmuls against 2, Dao 2023, FlashAttention-2 section 3.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EagerRecipe {
+    /// RMSNorm with an fp32 upcast.
+    RmsNorm,
+    /// Rotary position embedding of q and k.
+    Rope,
+    /// SiLU-gated activation.
+    SwiGlu,
+    /// Residual add.
+    Residual,
+    /// Token embedding lookup.
+    Embedding,
+    /// Cross-entropy over fp32 logits.
+    CrossEntropy,
+    /// Attention output back to token-major layout.
+    AttentionLayout,
+    /// Router softmax, top-k and renormalisation in fp32.
+    RouterSoftmaxTopk,
+    /// Tokens sorted into expert order.
+    TokenPermute,
+    /// Expert outputs back to token order, weighted and summed.
+    ExpertCombine,
+}
+
+impl EagerRecipe {
+    /// Forward (kernels, HBM bytes per element).
+    pub fn fwd(self) -> (u32, f64) {
+        match self {
+            EagerRecipe::RmsNorm => (8, 36.0),
+            EagerRecipe::Rope => (10, 20.0),
+            EagerRecipe::SwiGlu => (2, 10.0),
+            EagerRecipe::Residual => (1, 6.0),
+            EagerRecipe::Embedding => (1, 4.0),
+            EagerRecipe::CrossEntropy => (4, 14.0),
+            EagerRecipe::AttentionLayout => (1, 4.0),
+            EagerRecipe::RouterSoftmaxTopk => (6, 18.0),
+            EagerRecipe::TokenPermute => (3, 4.0),
+            EagerRecipe::ExpertCombine => (3, 10.0),
+        }
+    }
+
+    /// Backward (kernels, HBM bytes per element).
+    pub fn bwd(self) -> (u32, f64) {
+        match self {
+            EagerRecipe::RmsNorm => (12, 76.0),
+            EagerRecipe::Rope => (10, 20.0),
+            EagerRecipe::SwiGlu => (3, 18.0),
+            EagerRecipe::Residual => (1, 6.0),
+            EagerRecipe::Embedding => (2, 6.0),
+            EagerRecipe::CrossEntropy => (4, 22.0),
+            EagerRecipe::AttentionLayout => (1, 4.0),
+            EagerRecipe::RouterSoftmaxTopk => (6, 26.0),
+            EagerRecipe::TokenPermute => (2, 6.0),
+            EagerRecipe::ExpertCombine => (4, 20.0),
+        }
+    }
+}
 
 /// Bytes per activation element (bf16 activations).
 pub const ACT_BYTES: f64 = 2.0;
@@ -167,36 +319,66 @@ impl ModelIr {
         let k = moe.experts_per_token as f64;
         let i = moe.moe_intermediate_size as f64;
         let mlp = format!("{p}.mlp");
+        let (hu, eu, ku, iu) = (
+            c.hidden_size,
+            moe.num_experts,
+            moe.experts_per_token,
+            moe.moe_intermediate_size,
+        );
         ops.push(
             &format!("{mlp}.gate"),
             ComputeKind::Router,
             2.0 * h * e,
             h + e,
+            OpShape::Router {
+                hidden: hu,
+                experts: eu,
+                top_k: ku,
+            },
         );
         let x = format!("{mlp}.experts");
+        let experts = |input: u64, output: u64| OpShape::Experts {
+            experts: eu,
+            top_k: ku,
+            input,
+            output,
+        };
         ops.push(
             &format!("{x}.gate_up_proj"),
             ComputeKind::ExpertMatmul,
             k * 2.0 * h * 2.0 * i,
             k * (h + 2.0 * i),
+            experts(hu, 2 * iu),
         );
         ops.push(
             &format!("{x}.act_fn"),
             ComputeKind::Elementwise,
             k * SWIGLU_FLOPS_PER_ELEM * i,
             k * 3.0 * i,
+            OpShape::MemoryBound {
+                recipe: EagerRecipe::SwiGlu,
+                width: iu,
+                routed: true,
+            },
         );
         ops.push(
             &format!("{x}.down_proj"),
             ComputeKind::ExpertMatmul,
             k * 2.0 * i * h,
             k * (i + h),
+            experts(iu, hu),
         );
         ops.push(
             &format!("{x}.combine"),
             ComputeKind::Elementwise,
             k * COMBINE_FLOPS_PER_ELEM * h,
             k * h + h,
+            // Runs on the token owner after the combine exchange: top_k copies per token.
+            OpShape::MemoryBound {
+                recipe: EagerRecipe::ExpertCombine,
+                width: ku * hu,
+                routed: false,
+            },
         );
         if moe.shared_experts > 0 {
             let shared = c.shared_expert_intermediate_size() as f64;
@@ -214,63 +396,120 @@ struct Ops {
 
 impl Ops {
     /// Adds an op; `elems` is the number of activation elements read plus written.
-    fn push(&mut self, name: &str, kind: ComputeKind, flops: f64, elems: f64) {
+    fn push(&mut self, name: &str, kind: ComputeKind, flops: f64, elems: f64, shape: OpShape) {
         self.ops.push(ComputeOp {
             name: name.to_string(),
             kind,
             fwd_flops_per_token: flops,
             fwd_bytes_per_token: elems * ACT_BYTES,
+            shape,
         });
     }
 
+    fn memory_bound(
+        &mut self,
+        name: &str,
+        kind: ComputeKind,
+        flops: f64,
+        elems: f64,
+        recipe: EagerRecipe,
+        width: f64,
+    ) {
+        let shape = OpShape::MemoryBound {
+            recipe,
+            width: width.round() as u64,
+            routed: false,
+        };
+        self.push(name, kind, flops, elems, shape);
+    }
+
     fn matmul(&mut self, name: &str, input: f64, output: f64) {
+        // Row-parallel projections (TP splits their input): attention output and MLP down.
+        let row_parallel = name.ends_with("o_proj") || name.ends_with("down_proj");
+        let shape = OpShape::Linear {
+            input: input.round() as u64,
+            output: output.round() as u64,
+            row_parallel,
+        };
         self.push(
             name,
             ComputeKind::Matmul,
             2.0 * input * output,
             input + output,
+            shape,
         );
     }
 
     fn norm(&mut self, name: &str, n: f64) {
-        self.push(name, ComputeKind::Norm, NORM_FLOPS_PER_ELEM * n, 2.0 * n);
+        let flops = NORM_FLOPS_PER_ELEM * n;
+        self.memory_bound(
+            name,
+            ComputeKind::Norm,
+            flops,
+            2.0 * n,
+            EagerRecipe::RmsNorm,
+            n,
+        );
     }
 
     fn rope(&mut self, name: &str, n: f64) {
-        self.push(
+        let flops = ROPE_FLOPS_PER_ELEM * n;
+        self.memory_bound(
             name,
             ComputeKind::Elementwise,
-            ROPE_FLOPS_PER_ELEM * n,
+            flops,
             2.0 * n,
+            EagerRecipe::Rope,
+            n,
         );
     }
 
     fn residual(&mut self, name: &str, n: f64) {
-        self.push(
+        let flops = ADD_FLOPS_PER_ELEM * n;
+        self.memory_bound(
             name,
             ComputeKind::Elementwise,
-            ADD_FLOPS_PER_ELEM * n,
+            flops,
             3.0 * n,
+            EagerRecipe::Residual,
+            n,
         );
     }
 
     fn embedding(&mut self, name: &str, h: f64) {
-        self.push(name, ComputeKind::Embedding, 0.0, h);
+        self.memory_bound(
+            name,
+            ComputeKind::Embedding,
+            0.0,
+            h,
+            EagerRecipe::Embedding,
+            h,
+        );
     }
 
     fn loss(&mut self, name: &str, vocab: f64) {
-        self.push(name, ComputeKind::Loss, LOSS_FLOPS_PER_LOGIT * vocab, vocab);
+        let flops = LOSS_FLOPS_PER_LOGIT * vocab;
+        self.memory_bound(
+            name,
+            ComputeKind::Loss,
+            flops,
+            vocab,
+            EagerRecipe::CrossEntropy,
+            vocab,
+        );
     }
 
     /// Gated MLP `{module}.{gate_proj, up_proj, act_fn, down_proj}`.
     fn swiglu(&mut self, module: &str, h: f64, i: f64) {
         self.matmul(&format!("{module}.gate_proj"), h, i);
         self.matmul(&format!("{module}.up_proj"), h, i);
-        self.push(
+        self.memory_bound(
             &format!("{module}.act_fn"),
             ComputeKind::Elementwise,
             SWIGLU_FLOPS_PER_ELEM * i,
             3.0 * i,
+            EagerRecipe::SwiGlu,
+            i,
         );
         self.matmul(&format!("{module}.down_proj"), i, h);
     }
@@ -278,7 +517,18 @@ impl Ops {
     /// Attention core; `qkv_elems` is the q, k and v elements read per token.
     fn attention(&mut self, name: &str, heads: f64, qk: f64, vd: f64, ctx: f64, qkv_elems: f64) {
         let flops = 2.0 * heads * qk * ctx + 2.0 * heads * vd * ctx;
-        self.push(name, ComputeKind::Attention, flops, qkv_elems + heads * vd);
+        let shape = OpShape::Attention {
+            heads: heads.round() as u64,
+            qk_dim: qk.round() as u64,
+            v_dim: vd.round() as u64,
+        };
+        self.push(
+            name,
+            ComputeKind::Attention,
+            flops,
+            qkv_elems + heads * vd,
+            shape,
+        );
     }
 
     fn finish(self, name: &str, layer: Option<usize>) -> LayerCompute {

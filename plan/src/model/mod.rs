@@ -15,7 +15,7 @@ mod hf;
 mod ir;
 mod params;
 
-pub use compute::{ACT_BYTES, avg_causal_context};
+pub use compute::{ACT_BYTES, EagerRecipe, OpShape, avg_causal_context};
 
 /// Element type of a parameter or buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -238,6 +238,9 @@ pub struct ComputeOp {
     pub fwd_flops_per_token: f64,
     /// Forward HBM bytes moved per token (activations read + written, weights amortized out).
     pub fwd_bytes_per_token: f64,
+    /// The op's shape: which kernels it launches and their dimensions (see [`OpShape`]).
+    #[serde(default)]
+    pub shape: OpShape,
 }
 
 /// The compute of one FSDP-unit-sized piece of the model (embedding, a decoder layer, head).

@@ -3,58 +3,25 @@
 //!
 //! - A stage is one piece of [`crate::model::ModelIr::compute_profile`]: the embedding, each
 //!   decoder layer (MTP layers included), and the head (final norm, `lm_head`, loss).
-//! - Each rank computes `micro_batch * seq_len / (cp * tp)` tokens' worth of every op per
-//!   micro-batch (TP and CP split the work; MoE counts only activated experts, as the profile
-//!   does; the router and norms are counted split too, a small overestimate of the saving).
-//! - Backward costs 2x forward FLOPs, 2x HBM bytes and 2x kernels (data and weight gradients).
-//!   A layer covered by the recompute spec repeats its forward (and its forward collectives)
+//! - Every op becomes the device kernels an eager step launches for it, with their shapes
+//!   (GEMMs, grouped expert GEMMs on the busiest EP rank, fused attention, memory-bound eager
+//!   kernels): see [`super::kernels`] for the dimensions and backward rules and
+//!   [`crate::model::EagerRecipe`] for the kernel-count table. A segment's kernel list keeps
+//!   every projection a separate `Gemm` entry, in launch order.
+//! - A layer covered by the recompute spec repeats its forward (and its forward collectives)
 //!   just before its backward.
-//! - HBM bytes are the profile's activation bytes plus one read of the stage's local (gathered)
-//!   weights in forward.
 //! - Saved activations: half of the forward activation traffic (each op's output is saved for
 //!   backward); a recomputed layer keeps only its input (`tokens * hidden * 2` bytes) and
 //!   re-materializes the rest during recompute.
 
+use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
 use super::{StrategyError, StrategyOptions};
 use crate::fsdp::FsdpPlan;
 use crate::kernel::KernelWork;
-use crate::model::{ComputeKind, ComputeOp, LayerCompute};
+use crate::model::{ComputeKind, LayerCompute};
 use crate::planner::{BoundarySpec, ShardingPlan};
-use crate::program::ComputeWork;
 use crate::scenario::Scenario;
-
-/// Forward kernels of one profile op (an eager PyTorch-style count).
-///
-/// - embedding lookup, dense GEMM, grouped expert GEMM, fused flash attention: 1 each;
-/// - RMSNorm: 4 (square-mean, rsqrt, scale, weight multiply);
-/// - RoPE: 6 (q and k: multiply, rotate-half, multiply-add);
-/// - SwiGLU activation: 2 (silu, multiply); residual add: 1;
-/// - MoE top-k combine: 3 (weight multiply, scatter-add, sum);
-/// - router: 8 (gate GEMM, softmax, top-k, renormalize, token sort/permute/unpermute indexing);
-/// - loss: 4 (log-softmax, gather, negate, mean).
-pub fn forward_kernels(op: &ComputeOp) -> u32 {
-    match op.kind {
-        ComputeKind::Embedding
-        | ComputeKind::Matmul
-        | ComputeKind::ExpertMatmul
-        | ComputeKind::Attention => 1,
-        ComputeKind::Norm => 4,
-        ComputeKind::Router => 8,
-        ComputeKind::Loss => 4,
-        ComputeKind::Elementwise => {
-            if op.name.ends_with("rotary_emb") {
-                6
-            } else if op.name.ends_with("act_fn") {
-                2
-            } else if op.name.ends_with("combine") {
-                3
-            } else {
-                1
-            }
-        }
-    }
-}
 
 /// Kernel work of a compute segment: the kernels it launches, by cost class.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,16 +39,6 @@ impl Segment {
     pub fn fwd_flops(&self) -> u64 {
         crate::kernel::totals(&self.fwd).0
     }
-}
-
-/// Transitional: one kernel entry standing for the totals of `work` (the simulator costs it
-/// exactly like the old single roofline).
-fn lump(work: ComputeWork) -> Vec<KernelWork> {
-    vec![KernelWork::memory_bound(
-        work.kernels,
-        work.flops,
-        work.hbm_bytes,
-    )]
 }
 
 /// One step of a stage: compute, or a model-parallel collective.
@@ -125,9 +82,9 @@ impl Stage {
 
 struct Acc {
     name: String,
-    flops: f64,
-    bytes: f64,
-    kernels: u32,
+    fwd: Vec<KernelWork>,
+    /// Backward kernels of each op, in forward op order (reversed when flushed).
+    bwd: Vec<Vec<KernelWork>>,
 }
 
 fn boundary_of<'a>(bs: &'a [&'a BoundarySpec], op: &str) -> Option<&'a BoundarySpec> {
@@ -183,8 +140,14 @@ pub(crate) fn build_stages(
         top_k: cfg.moe.as_ref().map_or(0, |x| x.experts_per_token),
         kv_width,
         act_wire_bytes: opts.param_dtype.bytes(),
+        routed_imbalance: 1.0,
     };
     let rank_tokens = tokens as f64 / (tp * cp) as f64;
+    let kctx = KernelCtx::new(scenario, opts, rank_tokens);
+    let dims = ParDims {
+        routed_imbalance: kctx.routed.map_or(1.0, |r| r.imbalance()),
+        ..dims
+    };
     let profile: Vec<LayerCompute> = scenario.model.compute_profile(opts.seq_len);
 
     // Unit -> stage.
@@ -229,29 +192,18 @@ pub(crate) fn build_stages(
             .collect();
         let has_local_map = bs.iter().any(|b| b.flags.use_local_map);
         let stage_name = short(prefix).to_string();
-        let total_flops: f64 = piece.fwd_flops_per_token().max(1.0);
         let mut items: Vec<Item> = Vec::new();
         let mut acc: Option<Acc> = None;
         // Open boundaries, outermost first (a nested boundary sits inside its parent).
         let mut stack: Vec<&BoundarySpec> = Vec::new();
         let flush = |acc: &mut Option<Acc>, items: &mut Vec<Item>| {
-            if let Some(a) = acc.take() {
-                let w = weight_bytes[si] as f64 * (a.flops / total_flops);
-                let fwd = ComputeWork {
-                    flops: (a.flops * rank_tokens).round() as u64,
-                    hbm_bytes: (a.bytes * rank_tokens + w).round() as u64,
-                    kernels: a.kernels.max(1),
-                    mix: None,
-                };
+            if let Some(a) = acc.take()
+                && !a.fwd.is_empty()
+            {
                 items.push(Item::Compute(Segment {
                     name: a.name,
-                    fwd: lump(fwd),
-                    bwd: lump(ComputeWork {
-                        flops: 2 * fwd.flops,
-                        hbm_bytes: 2 * fwd.hbm_bytes,
-                        kernels: 2 * fwd.kernels,
-                        mix: None,
-                    }),
+                    fwd: a.fwd,
+                    bwd: a.bwd.into_iter().rev().flatten().collect(),
                 }));
             }
         };
@@ -302,13 +254,12 @@ pub(crate) fn build_stages(
                     (Some(b), false) => short(&b.module).to_string(),
                     (None, false) => short(&op.name).to_string(),
                 },
-                flops: 0.0,
-                bytes: 0.0,
-                kernels: 0,
+                fwd: Vec::new(),
+                bwd: Vec::new(),
             });
-            a.flops += op.fwd_flops_per_token;
-            a.bytes += op.fwd_bytes_per_token;
-            a.kernels += forward_kernels(op);
+            let (f, b) = op_kernels(op, &kctx);
+            a.fwd.extend(f);
+            a.bwd.push(b);
             if has_local_map && op.kind == ComputeKind::Router {
                 let module = op.name.strip_suffix(".gate").unwrap_or(&op.name);
                 push_colls(
@@ -354,40 +305,4 @@ pub(crate) fn build_stages(
         });
     }
     Ok((stages, unit_stage))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn op(name: &str, kind: ComputeKind) -> ComputeOp {
-        ComputeOp {
-            name: name.into(),
-            kind,
-            fwd_flops_per_token: 1.0,
-            fwd_bytes_per_token: 1.0,
-        }
-    }
-
-    #[test]
-    fn kernel_counts_follow_the_documented_table() {
-        assert_eq!(forward_kernels(&op("a.q_proj", ComputeKind::Matmul)), 1);
-        assert_eq!(
-            forward_kernels(&op("a.input_layernorm", ComputeKind::Norm)),
-            4
-        );
-        assert_eq!(
-            forward_kernels(&op("a.rotary_emb", ComputeKind::Elementwise)),
-            6
-        );
-        assert_eq!(
-            forward_kernels(&op("a.mlp.act_fn", ComputeKind::Elementwise)),
-            2
-        );
-        assert_eq!(
-            forward_kernels(&op("a.attn_residual", ComputeKind::Elementwise)),
-            1
-        );
-        assert_eq!(forward_kernels(&op("a.mlp.gate", ComputeKind::Router)), 8);
-    }
 }

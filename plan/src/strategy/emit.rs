@@ -194,6 +194,13 @@ impl<'a> Emitter<'a> {
             &name,
         ) {
             self.pending.push(op);
+            if c.host_sync {
+                // Device -> host read-back (`.tolist()` of the counts): the host stalls until
+                // the collective has finished; its own cost is the engine's host time.
+                let sync = self.b.host(Category::Host, 0, &[op]);
+                self.b
+                    .name(sync, format!("{}{name}.d2h_sync", self.mb_prefix));
+            }
         }
     }
 

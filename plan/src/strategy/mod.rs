@@ -16,10 +16,12 @@ pub mod compute;
 mod emit;
 pub mod fsdp2;
 pub mod hyperparallel;
+pub mod kernels;
 pub mod megatron;
 pub mod muon;
 pub mod optimizer;
 pub mod parallel;
+pub mod routing;
 
 pub use muon::OptimizerStrategy;
 

@@ -75,6 +75,9 @@ pub struct ParColl {
     /// Element type on the wire when it is not the compute dtype (the expert-parallel token
     /// counts travel as exact f32 whatever the activations are).
     pub wire_dtype: Option<DType>,
+    /// The host reads the result back before issuing more work (a device -> host
+    /// synchronisation: the EP token counts that size the following all-to-all-v).
+    pub host_sync: bool,
 }
 
 /// Sizes the boundary collectives need.
@@ -103,6 +106,9 @@ pub struct ParDims {
     /// Bytes per activation element on the wire: the compute (gathered-parameter) dtype's,
     /// so a bf16 run moves bf16 activations and an f32 run (the verify scenarios) f32 ones.
     pub act_wire_bytes: u64,
+    /// Routed tokens of the busiest expert-parallel rank over the load-balanced figure (>= 1;
+    /// see [`super::routing`]): the all-to-all-v sizes of that rank.
+    pub routed_imbalance: f64,
 }
 
 impl ParDims {
@@ -308,6 +314,7 @@ fn transitions(
                     fwd,
                     bwd,
                     wire_dtype: None,
+                    host_sync: false,
                 });
             }
         }
@@ -329,6 +336,7 @@ pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
         fwd: Some(gather(local * d.cp, d.cp)),
         bwd: Some(scatter(local * d.cp, d.cp)),
         wire_dtype: None,
+        host_sync: false,
     })
 }
 
@@ -340,14 +348,18 @@ const COUNT_WIRE_BYTES: u64 = 4;
 /// exchanges the token count of every (destination rank, local expert) pair with a fixed
 /// all-to-all (`experts` f32 counts per rank, forward only: backward reuses them), then moves
 /// the tokens with an all-to-all-v; the combine moves them back with a second all-to-all-v.
-/// Both token exchanges repeat in backward for the gradients. The token sizes are the
-/// load-balanced expectation, `dispatch_tokens * top_k` hidden vectors per rank.
+/// Both token exchanges repeat in backward for the gradients. The token sizes are those of the
+/// busiest rank: `dispatch_tokens * top_k` hidden vectors per rank times the routing
+/// imbalance (expected maximum over EP ranks under top-k routing, times `routing_skew`).
+/// Eager PyTorch reads the counts back to the host to size the all-to-all-v (`.tolist()`), so
+/// the counts exchange carries `host_sync`: the host waits for it before issuing more work.
 pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
     if d.ep <= 1 {
         return Vec::new();
     }
     let module = module.strip_prefix("model.").unwrap_or(module);
-    let token_bytes = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
+    let balanced = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
+    let token_bytes = (balanced as f64 * d.routed_imbalance.max(1.0)).round() as u64;
     let mut out = Vec::with_capacity(2);
     if what == "dispatch" {
         out.push(ParColl {
@@ -356,6 +368,7 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
             fwd: Some(all_to_all(d.experts.max(1) * COUNT_WIRE_BYTES)),
             bwd: None,
             wire_dtype: Some(DType::F32),
+            host_sync: true,
         });
     }
     out.push(ParColl {
@@ -364,6 +377,7 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
         fwd: Some(all_to_all_v(token_bytes)),
         bwd: Some(all_to_all_v(token_bytes)),
         wire_dtype: None,
+        host_sync: false,
     });
     out
 }
@@ -397,6 +411,7 @@ mod tests {
             top_k: 0,
             kv_width: 8,
             act_wire_bytes: 2,
+            routed_imbalance: 1.0,
         };
         // Between regions: sequence-sharded on tp with SP, replicated without.
         let with = |between: Placement| {
@@ -455,5 +470,18 @@ mod tests {
         let combine = ep_exchange("model.layers.0.mlp", "combine", &ep);
         assert_eq!(combine.len(), 1);
         assert_eq!(combine[0].fwd.unwrap().kind, CollectiveKind::AllToAllV);
+        // The host reads the counts back before sizing the token exchange; nothing else syncs.
+        assert!(dispatch[0].host_sync && !dispatch[1].host_sync && !combine[0].host_sync);
+        // The busiest rank's token exchange grows with the routing imbalance.
+        let skewed = ParDims {
+            routed_imbalance: 1.25,
+            ..ep
+        };
+        let balanced_bytes = dispatch[1].fwd.unwrap().input_bytes;
+        let skewed_bytes = ep_exchange("model.layers.0.mlp", "dispatch", &skewed)[1]
+            .fwd
+            .unwrap()
+            .input_bytes;
+        assert_eq!(skewed_bytes, (balanced_bytes as f64 * 1.25).round() as u64);
     }
 }

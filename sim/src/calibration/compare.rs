@@ -101,6 +101,9 @@ pub fn predicted_figures(
         collectives as f64 * per_call_us * 1e-6,
     );
     out.insert(Figure::PeakAllocatedBytes, result.peak_memory_bytes as f64);
+    let launches = crate::result::LaunchCounts::of(rank0);
+    out.insert(Figure::DeviceKernels, launches.device_kernels as f64);
+    out.insert(Figure::Collectives, launches.collectives as f64);
     out.insert(
         Figure::WeightedBandwidth,
         weighted_fsdp_bandwidth(result, rank0),

@@ -18,7 +18,7 @@ use crate::profile::HardwareProfile;
 /// A fitted constant: where it lives in the profile and its allowed range.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FitParam {
-    /// Dotted profile key (`calibration.compute_efficiency`).
+    /// Dotted profile key (`calibration.gemm_ceiling`).
     pub key: &'static str,
     /// Lowest allowed value.
     pub min: f64,
@@ -67,7 +67,7 @@ pub const FIT_TARGETS: [FitTarget; 5] = [
         FitFigure::Run("HyperParallel-FSDP", Figure::HostCollectiveS),
     ),
     target(
-        "calibration.compute_efficiency",
+        "calibration.gemm_ceiling",
         0.05,
         1.0,
         FitFigure::Run("HyperParallel-FSDP", Figure::StepTimeS),
@@ -107,7 +107,7 @@ pub fn figure_values(c: &Comparison, figure: FitFigure) -> Option<(f64, f64)> {
 pub fn get(profile: &HardwareProfile, key: &str) -> Option<f64> {
     let c = &profile.calibration;
     Some(match key {
-        "calibration.compute_efficiency" => c.compute_efficiency,
+        "calibration.gemm_ceiling" => c.gemm_ceiling,
         "calibration.copy_efficiency" => c.copy_efficiency,
         "calibration.device_launch_us_per_kernel" => c.device_launch_us_per_kernel,
         "calibration.collective_base_latency_us" => c.collective_base_latency_us,
@@ -123,7 +123,7 @@ pub fn get(profile: &HardwareProfile, key: &str) -> Option<f64> {
 pub fn set_param(profile: &mut HardwareProfile, key: &str, value: f64) -> bool {
     let c = &mut profile.calibration;
     let slot = match key {
-        "calibration.compute_efficiency" => &mut c.compute_efficiency,
+        "calibration.gemm_ceiling" => &mut c.gemm_ceiling,
         "calibration.copy_efficiency" => &mut c.copy_efficiency,
         "calibration.device_launch_us_per_kernel" => &mut c.device_launch_us_per_kernel,
         "calibration.collective_base_latency_us" => &mut c.collective_base_latency_us,
