@@ -1,0 +1,463 @@
+//! TP communication overlap (`[train] tp_comm_overlap`): a tensor-parallel collective fused
+//! with the GEMM next to it and pipelined under it in chunks.
+//!
+//! Without overlap (`none`) a TP boundary collective is strictly serialized with compute: the
+//! GEMM consuming a sequence-parallel all-gather waits for the whole gather, and the
+//! reduce-scatter (or all-reduce) of a row-parallel output waits for the whole GEMM. Ascend
+//! training stacks fuse the pair into one operator (torch_npu `npu_all_gather_base_mm`,
+//! `npu_mm_reduce_scatter_base`, `npu_mm_all_reduce_base`, the CANN "MC2" kernels) that cuts
+//! the collective and the matmul into pieces and pipelines them. `fused` models that as
+//! chunked pipelining with `c` chunks along the token dimension (`m`):
+//!
+//! - **all-gather -> GEMM**: all-gather chunk `i` runs on the parallel stream while GEMM chunk
+//!   `i - 1` runs on the compute stream; GEMM chunk `i` depends on all-gather chunk `i`;
+//! - **GEMM -> reduce-scatter / all-reduce**: reduce chunk `i` depends on GEMM chunk `i`, so
+//!   it runs under GEMM chunk `i + 1`.
+//!
+//! Which pairs fuse, per pass in emission order (the forward walks a stage's items in order,
+//! the backward in reverse, with each collective's backward form):
+//!
+//! - a TP all-gather fuses with the next compute segment when only collectives lie between
+//!   them and that segment's kernel list **starts** with a GEMM (the column-parallel
+//!   projection consuming the gathered input); the nearest such gather is taken;
+//! - a TP reduce-scatter or all-reduce fuses with the compute segment right before it (no
+//!   other collective between) when that segment's kernel list **ends** with a GEMM (the
+//!   row-parallel projection producing the partial output).
+//!
+//! A kernel list that starts (ends) with another kernel class consumes (produces) the tensor
+//! with that kernel, which no fused operator covers: the pair stays serialized. That is also
+//! why MoE expert blocks, whose output comes from the combine, do not fuse (MindSpeed-LLM
+//! does not enable MC2 for MoE MLPs either).
+//!
+//! **Transitional lumps.** While segments carry a single memory-bound entry standing for all
+//! their kernels (no GEMM entries), such a lump doing FLOPs is treated as the matmul as a
+//! whole: all of it is chunked. This branch exists only for kernel lists without GEMMs; it
+//! overstates the overlap (the whole segment pipelines, not one projection).
+//!
+//! Chunk shapes: a GEMM `[m, k] x [k, n]` becomes `c` GEMMs of `m / c` rows (the remainder
+//! spread over the first chunks); every chunk re-reads the weight. A collective becomes `c`
+//! collectives of the same kind on `1 / c` of the bytes (512-byte granules when the buffers
+//! are 512-aligned). The chunk count is clamped to the rows of the GEMM and to the granules of
+//! the collective. Every chunk is a separate op, so it pays its own launch and collective
+//! latency: that is the cost side of the pipelining.
+//!
+//! The default chunk count is the TP degree: the fused kernels pipeline over the ranks of the
+//! group (CANN's AllGatherMatmul tiles its work into a local tile and tiles of the other
+//! ranks' data; torch_npu's `comm_turn = 0` means "the default split" and is the only value it
+//! accepts). That it equals the TP degree is this model's assumption, not a measured fact.
+
+use super::compute::{Item, Segment};
+use super::parallel::{CollSpec, ParAxis, ParColl};
+use crate::collective::CollectiveKind;
+use crate::kernel::{KernelClass, KernelWork};
+use serde::{Deserialize, Serialize};
+
+/// How TP collectives run next to the GEMMs that produce or consume them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(tag = "mode", rename_all = "kebab-case")]
+pub enum TpCommOverlap {
+    /// Every TP collective is serialized with the compute around it.
+    #[default]
+    None,
+    /// Collective and neighbouring GEMM are fused and pipelined in `chunks` chunks.
+    Fused {
+        /// Chunks of the pipeline (at least 1).
+        chunks: u64,
+    },
+}
+
+impl TpCommOverlap {
+    /// The mode named `mode` (one of [`crate::scenario::TP_COMM_OVERLAP_MODES`]) with `chunks` chunks when fused (default:
+    /// `tp_degree`, at least 1). `None` for an unknown name or zero chunks.
+    pub fn resolve(mode: &str, chunks: Option<u64>, tp_degree: u64) -> Option<Self> {
+        match mode {
+            "none" => Some(Self::None),
+            "fused" => {
+                let chunks = chunks.unwrap_or(tp_degree.max(1));
+                (chunks > 0).then_some(Self::Fused { chunks })
+            }
+            _ => None,
+        }
+    }
+
+    /// Chunks of a fused pair (`None` without overlap).
+    pub fn chunks(self) -> Option<u64> {
+        match self {
+            Self::None => None,
+            Self::Fused { chunks } => Some(chunks),
+        }
+    }
+}
+
+/// The pass a stage is emitted for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// Forward (or its recompute): items in order, forward kernels and collectives.
+    Forward,
+    /// Backward: items in reverse, backward kernels and collectives.
+    Backward,
+}
+
+impl Pass {
+    /// The kernels `segment` launches in this pass.
+    pub fn kernels(self, segment: &Segment) -> &[KernelWork] {
+        match self {
+            Pass::Forward => &segment.fwd,
+            Pass::Backward => &segment.bwd,
+        }
+    }
+
+    /// The collective `coll` issues in this pass, if any.
+    pub fn spec(self, coll: &ParColl) -> Option<CollSpec> {
+        match self {
+            Pass::Forward => coll.fwd,
+            Pass::Backward => coll.bwd,
+        }
+    }
+
+    /// Item indices of a stage of `n` items in emission order.
+    pub fn order(self, n: usize) -> Vec<usize> {
+        match self {
+            Pass::Forward => (0..n).collect(),
+            Pass::Backward => (0..n).rev().collect(),
+        }
+    }
+}
+
+/// How one compute segment is emitted when it takes part in fused pairs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentSplit {
+    /// Item index of the fused all-gather this segment consumes, if any.
+    pub gather: Option<usize>,
+    /// Item index of the fused reduce-scatter / all-reduce this segment feeds, if any.
+    pub reduce: Option<usize>,
+    /// Chunks of the leading GEMM (one kernel list per chunk) consuming the gather; when
+    /// `shared`, also the chunks feeding the reduce. Empty without a fused gather.
+    pub head: Vec<Vec<KernelWork>>,
+    /// Kernels between the fused GEMMs, run as one op after the head chunks.
+    pub body: Vec<KernelWork>,
+    /// Chunks of the trailing GEMM feeding the reduce (empty when `shared` or without one).
+    pub tail: Vec<Vec<KernelWork>>,
+    /// The same chunks consume the gather and feed the reduce (a one-GEMM list or a lump).
+    pub shared: bool,
+}
+
+/// How one fused collective is emitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollSplit {
+    /// Item index of the compute segment it is fused with.
+    pub segment: usize,
+    /// The chunk collectives, in issue order.
+    pub chunks: Vec<CollSpec>,
+}
+
+/// The fused pairs of one stage in one pass, by item index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StagePlan {
+    /// Per item: the split of a compute segment that is part of a fused pair.
+    pub segments: Vec<Option<SegmentSplit>>,
+    /// Per item: the chunks of a collective that is part of a fused pair.
+    pub colls: Vec<Option<CollSplit>>,
+}
+
+impl StagePlan {
+    /// True when nothing is fused.
+    pub fn is_empty(&self) -> bool {
+        self.segments.iter().all(Option::is_none) && self.colls.iter().all(Option::is_none)
+    }
+}
+
+/// True for a transitional lump: one memory-bound entry that does FLOPs (a whole segment's
+/// totals, see the module docs).
+fn is_lump(kernels: &[KernelWork]) -> bool {
+    matches!(kernels, [k] if k.class == KernelClass::MemoryBound && k.flops > 0)
+}
+
+fn is_gemm(k: &KernelWork) -> bool {
+    matches!(k.class, KernelClass::Gemm { .. })
+}
+
+/// The TP collective of `item` in `pass` when it is of one of `kinds`.
+fn tp_spec(item: &Item, pass: Pass, kinds: &[CollectiveKind]) -> Option<CollSpec> {
+    match item {
+        Item::Coll(c) if c.axis == ParAxis::Tp => pass.spec(c).filter(|s| kinds.contains(&s.kind)),
+        _ => None,
+    }
+}
+
+/// Emits an op in `pass`: a compute segment always, a collective when it has a form there.
+fn emits(item: &Item, pass: Pass) -> bool {
+    match item {
+        Item::Compute(_) => true,
+        Item::Coll(c) => pass.spec(c).is_some(),
+    }
+}
+
+/// `total` split into `n` near-equal parts: part `i` (the remainder goes to the first parts).
+pub fn part(total: u64, n: u64, i: u64) -> u64 {
+    total / n + u64::from(i < total % n)
+}
+
+/// `x * num / den` without overflow (`den > 0`).
+fn scale(x: u64, num: u64, den: u64) -> u64 {
+    (x as u128 * num as u128 / den as u128) as u64
+}
+
+/// The largest chunk count `kernel` can be split into (rows of a GEMM; any for a lump).
+fn kernel_chunk_limit(kernel: &KernelWork) -> u64 {
+    match kernel.class {
+        KernelClass::Gemm { m, .. } => m.max(1),
+        _ => u64::MAX,
+    }
+}
+
+/// The granule a collective's buffers split on: 512 bytes when both are 512-aligned.
+fn granule(spec: &CollSpec) -> u64 {
+    if spec.input_bytes.is_multiple_of(512) && spec.output_bytes.is_multiple_of(512) {
+        512
+    } else {
+        1
+    }
+}
+
+/// The per-rank shard of a collective (the smaller buffer) in granules.
+fn shard_granules(spec: &CollSpec) -> u64 {
+    (spec.input_bytes.min(spec.output_bytes) / granule(spec)).max(1)
+}
+
+/// Splits one kernel entry into `chunks` pieces along the token dimension.
+///
+/// A GEMM's `m` is split (at most `m` chunks are asked for): each chunk keeps `n`, `k` and
+/// `batch`, gets its share of the FLOPs and of the activation bytes, and re-reads the whole
+/// weight (`k * n * batch` elements, the element size inferred from the entry's bytes). Any
+/// other class is split evenly: FLOPs, bytes and launches (at least one launch per chunk).
+pub fn split_kernel(kernel: &KernelWork, chunks: u64) -> Vec<KernelWork> {
+    let c = chunks.max(1);
+    match kernel.class {
+        KernelClass::Gemm { m, n, k, batch } if m > 0 => {
+            let c = c.min(m);
+            let launches = u64::from(kernel.count.max(1));
+            let elems = m
+                .saturating_mul(k)
+                .saturating_add(k.saturating_mul(n))
+                .saturating_add(m.saturating_mul(n))
+                .saturating_mul(batch.max(1))
+                .saturating_mul(launches);
+            let elem_bytes = kernel.hbm_bytes.checked_div(elems).unwrap_or(0);
+            let weight_bytes = k
+                .saturating_mul(n)
+                .saturating_mul(batch.max(1))
+                .saturating_mul(launches)
+                .saturating_mul(elem_bytes)
+                .min(kernel.hbm_bytes);
+            let act_bytes = kernel.hbm_bytes - weight_bytes;
+            let mut done = (0u64, 0u64, 0u64);
+            (0..c)
+                .map(|i| {
+                    let m_i = part(m, c, i);
+                    let upto = done.0 + m_i;
+                    // Cumulative shares keep the totals exact.
+                    let flops = scale(kernel.flops, upto, m) - done.1;
+                    let act = scale(act_bytes, upto, m) - done.2;
+                    done = (upto, done.1 + flops, done.2 + act);
+                    KernelWork {
+                        class: KernelClass::Gemm {
+                            m: m_i,
+                            n,
+                            k,
+                            batch,
+                        },
+                        count: kernel.count,
+                        flops,
+                        hbm_bytes: weight_bytes + act,
+                    }
+                })
+                .collect()
+        }
+        _ => (0..c)
+            .map(|i| KernelWork {
+                class: kernel.class,
+                count: (part(u64::from(kernel.count), c, i) as u32).max(1),
+                flops: part(kernel.flops, c, i),
+                hbm_bytes: part(kernel.hbm_bytes, c, i),
+            })
+            .collect(),
+    }
+}
+
+/// Splits a collective into `chunks` collectives of the same kind on `1 / chunks` of its
+/// bytes: the shard (input of an all-gather, output of a reduce-scatter, either of an
+/// all-reduce) is split on [`granule`]s and the other buffer keeps its ratio to it.
+pub fn split_spec(spec: CollSpec, chunks: u64) -> Vec<CollSpec> {
+    let g = granule(&spec);
+    let c = chunks.max(1).min(shard_granules(&spec));
+    let (shard, full) = match spec.kind {
+        CollectiveKind::ReduceScatter => (spec.output_bytes, spec.input_bytes),
+        _ => (spec.input_bytes, spec.output_bytes),
+    };
+    let units = shard / g;
+    (0..c)
+        .map(|i| {
+            let piece = part(units, c, i) * g;
+            let other = if shard > 0 && full.is_multiple_of(shard) {
+                piece * (full / shard)
+            } else {
+                scale(full, piece, shard.max(1))
+            };
+            let (input_bytes, output_bytes) = match spec.kind {
+                CollectiveKind::ReduceScatter => (other, piece),
+                _ => (piece, other),
+            };
+            CollSpec {
+                kind: spec.kind,
+                input_bytes,
+                output_bytes,
+            }
+        })
+        .collect()
+}
+
+/// Splits a whole kernel list into `chunks` chunk lists (a lump: every entry split evenly).
+fn split_list(kernels: &[KernelWork], chunks: u64) -> Vec<Vec<KernelWork>> {
+    let pieces: Vec<Vec<KernelWork>> = kernels.iter().map(|k| split_kernel(k, chunks)).collect();
+    (0..chunks as usize)
+        .map(|i| pieces.iter().map(|p| p[i]).collect())
+        .collect()
+}
+
+/// The fused all-gather a segment at emission position `pos` consumes: the nearest TP
+/// all-gather among the collectives emitted right before it, when the segment's kernel list
+/// starts with a GEMM (or is a lump).
+fn fused_gather(items: &[Item], order: &[usize], pos: usize, pass: Pass) -> Option<usize> {
+    let Item::Compute(s) = &items[order[pos]] else {
+        return None;
+    };
+    let kernels = pass.kernels(s);
+    if !(kernels.first().is_some_and(is_gemm) || is_lump(kernels)) {
+        return None;
+    }
+    order[..pos]
+        .iter()
+        .rev()
+        .take_while(|&&i| matches!(items[i], Item::Coll(_)))
+        .find(|&&i| tp_spec(&items[i], pass, &[CollectiveKind::AllGather]).is_some())
+        .copied()
+}
+
+/// The fused reduce a segment at emission position `pos` feeds: the first collective emitted
+/// after it, when that is a TP reduce-scatter or all-reduce and the segment's kernel list
+/// ends with a GEMM (or is a lump).
+fn fused_reduce(items: &[Item], order: &[usize], pos: usize, pass: Pass) -> Option<usize> {
+    let Item::Compute(s) = &items[order[pos]] else {
+        return None;
+    };
+    let kernels = pass.kernels(s);
+    if !(kernels.last().is_some_and(is_gemm) || is_lump(kernels)) {
+        return None;
+    }
+    let next = order[pos + 1..]
+        .iter()
+        .copied()
+        .find(|&i| emits(&items[i], pass))?;
+    tp_spec(
+        &items[next],
+        pass,
+        &[CollectiveKind::ReduceScatter, CollectiveKind::AllReduce],
+    )
+    .map(|_| next)
+}
+
+/// The split of a segment fused with `gather` and/or `reduce`, in `chunks` chunks (already
+/// clamped to what every party allows).
+fn split_segment(
+    kernels: &[KernelWork],
+    gather: Option<usize>,
+    reduce: Option<usize>,
+    chunks: u64,
+) -> SegmentSplit {
+    let n = kernels.len();
+    let lump = is_lump(kernels);
+    let shared = gather.is_some() && reduce.is_some() && (lump || n == 1);
+    let mut s = SegmentSplit {
+        gather,
+        reduce,
+        head: Vec::new(),
+        body: Vec::new(),
+        tail: Vec::new(),
+        shared,
+    };
+    if lump {
+        let chunks = split_list(kernels, chunks);
+        if gather.is_some() {
+            s.head = chunks;
+        } else {
+            s.tail = chunks;
+        }
+        return s;
+    }
+    let lead = usize::from(gather.is_some());
+    let trail = usize::from(reduce.is_some() && !shared);
+    if gather.is_some() {
+        s.head = split_list(&kernels[..1], chunks);
+    }
+    if trail == 1 {
+        s.tail = split_list(&kernels[n - 1..], chunks);
+    }
+    s.body = kernels[lead..n - trail].to_vec();
+    s
+}
+
+/// Finds the fused pairs of a stage's `items` in `pass` under `overlap` and splits their
+/// GEMMs and collectives into chunks (see the module docs for the rules).
+pub fn plan_stage(items: &[Item], pass: Pass, overlap: TpCommOverlap) -> StagePlan {
+    let mut plan = StagePlan {
+        segments: vec![None; items.len()],
+        colls: vec![None; items.len()],
+    };
+    let Some(chunks) = overlap.chunks() else {
+        return plan;
+    };
+    let order = pass.order(items.len());
+    let spec_of = |i: usize| match &items[i] {
+        Item::Coll(c) => pass.spec(c),
+        Item::Compute(_) => None,
+    };
+    for pos in 0..order.len() {
+        let si = order[pos];
+        let Item::Compute(seg) = &items[si] else {
+            continue;
+        };
+        let gather = fused_gather(items, &order, pos, pass).filter(|&g| plan.colls[g].is_none());
+        let reduce = fused_reduce(items, &order, pos, pass);
+        if gather.is_none() && reduce.is_none() {
+            continue;
+        }
+        let kernels = pass.kernels(seg);
+        // One chunk count for the whole segment: what the GEMMs and collectives allow.
+        let mut c = chunks;
+        if !is_lump(kernels) {
+            if gather.is_some() {
+                c = c.min(kernel_chunk_limit(&kernels[0]));
+            }
+            if reduce.is_some() {
+                c = c.min(kernel_chunk_limit(&kernels[kernels.len() - 1]));
+            }
+        }
+        for coll in [gather, reduce].into_iter().flatten() {
+            if let Some(spec) = spec_of(coll) {
+                c = c.min(shard_granules(&spec));
+            }
+        }
+        let c = c.max(1);
+        for coll in [gather, reduce].into_iter().flatten() {
+            if let Some(spec) = spec_of(coll) {
+                plan.colls[coll] = Some(CollSplit {
+                    segment: si,
+                    chunks: split_spec(spec, c),
+                });
+            }
+        }
+        plan.segments[si] = Some(split_segment(kernels, gather, reduce, c));
+    }
+    plan
+}
