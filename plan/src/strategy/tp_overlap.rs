@@ -461,3 +461,325 @@ pub fn plan_stage(items: &[Item], pass: Pass, overlap: TpCommOverlap) -> StagePl
     }
     plan
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKENS: u64 = 4096;
+    const HIDDEN: u64 = 512;
+
+    fn gemm(n: u64, k: u64) -> KernelWork {
+        KernelWork::gemm(TOKENS, n, k, 1, 2)
+    }
+
+    fn mb(flops: u64) -> KernelWork {
+        KernelWork::memory_bound(3, flops, 1 << 20)
+    }
+
+    fn seg(name: &str, fwd: Vec<KernelWork>, bwd: Vec<KernelWork>) -> Item {
+        Item::Compute(Segment {
+            name: name.into(),
+            fwd,
+            bwd,
+        })
+    }
+
+    fn spec(kind: CollectiveKind, shard: u64, p: u64) -> CollSpec {
+        let (input_bytes, output_bytes) = match kind {
+            CollectiveKind::AllGather => (shard, shard * p),
+            CollectiveKind::ReduceScatter => (shard * p, shard),
+            _ => (shard, shard),
+        };
+        CollSpec {
+            kind,
+            input_bytes,
+            output_bytes,
+        }
+    }
+
+    fn coll(
+        name: &str,
+        axis: ParAxis,
+        fwd: Option<CollectiveKind>,
+        bwd: Option<CollectiveKind>,
+    ) -> Item {
+        let shard = TOKENS * HIDDEN * 2 / 4;
+        Item::Coll(ParColl {
+            name: name.into(),
+            axis,
+            fwd: fwd.map(|k| spec(k, shard, 4)),
+            bwd: bwd.map(|k| spec(k, shard, 4)),
+            wire_dtype: None,
+        })
+    }
+
+    use CollectiveKind::{AllGather as Ag, AllReduce as Ar, ReduceScatter as Rs};
+
+    /// A sequence-parallel attention block with explicit GEMMs: gather in, column-parallel
+    /// q/k/v, attention, row-parallel o, reduce-scatter out.
+    fn sp_block() -> Vec<Item> {
+        let fwd = vec![
+            gemm(3 * HIDDEN / 4, HIDDEN),
+            mb(10),
+            gemm(HIDDEN, HIDDEN / 4),
+        ];
+        let bwd = vec![
+            gemm(HIDDEN / 4, HIDDEN),
+            gemm(HIDDEN, HIDDEN / 4),
+            mb(20),
+            gemm(HIDDEN, 3 * HIDDEN / 4),
+        ];
+        vec![
+            seg("norm", vec![mb(5)], vec![mb(5)]),
+            coll("attn.in.tp", ParAxis::Tp, Some(Ag), Some(Rs)),
+            seg("attn", fwd, bwd),
+            coll("attn.out.tp", ParAxis::Tp, Some(Rs), Some(Ag)),
+            seg("residual", vec![mb(1)], vec![mb(1)]),
+        ]
+    }
+
+    const FUSED4: TpCommOverlap = TpCommOverlap::Fused { chunks: 4 };
+
+    #[test]
+    fn modes_resolve_with_the_tp_degree_as_default_chunks() {
+        for mode in crate::scenario::TP_COMM_OVERLAP_MODES {
+            assert!(TpCommOverlap::resolve(mode, None, 4).is_some(), "{mode}");
+        }
+        assert_eq!(
+            TpCommOverlap::resolve("none", None, 4),
+            Some(TpCommOverlap::None)
+        );
+        assert_eq!(TpCommOverlap::resolve("fused", None, 4), Some(FUSED4));
+        assert_eq!(
+            TpCommOverlap::resolve("fused", Some(2), 4),
+            Some(TpCommOverlap::Fused { chunks: 2 })
+        );
+        assert_eq!(TpCommOverlap::resolve("fused", Some(0), 4), None);
+        assert_eq!(TpCommOverlap::resolve("overlap", None, 4), None);
+        assert_eq!(TpCommOverlap::default(), TpCommOverlap::None);
+    }
+
+    #[test]
+    fn gemm_chunks_split_tokens_keep_flops_and_reread_the_weight() {
+        let g = KernelWork::gemm(10, 64, 32, 1, 2);
+        let parts = split_kernel(&g, 4);
+        let ms: Vec<u64> = parts
+            .iter()
+            .map(|p| match p.class {
+                KernelClass::Gemm { m, n, k, batch } => {
+                    assert_eq!((n, k, batch), (64, 32, 1));
+                    m
+                }
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(ms, [3, 3, 2, 2]);
+        for (p, &m) in parts.iter().zip(&ms) {
+            // Exactly what a GEMM of that shape costs: the weight is read by every chunk.
+            assert_eq!(*p, KernelWork::gemm(m, 64, 32, 1, 2));
+        }
+        assert_eq!(parts.iter().map(|p| p.flops).sum::<u64>(), g.flops);
+        let weight = 64 * 32 * 2;
+        assert_eq!(
+            parts.iter().map(|p| p.hbm_bytes).sum::<u64>(),
+            g.hbm_bytes + 3 * weight
+        );
+        // Never more chunks than rows.
+        assert_eq!(split_kernel(&KernelWork::gemm(3, 8, 8, 1, 2), 8).len(), 3);
+    }
+
+    #[test]
+    fn lump_chunks_keep_every_total() {
+        let lump = KernelWork::memory_bound(19, 1_000_003, 777_777);
+        let parts = split_kernel(&lump, 4);
+        assert_eq!(parts.len(), 4);
+        assert_eq!(crate::kernel::totals(&parts), (1_000_003, 777_777, 19));
+        let few = split_kernel(&KernelWork::memory_bound(2, 9, 9), 4);
+        assert!(few.iter().all(|p| p.count >= 1), "every chunk launches");
+    }
+
+    #[test]
+    fn collective_chunks_keep_kind_ratio_and_bytes_on_512_byte_granules() {
+        for kind in [Ag, Rs, Ar] {
+            let s = spec(kind, 5 * 512, 4);
+            let parts = split_spec(s, 2);
+            assert_eq!(parts.len(), 2);
+            assert!(parts.iter().all(|p| p.kind == kind));
+            assert_eq!(
+                parts.iter().map(|p| p.input_bytes).sum::<u64>(),
+                s.input_bytes
+            );
+            assert_eq!(
+                parts.iter().map(|p| p.output_bytes).sum::<u64>(),
+                s.output_bytes
+            );
+            let shard = |p: &CollSpec| p.input_bytes.min(p.output_bytes);
+            assert_eq!((shard(&parts[0]), shard(&parts[1])), (3 * 512, 2 * 512));
+            assert!(parts.iter().all(|p| p.input_bytes.is_multiple_of(512)));
+        }
+        // Unaligned buffers split on bytes; never more chunks than granules.
+        let odd = split_spec(spec(Ag, 7, 4), 3);
+        assert_eq!(
+            odd.iter().map(|p| p.input_bytes).collect::<Vec<_>>(),
+            [3, 2, 2]
+        );
+        assert_eq!(odd[0].output_bytes, 12);
+        assert_eq!(split_spec(spec(Ag, 512, 4), 4).len(), 1);
+    }
+
+    #[test]
+    fn forward_fuses_the_gather_with_the_first_gemm_and_the_last_gemm_with_the_reduce() {
+        let items = sp_block();
+        let plan = plan_stage(&items, Pass::Forward, FUSED4);
+        let s = plan.segments[2].as_ref().expect("attn is fused");
+        assert_eq!((s.gather, s.reduce, s.shared), (Some(1), Some(3), false));
+        let Item::Compute(attn) = &items[2] else {
+            unreachable!()
+        };
+        assert_eq!(s.head.len(), 4);
+        assert_eq!(s.tail.len(), 4);
+        let rows = |chunks: &[Vec<KernelWork>]| -> u64 {
+            chunks
+                .iter()
+                .map(|c| match c[..] {
+                    [
+                        KernelWork {
+                            class: KernelClass::Gemm { m, .. },
+                            ..
+                        },
+                    ] => m,
+                    _ => panic!("a chunk is one GEMM: {c:?}"),
+                })
+                .sum()
+        };
+        assert_eq!((rows(&s.head), rows(&s.tail)), (TOKENS, TOKENS));
+        assert_eq!(s.body, attn.fwd[1..2], "attention core runs as before");
+        for (i, kind) in [(1, Ag), (3, Rs)] {
+            let c = plan.colls[i].as_ref().unwrap();
+            assert_eq!(c.segment, 2);
+            assert_eq!(c.chunks.len(), 4);
+            assert!(c.chunks.iter().all(|x| x.kind == kind));
+        }
+        // The norm and residual segments touch no fusible collective.
+        for i in [0, 4] {
+            assert!(plan.segments[i].is_none());
+        }
+        assert!(plan_stage(&items, Pass::Forward, TpCommOverlap::None).is_empty());
+    }
+
+    #[test]
+    fn backward_fuses_the_mirrored_pairs() {
+        // Backward walks items in reverse: the out boundary's gradient all-gather feeds the
+        // first backward GEMM; the last backward GEMM feeds the in boundary's reduce-scatter.
+        let items = sp_block();
+        let plan = plan_stage(&items, Pass::Backward, FUSED4);
+        let s = plan.segments[2].as_ref().expect("attn backward is fused");
+        assert_eq!((s.gather, s.reduce), (Some(3), Some(1)));
+        let Item::Compute(attn) = &items[2] else {
+            unreachable!()
+        };
+        assert_eq!(s.body, attn.bwd[1..3]);
+        assert_eq!(plan.colls[3].as_ref().unwrap().chunks[0].kind, Ag);
+        assert_eq!(plan.colls[1].as_ref().unwrap().chunks[0].kind, Rs);
+    }
+
+    #[test]
+    fn without_sequence_parallelism_gemm_and_all_reduce_fuse_both_ways() {
+        // Megatron's g (forward all-reduce of the row-parallel output) and f (backward
+        // all-reduce of the input gradient).
+        let items = vec![
+            coll("mlp.in.tp", ParAxis::Tp, None, Some(Ar)),
+            seg(
+                "mlp",
+                vec![gemm(256, HIDDEN), mb(4), gemm(HIDDEN, 256)],
+                vec![gemm(256, HIDDEN), mb(4), gemm(HIDDEN, 256)],
+            ),
+            coll("mlp.out.tp", ParAxis::Tp, Some(Ar), None),
+        ];
+        let f = plan_stage(&items, Pass::Forward, FUSED4);
+        let s = f.segments[1].as_ref().unwrap();
+        assert_eq!((s.gather, s.reduce, s.head.len()), (None, Some(2), 0));
+        assert_eq!(s.body.len(), 2);
+        assert_eq!(f.colls[2].as_ref().unwrap().chunks[0].kind, Ar);
+        let b = plan_stage(&items, Pass::Backward, FUSED4);
+        let s = b.segments[1].as_ref().unwrap();
+        assert_eq!((s.gather, s.reduce), (None, Some(0)));
+        assert!(b.colls[2].is_none());
+    }
+
+    #[test]
+    fn pairs_without_an_adjacent_gemm_stay_serialized() {
+        let tp_in = || coll("x.in.tp", ParAxis::Tp, Some(Ag), None);
+        let tp_out = || coll("x.out.tp", ParAxis::Tp, Some(Rs), None);
+        // The gathered input is consumed by a memory-bound kernel first; the output is
+        // produced by one (an MoE combine).
+        let mb_first = vec![mb(1), gemm(64, HIDDEN), mb(2)];
+        let items = vec![tp_in(), seg("x", mb_first, vec![]), tp_out()];
+        assert!(plan_stage(&items, Pass::Forward, FUSED4).is_empty());
+        // An expert-parallel exchange between the GEMM and the reduce-scatter.
+        let items = vec![
+            seg("x", vec![gemm(64, HIDDEN)], vec![]),
+            coll(
+                "x.combine.ep",
+                ParAxis::Ep,
+                Some(CollectiveKind::AllToAllV),
+                None,
+            ),
+            tp_out(),
+        ];
+        assert!(plan_stage(&items, Pass::Forward, FUSED4).is_empty());
+        // Context-parallel gathers never fuse; a memory-bound list without FLOPs (an
+        // embedding lookup) is no lump.
+        let items = vec![
+            coll("x.kv.cp", ParAxis::Cp, Some(Ag), None),
+            seg("x", vec![gemm(64, HIDDEN)], vec![]),
+            seg("embed", vec![KernelWork::memory_bound(1, 0, 64)], vec![]),
+            tp_out(),
+        ];
+        assert!(plan_stage(&items, Pass::Forward, FUSED4).is_empty());
+    }
+
+    #[test]
+    fn a_gather_fuses_across_an_unrelated_collective() {
+        // TP gather, then the CP K/V gather, then the projections: the TP gather still fuses.
+        let items = vec![
+            coll("attn.in.tp", ParAxis::Tp, Some(Ag), None),
+            coll("attn.kv.cp", ParAxis::Cp, Some(Ag), None),
+            seg("attn", vec![gemm(64, HIDDEN), mb(1)], vec![]),
+        ];
+        let plan = plan_stage(&items, Pass::Forward, FUSED4);
+        assert_eq!(plan.segments[2].as_ref().unwrap().gather, Some(0));
+        assert!(plan.colls[1].is_none());
+    }
+
+    #[test]
+    fn a_lump_is_chunked_whole_and_shared_by_both_collectives() {
+        let lump = KernelWork::memory_bound(19, 4_000_000, 8_000_000);
+        let items = vec![
+            coll("a.in.tp", ParAxis::Tp, Some(Ag), Some(Rs)),
+            seg("a", vec![lump], vec![lump]),
+            coll("a.out.tp", ParAxis::Tp, Some(Rs), Some(Ag)),
+        ];
+        let plan = plan_stage(&items, Pass::Forward, TpCommOverlap::Fused { chunks: 3 });
+        let s = plan.segments[1].as_ref().unwrap();
+        assert!(s.shared && s.body.is_empty() && s.tail.is_empty());
+        assert_eq!(s.head.len(), 3);
+        let all: Vec<KernelWork> = s.head.concat();
+        assert_eq!(crate::kernel::totals(&all), (4_000_000, 8_000_000, 19));
+        assert_eq!(plan.colls[0].as_ref().unwrap().chunks.len(), 3);
+        assert_eq!(plan.colls[2].as_ref().unwrap().chunks.len(), 3);
+    }
+
+    #[test]
+    fn one_chunk_count_per_segment_clamped_by_rows() {
+        // A GEMM of 2 rows allows 2 chunks: the gather is cut in 2 as well.
+        let items = vec![
+            coll("a.in.tp", ParAxis::Tp, Some(Ag), None),
+            seg("a", vec![KernelWork::gemm(2, 64, 64, 1, 2)], vec![]),
+        ];
+        let plan = plan_stage(&items, Pass::Forward, FUSED4);
+        assert_eq!(plan.segments[1].as_ref().unwrap().head.len(), 2);
+        assert_eq!(plan.colls[0].as_ref().unwrap().chunks.len(), 2);
+    }
+}
