@@ -25,6 +25,9 @@ pub const MUON_PRESETS: &[&str] = &[
     "moonlight",
     "custom",
 ];
+/// `[train] tp_comm_overlap` modes: TP collectives serialized with compute, or fused with the
+/// neighbouring GEMM and pipelined in chunks (see `strategy::tp_overlap`).
+pub const TP_COMM_OVERLAP_MODES: &[&str] = &["none", "fused"];
 /// Distributed-Muon baselines.
 pub const MUON_BASELINES: &[&str] = &["naive", "moonlight", "dmuon", "matrixfsdp", "flexshard"];
 
@@ -168,6 +171,14 @@ pub struct TrainSection {
     /// [`crate::strategy::routing`].
     #[serde(default = "unit_skew", skip_serializing_if = "is_unit_skew")]
     pub routing_skew: f64,
+    /// How TP collectives run next to their GEMMs: `none` (serialized, the default) or
+    /// `fused` (all-gather + GEMM and GEMM + reduce-scatter/all-reduce pipelined in chunks,
+    /// as torch_npu's MC2 operators do).
+    #[serde(default = "default_tp_comm_overlap")]
+    pub tp_comm_overlap: String,
+    /// Chunks of a fused pair (default: the TP degree); only with `tp_comm_overlap = "fused"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_comm_overlap_chunks: Option<u64>,
 }
 
 fn unit_skew() -> f64 {
@@ -176,6 +187,10 @@ fn unit_skew() -> f64 {
 
 fn is_unit_skew(v: &f64) -> bool {
     *v == 1.0
+}
+
+fn default_tp_comm_overlap() -> String {
+    "none".into()
 }
 
 /// Per-baseline changes to the FSDP options (e.g. FSDP2 with prefetch depth 0).
@@ -515,6 +530,44 @@ fn parse_dtype(text: &str, file: &str, src: &str, section: &str, key: &str) -> P
     })
 }
 
+/// Checks `[train] tp_comm_overlap` and `tp_comm_overlap_chunks`.
+fn check_tp_comm_overlap(
+    tr: &TrainSection,
+    key_err: &dyn Fn(&str, &str, String) -> PlanError,
+) -> PlanResult<()> {
+    let mode = tr.tp_comm_overlap.as_str();
+    if !TP_COMM_OVERLAP_MODES.contains(&mode) {
+        return Err(key_err(
+            "train",
+            "tp_comm_overlap",
+            format!(
+                "[train] tp_comm_overlap = \"{mode}\"; use one of {} (none: TP collectives \
+                 serialized with compute; fused: pipelined under the neighbouring GEMM)",
+                TP_COMM_OVERLAP_MODES.join(", ")
+            ),
+        ));
+    }
+    match tr.tp_comm_overlap_chunks {
+        Some(0) => Err(key_err(
+            "train",
+            "tp_comm_overlap_chunks",
+            "[train] tp_comm_overlap_chunks = 0; it must be at least 1 (or left out: the TP \
+             degree)"
+                .into(),
+        )),
+        Some(c) if mode != "fused" => Err(key_err(
+            "train",
+            "tp_comm_overlap_chunks",
+            format!(
+                "[train] tp_comm_overlap_chunks = {c} needs tp_comm_overlap = \"fused\" \
+                 (it is \"{mode}\"); remove tp_comm_overlap_chunks or set tp_comm_overlap = \
+                 \"fused\""
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 fn parse_range(text: &str) -> Option<std::ops::Range<usize>> {
     let (a, b) = text.split_once("..")?;
     Some(a.trim().parse().ok()?..b.trim().parse().ok()?)
@@ -742,6 +795,8 @@ impl Scenario {
                 }
             }
         };
+
+        check_tp_comm_overlap(tr, &key_err)?;
 
         // FSDP and optimizer names.
         let f = &raw.fsdp;

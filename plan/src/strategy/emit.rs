@@ -8,6 +8,7 @@
 
 use super::compute::{Item, Stage};
 use super::parallel::{CollSpec, ParAxis, ParColl};
+use super::tp_overlap::{self, Pass, SegmentSplit};
 use super::{Ctx, GroupKind};
 use crate::model::DType;
 use crate::program::{
@@ -182,17 +183,7 @@ impl<'a> Emitter<'a> {
     fn par_collective(&mut self, c: &ParColl, spec: CollSpec, dir: &str) {
         let deps = self.issue_point();
         let name = format!("{}.{dir}", c.name);
-        let aligned = spec.input_bytes.is_multiple_of(512) && spec.output_bytes.is_multiple_of(512);
-        if let Some(op) = self.collective(
-            Stream::Parallel,
-            c.axis.category(),
-            Self::par_group(c.axis),
-            spec,
-            c.wire_dtype.unwrap_or(self.ctx.opts.param_dtype),
-            aligned,
-            &deps,
-            &name,
-        ) {
+        if let Some(op) = self.par_collective_op(c, spec, &deps, &name) {
             self.pending.push(op);
             if c.host_sync {
                 // Device -> host read-back (`.tolist()` of the counts): the host stalls until
@@ -202,6 +193,26 @@ impl<'a> Emitter<'a> {
                     .name(sync, format!("{}{name}.d2h_sync", self.mb_prefix));
             }
         }
+    }
+
+    fn par_collective_op(
+        &mut self,
+        c: &ParColl,
+        spec: CollSpec,
+        deps: &[OpId],
+        name: &str,
+    ) -> Option<OpId> {
+        let aligned = spec.input_bytes.is_multiple_of(512) && spec.output_bytes.is_multiple_of(512);
+        self.collective(
+            Stream::Parallel,
+            c.axis.category(),
+            Self::par_group(c.axis),
+            spec,
+            c.wire_dtype.unwrap_or(self.ctx.opts.param_dtype),
+            aligned,
+            deps,
+            name,
+        )
     }
 
     fn take_deps(&mut self, extra: &[OpId]) -> Vec<OpId> {
@@ -214,27 +225,65 @@ impl<'a> Emitter<'a> {
     /// `deps`. Returns (first, last) compute op.
     pub fn stage_forward(&mut self, stage: &Stage, deps: &[OpId], recompute: bool) -> (OpId, OpId) {
         let suffix = if recompute { "recompute" } else { "fwd" };
+        self.stage_pass(stage, Pass::Forward, deps, suffix)
+    }
+
+    /// Emits a stage's backward, segments in reverse. Returns (first, last) compute op.
+    pub fn stage_backward(&mut self, stage: &Stage, deps: &[OpId]) -> (OpId, OpId) {
+        self.stage_pass(stage, Pass::Backward, deps, "bwd")
+    }
+
+    /// Emits the items of a stage in `pass` order; TP collectives fused with a neighbouring
+    /// GEMM (`[train] tp_comm_overlap`, see [`super::tp_overlap`]) become chunk ops.
+    fn stage_pass(
+        &mut self,
+        stage: &Stage,
+        pass: Pass,
+        deps: &[OpId],
+        suffix: &str,
+    ) -> (OpId, OpId) {
+        let plan = tp_overlap::plan_stage(&stage.items, pass, self.ctx.opts.tp_comm_overlap);
+        // Chunk ops of fused items (collective chunks; GEMM chunks feeding a reduce).
+        let mut chunk_ops: Vec<Vec<OpId>> = vec![Vec::new(); stage.items.len()];
         let mut first = None;
         let mut last = None;
-        for item in &stage.items {
-            match item {
+        for i in pass.order(stage.items.len()) {
+            match &stage.items[i] {
                 Item::Compute(s) => {
-                    let d = self.take_deps(if first.is_none() { deps } else { &[] });
-                    let op = self.compute_kernels(
-                        Stream::Compute,
-                        Category::Compute,
-                        &s.fwd,
-                        &d,
-                        &format!("{}.{suffix}", s.name),
-                    );
-                    first.get_or_insert(op);
-                    last = Some(op);
+                    let stage_deps = if first.is_none() { deps } else { &[] };
+                    let name = format!("{}.{suffix}", s.name);
+                    let (f, l) = match &plan.segments[i] {
+                        Some(split) => {
+                            let gathered = split.gather.map(|g| chunk_ops[g].clone());
+                            let (f, l, feeding) =
+                                self.fused_segment(split, gathered, stage_deps, &name);
+                            chunk_ops[i] = feeding;
+                            (f, l)
+                        }
+                        None => {
+                            let d = self.take_deps(stage_deps);
+                            let kernels = pass.kernels(s);
+                            let op = self.compute_kernels(
+                                Stream::Compute,
+                                Category::Compute,
+                                kernels,
+                                &d,
+                                &name,
+                            );
+                            (op, op)
+                        }
+                    };
+                    first.get_or_insert(f);
+                    last = Some(l);
                 }
-                Item::Coll(c) => {
-                    if let Some(spec) = c.fwd {
-                        self.par_collective(c, spec, suffix);
+                Item::Coll(c) => match (&plan.colls[i], pass.spec(c)) {
+                    (Some(split), _) => {
+                        let feeding = chunk_ops[split.segment].clone();
+                        chunk_ops[i] = self.fused_collective(c, split, &feeding, suffix);
                     }
-                }
+                    (None, Some(spec)) => self.par_collective(c, spec, suffix),
+                    (None, None) => {}
+                },
             }
         }
         // Stages always hold a compute segment (see compute::build_stages).
@@ -242,33 +291,108 @@ impl<'a> Emitter<'a> {
         (first.unwrap_or(last), last)
     }
 
-    /// Emits a stage's backward, segments in reverse. Returns (first, last) compute op.
-    pub fn stage_backward(&mut self, stage: &Stage, deps: &[OpId]) -> (OpId, OpId) {
-        let mut first = None;
-        let mut last = None;
-        for item in stage.items.iter().rev() {
-            match item {
-                Item::Compute(s) => {
-                    let d = self.take_deps(if first.is_none() { deps } else { &[] });
-                    let op = self.compute_kernels(
-                        Stream::Compute,
-                        Category::Compute,
-                        &s.bwd,
-                        &d,
-                        &format!("{}.bwd", s.name),
-                    );
-                    first.get_or_insert(op);
-                    last = Some(op);
-                }
-                Item::Coll(c) => {
-                    if let Some(spec) = c.bwd {
-                        self.par_collective(c, spec, "bwd");
-                    }
+    /// Emits the chunks of a fused collective `<name>.<suffix>.c<i>`. A gather's chunks are
+    /// issued from the host like one collective; a reduce's chunk `i` waits for the GEMM
+    /// chunk `i` in `feeding` and the next compute op waits for every chunk. Returns the
+    /// chunk ops.
+    fn fused_collective(
+        &mut self,
+        c: &ParColl,
+        split: &tp_overlap::CollSplit,
+        feeding: &[OpId],
+        suffix: &str,
+    ) -> Vec<OpId> {
+        let gather = split
+            .chunks
+            .first()
+            .is_some_and(|s| s.kind == crate::collective::CollectiveKind::AllGather);
+        let issue = self.issue_point();
+        let mut ops = Vec::with_capacity(split.chunks.len());
+        for (i, &spec) in split.chunks.iter().enumerate() {
+            let deps = match feeding.get(i) {
+                Some(&gemm) => vec![gemm],
+                None => issue.clone(),
+            };
+            let name = format!("{}.{suffix}.c{i}", c.name);
+            if let Some(op) = self.par_collective_op(c, spec, &deps, &name) {
+                ops.push(op);
+                if !gather {
+                    self.pending.push(op);
                 }
             }
         }
-        let last = last.unwrap_or(OpId(0));
-        (first.unwrap_or(last), last)
+        ops
+    }
+
+    /// Emits a compute segment fused with a gather (its head GEMM chunk `i` waits for gather
+    /// chunk `i` in `gathered`) and/or a reduce (its chunks are returned for the reduce
+    /// chunks to wait on). The stage's `stage_deps` go to the first op; collectives pending
+    /// from before go to the first op that is not a head chunk (the head GEMM only needs the
+    /// gathered input). Returns (first, last, chunks feeding the reduce).
+    fn fused_segment(
+        &mut self,
+        split: &SegmentSplit,
+        gathered: Option<Vec<OpId>>,
+        stage_deps: &[OpId],
+        name: &str,
+    ) -> (OpId, OpId, Vec<OpId>) {
+        let mut stage_deps = Some(stage_deps);
+        let mut ops: Vec<OpId> = Vec::new();
+        let gathered = gathered.unwrap_or_default();
+        let mut head = Vec::with_capacity(split.head.len());
+        for (i, kernels) in split.head.iter().enumerate() {
+            let mut d: Vec<OpId> = gathered.get(i).copied().into_iter().collect();
+            d.extend_from_slice(stage_deps.take().unwrap_or(&[]));
+            let op = self.compute_kernels(
+                Stream::Compute,
+                Category::Compute,
+                kernels,
+                &d,
+                &format!("{name}.c{i}"),
+            );
+            head.push(op);
+        }
+        ops.extend(&head);
+        if !split.body.is_empty() {
+            let d = self.take_deps(stage_deps.take().unwrap_or(&[]));
+            ops.push(self.compute_kernels(
+                Stream::Compute,
+                Category::Compute,
+                &split.body,
+                &d,
+                name,
+            ));
+        }
+        let tail_name = if split.head.is_empty() { "c" } else { "out.c" };
+        let mut tail = Vec::with_capacity(split.tail.len());
+        for (i, kernels) in split.tail.iter().enumerate() {
+            let d = if i == 0 {
+                self.take_deps(stage_deps.take().unwrap_or(&[]))
+            } else {
+                Vec::new()
+            };
+            let op = self.compute_kernels(
+                Stream::Compute,
+                Category::Compute,
+                kernels,
+                &d,
+                &format!("{name}.{tail_name}{i}"),
+            );
+            tail.push(op);
+        }
+        ops.extend(&tail);
+        let feeding = if split.shared { head } else { tail };
+        let first = ops.first().copied().unwrap_or(OpId(0));
+        let last = ops.last().copied().unwrap_or(first);
+        (
+            first,
+            last,
+            if split.reduce.is_some() {
+                feeding
+            } else {
+                Vec::new()
+            },
+        )
     }
 
     /// Flushes pending collectives into the dependencies of the next compute op: returns them.

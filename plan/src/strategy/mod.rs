@@ -9,7 +9,8 @@
 //! Submodules: [`compute`] (compute stages from the model's compute profile), [`parallel`]
 //! (TP/CP/EP boundary collectives from the sharding plan), `emit` (the shared program
 //! emitter), [`hyperparallel`], [`fsdp2`], [`megatron`] (the FSDP strategies),
-//! [`optimizer`] (the placeholder AdamW step) and [`muon`] (the optimizer strategies: the
+//! [`optimizer`] (the placeholder AdamW step), [`tp_overlap`] (TP collectives fused with the
+//! neighbouring GEMMs, `[train] tp_comm_overlap`) and [`muon`] (the optimizer strategies: the
 //! layout-driven distributed Muon and the Muon baselines, selected by [`OptimizerStrategy`]).
 
 pub mod compute;
@@ -22,6 +23,7 @@ pub mod muon;
 pub mod optimizer;
 pub mod parallel;
 pub mod routing;
+pub mod tp_overlap;
 
 pub use muon::OptimizerStrategy;
 
@@ -164,6 +166,16 @@ pub enum StrategyError {
         /// The FSDP strategy.
         strategy: &'static str,
     },
+    /// A TP communication overlap mode or chunk count that is not known.
+    #[error(
+        "[train] tp_comm_overlap = \"{mode}\" with tp_comm_overlap_chunks = {chunks:?}; use tp_comm_overlap = \"none\" or \"fused\", and a positive tp_comm_overlap_chunks (or none: the TP degree)"
+    )]
+    TpCommOverlap {
+        /// `[train] tp_comm_overlap`.
+        mode: String,
+        /// `[train] tp_comm_overlap_chunks`.
+        chunks: Option<u64>,
+    },
     /// The generated program failed validation (a bug in a strategy).
     #[error("generated program is invalid: {0}")]
     Program(#[from] ProgramError),
@@ -196,6 +208,8 @@ pub struct StrategyOptions {
     pub micro_batch: u64,
     /// Tokens per sequence.
     pub seq_len: u64,
+    /// TP collectives fused with the neighbouring GEMMs (`[train] tp_comm_overlap`).
+    pub tp_comm_overlap: tp_overlap::TpCommOverlap,
 }
 
 impl StrategyOptions {
@@ -223,6 +237,15 @@ impl StrategyOptions {
             });
         }
         let v = f.variant.get(kind.name()).cloned().unwrap_or_default();
+        let tp_comm_overlap = tp_overlap::TpCommOverlap::resolve(
+            &t.tp_comm_overlap,
+            t.tp_comm_overlap_chunks,
+            m.tp as u64,
+        )
+        .ok_or_else(|| StrategyError::TpCommOverlap {
+            mode: t.tp_comm_overlap.clone(),
+            chunks: t.tp_comm_overlap_chunks,
+        })?;
         Ok(Self {
             kind,
             prefetch_depth: v.prefetch_depth.unwrap_or(f.prefetch_depth),
@@ -235,6 +258,7 @@ impl StrategyOptions {
             grad_accum_steps: t.global_batch / per_step,
             micro_batch: t.micro_batch,
             seq_len: t.seq_len,
+            tp_comm_overlap,
         })
     }
 }
