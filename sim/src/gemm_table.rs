@@ -20,6 +20,9 @@ pub const GEMM_TABLE_HEADER: &str = "m,n,k,dtype,efficiency,source";
 /// Element types a table row may name.
 pub const GEMM_TABLE_DTYPES: [&str; 3] = ["bf16", "fp16", "fp32"];
 
+/// Parsed rows of one dtype: (m, n, k) -> (efficiency, 1-based line).
+type Points = BTreeMap<(u64, u64, u64), (f64, usize)>;
+
 /// One dtype's grid of measured efficiencies.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GemmGrid {
@@ -75,7 +78,7 @@ impl GemmTable {
                 ));
             }
         }
-        let mut points: BTreeMap<String, BTreeMap<(u64, u64, u64), (f64, usize)>> = BTreeMap::new();
+        let mut points: BTreeMap<String, Points> = BTreeMap::new();
         for (i, row) in lines {
             let line = i + 1;
             let cols: Vec<&str> = row.splitn(6, ',').map(str::trim).collect();
@@ -159,7 +162,7 @@ impl GemmTable {
     }
 }
 
-fn grid_of(pts: &BTreeMap<(u64, u64, u64), (f64, usize)>) -> Result<GemmGrid, String> {
+fn grid_of(pts: &Points) -> Result<GemmGrid, String> {
     let axis = |f: fn(&(u64, u64, u64)) -> u64| {
         let mut v: Vec<u64> = pts.keys().map(f).collect();
         v.sort_unstable();

@@ -428,6 +428,19 @@ fn a_stale_finish_event_of_phase_one_does_not_end_phase_two() {
     let p = a3();
     let topology = Topology::new(2, 2, 1).unwrap();
     let x_bytes = 1u64 << 26; // X: 256 MiB gathered over 4 ranks
+    let phases = collective_phases(
+        CollectiveKind::AllGather,
+        &GroupShape::of(&[0, 1, 2, 3], &topology),
+        x_bytes,
+        4 * x_bytes,
+        true,
+        &p,
+    );
+    assert_eq!(phases.len(), 2);
+    // The compute before Z lasts phase 1 of X plus a quarter of phase 2 (from the profile, so
+    // Z lands in phase 2 whatever the calibrated rates are).
+    let compute_s = phases[0].cost.total_s() + 0.25 * phases[1].cost.total_s();
+    let compute_flops = (compute_s * p.device.bf16_flops_per_s * p.calibration.gemm_ceiling) as u64;
     let programs: Vec<StepProgram> = (0..4)
         .map(|rank| {
             let mut b = ProgramBuilder::new(rank);
@@ -439,22 +452,13 @@ fn a_stale_finish_event_of_phase_one_does_not_end_phase_two() {
             x.tier = Tier::IntraSupernode;
             b.collective(Stream::AllGather, Category::FsdpAg, x, &[]);
             b.collective(Stream::Parallel, Category::Tp, ag(gy, 2, 1 << 22), &[]);
-            let c = b.compute(work(100_000_000_000), &[]);
+            let c = b.compute(work(compute_flops), &[]);
             let mut z = ag(gz, 2, 1 << 24);
             z.tier = Tier::IntraSupernode;
             b.collective(Stream::Aux(0), Category::Tp, z, &[c]);
             b.build().unwrap()
         })
         .collect();
-    let phases = collective_phases(
-        CollectiveKind::AllGather,
-        &GroupShape::of(&[0, 1, 2, 3], &topology),
-        x_bytes,
-        4 * x_bytes,
-        true,
-        &p,
-    );
-    assert_eq!(phases.len(), 2);
     let alone: u64 = phases
         .iter()
         .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
