@@ -154,7 +154,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
                 f.left_out.to_string(),
                 compact_params(&f.fit),
                 format!("{:.4}", f.fit.cost),
-                format!("{:.1}%", f.rms_log_error() * 100.0),
+                format!("{:.3}", f.rms_log_error()),
                 format!("{passed} / {}", gating.len()),
                 if f.held_out.passed { "pass" } else { "FAIL" }.to_string(),
             ]
@@ -184,7 +184,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
                 "left out",
                 "constants fitted without it (* = at a bound)",
                 "fit cost",
-                "rms log error on the left-out figures",
+                "rms ln(predicted / measured) of the left-out fitted figures",
                 "gating rows within tolerance",
                 "result",
             ]),

@@ -29,7 +29,7 @@ impl Fold {
             .held_out
             .rows
             .iter()
-            .filter(|r| super::fit::is_fitted_row(&r.row) || r.fitted)
+            .filter(|r| super::fit::is_fitted_row(&r.row))
             .map(|r| super::fit::log_residual(&r.row))
             .collect();
         if logs.is_empty() {
