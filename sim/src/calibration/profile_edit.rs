@@ -70,7 +70,14 @@ pub fn apply_edits(text: &str, file: &str, edits: &[Edit]) -> Result<String, Cal
         value
             .decor_mut()
             .set_suffix(format!("  # {}", edit.comment.replace('\n', " ")));
-        table.insert(last, Item::Value(value));
+        // Replace the value in place when the key exists, so the key's own decor (the
+        // comment lines above it) is kept.
+        match table.get_mut(last) {
+            Some(item) => *item = Item::Value(value),
+            None => {
+                table.insert(last, Item::Value(value));
+            }
+        }
     }
     Ok(doc.to_string())
 }
@@ -81,7 +88,7 @@ mod tests {
 
     #[test]
     fn edits_keep_comments_and_create_missing_tables() {
-        let text = "# header comment\nname = \"x\"\n[tiers.intra_machine]\nefficiency = 0.5 # old\nlatency_us = 1.0\n";
+        let text = "# header comment\nname = \"x\"\n[tiers.intra_machine]\n# above efficiency\nefficiency = 0.5 # old\nlatency_us = 1.0\n";
         let out = apply_edits(
             text,
             "x.toml",
@@ -100,6 +107,7 @@ mod tests {
         )
         .unwrap();
         assert!(out.contains("# header comment"), "{out}");
+        assert!(out.contains("# above efficiency\nefficiency"), "{out}");
         assert!(out.contains("efficiency = 0.6123  # FITTED"), "{out}");
         assert!(out.contains("latency_us = 1.0"), "{out}");
         assert!(out.contains("[compute]") && out.contains("gemm_table = \"x.gemm.csv\""));
