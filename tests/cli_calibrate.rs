@@ -84,6 +84,7 @@ fn the_default_comparison_reports_every_figure_and_its_exit_status_follows_the_v
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("<svg"));
     assert_eq!(html.contains("verdict pass"), passed);
+    std::fs::remove_dir_all(&out).ok();
 }
 
 #[test]
@@ -113,6 +114,7 @@ fn from_a_collective_table_writes_a_loadable_profile_with_the_fitted_tier() {
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(text.contains("# Atlas 900 A3 SuperPoD"), "comments kept");
     assert!(text.contains("FITTED by `hpfsdp calibrate --from"));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -139,6 +141,7 @@ fn from_a_gemm_table_writes_the_profile_gemm_table() {
     assert!(gemm.starts_with("m,n,k,dtype,efficiency,source\n4096,4096,4096,bf16,0.5000,"));
     let text = std::fs::read_to_string(&profile).unwrap();
     assert!(text.contains("[compute]") && text.contains("gemm_table = \"gemm-a3.gemm.csv\""));
+    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
