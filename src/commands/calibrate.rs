@@ -57,7 +57,8 @@ fn profile_text(name: &str) -> Result<(String, Option<PathBuf>)> {
         .with_context(|| format!("no hardware profile '{name}'"))
 }
 
-/// Refuses to overwrite the profile being calibrated or any shipped profile.
+/// Refuses to overwrite the profile being calibrated or any shipped profile (a file of
+/// `scenarios/hardware/` named after a built-in profile).
 fn check_target(target: &Path, source: Option<&Path>) -> Result<()> {
     let canon = |p: &Path| std::fs::canonicalize(p).ok();
     if let (Some(src), true) = (source, target.exists())
@@ -69,11 +70,14 @@ fn check_target(target: &Path, source: Option<&Path>) -> Result<()> {
             target.display()
         );
     }
-    let shipped = canon(Path::new(PROFILE_DIR));
-    if target.exists()
-        && shipped.is_some()
-        && canon(target.parent().unwrap_or(Path::new("."))) == shipped
-    {
+    let in_shipped_dir = target.exists()
+        && canon(Path::new(PROFILE_DIR)).is_some_and(|dir| {
+            canon(target.parent().unwrap_or(Path::new("."))).as_ref() == Some(&dir)
+        });
+    let shipped_name = target
+        .file_stem()
+        .is_some_and(|s| BUILTIN_PROFILES.iter().any(|(n, _)| s == *n));
+    if in_shipped_dir && shipped_name {
         bail!(
             "--write-profile {} would overwrite a shipped profile in {PROFILE_DIR}/; choose a \
              new file name",
