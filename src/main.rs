@@ -63,18 +63,35 @@ enum Command {
         optimizer: Option<String>,
     },
     /// Compare the hardware profile's predictions with the held-in measured runs (experiment B,
-    /// experiment A micro batch 2), optionally fit its calibrated constants, and write the
-    /// comparison report. Exit status 1 when experiment B leaves its tolerances.
+    /// experiment A micro batch 2), optionally fit its residual constants jointly (--fit) and
+    /// refit without each experiment (--loo), or fit its curves from measured tables (--from),
+    /// and write the calibration report. Exit status 1 when a gating figure leaves its tolerance.
     Calibrate {
         /// Hardware profile name (scenarios/hardware/<name>.toml).
         #[arg(long, default_value = "ascend-910c-a3")]
         hardware: String,
-        /// Fit the calibrated constants (prints the fitted values; does not edit the profile).
+        /// Fit the residual constants jointly (bounded least squares on log residuals of every
+        /// fitted figure), print the fit, every residual and the constants at a bound.
         #[arg(long)]
         fit: bool,
+        /// Leave-one-out (implies --fit): refit without each experiment and report the error
+        /// on the one left out.
+        #[arg(long)]
+        loo: bool,
+        /// Measured table to fit the profile's curves from (repeatable): a collective table
+        /// (`hpfsdp collbench` / nccl-tests columns) or a GEMM table (m,n,k,dtype,time_us).
+        #[arg(long = "from", value_name = "TABLE.csv")]
+        from: Vec<PathBuf>,
+        /// Write the profile with the fitted values to FILE (a new file; the shipped profiles
+        /// are never edited).
+        #[arg(long, value_name = "FILE")]
+        write_profile: Option<PathBuf>,
         /// Where to write report.html, comparison.csv and comparison.md.
         #[arg(long, default_value = "reports/calibration")]
         out: PathBuf,
+        /// Print the outcome as JSON instead of tables.
+        #[arg(long)]
+        json: bool,
     },
     /// Prove a plan on tiny models: one training step (forward, backward, AdamW) in production
     /// mode, in validation mode and on a single device, compared per parameter. Exit status 1
@@ -155,7 +172,23 @@ fn main() -> ExitCode {
             validation_mode,
             optimizer,
         }),
-        Command::Calibrate { hardware, fit, out } => commands::calibrate::run(&hardware, fit, &out),
+        Command::Calibrate {
+            hardware,
+            fit,
+            loo,
+            from,
+            write_profile,
+            out,
+            json,
+        } => commands::calibrate::run(&commands::calibrate::CalibrateArgs {
+            hardware,
+            fit: fit || loo,
+            loo,
+            from,
+            write_profile,
+            out,
+            json,
+        }),
         Command::Verify {
             scenario,
             json,

@@ -16,11 +16,11 @@ use std::collections::BTreeMap;
 use thiserror::Error;
 
 /// Width of every chart, pixels.
-const WIDTH_PX: u32 = 1100;
+pub(crate) const WIDTH_PX: u32 = 1100;
 /// Width of the legend strip at the right of a chart, pixels.
-const LEGEND_PX: u32 = 190;
+pub(crate) const LEGEND_PX: u32 = 190;
 /// Font family of chart text (generic, resolved by the viewer; no font file needed).
-const FONT: &str = "sans-serif";
+pub(crate) const FONT: &str = "sans-serif";
 /// Longest strategy or stream label drawn on an axis, characters.
 const MAX_LABEL_CHARS: usize = 32;
 
@@ -30,11 +30,11 @@ const MAX_LABEL_CHARS: usize = 32;
 pub struct ChartError(String);
 
 /// Converts any plotters error into a [`ChartError`].
-fn err<E: std::fmt::Display>(e: E) -> ChartError {
+pub(crate) fn err<E: std::fmt::Display>(e: E) -> ChartError {
     ChartError(e.to_string())
 }
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+pub(crate) type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
 /// A rank's stream timeline as an SVG, with how many spans it shows and how many rectangles
 /// they were merged into.
@@ -54,7 +54,7 @@ fn nonneg(v: f64) -> f64 {
 }
 
 /// Shortens a label to [`MAX_LABEL_CHARS`] characters.
-fn short(label: &str) -> String {
+pub(crate) fn short(label: &str) -> String {
     if label.chars().count() <= MAX_LABEL_CHARS {
         label.to_string()
     } else {
@@ -65,7 +65,7 @@ fn short(label: &str) -> String {
 }
 
 /// Pixels reserved for labels of the longest of `labels` (crude: 7 px per character).
-fn label_area_px(labels: &[String]) -> u32 {
+pub(crate) fn label_area_px(labels: &[String]) -> u32 {
     let chars = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
     (chars as u32 * 7 + 16).clamp(60, 7 * MAX_LABEL_CHARS as u32 + 16)
 }
@@ -108,13 +108,13 @@ fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
 /// A y axis of `n` equal rows over `0..n` whose key points (ticks and labels) are the row
 /// centres. (plotters' `with_key_points` on an `f64` range cannot take a custom label
 /// formatter, hence this small axis type.)
-struct RowAxis {
+pub(crate) struct RowAxis {
     inner: RangedCoordf64,
     n: usize,
 }
 
 impl RowAxis {
-    fn new(n: usize) -> Self {
+    pub(crate) fn new(n: usize) -> Self {
         RowAxis {
             inner: (0.0..n.max(1) as f64).into(),
             n,
@@ -140,17 +140,20 @@ impl Ranged for RowAxis {
 }
 
 /// Row `i` of `n` counted from the top, as the y value of its centre (y grows upwards).
-fn row_centre(i: usize, n: usize) -> f64 {
+pub(crate) fn row_centre(i: usize, n: usize) -> f64 {
     n as f64 - i as f64 - 0.5
 }
 
 /// The row whose centre is `y`, if any.
-fn row_at(y: f64, n: usize) -> Option<usize> {
+pub(crate) fn row_at(y: f64, n: usize) -> Option<usize> {
     (0..n).find(|&i| (row_centre(i, n) - y).abs() < 1e-6)
 }
 
 /// Draws `entries` (label, colour) as a vertical legend into `area`.
-fn draw_legend(area: &Area<'_>, entries: &[(String, RGBColor)]) -> Result<(), ChartError> {
+pub(crate) fn draw_legend(
+    area: &Area<'_>,
+    entries: &[(String, RGBColor)],
+) -> Result<(), ChartError> {
     for (k, (label, color)) in entries.iter().enumerate() {
         let y = 24 + 20 * k as i32;
         area.draw(&Rectangle::new([(8, y), (20, y + 12)], color.filled()))
@@ -166,14 +169,14 @@ fn draw_legend(area: &Area<'_>, entries: &[(String, RGBColor)]) -> Result<(), Ch
 }
 
 /// Height that fits `rows` bars of `row_px` and a legend of `legend_entries`, pixels.
-fn chart_height(rows: usize, row_px: u32, legend_entries: usize) -> u32 {
+pub(crate) fn chart_height(rows: usize, row_px: u32, legend_entries: usize) -> u32 {
     let plot = 90 + rows as u32 * row_px;
     let legend = 40 + legend_entries as u32 * 20;
     plot.max(legend).max(160)
 }
 
 /// Renders `draw` into a fresh SVG string of the given size.
-fn render<F>(height_px: u32, draw: F) -> Result<String, ChartError>
+pub(crate) fn render<F>(height_px: u32, draw: F) -> Result<String, ChartError>
 where
     F: FnOnce(&Area<'_>) -> Result<(), ChartError>,
 {
@@ -188,7 +191,7 @@ where
 }
 
 /// A chart that only says `message` (used when there is nothing to plot).
-fn message_svg(title: &str, message: &str) -> Result<String, ChartError> {
+pub(crate) fn message_svg(title: &str, message: &str) -> Result<String, ChartError> {
     render(120, |root| {
         root.draw(&Text::new(
             title.to_string(),

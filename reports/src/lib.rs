@@ -29,6 +29,8 @@
 
 #![warn(missing_docs)]
 
+pub mod calibration_chart;
+pub mod calibration_page;
 pub mod charts;
 pub mod chrome_trace;
 pub mod csv;
@@ -41,6 +43,7 @@ pub mod table;
 pub mod units;
 pub mod write;
 
+pub use calibration_page::CalibrationPage;
 pub use chrome_trace::chrome_trace_json;
 pub use csv::{summary_csv, timeline_csv};
 pub use html::sim_report_html;

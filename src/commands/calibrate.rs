@@ -1,74 +1,167 @@
-//! `hpfsdp calibrate`: compare the A3 profile's predictions with the held-in measurements
-//! (experiment B, experiment A micro batch 2), optionally fit its calibrated constants, and
-//! write the comparison report (`reports/calibration/` by default).
+//! `hpfsdp calibrate`: compare a hardware profile's predictions with the held-in measurements
+//! (experiment B, experiment A micro batch 2); with `--fit` fit its residual constants jointly,
+//! with `--loo` also refit without each experiment; with `--from` fit its curves from measured
+//! tables first; write the calibration report (`reports/calibration/` by default) and, with
+//! `--write-profile`, a new profile file with the fitted values.
 
-use anyhow::{Context, Result};
-use hpfsdp_reports::table::{Section, Table, TableReport, Verdict};
+use super::calibrate_report::{figure_table, flag, loo_tables, page, params_table, value};
+use super::calibrate_tables::{FromTables, apply_tables, sections, write_gemm_outputs};
+use anyhow::{Context, Result, bail};
+use hpfsdp_reports::table::Table;
 use hpfsdp_sim::HardwareProfile;
-use hpfsdp_sim::calibration::fit::{FIT_TARGETS, get};
-use hpfsdp_sim::calibration::{CalibrationSet, Comparison, Figure, fit};
-use std::path::Path;
+use hpfsdp_sim::calibration::fit::{FitOutcome, fit_joint};
+use hpfsdp_sim::calibration::lm::LmOptions;
+use hpfsdp_sim::calibration::loo::{Fold, leave_one_out};
+use hpfsdp_sim::calibration::params::FIT_PARAMS;
+use hpfsdp_sim::calibration::profile_edit::{Edit, EditValue, apply_edits};
+use hpfsdp_sim::calibration::verdict::{Checked, check};
+use hpfsdp_sim::calibration::{CalibrationSet, Comparison};
+use hpfsdp_sim::profile::BUILTIN_PROFILES;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Tolerances the calibration test enforces (and this command reports against).
-pub const DIFF_TOLERANCE_PP: f64 = 3.0;
-/// Largest allowed relative error of either experiment-B step time.
-pub const STEP_TIME_TOLERANCE: f64 = 0.10;
+/// Directory of the shipped profiles.
+const PROFILE_DIR: &str = "scenarios/hardware";
+
+/// The command's arguments.
+#[derive(Debug, Clone)]
+pub struct CalibrateArgs {
+    /// Hardware profile name.
+    pub hardware: String,
+    /// Joint fit of the residual constants.
+    pub fit: bool,
+    /// Leave-one-out refits.
+    pub loo: bool,
+    /// Measured tables to fit the profile's curves from.
+    pub from: Vec<PathBuf>,
+    /// Where to write the profile with the fitted values.
+    pub write_profile: Option<PathBuf>,
+    /// Report directory.
+    pub out: PathBuf,
+    /// Print JSON instead of tables.
+    pub json: bool,
+}
+
+/// The profile's TOML text and where it came from (a file, or the built-in copy).
+fn profile_text(name: &str) -> Result<(String, Option<PathBuf>)> {
+    let path = Path::new(PROFILE_DIR).join(format!("{name}.toml"));
+    if path.exists() {
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        return Ok((text, Some(path)));
+    }
+    BUILTIN_PROFILES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, t)| (t.to_string(), None))
+        .with_context(|| format!("no hardware profile '{name}'"))
+}
+
+/// Refuses to overwrite the profile being calibrated or any shipped profile (a file of
+/// `scenarios/hardware/` named after a built-in profile).
+fn check_target(target: &Path, source: Option<&Path>) -> Result<()> {
+    let canon = |p: &Path| std::fs::canonicalize(p).ok();
+    if let (Some(src), true) = (source, target.exists())
+        && canon(src) == canon(target)
+    {
+        bail!(
+            "--write-profile {} is the profile being calibrated; write to a new file and \
+             review it before replacing the shipped one",
+            target.display()
+        );
+    }
+    let in_shipped_dir = target.exists()
+        && canon(Path::new(PROFILE_DIR)).is_some_and(|dir| {
+            canon(target.parent().unwrap_or(Path::new("."))).as_ref() == Some(&dir)
+        });
+    let shipped_name = target
+        .file_stem()
+        .is_some_and(|s| BUILTIN_PROFILES.iter().any(|(n, _)| s == *n));
+    if in_shipped_dir && shipped_name {
+        bail!(
+            "--write-profile {} would overwrite a shipped profile in {PROFILE_DIR}/; choose a \
+             new file name",
+            target.display()
+        );
+    }
+    Ok(())
+}
 
 /// Runs the command.
-pub fn run(hardware: &str, do_fit: bool, out: &Path) -> Result<ExitCode> {
-    let profile = HardwareProfile::load_named(hardware, "scenarios/hardware")
-        .with_context(|| format!("loading hardware profile '{hardware}'"))?;
+pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
+    let mut profile = HardwareProfile::load_named(&args.hardware, PROFILE_DIR)
+        .with_context(|| format!("loading hardware profile '{}'", args.hardware))?;
+    let (text, source) = profile_text(&args.hardware)?;
+    if let Some(target) = &args.write_profile {
+        check_target(target, source.as_deref())?;
+    }
+    let stem = args
+        .write_profile
+        .as_ref()
+        .and_then(|p| p.file_stem())
+        .map_or(args.hardware.clone(), |s| s.to_string_lossy().into_owned());
+    let from = apply_tables(&args.from, &mut profile, &format!("{stem}.gemm.csv"))?;
     let set = CalibrationSet::load(Path::new(".")).context(
         "loading the calibration scenarios (run from the repository root: they live in scenarios/paper/)",
     )?;
-    let (comparison, fitted) = if do_fit {
-        let outcome = fit(&set, &profile, 6).context("fitting the profile")?;
-        println!(
-            "fit: objective {:.4} -> {:.4} after {} simulations",
-            outcome.objective_before, outcome.objective_after, outcome.evaluations
-        );
-        for t in FIT_TARGETS {
-            let p = t.param;
-            println!(
-                "  {:<45} {:>10.4} -> {:>10.4}   fitted to {:?}",
-                p.key,
-                get(&profile, p.key).unwrap_or(f64::NAN),
-                get(&outcome.profile, p.key).unwrap_or(f64::NAN),
-                t.figure
-            );
-        }
-        (outcome.comparison, true)
-    } else {
-        (
-            set.compare(&profile)
-                .context("simulating the calibration runs")?,
-            false,
+    let options = LmOptions::default();
+    let fit = if args.fit {
+        Some(
+            fit_joint(&set, &profile, &FIT_PARAMS, |_| true, &options)
+                .context("fitting the profile's residual constants")?,
         )
+    } else {
+        None
     };
-    let report = comparison_report(&comparison, fitted);
-    let table = &report.sections[0].table;
-    println!("{}", table.to_markdown());
-    println!(
-        "{}",
-        report.verdict.as_ref().map_or("", |v| v.text.as_str())
+    let comparison: Comparison = match &fit {
+        Some(f) => f.comparison.clone(),
+        None => set
+            .compare(&profile)
+            .context("simulating the calibration runs")?,
+    };
+    let checked = check(&comparison, fit.is_some());
+    let folds = if args.loo {
+        Some(leave_one_out(&set, &profile, &FIT_PARAMS, &options).context("leave-one-out")?)
+    } else {
+        None
+    };
+    let report = page(
+        &comparison.profile,
+        &checked,
+        fit.as_ref(),
+        folds.as_deref(),
+        sections(&from, &profile),
     );
-    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let html = out.join("report.html");
-    std::fs::write(&html, report.to_html())
-        .with_context(|| format!("writing {}", html.display()))?;
-    let csv = out.join("comparison.csv");
-    std::fs::write(&csv, table.to_csv()).with_context(|| format!("writing {}", csv.display()))?;
-    let md = out.join("comparison.md");
-    std::fs::write(&md, table.to_markdown())
-        .with_context(|| format!("writing {}", md.display()))?;
-    println!(
-        "wrote {}, {}, {}",
-        html.display(),
-        csv.display(),
-        md.display()
-    );
-    let passed = report.verdict.as_ref().is_some_and(|v| v.passed);
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&json(&checked, fit.as_ref(), folds.as_deref(), &from))?
+        );
+    } else {
+        print_text(&checked, fit.as_ref(), folds.as_deref(), &report.report);
+    }
+    write_report(
+        &args.out,
+        &report,
+        &checked,
+        fit.as_ref(),
+        folds.as_deref(),
+        args.json,
+    )?;
+    if let Some(target) = &args.write_profile {
+        write_profile(target, &text, &stem, fit.as_ref(), &from, args.json)?;
+    } else if !from.gemm_outputs.is_empty() {
+        let written = write_gemm_outputs(&from, &args.out)?;
+        eprintln!(
+            "wrote {} (pass --write-profile FILE to also write a profile pointing at it)",
+            written
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let passed = report.report.verdict.as_ref().is_some_and(|v| v.passed);
     Ok(if passed {
         ExitCode::SUCCESS
     } else {
@@ -76,82 +169,219 @@ pub fn run(hardware: &str, do_fit: bool, out: &Path) -> Result<ExitCode> {
     })
 }
 
-fn value(figure: Figure, v: f64) -> String {
-    match figure {
-        Figure::AllGathers
-        | Figure::ReduceScatters
-        | Figure::DeviceKernels
-        | Figure::Collectives => format!("{v:.0}"),
-        Figure::OverlapRate => format!("{:.2}%", v * 100.0),
-        Figure::AllGatherBytes
-        | Figure::ReduceScatterBytes
-        | Figure::PeakAllocatedBytes
-        | Figure::WeightedBandwidth => {
-            format!("{:.3}", v / 1e9)
+fn print_text(
+    checked: &Checked,
+    fit: Option<&FitOutcome>,
+    folds: Option<&[Fold]>,
+    report: &hpfsdp_reports::TableReport,
+) {
+    if let Some(f) = fit {
+        println!(
+            "joint fit: cost {:.4} -> {:.4} after {} iterations, {} simulations",
+            f.cost_start, f.cost, f.iterations, f.evaluations
+        );
+        for p in &f.params {
+            if p.at_bound.is_some() {
+                println!(
+                    "FLAG: {} = {:.4} is {} [{}, {}]: {}",
+                    p.param.key,
+                    p.value,
+                    flag(p),
+                    p.param.min,
+                    p.param.max,
+                    p.param
+                        .bound_source
+                        .split_whitespace()
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                );
+            }
         }
-        _ => format!("{v:.4}"),
+        println!("{}", without_last_column(&params_table(f)).to_markdown());
+    }
+    println!("{}", figure_table(checked).to_markdown());
+    if let Some(folds) = folds {
+        let (summary, _) = loo_tables(folds);
+        println!("leave-one-out:\n{}", summary.to_markdown());
+        for fold in folds {
+            for r in fold.held_out.rows.iter().filter(|r| r.gating && !r.passed) {
+                println!(
+                    "  {} left out: {} {} measured {} predicted {} ({})",
+                    fold.left_out,
+                    r.row.run,
+                    r.row.figure.label(),
+                    value(r.row.figure, r.row.measured),
+                    value(r.row.figure, r.row.predicted),
+                    r.row
+                        .relative_error()
+                        .map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
+                );
+            }
+        }
+    }
+    for s in report
+        .sections
+        .iter()
+        .filter(|s| s.heading.starts_with("Tier fits"))
+    {
+        println!("{}\n{}", s.heading, s.table.to_markdown());
+    }
+    if let Some(v) = &report.verdict {
+        println!("{}: {}", if v.passed { "PASS" } else { "FAIL" }, v.text);
     }
 }
 
-/// The comparison as a table report with a verdict on the experiment-B tolerances.
-pub fn comparison_report(c: &Comparison, fitted: bool) -> TableReport {
-    let rows = c
+fn without_last_column(t: &Table) -> Table {
+    let cut = |r: &Vec<String>| r[..r.len().saturating_sub(1)].to_vec();
+    Table {
+        headers: cut(&t.headers),
+        rows: t.rows.iter().map(cut).collect(),
+    }
+}
+
+fn write_report(
+    out: &Path,
+    report: &hpfsdp_reports::CalibrationPage,
+    checked: &Checked,
+    fit: Option<&FitOutcome>,
+    folds: Option<&[Fold]>,
+    quiet: bool,
+) -> Result<()> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut files: Vec<(PathBuf, String)> = vec![
+        (out.join("report.html"), report.to_html()),
+        (out.join("comparison.csv"), figure_table(checked).to_csv()),
+        (out.join("comparison.md"), report.report.to_markdown()),
+    ];
+    if let Some(f) = fit {
+        files.push((out.join("constants.csv"), params_table(f).to_csv()));
+    }
+    if let Some(folds) = folds {
+        let (summary, detail) = loo_tables(folds);
+        files.push((out.join("loo.csv"), summary.to_csv()));
+        files.push((out.join("loo-figures.csv"), detail.to_csv()));
+    }
+    for (path, text) in &files {
+        std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
+    }
+    let names: Vec<String> = files.iter().map(|(p, _)| p.display().to_string()).collect();
+    if quiet {
+        eprintln!("wrote {}", names.join(", "));
+    } else {
+        println!("wrote {}", names.join(", "));
+    }
+    Ok(())
+}
+
+fn write_profile(
+    target: &Path,
+    text: &str,
+    stem: &str,
+    fit: Option<&FitOutcome>,
+    from: &FromTables,
+    quiet: bool,
+) -> Result<()> {
+    let mut edits = vec![Edit {
+        key: "name".into(),
+        value: EditValue::Text(stem.to_string()),
+        comment: "named after its file (hpfsdp --hardware NAME loads NAME.toml)".into(),
+    }];
+    edits.extend(from.edits.iter().cloned());
+    if let Some(f) = fit {
+        for p in &f.params {
+            edits.push(Edit {
+                key: p.param.key.to_string(),
+                value: EditValue::Number(p.value),
+                comment: format!(
+                    "FITTED jointly by `hpfsdp calibrate --fit` (bounds [{}, {}]{})",
+                    p.param.min,
+                    p.param.max,
+                    if p.at_bound.is_some() {
+                        "; AT A BOUND"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
+    }
+    let new = apply_edits(text, &target.display().to_string(), &edits)?;
+    if let Some(dir) = target.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    std::fs::write(target, new).with_context(|| format!("writing {}", target.display()))?;
+    let dir = target
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let gemm = write_gemm_outputs(from, dir)?;
+    let mut names = vec![target.display().to_string()];
+    names.extend(gemm.iter().map(|p| p.display().to_string()));
+    let line = format!("wrote profile {}", names.join(", "));
+    if quiet {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn json(
+    checked: &Checked,
+    fit: Option<&FitOutcome>,
+    folds: Option<&[Fold]>,
+    from: &FromTables,
+) -> serde_json::Value {
+    use serde_json::json;
+    let rows: Vec<_> = checked
         .rows
         .iter()
         .map(|r| {
-            vec![
-                r.experiment.to_string(),
-                r.run.to_string(),
-                r.figure.label().to_string(),
-                value(r.figure, r.measured),
-                value(r.figure, r.predicted),
-                r.relative_error()
-                    .map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
-            ]
+            json!({
+                "experiment": r.row.experiment, "run": r.row.run,
+                "figure": format!("{:?}", r.row.figure),
+                "measured": r.row.measured, "predicted": finite(r.row.predicted),
+                "relative_error": r.row.relative_error().and_then(finite),
+                "fitted": r.fitted, "gating": r.gating, "passed": r.passed,
+                "tolerance": r.tolerance.label(),
+            })
         })
         .collect();
-    let diff_pp = (c.exp_b_predicted_diff - c.exp_b_measured_diff) * 100.0;
-    let step_errors: Vec<f64> = ["PyTorch FSDP2", "HyperParallel-FSDP"]
+    let params = |f: &FitOutcome| -> Vec<serde_json::Value> {
+        f.params
+            .iter()
+            .map(|p| {
+                json!({"key": p.param.key, "start": p.start, "value": p.value,
+                       "min": p.param.min, "max": p.param.max, "flag": flag(p),
+                       "bound_source": p.param.bound_source})
+            })
+            .collect()
+    };
+    let tiers: Vec<_> = from
+        .collective_fits
         .iter()
-        .filter_map(|run| c.row(run, Figure::StepTimeS))
-        .filter_map(|r| r.relative_error())
+        .flat_map(|(file, fits)| fits.iter().map(move |f| (file, f)))
+        .map(|(file, f)| {
+            json!({"file": file, "tier": format!("{:?}", f.tier), "latency_us": f.latency_us,
+                   "efficiency": f.efficiency, "efficiency_at_bound": f.efficiency_at_bound,
+                   "latency_at_bound": f.latency_at_bound,
+                   "rms_relative_error": f.rms_relative_error()})
+        })
         .collect();
-    let worst_step = step_errors.iter().fold(0.0f64, |a, e| a.max(e.abs()));
-    let passed = diff_pp.abs() <= DIFF_TOLERANCE_PP
-        && step_errors.len() == 2
-        && worst_step <= STEP_TIME_TOLERANCE;
-    TableReport {
-        title: format!("Calibration of {} against measured runs", c.profile),
-        subtitle: format!(
-            "Held-in measurements only (shared/calibration/README.md: experiment B, experiment A micro batch 2). {}",
-            if fitted {
-                "Constants fitted in this run."
-            } else {
-                "Profile constants as committed."
-            }
-        ),
-        verdict: Some(Verdict {
-            passed,
-            text: format!(
-                "experiment B step-time difference: predicted {:+.1}% vs measured {:+.1}% ({:+.1} pp, tolerance ±{DIFF_TOLERANCE_PP} pp); worst experiment-B step-time error {:.1}% (tolerance {:.0}%): {}",
-                c.exp_b_predicted_diff * 100.0,
-                c.exp_b_measured_diff * 100.0,
-                diff_pp,
-                worst_step * 100.0,
-                STEP_TIME_TOLERANCE * 100.0,
-                if passed { "PASS" } else { "FAIL" }
-            ),
-        }),
-        sections: vec![Section {
-            heading: "Predicted vs measured".into(),
-            text: "Counts and payloads are derived from the model and plan, never entered; relative error = predicted / measured - 1.".into(),
-            table: Table {
-                headers: ["experiment", "run", "figure", "measured", "predicted", "error"]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-                rows,
-            },
-        }],
-    }
+    json!({
+        "passed": checked.passed && folds.is_none_or(|f| f.iter().all(|f| f.held_out.passed)),
+        "exp_b_diff_error_pp": checked.exp_b_diff_error_pp,
+        "rows": rows,
+        "fit": fit.map(|f| json!({"cost_start": f.cost_start, "cost": f.cost,
+            "iterations": f.iterations, "evaluations": f.evaluations, "params": params(f)})),
+        "loo": folds.map(|folds| folds.iter().map(|f| json!({
+            "left_out": f.left_out, "params": params(&f.fit), "passed": f.held_out.passed,
+            "rms_log_error": finite(f.rms_log_error()),
+        })).collect::<Vec<_>>()),
+        "tier_fits": tiers,
+    })
+}
+
+fn finite(v: f64) -> Option<f64> {
+    v.is_finite().then_some(v)
 }

@@ -2,6 +2,8 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod calibrate_report;
+pub mod calibrate_tables;
 pub mod muon;
 pub mod plan;
 pub mod sim_summary;

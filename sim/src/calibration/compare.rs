@@ -86,6 +86,16 @@ pub fn predicted_figures(
             }
         }
     }
+    let mut kernels = 0u64;
+    for op in &rank0.ops {
+        match &op.payload {
+            Payload::Compute(w) => kernels += u64::from(w.kernels),
+            Payload::Copy(w) => kernels += u64::from(w.kernels),
+            _ => {}
+        }
+    }
+    out.insert(Figure::DeviceKernels, kernels as f64);
+    out.insert(Figure::Collectives, collectives as f64);
     out.insert(Figure::AllGathers, ag as f64);
     out.insert(Figure::ReduceScatters, rs as f64);
     out.insert(Figure::AllGatherBytes, ag_bytes as f64);
@@ -173,11 +183,38 @@ impl CalibrationSet {
         Ok(Self { runs, plans })
     }
 
+    /// The measured runs of the set, in order.
+    pub fn runs(&self) -> impl Iterator<Item = &MeasuredRun> {
+        self.runs.iter().map(|(r, _)| r)
+    }
+
+    /// The experiment labels of the set, in first-seen order (`B`, `A mbs2`).
+    pub fn experiments(&self) -> Vec<&'static str> {
+        let mut out: Vec<&'static str> = Vec::new();
+        for (r, _) in &self.runs {
+            if !out.contains(&r.experiment) {
+                out.push(r.experiment);
+            }
+        }
+        out
+    }
+
     /// Simulates every run with `profile` and compares.
     pub fn compare(&self, profile: &HardwareProfile) -> Result<Comparison, SimError> {
+        self.compare_where(profile, |_| true)
+    }
+
+    /// Simulates the runs `keep` selects with `profile` and compares only those (the fit
+    /// and the leave-one-out folds simulate subsets). The experiment-B difference is NaN
+    /// unless both experiment-B runs are selected.
+    pub fn compare_where(
+        &self,
+        profile: &HardwareProfile,
+        keep: impl Fn(&MeasuredRun) -> bool,
+    ) -> Result<Comparison, SimError> {
         let mut rows = Vec::new();
-        let mut step: BTreeMap<(&str, &str), f64> = BTreeMap::new();
-        for (run, idx) in &self.runs {
+        let mut step: BTreeMap<(&str, &str, bool), f64> = BTreeMap::new();
+        for (run, idx) in self.runs.iter().filter(|(r, _)| keep(r)) {
             let options = RunOptions {
                 validation_mode: run.validation_mode,
                 ..RunOptions::default()
@@ -189,22 +226,46 @@ impl CalibrationSet {
                 profile,
                 run.validation_mode,
             );
-            step.insert((run.experiment, run.strategy), sim.result.step_time_s());
+            step.insert(
+                (run.experiment, run.strategy, run.validation_mode),
+                sim.result.step_time_s(),
+            );
             for m in &run.figures {
                 rows.push(FigureRow {
                     experiment: run.experiment,
                     run: run.label,
                     figure: m.figure,
                     measured: m.value,
-                    predicted: predicted[&m.figure],
+                    predicted: predicted.get(&m.figure).copied().unwrap_or(f64::NAN),
                 });
             }
         }
+        // Validation-mode overhead: this run's step minus its production twin's.
+        for row in rows
+            .iter_mut()
+            .filter(|r| r.figure == Figure::ValidationOverheadS)
+        {
+            let run = self
+                .runs
+                .iter()
+                .map(|(r, _)| r)
+                .find(|r| r.label == row.run);
+            row.predicted = run
+                .and_then(|r| {
+                    let v = step.get(&(r.experiment, r.strategy, true))?;
+                    let p = step.get(&(r.experiment, r.strategy, false))?;
+                    Some(v - p)
+                })
+                .unwrap_or(f64::NAN);
+        }
         let hp = step
-            .get(&("B", "hyperparallel"))
+            .get(&("B", "hyperparallel", false))
             .copied()
             .unwrap_or(f64::NAN);
-        let f2 = step.get(&("B", "fsdp2")).copied().unwrap_or(f64::NAN);
+        let f2 = step
+            .get(&("B", "fsdp2", false))
+            .copied()
+            .unwrap_or(f64::NAN);
         Ok(Comparison {
             profile: profile.name.clone(),
             rows,

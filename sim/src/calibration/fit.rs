@@ -1,241 +1,160 @@
-//! Fitting the calibrated constants of a profile to the held-in measurements.
+//! The joint fit: a few residual constants ([`super::params::FIT_PARAMS`]) fitted together
+//! by bounded least squares on the log residuals of every fitted figure
+//! ([`super::gates::FIGURE_RULES`]) of every selected measured run.
 //!
-//! Each fitted constant is paired with the one measured figure it physically determines
-//! ([`FIT_TARGETS`]): copy efficiency with FSDP2's copy-in/copy-out time, host cost per
-//! collective with HyperParallel's host time in collective APIs, compute efficiency with
-//! HyperParallel's step time, intra-machine bandwidth efficiency with FSDP2's step time (its
-//! exposed communication is the larger; the weighted-bandwidth figures are the cross-check), and validation dispatch cost with experiment A's
-//! validation-mode overhead. The fit solves each pairing by bisection in log space with the
-//! other constants held, and sweeps all pairs until nothing moves (Gauss-Seidel), so the
-//! result is deterministic and every constant can be traced to one figure. Counts, payloads,
-//! memory and every other figure are derived and reported, never fitted.
+//! Each evaluation re-simulates the selected runs with trial constants; the solver
+//! ([`super::lm`]) works on the logarithm of each constant (so efficiencies and microseconds
+//! move by relative steps) with forward finite differences. A constant that ends on a bound is
+//! flagged: the measurements then want a value its bound's measurement rules out.
 
-use super::compare::{CalibrationSet, Comparison};
-use super::measured::Figure;
-use crate::error::SimError;
+use super::compare::{CalibrationSet, Comparison, FigureRow};
+use super::error::CalibrationError;
+use super::gates::rule_of;
+use super::lm::{LmOptions, minimise};
+use super::measured::MeasuredRun;
+use super::params::{FitParam, get, set};
 use crate::profile::HardwareProfile;
 
-/// A fitted constant: where it lives in the profile and its allowed range.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FitParam {
-    /// Dotted profile key (`calibration.gemm_ceiling`).
-    pub key: &'static str,
-    /// Lowest allowed value.
-    pub min: f64,
-    /// Highest allowed value.
-    pub max: f64,
+/// Residual given to a fitted figure the simulation could not predict (NaN or <= 0): as
+/// bad as a factor of e^5, so the fit steers away from it without overflowing.
+const UNPREDICTED_RESIDUAL: f64 = 5.0;
+
+/// Which bound a fitted constant ended on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtBound {
+    /// The lower bound.
+    Lower,
+    /// The upper bound.
+    Upper,
 }
 
-/// What a constant is fitted to: one figure of one measured run, or experiment A's
-/// validation-mode overhead (validation minus production step time).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum FitFigure {
-    /// A figure of the run with this label.
-    Run(&'static str, Figure),
-    /// Experiment A's validation-mode overhead, seconds.
-    ValidationOverhead,
-}
-
-/// A constant and the figure it is fitted to.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct FitTarget {
-    /// The constant.
+/// One constant after the fit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FittedParam {
+    /// The constant and its bounds.
     pub param: FitParam,
-    /// The figure.
-    pub figure: FitFigure,
+    /// Its value in the starting profile.
+    pub start: f64,
+    /// Its fitted value.
+    pub value: f64,
+    /// The bound it ended on, if any (flag it: see the module documentation).
+    pub at_bound: Option<AtBound>,
+    /// No fitted figure of the selected runs depends on it, so the fit kept its start value.
+    pub unidentified: bool,
 }
 
-const fn target(key: &'static str, min: f64, max: f64, figure: FitFigure) -> FitTarget {
-    FitTarget {
-        param: FitParam { key, min, max },
-        figure,
-    }
-}
-
-/// The pairings the A3 fit solves, in sweep order.
-pub const FIT_TARGETS: [FitTarget; 5] = [
-    target(
-        "calibration.copy_efficiency",
-        0.05,
-        1.0,
-        FitFigure::Run("PyTorch FSDP2", Figure::CopyS),
-    ),
-    target(
-        "calibration.host_launch_us_per_collective",
-        0.5,
-        500.0,
-        FitFigure::Run("HyperParallel-FSDP", Figure::HostCollectiveS),
-    ),
-    target(
-        "calibration.gemm_ceiling",
-        0.05,
-        1.0,
-        FitFigure::Run("HyperParallel-FSDP", Figure::StepTimeS),
-    ),
-    target(
-        "tiers.intra_machine.efficiency",
-        0.1,
-        1.0,
-        FitFigure::Run("PyTorch FSDP2", Figure::StepTimeS),
-    ),
-    target(
-        "calibration.validation_dispatch_us_per_op",
-        0.01,
-        1000.0,
-        FitFigure::ValidationOverhead,
-    ),
-];
-
-/// The constants the fit adjusts.
-pub fn fit_params() -> Vec<FitParam> {
-    FIT_TARGETS.iter().map(|t| t.param).collect()
-}
-
-/// (predicted, measured) of a fit figure in a comparison.
-pub fn figure_values(c: &Comparison, figure: FitFigure) -> Option<(f64, f64)> {
-    match figure {
-        FitFigure::Run(run, f) => c.row(run, f).map(|r| (r.predicted, r.measured)),
-        FitFigure::ValidationOverhead => {
-            let p = c.row("production mode", Figure::StepTimeS)?;
-            let v = c.row("validation mode", Figure::StepTimeS)?;
-            Some((v.predicted - p.predicted, v.measured - p.measured))
-        }
-    }
-}
-
-/// Reads a fitted constant from a profile.
-pub fn get(profile: &HardwareProfile, key: &str) -> Option<f64> {
-    let c = &profile.calibration;
-    Some(match key {
-        "calibration.gemm_ceiling" => c.gemm_ceiling,
-        "calibration.copy_efficiency" => c.copy_efficiency,
-        "calibration.device_launch_us_per_kernel" => c.device_launch_us_per_kernel,
-        "calibration.collective_base_latency_us" => c.collective_base_latency_us,
-        "calibration.host_launch_us_per_kernel" => c.host_launch_us_per_kernel,
-        "calibration.host_launch_us_per_collective" => c.host_launch_us_per_collective,
-        "calibration.validation_dispatch_us_per_op" => c.validation_dispatch_us_per_op,
-        "tiers.intra_machine.efficiency" => profile.tiers.intra_machine.efficiency,
-        _ => return None,
-    })
-}
-
-/// Writes a fitted constant into a profile; false for an unknown key.
-pub fn set_param(profile: &mut HardwareProfile, key: &str, value: f64) -> bool {
-    let c = &mut profile.calibration;
-    let slot = match key {
-        "calibration.gemm_ceiling" => &mut c.gemm_ceiling,
-        "calibration.copy_efficiency" => &mut c.copy_efficiency,
-        "calibration.device_launch_us_per_kernel" => &mut c.device_launch_us_per_kernel,
-        "calibration.collective_base_latency_us" => &mut c.collective_base_latency_us,
-        "calibration.host_launch_us_per_kernel" => &mut c.host_launch_us_per_kernel,
-        "calibration.host_launch_us_per_collective" => &mut c.host_launch_us_per_collective,
-        "calibration.validation_dispatch_us_per_op" => &mut c.validation_dispatch_us_per_op,
-        "tiers.intra_machine.efficiency" => &mut profile.tiers.intra_machine.efficiency,
-        _ => return false,
-    };
-    *slot = value;
-    true
-}
-
-/// The objective of a comparison (lower is better): the sum over [`FIT_TARGETS`] of squared
-/// relative errors. Reported before and after the fit.
-pub fn objective(c: &Comparison) -> f64 {
-    FIT_TARGETS
-        .iter()
-        .filter_map(|t| figure_values(c, t.figure))
-        .map(|(p, m)| {
-            let e = (p - m) / m;
-            e * e
-        })
-        .sum()
-}
-
-/// The outcome of a fit.
+/// The outcome of a joint fit.
 #[derive(Debug, Clone)]
 pub struct FitOutcome {
-    /// The fitted profile.
+    /// The profile with the fitted constants.
     pub profile: HardwareProfile,
-    /// Its comparison.
+    /// Every figure of the selected runs with the fitted profile.
     pub comparison: Comparison,
-    /// Objective before fitting.
-    pub objective_before: f64,
-    /// Objective after fitting.
-    pub objective_after: f64,
-    /// Simulations run.
+    /// The fitted constants.
+    pub params: Vec<FittedParam>,
+    /// Half the sum of squared weighted log residuals before the fit.
+    pub cost_start: f64,
+    /// The same after the fit.
+    pub cost: f64,
+    /// Solver iterations.
+    pub iterations: usize,
+    /// Simulations of the selected run set.
     pub evaluations: usize,
 }
 
-/// Solves one target by bisection in log space: the value in `[min, max]` whose predicted
-/// figure equals the measured one (the predicted figure is monotone in the constant); the
-/// better end of the range when the measurement lies outside what the range can reach.
-fn solve_one(
-    set: &CalibrationSet,
-    profile: &HardwareProfile,
-    t: &FitTarget,
-    evaluations: &mut usize,
-) -> Result<f64, SimError> {
-    let eval = |x: f64, evaluations: &mut usize| -> Result<f64, SimError> {
-        let mut trial = profile.clone();
-        set_param(&mut trial, t.param.key, x);
-        *evaluations += 1;
-        let c = set.compare(&trial)?;
-        let (p, m) = figure_values(&c, t.figure).unwrap_or((f64::NAN, f64::NAN));
-        Ok(p - m)
-    };
-    let (mut lo, mut hi) = (t.param.min.ln(), t.param.max.ln());
-    let f_lo = eval(lo.exp(), evaluations)?;
-    let f_hi = eval(hi.exp(), evaluations)?;
-    if f_lo.is_nan() || f_hi.is_nan() {
-        return Ok(get(profile, t.param.key).unwrap_or(t.param.min));
-    }
-    if f_lo.signum() == f_hi.signum() {
-        return Ok(if f_lo.abs() <= f_hi.abs() {
-            lo.exp()
-        } else {
-            hi.exp()
-        });
-    }
-    let rising = f_hi > f_lo;
-    for _ in 0..24 {
-        let mid = 0.5 * (lo + hi);
-        let f = eval(mid.exp(), evaluations)?;
-        if (f > 0.0) == rising {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Ok((0.5 * (lo + hi)).exp())
+/// True when the row enters the least squares: a fitted figure with a non-zero measurement
+/// (a measured zero has no log residual; it is checked by its tolerance instead).
+pub fn is_fitted_row(row: &FigureRow) -> bool {
+    rule_of(row.figure).fit_weight > 0.0 && row.measured != 0.0
 }
 
-/// Fits [`FIT_TARGETS`] of `start` on `set`, sweeping at most `max_sweeps` times.
-pub fn fit(
+/// The weighted log residual of a fitted row: `weight * ln(predicted / measured)`.
+pub fn log_residual(row: &FigureRow) -> f64 {
+    let w = rule_of(row.figure).fit_weight;
+    if row.predicted.is_finite() && row.predicted > 0.0 {
+        w * (row.predicted / row.measured).ln()
+    } else {
+        w * UNPREDICTED_RESIDUAL
+    }
+}
+
+/// The residual vector of a comparison (fitted rows in row order).
+pub fn residuals(c: &Comparison) -> Vec<f64> {
+    c.rows
+        .iter()
+        .filter(|r| is_fitted_row(r))
+        .map(log_residual)
+        .collect()
+}
+
+/// Half the sum of squared residuals of a comparison.
+pub fn cost(c: &Comparison) -> f64 {
+    0.5 * residuals(c).iter().map(|r| r * r).sum::<f64>()
+}
+
+fn with_values(
+    start: &HardwareProfile,
+    params: &[FitParam],
+    log_values: &[f64],
+) -> HardwareProfile {
+    let mut p = start.clone();
+    for (param, z) in params.iter().zip(log_values) {
+        set(&mut p, param.key, z.exp());
+    }
+    p
+}
+
+/// Fits `params` jointly on the runs of `set` that `keep` selects, starting from `start`.
+/// Deterministic. Errors name an unknown key or the simulation that failed.
+pub fn fit_joint(
     set: &CalibrationSet,
     start: &HardwareProfile,
-    max_sweeps: usize,
-) -> Result<FitOutcome, SimError> {
-    let mut profile = start.clone();
-    let before = objective(&set.compare(&profile)?);
-    let mut evaluations = 1;
-    for _ in 0..max_sweeps {
-        let mut moved = 0.0f64;
-        for t in &FIT_TARGETS {
-            let old = get(&profile, t.param.key).unwrap_or(t.param.min);
-            let new = solve_one(set, &profile, t, &mut evaluations)?;
-            set_param(&mut profile, t.param.key, new);
-            moved = moved.max((new / old - 1.0).abs());
-        }
-        if moved < 1e-3 {
-            break;
-        }
+    params: &[FitParam],
+    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    options: &LmOptions,
+) -> Result<FitOutcome, CalibrationError> {
+    let mut x0 = Vec::with_capacity(params.len());
+    for p in params {
+        let v = get(start, p.key).ok_or_else(|| CalibrationError::UnknownKey {
+            key: p.key.to_string(),
+        })?;
+        x0.push(v.max(f64::MIN_POSITIVE).ln());
     }
-    let comparison = set.compare(&profile)?;
-    evaluations += 1;
+    let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
+    let hi: Vec<f64> = params.iter().map(|p| p.max.ln()).collect();
+    let out = minimise(&x0, &lo, &hi, options, |z| {
+        let c = set.compare_where(&with_values(start, params, z), keep)?;
+        Ok::<_, CalibrationError>(residuals(&c))
+    })?;
+    let profile = with_values(start, params, &out.x);
+    let comparison = set.compare_where(&profile, keep)?;
+    let fitted = params
+        .iter()
+        .enumerate()
+        .map(|(j, p)| {
+            let at_bound = if out.x[j] - lo[j] <= 1e-9 {
+                Some(AtBound::Lower)
+            } else if hi[j] - out.x[j] <= 1e-9 {
+                Some(AtBound::Upper)
+            } else {
+                None
+            };
+            FittedParam {
+                param: *p,
+                start: x0[j].exp(),
+                value: out.x[j].exp(),
+                at_bound,
+                unidentified: out.unidentified[j],
+            }
+        })
+        .collect();
     Ok(FitOutcome {
-        objective_after: objective(&comparison),
         profile,
         comparison,
-        objective_before: before,
-        evaluations,
+        params: fitted,
+        cost_start: out.cost_start,
+        cost: out.cost,
+        iterations: out.iterations,
+        evaluations: out.evaluations + 1,
     })
 }

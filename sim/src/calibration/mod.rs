@@ -3,12 +3,30 @@
 //!
 //! - [`measured`]: the measured figures, as data;
 //! - [`compare`]: simulate the measured runs and put predicted beside measured;
-//! - [`fit`]: fit the profile's calibrated constants to them.
+//! - [`gates`]: which figures are fitted and which gate, with their tolerances (one table);
+//! - [`verdict`]: every row checked against its tolerance, and the overall verdict;
+//! - [`params`]: the residual constants of the fit, their bounds and sources (one table);
+//! - [`lm`]: the bounded least-squares solver;
+//! - [`fit`]: the joint fit of the constants on every fitted figure;
+//! - [`loo`]: leave-one-out refits, one per experiment;
+//! - [`coll_table`]: alpha-beta fit of the tiers from a measured collective table;
+//! - [`gemm_table`]: GEMM efficiency table from measured GEMM timings;
+//! - [`profile_edit`]: write fitted values into a copy of a profile file, comments kept.
 
+pub mod coll_table;
 pub mod compare;
+pub mod error;
 pub mod fit;
+pub mod gates;
+pub mod gemm_table;
+pub mod lm;
+pub mod loo;
 pub mod measured;
+pub mod params;
+pub mod profile_edit;
+pub mod verdict;
 
 pub use compare::{CalibrationSet, Comparison, FigureRow};
-pub use fit::{FitOutcome, fit};
+pub use error::CalibrationError;
+pub use fit::{FitOutcome, fit_joint};
 pub use measured::{EXP_B_MEASURED_DIFF, Figure, MeasuredRun, measured_runs};

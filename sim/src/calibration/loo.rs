@@ -1,0 +1,60 @@
+//! Leave-one-out: refit without each experiment in turn and predict the one left out, so a
+//! pass means the constants carry over to a setup they were not fitted on (not a tautology:
+//! the left-out figures never enter the fit that predicts them).
+
+use super::compare::CalibrationSet;
+use super::error::CalibrationError;
+use super::fit::{FitOutcome, fit_joint};
+use super::lm::LmOptions;
+use super::params::FitParam;
+use super::verdict::{Checked, check};
+use crate::profile::HardwareProfile;
+
+/// One fold: the fit without `left_out` and its prediction of `left_out`.
+#[derive(Debug, Clone)]
+pub struct Fold {
+    /// The experiment left out (`B`, `A mbs2`).
+    pub left_out: &'static str,
+    /// The fit on the other experiments.
+    pub fit: FitOutcome,
+    /// The left-out experiment's figures predicted with that fit, checked against tolerance.
+    pub held_out: Checked,
+}
+
+impl Fold {
+    /// Root mean square of `ln(predicted / measured)` over the left-out experiment's fitted
+    /// figures (the same figures the full fit uses); NaN when it has none.
+    pub fn rms_log_error(&self) -> f64 {
+        let logs: Vec<f64> = self
+            .held_out
+            .rows
+            .iter()
+            .filter(|r| super::fit::is_fitted_row(&r.row))
+            .map(|r| super::fit::log_residual(&r.row))
+            .collect();
+        if logs.is_empty() {
+            return f64::NAN;
+        }
+        (logs.iter().map(|v| v * v).sum::<f64>() / logs.len() as f64).sqrt()
+    }
+}
+
+/// Runs one fold per experiment of `set`, in the set's order.
+pub fn leave_one_out(
+    set: &CalibrationSet,
+    start: &HardwareProfile,
+    params: &[FitParam],
+    options: &LmOptions,
+) -> Result<Vec<Fold>, CalibrationError> {
+    let mut folds = Vec::new();
+    for left_out in set.experiments() {
+        let fit = fit_joint(set, start, params, |r| r.experiment != left_out, options)?;
+        let predicted = set.compare_where(&fit.profile, |r| r.experiment == left_out)?;
+        folds.push(Fold {
+            left_out,
+            fit,
+            held_out: check(&predicted, false),
+        });
+    }
+    Ok(folds)
+}

@@ -1,0 +1,163 @@
+//! The residual constants the joint fit adjusts, their bounds and where each bound comes from,
+//! in ONE table ([`FIT_PARAMS`]); reading and writing a constant of a profile by its dotted key.
+//!
+//! Every bound is tied to a direct measurement of `shared/calibration/README.md` where one
+//! exists (the source text says which and how it was derived); the others are marked
+//! ASSUMPTION. A constant that the fit leaves at a bound is flagged in the fit's output: the
+//! measurements then want a value the bound's measurement rules out, which points at a
+//! modelling gap rather than at a constant to move.
+
+use crate::profile::HardwareProfile;
+
+/// One fitted constant: its profile key, its allowed range and the source of that range.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FitParam {
+    /// Dotted profile key (`calibration.copy_efficiency`, `tiers.intra_machine.efficiency`).
+    pub key: &'static str,
+    /// Lowest allowed value (> 0: the fit works on the logarithm).
+    pub min: f64,
+    /// Highest allowed value.
+    pub max: f64,
+    /// Where `min` and `max` come from (measurement and arithmetic, or ASSUMPTION).
+    pub bound_source: &'static str,
+}
+
+/// The constants of the joint fit. The GEMM ceiling (the shape model's large-square-GEMM
+/// efficiency, see `crate::compute_cost`) cannot be below the measured whole-step MFU.
+pub const FIT_PARAMS: [FitParam; 7] = [
+    FitParam {
+        key: "calibration.gemm_ceiling",
+        min: 0.19,
+        max: 1.0,
+        bound_source: "min: measured MFU of exp B HyperParallel-FSDP (50.14 ktok/s, i.e. model FLOPs \
+            over 2.614 s x 376 TFLOPS = 19.3%): the kernels did at least that much work in the \
+            measured step; max: the device's BF16 peak",
+    },
+    FitParam {
+        key: "calibration.hbm_efficiency",
+        min: 0.3,
+        max: 1.0,
+        bound_source: "ASSUMPTION min: half the msModeling A3 default 0.6 (no held-in figure \
+            isolates memory-bound kernels); max: the nominal 1.6 TB/s",
+    },
+    FitParam {
+        key: "calibration.copy_efficiency",
+        min: 0.1,
+        max: 1.0,
+        bound_source: "ASSUMPTION min: a streaming copy below 10% of HBM bandwidth would be \
+            launch-bound; max: the nominal 1.6 TB/s",
+    },
+    FitParam {
+        key: "calibration.host_launch_us_per_kernel",
+        min: 1.0,
+        max: 90.4,
+        bound_source: "max: exp A micro batch 2 production, 6.070 s over its measured 57,560 \
+            kernels + 9,554 collectives = 90.4 us per launch (a serial host cannot spend more \
+            than the whole step); ASSUMPTION min: 1 us, the fastest eager launch path",
+    },
+    FitParam {
+        key: "calibration.host_launch_us_per_collective",
+        min: 54.6,
+        max: 94.7,
+        bound_source: "measured host self time in collective APIs per measured call, exp B: \
+            FSDP2 9.5 ms / (125 + 49) = 54.6 us, HyperParallel-FSDP 153.2 ms / (1,087 + 531) \
+            = 94.7 us",
+    },
+    FitParam {
+        key: "calibration.validation_dispatch_us_per_op",
+        min: 2.59,
+        max: 93.0,
+        bound_source: "exp A micro batch 2: min 174 ms overhead / 67,114 measured launches = \
+            2.59 us (every dispatch on the critical path); max 6.244 s / 67,114 = 93.0 us (the \
+            whole validation step)",
+    },
+    FitParam {
+        key: "tiers.intra_machine.efficiency",
+        min: 0.2609,
+        max: 1.0,
+        bound_source: "min: 51.13 / 196 GB/s, FSDP2's measured non-aligned all-gather \
+            bandwidth over the nominal UB bandwidth (no intra-machine collective was measured \
+            slower); max: the nominal 196 GB/s. Cross-check, not a bound: the aligned groups \
+            measured 101.96 (FSDP2) and 125.22 GB/s (HyperParallel), 0.520 and 0.639 of nominal",
+    },
+];
+
+/// The entry of [`FIT_PARAMS`] with this key.
+pub fn fit_param(key: &str) -> Option<&'static FitParam> {
+    FIT_PARAMS.iter().find(|p| p.key == key)
+}
+
+/// Reads a constant of a profile by its dotted key; `None` for a key this module does not
+/// know (the error path of every caller names the key).
+pub fn get(profile: &HardwareProfile, key: &str) -> Option<f64> {
+    let c = &profile.calibration;
+    let t = &profile.tiers;
+    Some(match key {
+        "calibration.gemm_ceiling" => c.gemm_ceiling,
+        "calibration.hbm_efficiency" => c.hbm_efficiency,
+        "calibration.copy_efficiency" => c.copy_efficiency,
+        "calibration.device_launch_us_per_kernel" => c.device_launch_us_per_kernel,
+        "calibration.collective_base_latency_us" => c.collective_base_latency_us,
+        "calibration.host_launch_us_per_kernel" => c.host_launch_us_per_kernel,
+        "calibration.host_launch_us_per_collective" => c.host_launch_us_per_collective,
+        "calibration.validation_dispatch_us_per_op" => c.validation_dispatch_us_per_op,
+        "calibration.unaligned_bandwidth_factor" => c.unaligned_bandwidth_factor,
+        "tiers.intra_machine.efficiency" => t.intra_machine.efficiency,
+        "tiers.intra_machine.latency_us" => t.intra_machine.latency_us,
+        "tiers.intra_supernode.efficiency" => t.intra_supernode.efficiency,
+        "tiers.intra_supernode.latency_us" => t.intra_supernode.latency_us,
+        "tiers.inter_supernode.efficiency" => t.inter_supernode.efficiency,
+        "tiers.inter_supernode.latency_us" => t.inter_supernode.latency_us,
+        _ => return None,
+    })
+}
+
+/// Writes a constant of a profile by its dotted key; false for an unknown key.
+pub fn set(profile: &mut HardwareProfile, key: &str, value: f64) -> bool {
+    let c = &mut profile.calibration;
+    let t = &mut profile.tiers;
+    let slot = match key {
+        "calibration.gemm_ceiling" => &mut c.gemm_ceiling,
+        "calibration.hbm_efficiency" => &mut c.hbm_efficiency,
+        "calibration.copy_efficiency" => &mut c.copy_efficiency,
+        "calibration.device_launch_us_per_kernel" => &mut c.device_launch_us_per_kernel,
+        "calibration.collective_base_latency_us" => &mut c.collective_base_latency_us,
+        "calibration.host_launch_us_per_kernel" => &mut c.host_launch_us_per_kernel,
+        "calibration.host_launch_us_per_collective" => &mut c.host_launch_us_per_collective,
+        "calibration.validation_dispatch_us_per_op" => &mut c.validation_dispatch_us_per_op,
+        "calibration.unaligned_bandwidth_factor" => &mut c.unaligned_bandwidth_factor,
+        "tiers.intra_machine.efficiency" => &mut t.intra_machine.efficiency,
+        "tiers.intra_machine.latency_us" => &mut t.intra_machine.latency_us,
+        "tiers.intra_supernode.efficiency" => &mut t.intra_supernode.efficiency,
+        "tiers.intra_supernode.latency_us" => &mut t.intra_supernode.latency_us,
+        "tiers.inter_supernode.efficiency" => &mut t.inter_supernode.efficiency,
+        "tiers.inter_supernode.latency_us" => &mut t.inter_supernode.latency_us,
+        _ => return false,
+    };
+    *slot = value;
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_fit_param_has_a_readable_key_and_a_positive_range() {
+        let profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        for p in FIT_PARAMS {
+            assert!(get(&profile, p.key).is_some(), "unknown key {}", p.key);
+            assert!(p.min > 0.0 && p.min < p.max, "{}: bad range", p.key);
+            assert!(!p.bound_source.is_empty());
+        }
+    }
+
+    #[test]
+    fn set_then_get_round_trips_and_unknown_keys_are_refused() {
+        let mut profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        assert!(set(&mut profile, "tiers.intra_machine.efficiency", 0.42));
+        assert_eq!(get(&profile, "tiers.intra_machine.efficiency"), Some(0.42));
+        assert!(!set(&mut profile, "calibration.no_such_key", 1.0));
+        assert_eq!(get(&profile, "calibration.no_such_key"), None);
+    }
+}

@@ -1,0 +1,328 @@
+//! The calibration report of `hpfsdp calibrate`: fitted constants with bounds and at-bound
+//! flags, every figure's residual with its tolerance and pass/fail (fitted rows marked
+//! "fitted", derived rows "predicted"), the leave-one-out table, the predicted-vs-measured
+//! chart, and a banner that is green only when every gating row passes (in-sample and, with
+//! `--loo`, in every left-out experiment).
+
+use super::calibrate_tables::strings;
+use hpfsdp_reports::CalibrationPage;
+use hpfsdp_reports::calibration_chart::ErrorBar;
+use hpfsdp_reports::table::{Section, Table, TableReport, Verdict};
+use hpfsdp_sim::calibration::Figure;
+use hpfsdp_sim::calibration::fit::{AtBound, FitOutcome, FittedParam, is_fitted_row, log_residual};
+use hpfsdp_sim::calibration::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance};
+use hpfsdp_sim::calibration::loo::Fold;
+use hpfsdp_sim::calibration::verdict::{Checked, CheckedRow};
+
+/// A figure value in its display unit.
+pub fn value(figure: Figure, v: f64) -> String {
+    match figure {
+        Figure::AllGathers
+        | Figure::ReduceScatters
+        | Figure::DeviceKernels
+        | Figure::Collectives => format!("{v:.0}"),
+        Figure::OverlapRate => format!("{:.2}%", v * 100.0),
+        Figure::AllGatherBytes
+        | Figure::ReduceScatterBytes
+        | Figure::PeakAllocatedBytes
+        | Figure::WeightedBandwidth => format!("{:.3}", v / 1e9),
+        _ => format!("{v:.4}"),
+    }
+}
+
+/// The at-bound / identification flag of a fitted constant ("-" when none).
+pub fn flag(p: &FittedParam) -> &'static str {
+    match (p.at_bound, p.unidentified) {
+        (Some(AtBound::Lower), _) => "AT LOWER BOUND",
+        (Some(AtBound::Upper), _) => "AT UPPER BOUND",
+        (None, true) => "not identified (kept)",
+        (None, false) => "-",
+    }
+}
+
+fn result_word(r: &CheckedRow) -> &'static str {
+    match (r.passed, r.gating) {
+        (true, _) => "pass",
+        (false, true) => "FAIL",
+        (false, false) => "out (not gating)",
+    }
+}
+
+/// Every figure row: role, measured, predicted, error, log residual, tolerance, result.
+pub fn figure_table(checked: &Checked) -> Table {
+    let rows = checked
+        .rows
+        .iter()
+        .map(|r| {
+            let row = &r.row;
+            vec![
+                row.experiment.to_string(),
+                row.run.to_string(),
+                row.figure.label().to_string(),
+                if r.fitted { "fitted" } else { "predicted" }.to_string(),
+                value(row.figure, row.measured),
+                value(row.figure, row.predicted),
+                row.relative_error()
+                    .map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
+                if is_fitted_row(row) {
+                    format!("{:+.4}", log_residual(row))
+                } else {
+                    "-".into()
+                },
+                r.tolerance.label(),
+                if r.gating { "gate" } else { "info" }.to_string(),
+                result_word(r).to_string(),
+            ]
+        })
+        .collect();
+    Table {
+        headers: strings(&[
+            "experiment",
+            "run",
+            "figure",
+            "row",
+            "measured",
+            "predicted",
+            "error",
+            "log residual",
+            "tolerance",
+            "gating",
+            "result",
+        ]),
+        rows,
+    }
+}
+
+/// The fitted constants: start, fitted, bounds, flag and the source of the bounds.
+pub fn params_table(fit: &FitOutcome) -> Table {
+    let rows = fit
+        .params
+        .iter()
+        .map(|p| {
+            vec![
+                p.param.key.to_string(),
+                format!("{:.4}", p.start),
+                format!("{:.4}", p.value),
+                format!("{:.4}", p.param.min),
+                format!("{:.4}", p.param.max),
+                flag(p).to_string(),
+                p.param
+                    .bound_source
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ]
+        })
+        .collect();
+    Table {
+        headers: strings(&[
+            "constant",
+            "start",
+            "fitted",
+            "min",
+            "max",
+            "flag",
+            "bound source",
+        ]),
+        rows,
+    }
+}
+
+fn compact_params(fit: &FitOutcome) -> String {
+    fit.params
+        .iter()
+        .map(|p| {
+            let key = p.param.key.rsplit('.').next().unwrap_or(p.param.key);
+            let mark = match p.at_bound {
+                Some(_) => "*",
+                None => "",
+            };
+            format!("{key}={:.4}{mark}", p.value)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Leave-one-out: one summary row per fold, then every left-out figure.
+pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
+    let summary = folds
+        .iter()
+        .map(|f| {
+            let gating: Vec<_> = f.held_out.rows.iter().filter(|r| r.gating).collect();
+            let passed = gating.iter().filter(|r| r.passed).count();
+            vec![
+                f.left_out.to_string(),
+                compact_params(&f.fit),
+                format!("{:.4}", f.fit.cost),
+                format!("{:.3}", f.rms_log_error()),
+                format!("{passed} / {}", gating.len()),
+                if f.held_out.passed { "pass" } else { "FAIL" }.to_string(),
+            ]
+        })
+        .collect();
+    let detail = folds
+        .iter()
+        .flat_map(|f| f.held_out.rows.iter().map(move |r| (f.left_out, r)))
+        .map(|(left_out, r)| {
+            vec![
+                left_out.to_string(),
+                r.row.run.to_string(),
+                r.row.figure.label().to_string(),
+                value(r.row.figure, r.row.measured),
+                value(r.row.figure, r.row.predicted),
+                r.row
+                    .relative_error()
+                    .map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
+                r.tolerance.label(),
+                result_word(r).to_string(),
+            ]
+        })
+        .collect();
+    (
+        Table {
+            headers: strings(&[
+                "left out",
+                "constants fitted without it (* = at a bound)",
+                "fit cost",
+                "rms ln(predicted / measured) of the left-out fitted figures",
+                "gating rows within tolerance",
+                "result",
+            ]),
+            rows: summary,
+        },
+        Table {
+            headers: strings(&[
+                "left out",
+                "run",
+                "figure",
+                "measured",
+                "predicted",
+                "error",
+                "tolerance",
+                "result",
+            ]),
+            rows: detail,
+        },
+    )
+}
+
+/// The verdict: passed only when every gating row passes in-sample and in every fold.
+pub fn verdict(checked: &Checked, folds: Option<&[Fold]>) -> Verdict {
+    let gating = checked.rows.iter().filter(|r| r.gating).count();
+    let failures: Vec<String> = checked
+        .failures()
+        .map(|r| format!("{} {}", r.row.run, r.row.figure.label()))
+        .collect();
+    let mut text = format!(
+        "{} of {gating} gating figures within tolerance",
+        gating - failures.len()
+    );
+    if let Some(d) = checked.exp_b_diff_error_pp {
+        text.push_str(&format!(
+            "; experiment-B step-time difference off by {d:+.1} pp (tolerance ±{EXP_B_DIFF_TOLERANCE_PP} pp)"
+        ));
+    }
+    if !failures.is_empty() {
+        text.push_str(&format!("; out of tolerance: {}", failures.join(", ")));
+    }
+    let mut passed = checked.passed;
+    if let Some(folds) = folds {
+        let failed: Vec<&str> = folds
+            .iter()
+            .filter(|f| !f.held_out.passed)
+            .map(|f| f.left_out)
+            .collect();
+        passed &= failed.is_empty();
+        if failed.is_empty() {
+            text.push_str("; leave-one-out: every left-out experiment within tolerance");
+        } else {
+            text.push_str(&format!(
+                "; leave-one-out: out of tolerance when left out: {}",
+                failed.join(", ")
+            ));
+        }
+    }
+    Verdict { passed, text }
+}
+
+/// Chart bars of every row with a non-zero measurement.
+pub fn bars(checked: &Checked) -> Vec<ErrorBar> {
+    checked
+        .rows
+        .iter()
+        .filter(|r| r.row.measured != 0.0)
+        .map(|r| ErrorBar {
+            label: format!("{}: {}", r.row.run, r.row.figure.label()),
+            relative_error: r.row.relative_error().unwrap_or(f64::NAN),
+            tolerance: Some(match r.tolerance {
+                Tolerance::Relative(t) => t,
+                Tolerance::AbsoluteFraction(t) => t / r.row.measured.abs(),
+            }),
+            passed: r.passed,
+        })
+        .collect()
+}
+
+/// The whole page.
+pub fn page(
+    profile: &str,
+    checked: &Checked,
+    fit: Option<&FitOutcome>,
+    folds: Option<&[Fold]>,
+    extra: Vec<Section>,
+) -> CalibrationPage {
+    let mut sections = Vec::new();
+    if let Some(fit) = fit {
+        sections.push(Section {
+            heading: "Fitted constants".into(),
+            text: format!(
+                "Joint bounded least squares on the log residuals of every fitted figure: cost \
+                 {:.4} -> {:.4} in {} iterations ({} simulations of the measured runs). A \
+                 constant at a bound means the measurements want a value its bound's \
+                 measurement rules out: a modelling gap, not a constant to move.",
+                fit.cost_start, fit.cost, fit.iterations, fit.evaluations
+            ),
+            table: params_table(fit),
+        });
+    }
+    sections.push(Section {
+        heading: "Every figure".into(),
+        text: "fitted = in the least squares; predicted = derived (counts, payloads, memory) \
+               or not fitted in this run. Tolerances and gating: sim/src/calibration/gates.rs."
+            .into(),
+        table: figure_table(checked),
+    });
+    if let Some(folds) = folds {
+        let (summary, detail) = loo_tables(folds);
+        sections.push(Section {
+            heading: "Leave-one-out".into(),
+            text: "Each experiment left out in turn: the constants are refitted on the others \
+                   and the left-out experiment is predicted with them."
+                .into(),
+            table: summary,
+        });
+        sections.push(Section {
+            heading: "Leave-one-out: every left-out figure".into(),
+            text: String::new(),
+            table: detail,
+        });
+    }
+    sections.extend(extra);
+    CalibrationPage {
+        report: TableReport {
+            title: format!("Calibration of {profile} against measured runs"),
+            subtitle: format!(
+                "Held-in measurements only (shared/calibration/README.md: experiment B, \
+                 experiment A micro batch 2). {}",
+                if fit.is_some() {
+                    "Constants fitted in this run."
+                } else {
+                    "Profile constants as committed."
+                }
+            ),
+            verdict: Some(verdict(checked, folds)),
+            sections,
+        },
+        bars: bars(checked),
+    }
+}

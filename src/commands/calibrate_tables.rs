@@ -1,0 +1,222 @@
+//! `hpfsdp calibrate --from TABLE.csv`: fit the profile's curves from a user's own measured
+//! tables. A collective table (nccl-tests / `hpfsdp collbench` columns) refits each measured
+//! tier's latency and efficiency; a GEMM table (`m,n,k,dtype,time_us`) becomes the profile's
+//! GEMM efficiency table. The fitted values go into the profile used for the comparison that
+//! follows and into the edits `--write-profile` applies.
+
+use anyhow::{Context, Result, bail};
+use hpfsdp_reports::table::{Section, Table};
+use hpfsdp_sim::HardwareProfile;
+use hpfsdp_sim::calibration::coll_table::{
+    CollectiveRow, TierFit, algbw_busbw, collective_name, fit_collective_table,
+    is_collective_header, parse_collective_table, tier_key, tier_name,
+};
+use hpfsdp_sim::calibration::gemm_table::{
+    GemmRow, gemm_table_csv, is_gemm_header, parse_gemm_table,
+};
+use hpfsdp_sim::calibration::params::set;
+use hpfsdp_sim::calibration::profile_edit::{Edit, EditValue};
+use std::path::{Path, PathBuf};
+
+/// What the measured tables gave.
+#[derive(Debug, Default)]
+pub struct FromTables {
+    /// Per collective table: its path and the tier fits.
+    pub collective_fits: Vec<(String, Vec<TierFit>)>,
+    /// Per GEMM table: its path and its rows.
+    pub gemm_tables: Vec<(String, Vec<GemmRow>)>,
+    /// Profile edits for `--write-profile`.
+    pub edits: Vec<Edit>,
+    /// GEMM table files to write beside the written profile: (file name, CSV text).
+    pub gemm_outputs: Vec<(String, String)>,
+}
+
+fn first_header_cells(text: &str) -> Vec<&str> {
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split(',').map(str::trim).collect())
+        .unwrap_or_default()
+}
+
+/// Reads every `--from` table, fits it, applies the collective fits to `profile` and returns
+/// the fits and the profile edits. `gemm_name` names the profile's GEMM table file.
+pub fn apply_tables(
+    files: &[PathBuf],
+    profile: &mut HardwareProfile,
+    gemm_name: &str,
+) -> Result<FromTables> {
+    let mut out = FromTables::default();
+    for path in files {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading the measured table {file}"))?;
+        let header = first_header_cells(&text);
+        if is_collective_header(&header) {
+            let rows: Vec<CollectiveRow> = parse_collective_table(&text, &file)?;
+            let fits = fit_collective_table(&rows, profile, &file)?;
+            for f in &fits {
+                for (field, value) in [("latency_us", f.latency_us), ("efficiency", f.efficiency)] {
+                    let key = format!("{}.{field}", tier_key(f.tier));
+                    set(profile, &key, value);
+                    out.edits.push(Edit {
+                        key,
+                        value: EditValue::Number(value),
+                        comment: format!(
+                            "FITTED by `hpfsdp calibrate --from {file}` ({} rows, rms error {:.1}%)",
+                            f.rows.len(),
+                            f.rms_relative_error() * 100.0
+                        ),
+                    });
+                }
+            }
+            out.collective_fits.push((file, fits));
+        } else if is_gemm_header(&header) {
+            let rows = parse_gemm_table(&text, &file, profile)?;
+            out.gemm_outputs
+                .push((gemm_name.to_string(), gemm_table_csv(&rows, profile, &file)));
+            out.edits.push(Edit {
+                key: "compute.gemm_table".into(),
+                value: EditValue::Text(gemm_name.to_string()),
+                comment: format!("MEASURED by `hpfsdp calibrate --from {file}`"),
+            });
+            out.gemm_tables.push((file, rows));
+        } else {
+            bail!(
+                "{file}: header '{}' is neither a collective table \
+                 (collective,size,count,type,redop,root,time_us,algbw,busbw,#wrong,tier,ranks) \
+                 nor a GEMM table (m,n,k,dtype,time_us)",
+                header.join(",")
+            );
+        }
+    }
+    if out.gemm_outputs.len() > 1 {
+        bail!("more than one GEMM table given with --from; merge them into one file");
+    }
+    Ok(out)
+}
+
+/// Report sections of the table fits: one summary of the tier fits, then every row.
+pub fn sections(from: &FromTables, profile: &HardwareProfile) -> Vec<Section> {
+    let mut out = Vec::new();
+    for (file, fits) in &from.collective_fits {
+        let summary = fits
+            .iter()
+            .map(|f| {
+                vec![
+                    tier_name(f.tier).to_string(),
+                    format!("{:.3}", f.latency_us),
+                    format!(
+                        "{:.4}{}",
+                        f.efficiency,
+                        if f.efficiency_at_bound {
+                            " (AT BOUND 1.0)"
+                        } else {
+                            ""
+                        }
+                    ),
+                    format!("{}", f.rows.len()),
+                    format!("{:.2}%", f.rms_relative_error() * 100.0),
+                ]
+            })
+            .collect();
+        out.push(Section {
+            heading: format!("Tier fits from {file}"),
+            text: "Alpha-beta fit per tier with the simulator's own collective formulas \
+                   (weighted least squares on relative time error)."
+                .into(),
+            table: Table {
+                headers: strings(&[
+                    "tier",
+                    "latency_us (fitted)",
+                    "efficiency (fitted)",
+                    "rows",
+                    "rms error",
+                ]),
+                rows: summary,
+            },
+        });
+        let rows = fits
+            .iter()
+            .flat_map(|f| f.rows.iter())
+            .map(|r| {
+                let (_, busbw) = algbw_busbw(
+                    r.row.kind,
+                    r.row.size_bytes,
+                    r.row.time_us * 1e-6,
+                    r.row.ranks,
+                );
+                vec![
+                    format!("{}", r.row.line),
+                    collective_name(r.row.kind).to_string(),
+                    tier_name(r.row.tier).to_string(),
+                    format!("{}", r.row.ranks),
+                    format!("{}", r.row.size_bytes),
+                    format!("{:.2}", r.row.time_us),
+                    format!("{:.2}", r.predicted_us),
+                    format!("{:+.2}%", r.relative_error() * 100.0),
+                    format!("{:.2}", busbw / 1e9),
+                ]
+            })
+            .collect();
+        out.push(Section {
+            heading: format!("Residual per row of {file}"),
+            text: String::new(),
+            table: Table {
+                headers: strings(&[
+                    "line",
+                    "collective",
+                    "tier",
+                    "ranks",
+                    "size (B)",
+                    "measured (us)",
+                    "fitted (us)",
+                    "error",
+                    "measured busbw (GB/s)",
+                ]),
+                rows,
+            },
+        });
+    }
+    for (file, rows) in &from.gemm_tables {
+        let table = rows
+            .iter()
+            .map(|r| {
+                vec![
+                    format!("{}", r.line),
+                    format!("{}", r.m),
+                    format!("{}", r.n),
+                    format!("{}", r.k),
+                    r.dtype.clone(),
+                    format!("{:.2}", r.time_us),
+                    format!("{:.4}", r.efficiency(profile)),
+                ]
+            })
+            .collect();
+        out.push(Section {
+            heading: format!("GEMM efficiency table from {file}"),
+            text: "efficiency = 2 m n k / time / the profile's BF16 peak.".into(),
+            table: Table {
+                headers: strings(&["line", "m", "n", "k", "dtype", "time (us)", "efficiency"]),
+                rows: table,
+            },
+        });
+    }
+    out
+}
+
+/// Owned strings of `s`.
+pub fn strings(s: &[&str]) -> Vec<String> {
+    s.iter().map(|v| v.to_string()).collect()
+}
+
+/// Writes the GEMM tables beside `dir` (the written profile's directory or the report's).
+pub fn write_gemm_outputs(from: &FromTables, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for (name, text) in &from.gemm_outputs {
+        let path = dir.join(name);
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        written.push(path);
+    }
+    Ok(written)
+}
