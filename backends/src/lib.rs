@@ -2,7 +2,10 @@
 //!
 //! - [`inproc`]: ranks as threads of one process; deterministic; used by the reference executor
 //!   and by tests.
-//! - `mpi`, `hccl`, `nccl`: to follow, behind cargo features, implementing the same trait.
+//! - `mpi`, `hccl`, `nccl`: to follow, behind cargo features, implementing the same trait;
+//!   [`select`] picks one at run time.
+//! - [`replay`]: walks a rank's step program on any backend and records a measured timeline;
+//!   [`collbench`]: the nccl-tests / hccl_test sweep on any backend.
 //!
 //! Every backend reduces in ascending rank order ([`reduce`]) so results are bit-identical
 //! across backends, runs and thread timings, and records a per-rank [`TraceEvent`] list.
@@ -23,11 +26,14 @@
 //! ```
 
 pub mod buffer;
+pub mod collbench;
 pub mod collective;
 pub mod error;
 pub mod group;
 pub mod inproc;
 pub mod reduce;
+pub mod replay;
+pub mod select;
 pub mod trace;
 pub mod types;
 
@@ -37,6 +43,7 @@ pub use error::{CommError, CommResult};
 pub use group::{Group, GroupId};
 pub use half::bf16;
 pub use inproc::{InProcComm, InProcWorld, WorldRun};
+pub use select::{BackendKind, SelectError, run_on_backend};
 pub use trace::TraceEvent;
 pub use types::{CollectiveKind, DType, Element, ReduceOp};
 
