@@ -14,7 +14,7 @@ use crate::inproc::InProcWorld;
 use crate::replay::fault::{FaultBoard, FaultCause, RankFault, ReplayError};
 use crate::replay::gather::{RankMeasurement, gather_measurements};
 use crate::replay::options::{FaultKind, ReplayOptions};
-use crate::replay::walker::{Walker, describe_op};
+use crate::replay::walker::{Walker, describe_op, idle_wait};
 
 /// What one rank replays: its step program and the busy duration of each op.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -158,11 +158,12 @@ fn sync_world<C: Collective + ?Sized>(
     let h = comm
         .barrier(world)
         .map_err(|e| format!("step barrier: {e}"))?;
+    let mut idle = 0;
     while !h.is_complete() {
         if board.aborted() {
             return Err("stopped at the step barrier because another rank faulted".into());
         }
-        std::thread::yield_now();
+        idle_wait(&mut idle);
     }
     h.wait()
         .map(|_| ())

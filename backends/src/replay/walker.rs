@@ -171,6 +171,7 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
             done: 0,
             fault: None,
         };
+        let mut idle = 0u32;
         while st.done < n {
             self.poll(&mut st);
             if let Some(f) = st.fault.take() {
@@ -187,8 +188,10 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
                     "stopped because another rank faulted".into(),
                 ));
             }
-            if !progressed {
-                std::thread::yield_now();
+            if progressed {
+                idle = 0;
+            } else {
+                idle_wait(&mut idle);
             }
         }
         Ok((0..n)
@@ -375,6 +378,18 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
             }
             FaultKind::Mismatch => Ok(()),
         }
+    }
+}
+
+/// Waits a little when nothing can progress: yields first (a collective usually completes
+/// within microseconds), then sleeps 20 µs per round so idle ranks leave the CPU to ranks
+/// doing busy work (ranks may outnumber cores).
+pub fn idle_wait(idle: &mut u32) {
+    *idle = idle.saturating_add(1);
+    if *idle < 64 {
+        std::thread::yield_now();
+    } else {
+        std::thread::sleep(Duration::from_micros(20));
     }
 }
 
