@@ -10,8 +10,10 @@
 //!   matching rule of NCCL/HCCL communicators; its span starts when this rank issued it, so it
 //!   includes waiting for peers, as the predicted span does;
 //! - **compute and copy** ops run on the rank's thread (busy or real work, see
-//!   [`crate::replay::work`]); while they run, in-flight collectives are polled so their end
-//!   times are recorded when they happen, not when the thread is next free.
+//!   [`crate::replay::work`]), one at a time (a CPU rank has one core, so kernels of different
+//!   streams serialize); while one runs (or a host op runs), in-flight collectives are polled,
+//!   so their end times are recorded when they happen, and ready collectives are issued, so
+//!   communication overlaps compute as it would on a device.
 //!
 //! A collective that fails (mismatch, dead peer, timeout), an injected fault or a fault posted
 //! by another rank ends the walk with a [`RankFault`] naming the op.
@@ -240,60 +242,56 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
         Ok(progressed)
     }
 
-    /// Device side: start the head op of every idle stream whose deps are done.
+    /// Device side: issue every ready collective, then run at most one ready compute or copy
+    /// op (in-flight collectives keep being polled and issued while it runs).
     fn run_device(&mut self, st: &mut StepState) -> Result<bool, RankFault> {
+        let issued = self.issue_collectives(st)?;
+        Ok(self.run_one_kernel(st)? || issued)
+    }
+
+    /// The head op of `stream` when the stream is idle and the op's deps are done.
+    fn ready_head(&self, st: &StepState, stream: Stream) -> Option<usize> {
+        if st.busy_streams.contains_key(&stream) {
+            return None;
+        }
+        let &i = st.queues.get(&stream)?.front()?;
+        self.deps_done(st, i).then_some(i)
+    }
+
+    /// Issues the head collective of every idle stream whose deps are done and which is the
+    /// next call on its group.
+    fn issue_collectives(&mut self, st: &mut StepState) -> Result<bool, RankFault> {
         let streams: Vec<Stream> = st.queues.keys().copied().collect();
         let mut progressed = false;
         for stream in streams {
-            if st.busy_streams.contains_key(&stream) {
-                continue;
-            }
-            let Some(&i) = st.queues.get(&stream).and_then(VecDeque::front) else {
+            let Some(i) = self.ready_head(st, stream) else {
                 continue;
             };
-            if !self.deps_done(st, i) {
+            let Payload::Collective(c) = &self.program.ops[i].payload else {
+                continue;
+            };
+            let g = c.group.index();
+            if self.group_ops[g].get(st.group_cursor[g]) != Some(&i) {
                 continue;
             }
-            match &self.program.ops[i].payload {
-                Payload::Collective(c) => {
-                    let g = c.group.index();
-                    if self.group_ops[g].get(st.group_cursor[g]) != Some(&i) {
-                        continue;
-                    }
-                    self.inject(st, i)?;
-                    self.current_op = Some(i);
-                    let swap = self.fault.is_some_and(|f| {
-                        f.kind == FaultKind::Mismatch && f.op == i && st.step == 0
-                    });
-                    st.start_ns[i] = Some(st.now_ns());
-                    let issued = Instant::now();
-                    let handles = issue(self.comm, c, &self.groups[g], &mut self.pool, swap)
-                        .map_err(|e| self.fault_at(st, i, cause_of(&e), e.to_string()))?
-                        .handles;
-                    st.group_cursor[g] += 1;
-                    st.busy_streams.insert(stream, i);
-                    st.in_flight.push(InFlight {
-                        op: i,
-                        stream,
-                        handles,
-                        issued,
-                    });
-                }
-                payload => {
-                    self.inject(st, i)?;
-                    self.current_op = Some(i);
-                    st.start_ns[i] = Some(st.now_ns());
-                    let d = Duration::from_nanos(self.op_ns[i]);
-                    let real = match (self.options.compute, payload) {
-                        (ComputeMode::Real, Payload::Compute(w)) => Some((w.flops, true)),
-                        (ComputeMode::Real, Payload::Copy(w)) => Some((w.bytes, false)),
-                        _ => None,
-                    };
-                    self.busy(st, d, real)?;
-                    st.end_ns[i] = Some(st.now_ns());
-                    st.done += 1;
-                }
-            }
+            self.inject(st, i)?;
+            self.current_op = Some(i);
+            let swap = self
+                .fault
+                .is_some_and(|f| f.kind == FaultKind::Mismatch && f.op == i && st.step == 0);
+            st.start_ns[i] = Some(st.now_ns());
+            let issued = Instant::now();
+            let handles = issue(self.comm, c, &self.groups[g], &mut self.pool, swap)
+                .map_err(|e| self.fault_at(st, i, cause_of(&e), e.to_string()))?
+                .handles;
+            st.group_cursor[g] += 1;
+            st.busy_streams.insert(stream, i);
+            st.in_flight.push(InFlight {
+                op: i,
+                stream,
+                handles,
+                issued,
+            });
             if let Some(q) = st.queues.get_mut(&stream) {
                 q.pop_front();
             }
@@ -302,38 +300,64 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
         Ok(progressed)
     }
 
-    /// Spends an op's time (spin for `d`, or real work of `(amount, is_gemm)`), polling
-    /// in-flight collectives meanwhile.
+    /// Runs the first ready compute or copy op (streams in canonical order), if any.
+    fn run_one_kernel(&mut self, st: &mut StepState) -> Result<bool, RankFault> {
+        let streams: Vec<Stream> = st.queues.keys().copied().collect();
+        for stream in streams {
+            let Some(i) = self.ready_head(st, stream) else {
+                continue;
+            };
+            let real = match (self.options.compute, &self.program.ops[i].payload) {
+                (_, Payload::Collective(_) | Payload::Host { .. }) => continue,
+                (ComputeMode::Real, Payload::Compute(w)) => Some((w.flops, true)),
+                (ComputeMode::Real, Payload::Copy(w)) => Some((w.bytes, false)),
+                (ComputeMode::Busy, _) => None,
+            };
+            self.inject(st, i)?;
+            self.current_op = Some(i);
+            st.busy_streams.insert(stream, i);
+            st.start_ns[i] = Some(st.now_ns());
+            self.busy(st, Duration::from_nanos(self.op_ns[i]), real)?;
+            st.end_ns[i] = Some(st.now_ns());
+            st.done += 1;
+            st.busy_streams.remove(&stream);
+            if let Some(q) = st.queues.get_mut(&stream) {
+                q.pop_front();
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Spends an op's time (spin for `d`, or real work of `(amount, is_gemm)`); meanwhile
+    /// in-flight collectives are polled and ready collectives issued, as a device would run
+    /// them beside the kernel.
     fn busy(
         &mut self,
         st: &mut StepState,
         d: Duration,
         real: Option<(u64, bool)>,
     ) -> Result<(), RankFault> {
-        let Self {
-            comm: _,
-            program,
-            groups,
-            pool,
-            scratch,
-            options,
-            board,
-            ..
-        } = self;
-        let timeout = options.timeout;
+        let mut scratch = std::mem::take(&mut self.scratch);
         let mut tick = || {
-            poll_in_flight(program, groups, pool, st, timeout);
-            st.fault.is_none() && !board.aborted()
+            self.poll(st);
+            if st.fault.is_none()
+                && let Err(f) = self.issue_collectives(st)
+            {
+                st.fault = Some(f);
+            }
+            st.fault.is_none() && !self.board.aborted()
         };
         match real {
             None => spin_for(d, &mut tick),
             Some((flops, true)) => {
-                std::hint::black_box(gemm_flops(flops, scratch, &mut tick));
+                std::hint::black_box(gemm_flops(flops, &mut scratch, &mut tick));
             }
             Some((bytes, false)) => {
-                std::hint::black_box(copy_bytes(bytes, scratch, &mut tick));
+                std::hint::black_box(copy_bytes(bytes, &mut scratch, &mut tick));
             }
         }
+        self.scratch = scratch;
         match st.fault.take() {
             Some(f) => Err(f),
             None => Ok(()),

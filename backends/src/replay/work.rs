@@ -151,4 +151,26 @@ mod tests {
         });
         assert_eq!(calls, 3, "a false tick stops the spin");
     }
+
+    /// Measures this machine's rate of the real-mode kernels (the `cpu-mpi` profile's device
+    /// figures): `cargo test --release -p hpfsdp-backends --lib kernel_rates -- --ignored
+    /// --nocapture`. Prints only; asserts nothing about time.
+    #[test]
+    #[ignore]
+    fn kernel_rates() {
+        let mut scratch = GemmScratch::new();
+        let flops = 40 * 2 * 256u64.pow(3);
+        gemm_flops(flops, &mut scratch, &mut || true);
+        let t = std::time::Instant::now();
+        std::hint::black_box(gemm_flops(flops, &mut scratch, &mut || true));
+        let gemm = flops as f64 / t.elapsed().as_secs_f64();
+        let bytes = 32u64 << 24;
+        copy_bytes(bytes, &mut scratch, &mut || true);
+        let t = std::time::Instant::now();
+        std::hint::black_box(copy_bytes(bytes, &mut scratch, &mut || true));
+        let copy = 2.0 * bytes as f64 / t.elapsed().as_secs_f64();
+        println!(
+            "f32 GEMM 256^3: {gemm:.3e} FLOP/s; memcpy 16 MiB chunks: {copy:.3e} B/s (read + write)"
+        );
+    }
 }
