@@ -25,6 +25,6 @@ pub use fault::{FaultBoard, FaultCause, FaultOp, RankFault, ReplayError};
 pub use gather::{RankMeasurement, gather_measurements};
 pub use options::{ComputeMode, FaultInjection, FaultKind, ReplayOptions};
 pub use runner::{
-    MeasuredSteps, ReplayRank, check_injection, dependency_violations, measured_timeline,
-    replay_inproc, run_rank,
+    MeasuredSteps, ReplayRank, buffer_bytes_estimate, check_injection, dependency_violations,
+    measured_timeline, replay_inproc, run_rank,
 };

@@ -59,6 +59,23 @@ impl ReplayRank {
     }
 }
 
+/// Peak bytes of communication buffers one rank holds: at most one collective in flight per
+/// stream, each holding its send and receive buffers, doubled for backend staging (the
+/// in-process backend keeps every member's contribution and output until all have taken
+/// theirs). A pre-flight estimate, so a replay too big for the machine is refused with a
+/// message instead of aborting on a failed allocation.
+pub fn buffer_bytes_estimate(rank: &ReplayRank) -> u64 {
+    let mut per_stream: std::collections::BTreeMap<hpfsdp_plan::program::Stream, u64> =
+        std::collections::BTreeMap::new();
+    for op in &rank.program.ops {
+        if let Payload::Collective(c) = &op.payload {
+            let e = per_stream.entry(op.stream).or_default();
+            *e = (*e).max(c.input_bytes + c.output_bytes);
+        }
+    }
+    2 * per_stream.values().sum::<u64>()
+}
+
 /// Checks an injected fault against the programs: rank and op exist, and a mismatch names a
 /// collective.
 pub fn check_injection(ranks: &[ReplayRank], options: &ReplayOptions) -> Result<(), ReplayError> {

@@ -13,7 +13,7 @@ mod scale;
 use anyhow::{Context, Result, bail};
 use hpfsdp_backends::replay::{
     ComputeMode, FaultBoard, FaultInjection, ReplayError, ReplayOptions, ReplayRank,
-    check_injection, dependency_violations, measured_timeline, run_rank,
+    buffer_bytes_estimate, check_injection, dependency_violations, measured_timeline, run_rank,
 };
 use hpfsdp_backends::select::{BackendKind, ensure_built, run_on_backend};
 use hpfsdp_plan::program::{StepProgram, Timeline};
@@ -117,6 +117,36 @@ fn prepare_replay(args: &ReplayArgs) -> Result<Prepared> {
     })
 }
 
+/// Refuses a replay whose buffers would not fit in this machine's available memory (the
+/// ranks of this process: all of them for inproc, one otherwise).
+fn check_memory(backend: BackendKind, ranks: &[ReplayRank]) -> Result<()> {
+    let need: u64 = if backend.ranks_are_threads() {
+        ranks.iter().map(buffer_bytes_estimate).sum()
+    } else {
+        ranks.iter().map(buffer_bytes_estimate).max().unwrap_or(0)
+    };
+    let Some(available) = available_memory_bytes() else {
+        return Ok(());
+    };
+    if need > available {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        bail!(
+            "replaying needs about {:.1} GiB of communication buffers in this process but only {:.1} GiB of memory is available; scale down with --ranks N or --layers L, or replay on a multi-process backend",
+            gib(need),
+            gib(available)
+        );
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of `/proc/meminfo`, when readable (Linux).
+fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Runs the command.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
     ensure_built(args.backend)?;
@@ -149,6 +179,15 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
         fault: args.inject_fault,
     };
     check_injection(&ranks, &options)?;
+    check_memory(args.backend, &ranks)?;
+    let predicted_s = prep.predicted.end_ns() as f64 * 1e-9;
+    if predicted_s > 10.0 {
+        eprintln!(
+            "note: the predicted step takes {predicted_s:.1} s on {}; the replay runs {} steps of about that long (scale down with --layers L or --ranks N)",
+            prep.profile.name,
+            args.warmup + args.steps
+        );
+    }
     let n = ranks.len();
     let board = FaultBoard::new();
     let results = run_on_backend(args.backend, n, options.timeout, |comm| {
