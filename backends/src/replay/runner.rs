@@ -14,7 +14,7 @@ use crate::inproc::InProcWorld;
 use crate::replay::fault::{FaultBoard, FaultCause, RankFault, ReplayError};
 use crate::replay::gather::{RankMeasurement, gather_measurements};
 use crate::replay::options::{FaultKind, ReplayOptions};
-use crate::replay::walker::{Walker, describe_op, idle_wait};
+use crate::replay::walker::{Walker, idle_wait};
 
 /// What one rank replays: its step program and the busy duration of each op.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,16 +141,10 @@ pub fn run_rank<C: Collective + ?Sized>(
                     .map(|s| s.to_string())
                     .or_else(|| payload.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "non-string panic payload".into());
-                let op = walker
-                    .current_op
-                    .map(|i| describe_op(&rank.program, &[], i, step));
                 return Err(fail(RankFault {
                     rank: comm.rank(),
                     cause: FaultCause::Died,
-                    op: op.map(|mut o| {
-                        o.what = walker.describe(o.index).what;
-                        o
-                    }),
+                    op: walker.current_op.map(|i| walker.describe(i, step)),
                     message: format!("panicked: {message}"),
                 }));
             }

@@ -141,9 +141,9 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
         })
     }
 
-    /// What op `i` does, for fault messages.
-    pub fn describe(&self, i: usize) -> FaultOp {
-        describe_op(self.program, &self.groups, i, 0)
+    /// What op `i` does in step `step`, for fault messages.
+    pub fn describe(&self, i: usize, step: usize) -> FaultOp {
+        describe_op(self.program, &self.groups, i, step)
     }
 
     fn fault_at(&self, st: &StepState, i: usize, cause: FaultCause, message: String) -> RankFault {
