@@ -429,10 +429,10 @@ fn charts_section(report: &ReplayReport) -> String {
         };
         match charts::timeline_svg(&run, span_ns) {
             Ok(Some(t)) => {
-                let _ = write!(
+                let _ = writeln!(
                     out,
                     "<figure>{}<figcaption>Rank 0, {name}: one row per stream, bars coloured by \
-                     category, on the same time axis as the other chart.</figcaption></figure>\n",
+                     category, on the same time axis as the other chart.</figcaption></figure>",
                     t.svg
                 );
             }

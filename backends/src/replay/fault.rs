@@ -123,7 +123,7 @@ pub enum ReplayError {
 impl ReplayError {
     /// Faults sorted most fundamental cause first (then by rank), for reporting.
     pub fn from_faults(mut faults: Vec<RankFault>) -> Self {
-        faults.sort_by(|a, b| (a.cause, a.rank).cmp(&(b.cause, b.rank)));
+        faults.sort_by_key(|f| (f.cause, f.rank));
         faults.dedup();
         ReplayError::Faults(faults)
     }
