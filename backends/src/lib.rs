@@ -6,6 +6,8 @@
 //!   to `inproc`) or native MPI reductions.
 //! - `hccl`, `nccl` (features of the same names): vendor libraries loaded at run time with
 //!   `libloading`, sharing [`device`] (runtime abstraction, rendezvous, the `Collective` impl).
+//! - [`select`] picks a backend at run time; [`replay`] walks a rank's step program on any
+//!   backend and records a measured timeline; [`collbench`] is the nccl-tests / hccl_test sweep.
 //!
 //! Every backend records a per-rank [`TraceEvent`] list. The host backends (`inproc`, `mpi`)
 //! reduce in ascending rank order ([`reduce`]), so their results are bit-identical across
@@ -28,6 +30,7 @@
 //! ```
 
 pub mod buffer;
+pub mod collbench;
 pub mod collective;
 pub mod device;
 pub mod error;
@@ -40,6 +43,8 @@ pub mod mpi;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod reduce;
+pub mod replay;
+pub mod select;
 pub mod trace;
 pub mod types;
 
@@ -51,6 +56,7 @@ pub use half::bf16;
 pub use inproc::{InProcComm, InProcWorld, WorldRun};
 #[cfg(feature = "mpi")]
 pub use mpi::{MpiComm, MpiOptions, ReductionMode};
+pub use select::{BackendKind, SelectError, run_on_backend};
 pub use trace::TraceEvent;
 pub use types::{CollectiveKind, DType, Element, ReduceOp};
 

@@ -39,6 +39,7 @@ pub mod model;
 pub mod order;
 mod page;
 mod palette;
+pub mod replay;
 pub mod table;
 pub mod units;
 pub mod write;
@@ -51,6 +52,7 @@ pub use model::{
     CollectiveRow, MemorySpread, OptimizerFigures, RankTimelineView, SimReport, SpanView,
     StrategyRun, TierRow,
 };
+pub use replay::{ReplayReport, write_replay_report};
 pub use table::{Section, Table, TableReport, Verdict};
 pub use write::{ReportError, SIM_REPORT_FILES, write_sim_report};
 

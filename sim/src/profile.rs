@@ -183,7 +183,7 @@ pub struct HardwareProfile {
 
 /// The profiles shipped in `scenarios/hardware/`, compiled in so the simulator works with no
 /// files around.
-pub const BUILTIN_PROFILES: [(&str, &str); 5] = [
+pub const BUILTIN_PROFILES: [(&str, &str); 6] = [
     (
         "ascend-910c-a3",
         include_str!("../../scenarios/hardware/ascend-910c-a3.toml"),
@@ -203,6 +203,10 @@ pub const BUILTIN_PROFILES: [(&str, &str); 5] = [
     (
         "nvidia-gb200-nvl72",
         include_str!("../../scenarios/hardware/nvidia-gb200-nvl72.toml"),
+    ),
+    (
+        "cpu-mpi",
+        include_str!("../../scenarios/hardware/cpu-mpi.toml"),
     ),
 ];
 

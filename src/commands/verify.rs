@@ -425,8 +425,9 @@ fn write_out(dir: &Path, r: &VerifyReport, bench: Option<&[ModeBench]>) -> Resul
 
 /// Runs the command.
 pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
+    let timeout = collective_timeout(args.timeout_s)?;
     if args.backend == VerifyBackend::Mpi {
-        return run_mpi(args);
+        return run_mpi(args, timeout);
     }
     let mut spec = load(&args.scenario)?;
     if let Some(target) = &args.mutate {
@@ -508,7 +509,7 @@ fn emit(args: &VerifyArgs, report: &VerifyReport, bench: Option<&[ModeBench]>) -
 
 /// `--backend mpi` without MPI support compiled in.
 #[cfg(not(feature = "mpi"))]
-fn run_mpi(_args: &VerifyArgs) -> Result<ExitCode> {
+fn run_mpi(_args: &VerifyArgs, _timeout: std::time::Duration) -> Result<ExitCode> {
     anyhow::bail!(
         "this hpfsdp was built without MPI support: rebuild with `cargo build --release --features mpi` \
          (needs an MPI library, mpicc and libclang), then run `mpirun -np <world> target/release/hpfsdp verify ... --backend mpi`"
@@ -529,22 +530,25 @@ fn mpi_preflight(args: &VerifyArgs, comm: &dyn hpfsdp_backends::Collective) -> R
     Ok(spec)
 }
 
+/// `--timeout-s` as a duration: a positive, finite number of seconds (checked on every
+/// backend, so a bad flag is reported the same way whether or not MPI is compiled in).
+fn collective_timeout(seconds: f64) -> Result<std::time::Duration> {
+    if !(seconds.is_finite() && seconds > 0.0) {
+        anyhow::bail!("--timeout-s must be a positive number of seconds, got {seconds}");
+    }
+    Ok(std::time::Duration::from_secs_f64(seconds))
+}
+
 /// `verify --backend mpi`: this process is one rank; rank 0 prints the report, the others
 /// print nothing. A bad scenario or world size is reported by rank 0 (exit 2 on every rank);
 /// a failure during the run is printed by the rank that saw it, which then ends the job.
 #[cfg(feature = "mpi")]
-fn run_mpi(args: &VerifyArgs) -> Result<ExitCode> {
+fn run_mpi(args: &VerifyArgs, timeout: std::time::Duration) -> Result<ExitCode> {
     use hpfsdp_backends::Collective;
     use hpfsdp_backends::mpi::{MpiComm, MpiOptions, ReductionMode};
-    if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
-        anyhow::bail!(
-            "--timeout-s must be a positive number of seconds, got {}",
-            args.timeout_s
-        );
-    }
     let comm = MpiComm::world_with(MpiOptions {
         mode: ReductionMode::Deterministic,
-        timeout: std::time::Duration::from_secs_f64(args.timeout_s),
+        timeout,
     })?;
     let rank = comm.rank();
     let spec = match mpi_preflight(args, &comm) {

@@ -149,16 +149,19 @@ impl Shared {
         self.cv.notify_all();
     }
 
-    /// Block until call `seq` on `group` completes; return member `pos`'s output.
+    /// Block until call `seq` on `group` completes; return member `pos`'s output. The wait
+    /// is bounded by the world's timeout counted from `issued` (when this member issued the
+    /// call), so a handle waited on late gets no extra time.
     pub fn wait_collective(
         &self,
         group: &Group,
         seq: u64,
         pos: usize,
         kind: CollectiveKind,
+        issued: Instant,
     ) -> CommResult<Buffer> {
         let key = (group.id(), seq);
-        let deadline = Instant::now() + self.timeout;
+        let deadline = issued + self.timeout;
         let mut st = self.lock();
         loop {
             let State { slots, exited, .. } = &mut *st;
@@ -223,17 +226,32 @@ impl Shared {
         self.cv.notify_all();
     }
 
-    /// Whether a message is waiting under `key`.
-    pub fn has_message(&self, key: &(usize, usize, u64, u64)) -> bool {
-        self.lock().mailboxes.contains_key(key)
+    /// Whether a wait on call `seq` on `group` (issued at `issued`) would return at once:
+    /// the call completed (or failed), a member it still needs has exited, or its deadline
+    /// passed. A poller (the replay runner) relies on this to never spin on a dead call.
+    pub fn is_complete(&self, group: &Group, seq: u64, issued: Instant) -> bool {
+        if issued.elapsed() >= self.timeout {
+            return true;
+        }
+        let st = self.lock();
+        st.slots.get(&(group.id(), seq)).is_some_and(|s| {
+            s.outcome.is_some()
+                || s.group
+                    .ranks()
+                    .iter()
+                    .zip(&s.contributions)
+                    .any(|(&r, c)| c.is_none() && st.exited[r])
+        })
     }
 
-    /// Whether call `seq` on `group` has completed.
-    pub fn is_complete(&self, group: &Group, seq: u64) -> bool {
-        self.lock()
-            .slots
-            .get(&(group.id(), seq))
-            .is_some_and(|s| s.outcome.is_some())
+    /// Whether a wait on the message under `key` (a receive issued at `issued`) would return
+    /// at once: the message arrived, its sender exited, or the deadline passed.
+    pub fn recv_ready(&self, key: &(usize, usize, u64, u64), issued: Instant) -> bool {
+        if issued.elapsed() >= self.timeout {
+            return true;
+        }
+        let st = self.lock();
+        st.mailboxes.contains_key(key) || st.exited[key.0]
     }
 
     /// Block until the message under `key` arrives; check its dtype and length.
@@ -242,9 +260,10 @@ impl Shared {
         key: (usize, usize, u64, u64),
         dtype: DType,
         len: usize,
+        issued: Instant,
     ) -> CommResult<Buffer> {
         let (src, dst, tag, seq) = key;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = issued + self.timeout;
         let mut st = self.lock();
         loop {
             if let Some(buf) = st.mailboxes.remove(&key) {
@@ -385,16 +404,18 @@ pub(crate) struct CollectiveWork {
     pub seq: u64,
     pub pos: usize,
     pub kind: CollectiveKind,
+    /// When this member issued the call; its deadline counts from here.
+    pub issued: Instant,
 }
 
 impl Work for CollectiveWork {
     fn is_complete(&self) -> bool {
-        self.shared.is_complete(&self.group, self.seq)
+        self.shared.is_complete(&self.group, self.seq, self.issued)
     }
 
     fn wait(self: Box<Self>) -> CommResult<Buffer> {
         self.shared
-            .wait_collective(&self.group, self.seq, self.pos, self.kind)
+            .wait_collective(&self.group, self.seq, self.pos, self.kind, self.issued)
     }
 }
 
@@ -404,14 +425,17 @@ pub(crate) struct RecvWork {
     pub key: (usize, usize, u64, u64),
     pub dtype: DType,
     pub len: usize,
+    /// When the receive was issued; its deadline counts from here.
+    pub issued: Instant,
 }
 
 impl Work for RecvWork {
     fn is_complete(&self) -> bool {
-        self.shared.has_message(&self.key)
+        self.shared.recv_ready(&self.key, self.issued)
     }
 
     fn wait(self: Box<Self>) -> CommResult<Buffer> {
-        self.shared.take_message(self.key, self.dtype, self.len)
+        self.shared
+            .take_message(self.key, self.dtype, self.len, self.issued)
     }
 }

@@ -3,7 +3,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::rendezvous::{CollectiveWork, Contribution, RecvWork, Shared, Signature};
 use crate::buffer::Buffer;
@@ -239,6 +239,7 @@ impl InProcComm {
                 seq,
                 pos,
                 kind,
+                issued: Instant::now(),
             }),
         )
     }
@@ -430,6 +431,7 @@ impl Collective for InProcComm {
                 key: (src, self.rank, tag, seq),
                 dtype,
                 len,
+                issued: Instant::now(),
             }),
         ))
     }
@@ -468,5 +470,70 @@ impl InProcComm {
             tag: Some(tag),
         };
         self.trace.borrow_mut().push(ev);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A poller must see a call whose peer exited as complete (its wait fails at once), and
+    /// a wait's deadline counts from the issue, not from the wait.
+    #[test]
+    fn handles_report_dead_calls_and_deadlines_count_from_issue() {
+        let world = InProcWorld::new(2)
+            .unwrap()
+            .with_timeout(Duration::from_secs(60));
+        let run = world
+            .launch(|c| {
+                let g = Group::world(2)?;
+                if c.rank() == 1 {
+                    return Ok(());
+                }
+                // Rank 1 returns without joining: the handle turns "complete" (dead) long
+                // before the 60 s timeout, and its wait fails naming rank 1.
+                let h = c.all_reduce(&g, Buffer::zeros(DType::F32, 4), ReduceOp::Sum)?;
+                while !h.is_complete() {
+                    std::thread::yield_now();
+                }
+                match h.wait() {
+                    Err(CommError::PeerExited { missing, .. }) => assert_eq!(missing, vec![1]),
+                    other => panic!("expected PeerExited, got {other:?}"),
+                }
+                Ok::<_, CommError>(())
+            })
+            .unwrap();
+        for r in run.results {
+            r.unwrap();
+        }
+
+        // A handle waited on after its deadline passed is complete and fails with Timeout.
+        let world = InProcWorld::new(2)
+            .unwrap()
+            .with_timeout(Duration::from_millis(50));
+        let run = world
+            .launch(|c| {
+                let g = Group::world(2)?;
+                if c.rank() == 1 {
+                    // Alive (not exited) but never joining until rank 0 is done.
+                    std::thread::sleep(Duration::from_millis(300));
+                    return Ok(());
+                }
+                let h = c.all_gather(&g, Buffer::zeros(DType::F32, 1))?;
+                std::thread::sleep(Duration::from_millis(100));
+                assert!(
+                    h.is_complete(),
+                    "past its deadline the handle must not block"
+                );
+                match h.wait() {
+                    Err(CommError::Timeout { missing, .. }) => assert_eq!(missing, vec![1]),
+                    other => panic!("expected Timeout, got {other:?}"),
+                }
+                Ok::<_, CommError>(())
+            })
+            .unwrap();
+        for r in run.results {
+            r.unwrap();
+        }
     }
 }

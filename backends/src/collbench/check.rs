@@ -1,0 +1,93 @@
+//! Known inputs and the exact results they must give, for collbench's `#wrong` column.
+//!
+//! Rank `r` fills element `j` with `(r + 2j) mod 5`: small integers, so every sum over up to
+//! 64 ranks (at most 256) is exact in f32 and bf16 whatever the reduction order, and a result
+//! can be compared bit for bit with the expected value.
+
+use half::bf16;
+
+use crate::buffer::Buffer;
+use crate::collbench::spec::BenchKind;
+use crate::types::DType;
+
+/// The known value of element `j` on global rank `rank`.
+pub fn value(rank: usize, j: usize) -> f32 {
+    ((rank + 2 * j) % 5) as f32
+}
+
+/// Rank `rank`'s input of `len` elements.
+pub fn input(rank: usize, len: usize, dtype: DType) -> Buffer {
+    let v: Vec<f32> = (0..len).map(|j| value(rank, j)).collect();
+    match dtype {
+        DType::F32 => Buffer::F32(v),
+        DType::Bf16 => Buffer::Bf16(v.into_iter().map(bf16::from_f32).collect()),
+        DType::F64 => Buffer::F64(v.into_iter().map(f64::from).collect()),
+        // Inputs are small integers (0..=4), exact in u8.
+        DType::U8 => Buffer::U8(v.into_iter().map(|x| x as u8).collect()),
+    }
+}
+
+/// The exact output of member `pos` of a group with global ranks `ranks`, for a collective
+/// of `kind` whose per-member input has `len` elements.
+pub fn expected(kind: BenchKind, ranks: &[usize], pos: usize, len: usize) -> Vec<f32> {
+    let n = ranks.len();
+    match kind {
+        BenchKind::AllGather => ranks
+            .iter()
+            .flat_map(|&r| (0..len).map(move |j| value(r, j)))
+            .collect(),
+        BenchKind::AllReduce => (0..len)
+            .map(|j| ranks.iter().map(|&r| value(r, j)).sum())
+            .collect(),
+        BenchKind::ReduceScatter => {
+            let c = len / n;
+            (0..c)
+                .map(|j| ranks.iter().map(|&r| value(r, pos * c + j)).sum())
+                .collect()
+        }
+        BenchKind::Broadcast => (0..len).map(|j| value(ranks[0], j)).collect(),
+        BenchKind::AllToAll => {
+            let c = len / n;
+            ranks
+                .iter()
+                .flat_map(|&r| (0..c).map(move |j| value(r, pos * c + j)))
+                .collect()
+        }
+    }
+}
+
+/// Elements of `got` that differ from `want` (a length difference counts every missing or
+/// extra element).
+pub fn count_wrong(got: &Buffer, want: &[f32]) -> u64 {
+    let got: Vec<f32> = match got {
+        Buffer::F32(v) => v.clone(),
+        Buffer::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        Buffer::F64(v) => v.iter().map(|&x| x as f32).collect(),
+        Buffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+    };
+    let differ = got
+        .iter()
+        .zip(want)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    (differ + got.len().abs_diff(want.len())) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_results_by_hand() {
+        // ranks 0 and 1, 2 elements each: rank 0 = [0, 2], rank 1 = [1, 3].
+        assert_eq!(
+            expected(BenchKind::AllGather, &[0, 1], 0, 2),
+            vec![0., 2., 1., 3.]
+        );
+        assert_eq!(expected(BenchKind::AllReduce, &[0, 1], 1, 2), vec![1., 5.]);
+        assert_eq!(expected(BenchKind::ReduceScatter, &[0, 1], 1, 2), vec![5.]);
+        assert_eq!(expected(BenchKind::Broadcast, &[0, 1], 1, 2), vec![0., 2.]);
+        assert_eq!(expected(BenchKind::AllToAll, &[0, 1], 0, 2), vec![0., 1.]);
+        assert_eq!(count_wrong(&Buffer::F32(vec![0., 1.]), &[0., 2., 3.]), 2);
+    }
+}

@@ -1,0 +1,253 @@
+//! `collbench`: the nccl-tests / hccl_test sweep on any backend.
+//!
+//! For each collective and each size from `min_bytes` to `max_bytes` (times `factor`), every
+//! group runs `warmup` untimed then `iters` timed calls back to back (issue, wait) on known
+//! inputs; the time of a size is the slowest rank's average per call, and every output is
+//! checked against the exact expected result.
+//!
+//! Sizes follow nccl-tests: `size` is the per-rank buffer nccl-tests reports (all-gather: the
+//! gathered output; reduce-scatter: the input; all-reduce, broadcast: the buffer; all-to-all:
+//! the send buffer) and `count` its element count per rank chunk (all-gather, reduce-scatter
+//! and all-to-all: `size / (n x element)`; the others: `size / element`). Sizes are rounded
+//! down to whole chunks (at least one element per chunk); sizes that round to one already
+//! measured are skipped. `algbw = size / time`, `busbw = algbw x factor` with nccl-tests'
+//! factors ([`BenchKind::busbw_factor`]), in GB/s (1e9 bytes per second).
+
+pub mod check;
+pub mod spec;
+
+use std::time::Instant;
+
+use crate::buffer::Buffer;
+use crate::collective::{Collective, Handle};
+use crate::error::{CommError, CommResult};
+use crate::group::Group;
+use crate::types::{DType, ReduceOp};
+pub use spec::{BenchKind, parse_bytes, parse_groups, parse_kinds};
+
+/// What to sweep.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchOptions {
+    /// Collectives, in order.
+    pub kinds: Vec<BenchKind>,
+    /// Smallest size, bytes.
+    pub min_bytes: u64,
+    /// Largest size, bytes.
+    pub max_bytes: u64,
+    /// Size multiplier between steps (at least 2).
+    pub factor: u64,
+    /// Timed calls per size.
+    pub iters: usize,
+    /// Untimed calls per size before them.
+    pub warmup: usize,
+    /// Element type.
+    pub dtype: DType,
+    /// The groups run concurrently (a rank in none only takes part in the timing).
+    pub groups: Vec<Group>,
+}
+
+/// One line of the sweep (the CSV row without the tier, which needs the hardware topology).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    /// The collective.
+    pub kind: BenchKind,
+    /// nccl-tests' size, bytes.
+    pub size_bytes: u64,
+    /// nccl-tests' count, elements.
+    pub count: u64,
+    /// Element type.
+    pub dtype: DType,
+    /// `sum` for reductions, `none` otherwise.
+    pub redop: &'static str,
+    /// Root (group-local 0) for broadcast, -1 otherwise.
+    pub root: i64,
+    /// Slowest rank's average time per call, microseconds.
+    pub time_us: f64,
+    /// `size / time`, GB/s.
+    pub algbw_gbps: f64,
+    /// `algbw x factor`, GB/s.
+    pub busbw_gbps: f64,
+    /// Output elements that differ from the expected result, summed over ranks and calls.
+    pub wrong: u64,
+    /// Ranks per group (the largest group).
+    pub group_ranks: usize,
+}
+
+impl BenchRow {
+    /// nccl-tests' type name (`float`, `bfloat16`).
+    pub fn type_name(&self) -> &'static str {
+        match self.dtype {
+            DType::F32 => "float",
+            DType::Bf16 => "bfloat16",
+            DType::F64 => "double",
+            DType::U8 => "uint8",
+        }
+    }
+}
+
+/// The distinct sizes of the sweep for `kind` on groups of `n` ranks: `(size, count, input
+/// elements per rank)`.
+pub fn sweep_sizes(kind: BenchKind, o: &BenchOptions, n: usize) -> Vec<(u64, u64, usize)> {
+    let es = o.dtype.size_bytes() as u64;
+    let mut out: Vec<(u64, u64, usize)> = Vec::new();
+    let mut s = o.min_bytes.max(1);
+    while s <= o.max_bytes {
+        let (size, count, input) = if kind.chunked() {
+            let chunk = (s / (es * n as u64)).max(1);
+            let input = match kind {
+                BenchKind::AllGather => chunk,
+                _ => chunk * n as u64,
+            };
+            (chunk * n as u64 * es, chunk, input as usize)
+        } else {
+            let c = (s / es).max(1);
+            (c * es, c, c as usize)
+        };
+        if out.last().is_none_or(|l| l.0 != size) {
+            out.push((size, count, input));
+        }
+        match s.checked_mul(o.factor.max(2)) {
+            Some(next) => s = next,
+            None => break,
+        }
+    }
+    out
+}
+
+fn issue<C: Collective + ?Sized>(
+    comm: &C,
+    kind: BenchKind,
+    g: &Group,
+    input: Buffer,
+) -> CommResult<Handle> {
+    match kind {
+        BenchKind::AllGather => comm.all_gather(g, input),
+        BenchKind::ReduceScatter => comm.reduce_scatter(g, input, ReduceOp::Sum),
+        BenchKind::AllReduce => comm.all_reduce(g, input, ReduceOp::Sum),
+        BenchKind::Broadcast => comm.broadcast(g, input, g.ranks()[0]),
+        BenchKind::AllToAll => comm.all_to_all(g, input),
+    }
+}
+
+/// Runs the sweep on this rank; every rank gets the rows (times and `#wrong` are reduced over
+/// the world).
+pub fn run_sweep<C: Collective + ?Sized>(comm: &C, o: &BenchOptions) -> CommResult<Vec<BenchRow>> {
+    let world = Group::world(comm.world_size())?;
+    let me = comm.rank();
+    let mine = o.groups.iter().find(|g| g.contains(me));
+    let n = o.groups.iter().map(Group::size).max().unwrap_or(1);
+    let mut rows = Vec::new();
+    for &kind in &o.kinds {
+        for (size, count, len) in sweep_sizes(kind, o, n) {
+            let mut wrong = 0u64;
+            let mut elapsed_s = 0.0;
+            if let Some(g) = mine {
+                let pos = g.position(me).unwrap_or(0);
+                let want = check::expected(kind, g.ranks(), pos, len);
+                for _ in 0..o.warmup {
+                    let out = issue(comm, kind, g, check::input(me, len, o.dtype))?.wait()?;
+                    wrong += check::count_wrong(&out, &want);
+                }
+                comm.barrier(&world)?.wait()?;
+                let inputs: Vec<Buffer> = (0..o.iters.max(1))
+                    .map(|_| check::input(me, len, o.dtype))
+                    .collect();
+                let t0 = Instant::now();
+                let mut outs = Vec::with_capacity(inputs.len());
+                for input in inputs {
+                    outs.push(issue(comm, kind, g, input)?.wait()?);
+                }
+                elapsed_s = t0.elapsed().as_secs_f64();
+                wrong += outs
+                    .iter()
+                    .map(|b| check::count_wrong(b, &want))
+                    .sum::<u64>();
+            } else {
+                comm.barrier(&world)?.wait()?;
+            }
+            let mine_us = elapsed_s * 1e6 / o.iters.max(1) as f64;
+            let red = comm
+                .all_reduce(&world, Buffer::F32(vec![mine_us as f32]), ReduceOp::Max)?
+                .wait_vec::<f32>()?;
+            let bad = comm
+                .all_reduce(&world, Buffer::F32(vec![wrong as f32]), ReduceOp::Sum)?
+                .wait_vec::<f32>()?;
+            let time_us = f64::from(red.first().copied().unwrap_or(0.0));
+            let algbw = if time_us > 0.0 {
+                size as f64 / (time_us * 1e-6) / 1e9
+            } else {
+                0.0
+            };
+            rows.push(BenchRow {
+                kind,
+                size_bytes: size,
+                count,
+                dtype: o.dtype,
+                redop: match kind {
+                    BenchKind::AllReduce | BenchKind::ReduceScatter => "sum",
+                    _ => "none",
+                },
+                root: if kind == BenchKind::Broadcast { 0 } else { -1 },
+                time_us,
+                algbw_gbps: algbw,
+                busbw_gbps: algbw * kind.busbw_factor(n),
+                wrong: bad.first().copied().unwrap_or(0.0) as u64,
+                group_ranks: n,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Checks the options before a sweep: sizes ordered, factor at least 2, groups non-empty.
+pub fn validate(o: &BenchOptions) -> Result<(), CommError> {
+    let bad = |reason: String| Err(CommError::InvalidWorld(reason));
+    if o.min_bytes == 0 || o.min_bytes > o.max_bytes {
+        return bad(format!(
+            "--min-bytes {} must be at least 1 and at most --max-bytes {}",
+            o.min_bytes, o.max_bytes
+        ));
+    }
+    if o.factor < 2 {
+        return bad(format!("--factor {} must be at least 2", o.factor));
+    }
+    if o.groups.is_empty() || o.kinds.is_empty() {
+        return bad("no group or no collective to benchmark".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inproc::InProcWorld;
+
+    #[test]
+    fn sweep_on_inproc_is_correct_and_sized_like_nccl_tests() {
+        let o = BenchOptions {
+            kinds: BenchKind::ALL.to_vec(),
+            min_bytes: 8,
+            max_bytes: 256,
+            factor: 4,
+            iters: 2,
+            warmup: 1,
+            dtype: DType::F32,
+            groups: vec![Group::world(4).unwrap()],
+        };
+        validate(&o).unwrap();
+        let sizes = sweep_sizes(BenchKind::AllGather, &o, 4);
+        // 8 B rounds up to one f32 per rank chunk (16 B); 32, 128 stay.
+        assert_eq!(
+            sizes.iter().map(|s| s.0).collect::<Vec<_>>(),
+            vec![16, 32, 128]
+        );
+        assert_eq!(sizes[2], (128, 8, 8));
+        let rs = sweep_sizes(BenchKind::ReduceScatter, &o, 4);
+        assert_eq!(rs[2], (128, 8, 32));
+        let run = InProcWorld::run(4, |c| run_sweep(c, &o)).unwrap();
+        let rows = run.results[0].clone().unwrap();
+        assert_eq!(rows.len(), 3 + 3 + 3 + 3 + 3);
+        assert!(rows.iter().all(|r| r.wrong == 0), "{rows:?}");
+        assert_eq!(run.results[1].clone().unwrap().len(), rows.len());
+    }
+}

@@ -1,0 +1,224 @@
+//! `hpfsdp replay`: run a scenario's step programs for real on a collective backend and put
+//! the measured timeline beside the simulator's prediction of the same programs.
+//!
+//! The prediction is the simulator's for the same (possibly scaled-down, see [`scale`])
+//! scenario on the backend's hardware profile (`cpu-mpi` for inproc and mpi unless
+//! `--hardware`; the scenario's own profile for hccl and nccl). Every rank walks its own
+//! program (the one the simulator timed) with compute and copy ops lasting their predicted
+//! durations (`--compute busy`) or doing real f32 GEMMs and copies (`--compute real`).
+
+mod report;
+mod scale;
+
+use anyhow::{Context, Result, bail};
+use hpfsdp_backends::replay::{
+    ComputeMode, FaultBoard, FaultInjection, ReplayError, ReplayOptions, ReplayRank,
+    buffer_bytes_estimate, check_injection, dependency_violations, measured_timeline, run_rank,
+};
+use hpfsdp_backends::select::{BackendKind, ensure_built, run_on_backend};
+use hpfsdp_plan::program::{StepProgram, Timeline};
+use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
+use hpfsdp_sim::HardwareProfile;
+use hpfsdp_sim::scenario_run::{
+    RunOptions, ScenarioPlans, hardware_dir_for, prepare, run_prepared,
+};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// Options of `hpfsdp replay`.
+pub struct ReplayArgs {
+    /// Scenario file.
+    pub scenario: PathBuf,
+    /// Backend to run on.
+    pub backend: BackendKind,
+    /// FSDP strategy (default: the scenario's).
+    pub strategy: Option<String>,
+    /// Shrink the mesh to this many ranks.
+    pub ranks: Option<usize>,
+    /// Truncate the model to this many decoder layers.
+    pub layers: Option<usize>,
+    /// Measured steps.
+    pub steps: usize,
+    /// Warm-up steps.
+    pub warmup: usize,
+    /// Output directory (default `reports/replay/<scenario>`).
+    pub out: Option<PathBuf>,
+    /// Print the summary as JSON.
+    pub json: bool,
+    /// Fault timeout, seconds.
+    pub timeout_s: f64,
+    /// Busy or real compute.
+    pub compute: ComputeMode,
+    /// Hardware profile of the prediction.
+    pub hardware: Option<String>,
+    /// Test hook: a fault to inject.
+    pub inject_fault: Option<FaultInjection>,
+}
+
+/// The programs and prediction of the scenario a replay runs.
+struct Prepared {
+    scenario: Scenario,
+    notes: Vec<String>,
+    strategy: String,
+    profile: HardwareProfile,
+    programs: Vec<StepProgram>,
+    predicted: Timeline,
+}
+
+fn prepare_replay(args: &ReplayArgs) -> Result<Prepared> {
+    let scenario = Scenario::load(&args.scenario)?;
+    let mut scaled = scale::scale(scenario, args.ranks, args.layers)?;
+    let hardware = args.hardware.clone().unwrap_or_else(|| {
+        args.backend
+            .default_hardware(&scaled.scenario.file.hardware)
+    });
+    let profile = HardwareProfile::load_named(&hardware, hardware_dir_for(&args.scenario))
+        .with_context(|| format!("loading hardware profile '{hardware}'"))?;
+    if profile.name != scaled.scenario.file.hardware {
+        scale::place_on_profile(&mut scaled.scenario, &profile, &mut scaled.notes)?;
+    }
+    let strategy = args
+        .strategy
+        .clone()
+        .unwrap_or_else(|| scaled.scenario.file.fsdp.strategy.clone());
+    if !FSDP_STRATEGIES.contains(&strategy.as_str()) {
+        bail!(
+            "--strategy {strategy}: unknown strategy; choose one of {}",
+            FSDP_STRATEGIES.join(", ")
+        );
+    }
+    let plans = ScenarioPlans::new(scaled.scenario.clone());
+    let prepared = prepare(&plans, &strategy, None, false)?;
+    let options = RunOptions {
+        fold: false,
+        validation_mode: false,
+        record_timeline: true,
+        optimizer: None,
+    };
+    let run = run_prepared(&prepared, &profile, &options)?;
+    let predicted = run
+        .result
+        .timeline
+        .context("the simulator recorded no timeline")?;
+    let programs = prepared
+        .workload
+        .units
+        .into_iter()
+        .map(|u| u.program)
+        .collect();
+    Ok(Prepared {
+        scenario: scaled.scenario,
+        notes: scaled.notes,
+        strategy,
+        profile,
+        programs,
+        predicted,
+    })
+}
+
+/// Refuses a replay whose buffers would not fit in this machine's available memory (the
+/// ranks of this process: all of them for inproc, one otherwise).
+fn check_memory(backend: BackendKind, ranks: &[ReplayRank]) -> Result<()> {
+    let need: u64 = if backend.ranks_are_threads() {
+        ranks.iter().map(buffer_bytes_estimate).sum()
+    } else {
+        ranks.iter().map(buffer_bytes_estimate).max().unwrap_or(0)
+    };
+    let Some(available) = available_memory_bytes() else {
+        return Ok(());
+    };
+    if need > available {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        bail!(
+            "replaying needs about {:.1} GiB of communication buffers in this process but only {:.1} GiB of memory is available; scale down with --ranks N or --layers L, or replay on a multi-process backend",
+            gib(need),
+            gib(available)
+        );
+    }
+    Ok(())
+}
+
+/// `MemAvailable` of `/proc/meminfo`, when readable (Linux).
+fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Runs the command.
+pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
+    ensure_built(args.backend)?;
+    if args.steps == 0 {
+        bail!("--steps 0: measure at least one step");
+    }
+    if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
+        bail!(
+            "--timeout-s {}: give a positive number of seconds",
+            args.timeout_s
+        );
+    }
+    let prep = prepare_replay(args)?;
+    let ranks: Vec<ReplayRank> = prep
+        .programs
+        .iter()
+        .map(|p| {
+            let t = prep
+                .predicted
+                .rank(p.rank)
+                .with_context(|| format!("the prediction has no rank {}", p.rank))?;
+            Ok(ReplayRank::from_prediction(p.clone(), t)?)
+        })
+        .collect::<Result<_>>()?;
+    let options = ReplayOptions {
+        steps: args.steps,
+        warmup: args.warmup,
+        compute: args.compute,
+        timeout: Duration::from_secs_f64(args.timeout_s),
+        fault: args.inject_fault,
+    };
+    check_injection(&ranks, &options)?;
+    check_memory(args.backend, &ranks)?;
+    let predicted_s = prep.predicted.end_ns() as f64 * 1e-9;
+    if predicted_s > 10.0 {
+        eprintln!(
+            "note: the predicted step takes {predicted_s:.1} s on {}; the replay runs {} steps of about that long (scale down with --layers L or --ranks N)",
+            prep.profile.name,
+            args.warmup + args.steps
+        );
+    }
+    let n = ranks.len();
+    let board = FaultBoard::new();
+    let results = run_on_backend(args.backend, n, options.timeout, |comm| {
+        if comm.world_size() != n {
+            return Err(ReplayError::Setup(format!(
+                "the {} backend has {} ranks but the scenario has {n}; launch {n} processes or pass --ranks {}",
+                args.backend,
+                comm.world_size(),
+                comm.world_size()
+            )));
+        }
+        run_rank(comm, &ranks[comm.rank()], &options, &board)
+    })?;
+    let faults = board.faults();
+    if !faults.is_empty() {
+        return Err(ReplayError::from_faults(faults).into());
+    }
+    let Some(first) = results.into_iter().next() else {
+        bail!("the backend ran no rank");
+    };
+    let Some(all) = first? else {
+        // Not rank 0 of a multi-process backend: rank 0 reports.
+        return Ok(ExitCode::SUCCESS);
+    };
+    let producer = format!(
+        "hpfsdp-backends {} / {}",
+        hpfsdp_backends::BACKENDS_VERSION,
+        args.backend
+    );
+    let measured = measured_timeline(&all, &producer);
+    let violations = dependency_violations(&prep.programs, &measured.timeline);
+    let report = report::build(args, &prep, &measured);
+    report::emit(args, &report, violations.len())
+}
