@@ -106,6 +106,13 @@ impl MuonParam {
         self.shape.iter().product()
     }
 
+    /// Elements of this parameter on one rank of its shard group (ceil-chunk): what the
+    /// production-mode runtime holds as a plain local tensor and what HyperParallel's HSDP
+    /// batch cap counts.
+    pub fn local_numel(&self) -> u64 {
+        self.numel().div_ceil(self.shard_size().max(1) as u64)
+    }
+
     /// Product of the shard axis sizes.
     pub fn shard_size(&self) -> usize {
         self.shard_axes.iter().map(|a| a.size).product()
@@ -217,7 +224,10 @@ impl MuonPlan {
 }
 
 /// The HSDP batch soft cap in elements per replica-count unit (HyperParallel compares the
-/// 512 MiB byte constant against a numel).
+/// 512 MiB byte constant against a numel). In production mode the runtime's parameters are
+/// plain local shards, so the numel it compares is the **local** one: a batch closes once the
+/// sum of its members' local-shard elements reaches the cap (whole-matrix elements up to the
+/// cap times the shard-group size).
 pub const HSDP_BATCH_NUMEL: u64 = 512 * 1024 * 1024;
 /// Newton-Schulz memory cap: 2^29 elements divided by the shard-group size `S`, compared with
 /// the whole-matrix numel (the optimizer's parameters are DTensors, so `p.numel()` is global:
@@ -465,7 +475,8 @@ struct SubBatch<'a> {
     numel: u64,
 }
 
-/// Greedy HSDP sub-batches under the soft `cap` (a batch closes once it reaches the cap),
+/// Greedy HSDP sub-batches under the soft `cap` of local-shard elements (a batch closes once
+/// the sum of its members' [`MuonParam::local_numel`] reaches the cap),
 /// per domain (in `ordered` order) and per EP coordinate: each coordinate batches its own
 /// per-expert weights, as HyperParallel's per-process optimizer does.
 fn sub_batches<'a>(
@@ -483,13 +494,16 @@ fn sub_batches<'a>(
             members.sort_by_key(|&i| (std::cmp::Reverse(params[i].numel()), i));
             let mut current: Vec<usize> = Vec::new();
             let mut numel = 0;
+            let mut local = 0;
             let mut list = Vec::new();
             for i in members {
                 current.push(i);
                 numel += params[i].numel();
-                if numel >= cap {
+                local += params[i].local_numel();
+                if local >= cap {
                     list.push((std::mem::take(&mut current), numel));
                     numel = 0;
+                    local = 0;
                 }
             }
             if !current.is_empty() {
