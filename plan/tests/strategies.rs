@@ -164,7 +164,9 @@ fn exp_b_counts_and_bytes() {
         .filter_map(|o| o.payload.as_collective())
         .filter(|c| c.kind == CollectiveKind::AllGather)
         .collect();
-    assert_eq!(opt_ag.len(), 28);
+    // One fused Muon gather per NS memory batch: 10 with `min_batch_size = S` (the default;
+    // exp B's measured 28 is the earlier revision, see plan/tests/strategy_muon.rs).
+    assert_eq!(opt_ag.len(), 10);
     assert!(opt_ag.iter().all(|c| c.aligned_512));
     let f2_rs = shard_bytes(&prog, Category::FsdpRs, CollectiveKind::ReduceScatter);
     assert_eq!(f2_rs, hp_rs);

@@ -497,7 +497,7 @@ fn at_most_one_batch_in_flight() {
             }
         }
     }
-    assert_eq!(order.len(), 28, "fused-gather NS batches on exp-b");
+    assert_eq!(order.len(), 10, "fused-gather NS batches on exp-b");
     let mut checked = 0;
     for j in 0..order.len() {
         let Some(ns) = ns_pos.get(&order[j]) else {
@@ -566,11 +566,12 @@ fn at_most_one_batch_in_flight() {
     }
 }
 
-/// Optimizer all-gathers per step on exp-b, against the calibration's 28 (FSDP2: 125 - 97)
-/// and 28 (HyperParallel: 1,087 - 1,059, the root unit not regathered in backward): one fused
-/// gather per NS memory batch of the measured revision (exp-b.toml sets
-/// `ns_batch_fill_owners = false`: every projection over the 2^29 / 16 cap alone, 16 + 12).
-/// With the current revision's `min_batch_size = S` it would be 4 + 6 = 10.
+/// Optimizer all-gathers per step on exp-b: one fused gather per NS memory batch. With the
+/// current revision's `min_batch_size = S` (the default) that is 6 projection batches of 16
+/// plus 4 small-matrix batches = 10. The calibration measured 28 (FSDP2: 125 - 97;
+/// HyperParallel: 1,087 - 1,059), which is what `ns_batch_fill_owners = false` gives
+/// (checked in plan/tests/fsdp_muon_plans.rs): the measured run predates `min_batch_size`, and
+/// the calibration report shows the difference rather than pinning the knob on exp B.
 #[test]
 fn exp_b_optimizer_gather_counts() {
     let x = load("paper/exp-b.toml");
@@ -594,7 +595,7 @@ fn exp_b_optimizer_gather_counts() {
     }
     // Both FSDP layouts shard every matrix on dim 0 over 16: the same Muon plan.
     assert_eq!(counts[0], counts[1]);
-    assert_eq!(counts[0], 28);
+    assert_eq!(counts[0], 10);
     for o in [
         OptimizerStrategy::Naive,
         OptimizerStrategy::Moonlight,
