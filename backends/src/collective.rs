@@ -150,6 +150,16 @@ pub trait Collective {
 
     /// This rank's calls so far, in issue order.
     fn trace(&self) -> Vec<TraceEvent>;
+
+    /// Creates the communicators of `groups` (the groups of this rank's program) up front.
+    /// Backends that create a group's communicator lazily with a call that is collective over
+    /// its members (MPI's `MPI_Comm_create_group`) deadlock when two ranks first use two shared
+    /// groups in different orders, which an asynchronous runner such as replay does; creating
+    /// them here, in an order every rank agrees on, avoids that. The default does nothing.
+    fn prepare_groups(&self, groups: &[Group]) -> CommResult<()> {
+        let _ = groups;
+        Ok(())
+    }
 }
 
 /// Blocking, typed forms of the [`Collective`] calls (issue, then wait).

@@ -1,7 +1,8 @@
 //! Choosing a backend at run time and launching its ranks.
 //!
 //! - `inproc`: N ranks as threads of this process ([`InProcWorld`]); always available.
-//! - `mpi`: one rank per process under `mpirun` (`MpiComm::world()`, cargo feature `mpi`).
+//! - `mpi`: one rank per process under `mpirun` (`MpiComm::world_with`, deterministic
+//!   reductions, the run's timeout on every wait; cargo feature `mpi`).
 //! - `nccl`: one rank per process, NCCL loaded at run time (`NcclComm::from_env()`, feature
 //!   `nccl`).
 //! - `hccl`: one rank per process, HCCL loaded at run time (`HcclComm::from_env()`, feature
@@ -177,7 +178,11 @@ where
         }
         #[cfg(feature = "mpi")]
         BackendKind::Mpi => {
-            let comm = crate::mpi::MpiComm::world().map_err(start)?;
+            let comm = crate::mpi::MpiComm::world_with(crate::mpi::MpiOptions {
+                mode: crate::mpi::ReductionMode::Deterministic,
+                timeout,
+            })
+            .map_err(start)?;
             Ok(vec![f(&comm)])
         }
         #[cfg(feature = "nccl")]

@@ -150,6 +150,12 @@ impl Engine {
         }
     }
 
+    /// Creates the group's communicator now if it does not exist yet (see
+    /// `Collective::prepare_groups`).
+    pub fn ensure_comm(&mut self, group: &Group) -> CommResult<()> {
+        self.comm_of(group, CollectiveKind::Barrier, 0).map(|_| ())
+    }
+
     /// The group's communicator, created on first use (collective over the group's members
     /// only; a watchdog ends the process if a member never joins).
     fn comm_of(&mut self, group: &Group, kind: CollectiveKind, seq: u64) -> CommResult<RawComm> {
@@ -256,6 +262,38 @@ impl Engine {
         })
     }
 
+    /// Non-blocking [`Engine::advance`]: posts `group`'s calls up to call `seq` in order while
+    /// their header exchanges have completed; stops at the first call still waiting (errors
+    /// are recorded on the call and reported by its `wait`).
+    fn try_advance(&mut self, group: GroupId, seq: u64) {
+        while let Some(&id) = self.queues.get(&group).and_then(|q| q.front()) {
+            let ready = match self.ops.get_mut(&id) {
+                Some(Op::Collective(op)) if op.seq <= seq => {
+                    op.payload.is_some()
+                        || op.failed.is_some()
+                        || op
+                            .header
+                            .as_mut()
+                            .is_none_or(|h| h.reqs.iter_mut().all(|r| r.test().unwrap_or(true)))
+                }
+                Some(Op::Collective(_)) => return,
+                _ => true,
+            };
+            if !ready {
+                return;
+            }
+            let this = match self.ops.get(&id) {
+                Some(Op::Collective(op)) => op.seq,
+                _ => seq,
+            };
+            if self.advance(group, this).is_err()
+                || self.queues.get(&group).and_then(|q| q.front()) == Some(&id)
+            {
+                return;
+            }
+        }
+    }
+
     /// Post the payloads of `group`'s calls up to and including call `seq`, in call order.
     fn advance(&mut self, group: GroupId, seq: u64) -> CommResult<()> {
         while let Some(&id) = self.queues.get(&group).and_then(|q| q.front()) {
@@ -329,8 +367,17 @@ impl Engine {
         Ok(())
     }
 
-    /// Whether call `id` has finished (never blocks, never posts).
+    /// Whether call `id` has finished. Never blocks; posts, in call order, the payloads of
+    /// its group's earlier calls and its own whose header exchange has already completed, so
+    /// a caller that only polls (replay issues asynchronously and polls) still makes progress.
     pub fn is_complete(&mut self, id: u64) -> bool {
+        if let Some(Op::Collective(op)) = self.ops.get(&id)
+            && op.payload.is_none()
+            && op.failed.is_none()
+        {
+            let (group, seq) = (op.group.id(), op.seq);
+            self.try_advance(group, seq);
+        }
         match self.ops.get_mut(&id) {
             Some(Op::Collective(op)) => {
                 op.failed.is_some()

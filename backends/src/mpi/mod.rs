@@ -313,6 +313,24 @@ impl Collective for MpiComm {
         "mpi"
     }
 
+    /// Creates the communicators of the groups this rank belongs to in ascending (ranks,
+    /// label) order, an order every rank agrees on, so no two ranks wait on each other's
+    /// `MPI_Comm_create_group` in opposite orders.
+    fn prepare_groups(&self, groups: &[Group]) -> CommResult<()> {
+        let mut mine: Vec<&Group> = groups
+            .iter()
+            .filter(|g| g.position(self.rank).is_some())
+            .collect();
+        mine.sort_by(|a, b| (a.ranks(), a.label()).cmp(&(b.ranks(), b.label())));
+        mine.dedup_by(|a, b| a.id() == b.id());
+        let mut engine = self.lock();
+        for g in mine {
+            g.check_world(self.world_size)?;
+            engine.ensure_comm(g)?;
+        }
+        Ok(())
+    }
+
     fn rank(&self) -> usize {
         self.rank
     }

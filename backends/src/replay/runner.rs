@@ -128,6 +128,16 @@ pub fn run_rank<C: Collective + ?Sized>(
     let mut walker = Walker::new(comm, &rank.program, &rank.op_ns, options, board)
         .map_err(|m| fail(setup(m)))?;
     let world = Group::world(comm.world_size()).map_err(|e| fail(setup(e.to_string())))?;
+    // Communicators up front: collectives are issued asynchronously, so two ranks may first
+    // use two shared groups in different orders.
+    let mut groups = vec![world.clone()];
+    for g in &rank.program.groups {
+        groups.push(
+            Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| fail(setup(e.to_string())))?,
+        );
+    }
+    comm.prepare_groups(&groups)
+        .map_err(|e| fail(setup(format!("creating the communicators: {e}"))))?;
     let mut measured = Vec::with_capacity(options.steps);
     for step in 0..options.warmup + options.steps.max(1) {
         sync_world(comm, &world, board).map_err(|m| fail(setup(m)))?;
