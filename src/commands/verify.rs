@@ -553,8 +553,19 @@ fn run_mpi(args: &VerifyArgs, timeout: std::time::Duration) -> Result<ExitCode> 
     let rank = comm.rank();
     let spec = match mpi_preflight(args, &comm) {
         Ok(s) => s,
-        Err(e) if rank == 0 => return Err(e),
-        Err(_) => return Ok(ExitCode::from(2)),
+        Err(e) => {
+            // The same outcome on every rank; rank 0 reports it. mpirun ends the whole job at
+            // the first non-zero exit, so no rank leaves before rank 0 has printed.
+            if rank == 0 {
+                eprintln!("error: {e:#}");
+            }
+            if let Ok(world) = hpfsdp_backends::Group::world(comm.world_size())
+                && let Ok(h) = comm.barrier(&world)
+            {
+                let _ = h.wait();
+            }
+            return Ok(ExitCode::from(2));
+        }
     };
     match hpfsdp_reference::verify::verify_on(&spec, &comm) {
         Ok(Some(report)) => emit(args, &report, None),
