@@ -29,6 +29,7 @@
 //! # Ok::<(), hpfsdp_backends::CommError>(())
 //! ```
 
+mod args;
 pub mod buffer;
 pub mod collbench;
 pub mod collective;

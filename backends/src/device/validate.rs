@@ -53,34 +53,8 @@ impl Spec {
     }
 }
 
-/// The caller's position in `group`, after checking the group fits the world.
-pub(crate) fn position(
-    kind: CollectiveKind,
-    group: &Group,
-    rank: usize,
-    world_size: usize,
-) -> CommResult<usize> {
-    group.check_world(world_size)?;
-    group.position(rank).ok_or_else(|| CommError::NotInGroup {
-        rank,
-        group: format!("{} ({kind})", group.label()),
-        ranks: group.ranks().to_vec(),
-    })
-}
-
-fn divisible(kind: CollectiveKind, len: usize, group: &Group) -> CommResult<usize> {
-    if len.is_multiple_of(group.size()) {
-        Ok(len / group.size())
-    } else {
-        Err(CommError::InvalidArgument {
-            kind,
-            reason: format!(
-                "{len} elements do not split into {} equal chunks",
-                group.size()
-            ),
-        })
-    }
-}
+pub(crate) use crate::args::position;
+use crate::args::{check_counts, chunk_len, root_position};
 
 /// Build the spec of a group collective from the caller's arguments (`input_len` elements in).
 pub(crate) fn spec_for(
@@ -94,7 +68,7 @@ pub(crate) fn spec_for(
     Ok(match kind {
         CollectiveKind::AllGather => Spec::AllGather { count: input_len },
         CollectiveKind::ReduceScatter => Spec::ReduceScatter {
-            recv_count: divisible(kind, input_len, group)?,
+            recv_count: chunk_len(kind, input_len, group)?,
             op,
         },
         CollectiveKind::AllReduce => Spec::AllReduce {
@@ -102,20 +76,14 @@ pub(crate) fn spec_for(
             op,
         },
         CollectiveKind::Broadcast => {
-            let root = root.unwrap_or(usize::MAX);
-            let root_pos = group
-                .position(root)
-                .ok_or_else(|| CommError::InvalidArgument {
-                    kind,
-                    reason: format!("root {root} is not a member of {group}"),
-                })?;
+            let root_pos = root_position(kind, group, root.unwrap_or(usize::MAX))?;
             Spec::Broadcast {
                 count: input_len,
                 root_pos,
             }
         }
         CollectiveKind::AllToAll => Spec::AllToAll {
-            count: divisible(kind, input_len, group)?,
+            count: chunk_len(kind, input_len, group)?,
             nranks: group.size(),
         },
         CollectiveKind::Barrier => Spec::Barrier,
@@ -135,25 +103,7 @@ pub(crate) fn spec_all_to_all_v(
     send_counts: &[usize],
     recv_counts: &[usize],
 ) -> CommResult<Spec> {
-    let kind = CollectiveKind::AllToAllV;
-    if send_counts.len() != group.size() || recv_counts.len() != group.size() {
-        return Err(CommError::InvalidArgument {
-            kind,
-            reason: format!(
-                "{} send counts and {} receive counts for a group of {}",
-                send_counts.len(),
-                recv_counts.len(),
-                group.size()
-            ),
-        });
-    }
-    let total: usize = send_counts.iter().sum();
-    if total != input_len {
-        return Err(CommError::InvalidArgument {
-            kind,
-            reason: format!("send counts add up to {total} but the input has {input_len} elements"),
-        });
-    }
+    check_counts(group, input_len, send_counts, recv_counts)?;
     Ok(Spec::AllToAllV(AllToAllVLayout::packed(
         send_counts,
         recv_counts,

@@ -170,14 +170,7 @@ impl InProcComm {
     }
 
     fn member_position(&self, kind: CollectiveKind, group: &Group) -> CommResult<usize> {
-        group.check_world(self.world_size)?;
-        group
-            .position(self.rank)
-            .ok_or_else(|| CommError::NotInGroup {
-                rank: self.rank,
-                group: format!("{} ({kind})", group.label()),
-                ranks: group.ranks().to_vec(),
-            })
+        crate::args::position(kind, group, self.rank, self.world_size)
     }
 
     fn check_peer(&self, kind: CollectiveKind, peer: usize) -> CommResult<()> {
@@ -273,18 +266,7 @@ impl InProcComm {
     }
 
     fn divisible(kind: CollectiveKind, input: &Buffer, group: &Group) -> CommResult<()> {
-        if input.len().is_multiple_of(group.size()) {
-            Ok(())
-        } else {
-            Err(CommError::InvalidArgument {
-                kind,
-                reason: format!(
-                    "{} elements do not split into {} equal chunks",
-                    input.len(),
-                    group.size()
-                ),
-            })
-        }
+        crate::args::chunk_len(kind, input.len(), group).map(|_| ())
     }
 }
 
@@ -321,12 +303,7 @@ impl Collective for InProcComm {
     fn broadcast(&self, group: &Group, buffer: Buffer, root: usize) -> CommResult<Handle> {
         let kind = CollectiveKind::Broadcast;
         self.member_position(kind, group)?;
-        if !group.contains(root) {
-            return Err(CommError::InvalidArgument {
-                kind,
-                reason: format!("root {root} is not a member of {group}"),
-            });
-        }
+        crate::args::root_position(kind, group, root)?;
         let out = buffer.len();
         self.simple(kind, group, buffer, None, Some(root), out)
     }
@@ -347,27 +324,7 @@ impl Collective for InProcComm {
     ) -> CommResult<Handle> {
         let kind = CollectiveKind::AllToAllV;
         let pos = self.member_position(kind, group)?;
-        if send_counts.len() != group.size() || recv_counts.len() != group.size() {
-            return Err(CommError::InvalidArgument {
-                kind,
-                reason: format!(
-                    "{} send counts and {} receive counts for a group of {}",
-                    send_counts.len(),
-                    recv_counts.len(),
-                    group.size()
-                ),
-            });
-        }
-        let total: usize = send_counts.iter().sum();
-        if total != input.len() {
-            return Err(CommError::InvalidArgument {
-                kind,
-                reason: format!(
-                    "send counts add up to {total} but the input has {} elements",
-                    input.len()
-                ),
-            });
-        }
+        crate::args::check_counts(group, input.len(), send_counts, recv_counts)?;
         let sig = Signature {
             kind,
             dtype: input.dtype(),

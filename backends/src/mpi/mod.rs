@@ -158,29 +158,11 @@ impl MpiComm {
     }
 
     fn member_position(&self, kind: CollectiveKind, group: &Group) -> CommResult<usize> {
-        group.check_world(self.world_size)?;
-        group
-            .position(self.rank)
-            .ok_or_else(|| CommError::NotInGroup {
-                rank: self.rank,
-                group: format!("{} ({kind})", group.label()),
-                ranks: group.ranks().to_vec(),
-            })
+        crate::args::position(kind, group, self.rank, self.world_size)
     }
 
     fn divisible(kind: CollectiveKind, input: &Buffer, group: &Group) -> CommResult<()> {
-        if input.len().is_multiple_of(group.size()) {
-            Ok(())
-        } else {
-            Err(CommError::InvalidArgument {
-                kind,
-                reason: format!(
-                    "{} elements do not split into {} equal chunks",
-                    input.len(),
-                    group.size()
-                ),
-            })
-        }
+        crate::args::chunk_len(kind, input.len(), group).map(|_| ())
     }
 
     fn next_seq(map: &RefCell<HashMap<(usize, u64), u64>>, key: (usize, u64)) -> u64 {
@@ -359,12 +341,7 @@ impl Collective for MpiComm {
     fn broadcast(&self, group: &Group, buffer: Buffer, root: usize) -> CommResult<Handle> {
         let kind = CollectiveKind::Broadcast;
         self.member_position(kind, group)?;
-        if !group.contains(root) {
-            return Err(CommError::InvalidArgument {
-                kind,
-                reason: format!("root {root} is not a member of {group}"),
-            });
-        }
+        crate::args::root_position(kind, group, root)?;
         let out = buffer.len();
         self.simple(kind, group, buffer, None, Some(root), out)
     }
@@ -385,27 +362,7 @@ impl Collective for MpiComm {
     ) -> CommResult<Handle> {
         let kind = CollectiveKind::AllToAllV;
         let pos = self.member_position(kind, group)?;
-        if send_counts.len() != group.size() || recv_counts.len() != group.size() {
-            return Err(CommError::InvalidArgument {
-                kind,
-                reason: format!(
-                    "{} send counts and {} receive counts for a group of {}",
-                    send_counts.len(),
-                    recv_counts.len(),
-                    group.size()
-                ),
-            });
-        }
-        let total: usize = send_counts.iter().sum();
-        if total != input.len() {
-            return Err(CommError::InvalidArgument {
-                kind,
-                reason: format!(
-                    "send counts add up to {total} but the input has {} elements",
-                    input.len()
-                ),
-            });
-        }
+        crate::args::check_counts(group, input.len(), send_counts, recv_counts)?;
         let out = recv_counts.iter().sum();
         let counts = (send_counts.to_vec(), recv_counts.to_vec());
         self.issue(kind, group, pos, input, None, None, counts, out)
