@@ -147,94 +147,11 @@ enum Command {
     /// own program with real buffers; compute as calibrated busy work or real GEMMs) and
     /// compare the measured timeline with the simulator's prediction. Writes replay.csv,
     /// trace.json and report.html.
-    Replay {
-        /// Scenario file (TOML).
-        scenario: PathBuf,
-        /// Collective backend: inproc (threads), mpi, hccl or nccl (one rank per process).
-        #[arg(long, value_parser = parse_backend)]
-        backend: BackendKind,
-        /// FSDP strategy whose programs are replayed (default: the scenario's).
-        #[arg(long, value_name = "S")]
-        strategy: Option<String>,
-        /// Shrink the mesh to N ranks (dp_shard shrinks first; tp, cp, ep kept).
-        #[arg(long, value_name = "N")]
-        ranks: Option<usize>,
-        /// Truncate the model to L decoder layers.
-        #[arg(long, value_name = "L")]
-        layers: Option<usize>,
-        /// Measured steps (the median one is shown).
-        #[arg(long, default_value_t = 1)]
-        steps: usize,
-        /// Unmeasured warm-up steps.
-        #[arg(long, default_value_t = 0)]
-        warmup: usize,
-        /// Output directory (default reports/replay/<scenario>).
-        #[arg(long, value_name = "DIR")]
-        out: Option<PathBuf>,
-        /// Print the summary as JSON.
-        #[arg(long)]
-        json: bool,
-        /// A collective not complete after T seconds is a fault (hung or dead peer).
-        #[arg(long = "timeout-s", default_value_t = 60.0, value_name = "T")]
-        timeout_s: f64,
-        /// busy: compute and copy ops spin for their predicted time; real: f32 GEMMs and copies.
-        #[arg(long, default_value = "busy", value_parser = parse_compute)]
-        compute: ComputeMode,
-        /// Hardware profile of the prediction (default cpu-mpi for inproc/mpi, the scenario's
-        /// for hccl/nccl).
-        #[arg(long)]
-        hardware: Option<String>,
-        /// Test hook: RANK:OP:KIND with KIND panic, error, hang or mismatch.
-        #[arg(long = "inject-fault", hide = true, value_parser = parse_fault)]
-        inject_fault: Option<FaultInjection>,
-    },
+    Replay(commands::replay::ReplayArgs),
     /// The nccl-tests / hccl_test sweep on a backend: time and check each collective over a
     /// range of sizes; CSV columns collective,size,count,type,redop,root,time_us,algbw,busbw,
     /// #wrong,tier,ranks. Exit status 1 when a result is wrong.
-    Collbench {
-        /// Collective backend: inproc, mpi, hccl or nccl.
-        #[arg(long, value_parser = parse_backend)]
-        backend: BackendKind,
-        /// Collectives to sweep (comma-separated, or all).
-        #[arg(
-            long,
-            default_value = "all-gather,reduce-scatter,all-reduce,broadcast,all-to-all"
-        )]
-        kinds: String,
-        /// Smallest size in bytes (K, M, G suffixes).
-        #[arg(long = "min-bytes", default_value = "8")]
-        min_bytes: String,
-        /// Largest size in bytes.
-        #[arg(long = "max-bytes", default_value = "256M")]
-        max_bytes: String,
-        /// Size multiplier between steps.
-        #[arg(long, default_value_t = 2)]
-        factor: u64,
-        /// Groups: world, size:K (blocks of K ranks) or explicit 0,1;2,3.
-        #[arg(long, default_value = "world")]
-        groups: String,
-        /// Timed calls per size.
-        #[arg(long, default_value_t = 20)]
-        iters: usize,
-        /// Untimed calls per size.
-        #[arg(long, default_value_t = 5)]
-        warmup: usize,
-        /// Element type: f32 or bf16.
-        #[arg(long, default_value = "f32")]
-        dtype: String,
-        /// Ranks (threads) for --backend inproc; default 4.
-        #[arg(long)]
-        ranks: Option<usize>,
-        /// Write the CSV here.
-        #[arg(long, value_name = "FILE")]
-        out: Option<PathBuf>,
-        /// Hardware profile whose topology gives the tier column.
-        #[arg(long)]
-        hardware: Option<String>,
-        /// Bound on any wait for a peer, seconds.
-        #[arg(long = "timeout-s", default_value_t = 300.0)]
-        timeout_s: f64,
-    },
+    Collbench(commands::collbench::CollbenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -306,64 +223,8 @@ fn main() -> ExitCode {
             accuracy,
         } => commands::muon::run(&scenario, json, accuracy),
         Command::Bench { hardware } => commands::bench::run(&hardware),
-        Command::Replay {
-            scenario,
-            backend,
-            strategy,
-            ranks,
-            layers,
-            steps,
-            warmup,
-            out,
-            json,
-            timeout_s,
-            compute,
-            hardware,
-            inject_fault,
-        } => commands::replay::run(&commands::replay::ReplayArgs {
-            scenario,
-            backend,
-            strategy,
-            ranks,
-            layers,
-            steps,
-            warmup,
-            out,
-            json,
-            timeout_s,
-            compute,
-            hardware,
-            inject_fault,
-        }),
-        Command::Collbench {
-            backend,
-            kinds,
-            min_bytes,
-            max_bytes,
-            factor,
-            groups,
-            iters,
-            warmup,
-            dtype,
-            ranks,
-            out,
-            hardware,
-            timeout_s,
-        } => commands::collbench::run(&commands::collbench::CollbenchArgs {
-            backend,
-            kinds,
-            min_bytes,
-            max_bytes,
-            factor,
-            groups,
-            iters,
-            warmup,
-            dtype,
-            ranks,
-            out,
-            hardware,
-            timeout_s,
-        }),
+        Command::Replay(args) => commands::replay::run(&args),
+        Command::Collbench(args) => commands::collbench::run(&args),
     };
     match result {
         Ok(code) => code,
@@ -375,17 +236,17 @@ fn main() -> ExitCode {
 }
 
 /// Parses `--backend`.
-fn parse_backend(text: &str) -> Result<BackendKind, String> {
+pub(crate) fn parse_backend(text: &str) -> Result<BackendKind, String> {
     text.parse()
 }
 
 /// Parses `--compute`.
-fn parse_compute(text: &str) -> Result<ComputeMode, String> {
+pub(crate) fn parse_compute(text: &str) -> Result<ComputeMode, String> {
     text.parse()
 }
 
 /// Parses `--inject-fault`.
-fn parse_fault(text: &str) -> Result<FaultInjection, String> {
+pub(crate) fn parse_fault(text: &str) -> Result<FaultInjection, String> {
     text.parse()
 }
 

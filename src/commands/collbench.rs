@@ -21,32 +21,49 @@ pub const COLLBENCH_CSV_HEADER: &str =
     "collective,size,count,type,redop,root,time_us,algbw,busbw,#wrong,tier,ranks";
 
 /// Options of `hpfsdp collbench`.
+#[derive(clap::Args)]
 pub struct CollbenchArgs {
-    /// Backend.
+    /// Collective backend: inproc, mpi, hccl or nccl.
+    #[arg(long, value_parser = crate::parse_backend)]
     pub backend: BackendKind,
-    /// Comma-separated collectives (or `all`).
+    /// Collectives to sweep (comma-separated, or all).
+    #[arg(
+        long,
+        default_value = "all-gather,reduce-scatter,all-reduce,broadcast,all-to-all"
+    )]
     pub kinds: String,
-    /// Smallest size (`8`, `64K`...).
+    /// Smallest size in bytes (K, M, G suffixes).
+    #[arg(long = "min-bytes", default_value = "8")]
     pub min_bytes: String,
-    /// Largest size.
+    /// Largest size in bytes.
+    #[arg(long = "max-bytes", default_value = "256M")]
     pub max_bytes: String,
-    /// Size factor.
+    /// Size multiplier between steps.
+    #[arg(long, default_value_t = 2)]
     pub factor: u64,
-    /// Group layout (`world`, `size:K`, `0,1;2,3`).
+    /// Groups: world, size:K (blocks of K ranks) or explicit 0,1;2,3.
+    #[arg(long, default_value = "world")]
     pub groups: String,
     /// Timed calls per size.
+    #[arg(long, default_value_t = 20)]
     pub iters: usize,
     /// Untimed calls per size.
+    #[arg(long, default_value_t = 5)]
     pub warmup: usize,
-    /// `f32` or `bf16`.
+    /// Element type: f32 or bf16.
+    #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Ranks (inproc only; default 4).
+    /// Ranks (threads) for --backend inproc; default 4.
+    #[arg(long)]
     pub ranks: Option<usize>,
-    /// CSV output file.
+    /// Write the CSV here.
+    #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,
-    /// Hardware profile for the `tier` column.
+    /// Hardware profile whose topology gives the tier column.
+    #[arg(long)]
     pub hardware: Option<String>,
-    /// Bound on any wait, seconds.
+    /// Bound on any wait for a peer, seconds.
+    #[arg(long = "timeout-s", default_value_t = 300.0)]
     pub timeout_s: f64,
 }
 

@@ -27,32 +27,46 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 /// Options of `hpfsdp replay`.
+#[derive(clap::Args)]
 pub struct ReplayArgs {
-    /// Scenario file.
+    /// Scenario file (TOML).
     pub scenario: PathBuf,
-    /// Backend to run on.
+    /// Collective backend: inproc (threads), mpi, hccl or nccl (one rank per process).
+    #[arg(long, value_parser = crate::parse_backend)]
     pub backend: BackendKind,
-    /// FSDP strategy (default: the scenario's).
+    /// FSDP strategy whose programs are replayed (default: the scenario's).
+    #[arg(long, value_name = "S")]
     pub strategy: Option<String>,
-    /// Shrink the mesh to this many ranks.
+    /// Shrink the mesh to N ranks (dp_shard shrinks first; tp, cp, ep kept).
+    #[arg(long, value_name = "N")]
     pub ranks: Option<usize>,
-    /// Truncate the model to this many decoder layers.
+    /// Truncate the model to L decoder layers.
+    #[arg(long, value_name = "L")]
     pub layers: Option<usize>,
-    /// Measured steps.
+    /// Measured steps (the median one is shown).
+    #[arg(long, default_value_t = 1)]
     pub steps: usize,
-    /// Warm-up steps.
+    /// Unmeasured warm-up steps.
+    #[arg(long, default_value_t = 0)]
     pub warmup: usize,
-    /// Output directory (default `reports/replay/<scenario>`).
+    /// Output directory (default reports/replay/<scenario>).
+    #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the summary as JSON.
+    #[arg(long)]
     pub json: bool,
-    /// Fault timeout, seconds.
+    /// A collective not complete after T seconds is a fault (hung or dead peer).
+    #[arg(long = "timeout-s", default_value_t = 60.0, value_name = "T")]
     pub timeout_s: f64,
-    /// Busy or real compute.
+    /// busy: compute and copy ops spin for their predicted time; real: f32 GEMMs and copies.
+    #[arg(long, default_value = "busy", value_parser = crate::parse_compute)]
     pub compute: ComputeMode,
-    /// Hardware profile of the prediction.
+    /// Hardware profile of the prediction (default cpu-mpi for inproc/mpi, the scenario's
+    /// for hccl/nccl).
+    #[arg(long)]
     pub hardware: Option<String>,
-    /// Test hook: a fault to inject.
+    /// Test hook: RANK:OP:KIND with KIND panic, error, hang or mismatch.
+    #[arg(long = "inject-fault", hide = true, value_parser = crate::parse_fault)]
     pub inject_fault: Option<FaultInjection>,
 }
 
