@@ -573,6 +573,364 @@ fn parse_range(text: &str) -> Option<std::ops::Range<usize>> {
     Some(a.trim().parse().ok()?..b.trim().parse().ok()?)
 }
 
+/// The scenario text and its file name, for errors that point at a line and key.
+struct Source<'a> {
+    text: &'a str,
+    file_label: &'a str,
+}
+
+impl Source<'_> {
+    /// An error at `line` of the file.
+    fn err(&self, line: usize, message: String) -> PlanError {
+        PlanError::Scenario {
+            file: self.file_label.to_string(),
+            line,
+            message,
+        }
+    }
+
+    /// An error at the line of `key` in `[section]`.
+    fn key_err(&self, section: &str, key: &str, message: String) -> PlanError {
+        self.err(find_key_line(self.text, section, key), message)
+    }
+}
+
+/// Loads the model named by `[model]` (relative to the scenario file) and its master dtype.
+fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(ModelIr, DType)> {
+    let (text, file_label) = (src.text, src.file_label);
+    let key_err = |section: &str, key: &str, message: String| src.key_err(section, key, message);
+    // Model.
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let model_path = match (&raw.model.hf_config, &raw.model.compact) {
+        (Some(p), None) | (None, Some(p)) => dir.join(p),
+        (Some(_), Some(_)) => {
+            return Err(key_err(
+                "model",
+                "compact",
+                "[model] sets both hf_config and compact; keep one".into(),
+            ));
+        }
+        (None, None) => {
+            return Err(key_err(
+                "model",
+                "hf_config",
+                "[model] needs hf_config = \"path/to/config.json\" or compact = \"path/to/model.toml\"".into(),
+            ));
+        }
+    };
+    let master_dtype = parse_dtype(&raw.model.dtype, &file_label, text, "model", "dtype")?;
+    let options = ModelOptions {
+        expert_layout: raw.model.expert_layout,
+        include_mtp: raw.model.include_mtp,
+        param_dtype: master_dtype,
+    };
+    let model = ModelIr::load(&model_path, options).map_err(|e| {
+        let key = if raw.model.hf_config.is_some() {
+            "hf_config"
+        } else {
+            "compact"
+        };
+        key_err("model", key, format!("[model] {key}: {e}"))
+    })?;
+    Ok((model, master_dtype))
+}
+
+/// Checks `[mesh]` and `[topology]` and builds the dense mesh, the expert mesh and the topology.
+fn build_meshes(
+    raw: &ScenarioFile,
+    src: &Source,
+) -> PlanResult<(DeviceMesh, DeviceMesh, Topology)> {
+    let key_err = |section: &str, key: &str, message: String| src.key_err(section, key, message);
+    // Meshes and topology.
+    let m = &raw.mesh;
+    for (key, v) in [
+        ("dp_replicate", m.dp_replicate),
+        ("dp_shard", m.dp_shard),
+        ("cp", m.cp),
+        ("tp", m.tp),
+        ("ep", m.ep),
+        ("etp", m.etp),
+    ] {
+        if v == 0 {
+            return Err(key_err(
+                "mesh",
+                key,
+                format!("[mesh] {key} = 0; every degree must be at least 1"),
+            ));
+        }
+    }
+    let world = m.dp_replicate * m.dp_shard * m.cp * m.tp;
+    let dense_mesh = DeviceMesh::new([
+        ("dp_replicate", m.dp_replicate),
+        ("dp_shard", m.dp_shard),
+        ("cp", m.cp),
+        ("tp", m.tp),
+    ])
+    .map_err(|e| key_err("mesh", "dp_shard", e.to_string()))?;
+    let expert_block = m.ep * m.etp;
+    if !world.is_multiple_of(expert_block) {
+        return Err(key_err(
+            "mesh",
+            "ep",
+            format!(
+                "[mesh] ep x etp = {expert_block} does not divide the {world} ranks of the dense mesh; choose ep and etp dividing it"
+            ),
+        ));
+    }
+    let edp = world / expert_block;
+    let edp_replicate = m.edp_replicate.unwrap_or_else(|| {
+        m.edp_shard
+            .map_or(m.dp_replicate.min(edp), |s| edp / s.max(1))
+    });
+    let edp_shard = m.edp_shard.unwrap_or(edp / edp_replicate.max(1));
+    if edp_replicate * edp_shard * expert_block != world {
+        return Err(key_err(
+            "mesh",
+            if m.edp_shard.is_some() {
+                "edp_shard"
+            } else {
+                "edp_replicate"
+            },
+            format!(
+                "expert mesh edp_replicate {edp_replicate} x edp_shard {edp_shard} x ep {} x etp {} = {} ranks, but the dense mesh has {world}; make the products equal",
+                m.ep,
+                m.etp,
+                edp_replicate * edp_shard * expert_block
+            ),
+        ));
+    }
+    let expert_mesh = DeviceMesh::new([
+        ("edp_replicate", edp_replicate),
+        ("edp_shard", edp_shard),
+        ("ep", m.ep),
+        ("etp", m.etp),
+    ])
+    .map_err(|e| key_err("mesh", "ep", e.to_string()))?;
+    let t = &raw.topology;
+    let topology = Topology::new(t.dies_per_machine, t.machines_per_supernode, t.supernodes)
+        .map_err(|e| key_err("topology", "dies_per_machine", e.to_string()))?;
+    topology
+        .check_world_size(world)
+        .map_err(|e| key_err("topology", "supernodes", e.to_string()))?;
+    Ok((dense_mesh, expert_mesh, topology))
+}
+
+/// Checks `[train]` against the mesh and the model: gradient-accumulation steps and the recompute range.
+fn training_shape(
+    raw: &ScenarioFile,
+    model: &ModelIr,
+    src: &Source,
+) -> PlanResult<(u64, Recompute)> {
+    let key_err = |section: &str, key: &str, message: String| src.key_err(section, key, message);
+    let m = &raw.mesh;
+    // Training shape.
+    let tr = &raw.train;
+    for (key, v) in [
+        ("seq_len", tr.seq_len),
+        ("global_batch", tr.global_batch),
+        ("micro_batch", tr.micro_batch),
+    ] {
+        if v == 0 {
+            return Err(key_err(
+                "train",
+                key,
+                format!("[train] {key} = 0; it must be positive"),
+            ));
+        }
+    }
+    let dp = (m.dp_replicate * m.dp_shard) as u64;
+    if !tr.global_batch.is_multiple_of(tr.micro_batch * dp) {
+        return Err(key_err(
+            "train",
+            "global_batch",
+            format!(
+                "[train] global_batch {} is not a multiple of micro_batch {} x data-parallel ranks {dp}; \
+                 gradient accumulation needs a whole number of micro-batches",
+                tr.global_batch, tr.micro_batch
+            ),
+        ));
+    }
+    let grad_accum_steps = tr.global_batch / (tr.micro_batch * dp);
+    if !(tr.routing_skew.is_finite() && tr.routing_skew >= 1.0) {
+        return Err(key_err(
+            "train",
+            "routing_skew",
+            format!(
+                "[train] routing_skew = {}; it must be a number >= 1.0 (1.0 = uniform \
+                 random routing, 1.2 = the busiest expert-parallel rank gets 20% more tokens)",
+                tr.routing_skew
+            ),
+        ));
+    }
+    let layers = model.config.num_hidden_layers;
+    let recompute = match &tr.recompute {
+        RecomputeSpec::Mode(mode) => match mode.as_str() {
+            "off" => Recompute {
+                mode: "off".into(),
+                layers: 0..0,
+            },
+            "full" | "selective" => Recompute {
+                mode: mode.clone(),
+                layers: 0..layers,
+            },
+            other => {
+                return Err(key_err(
+                    "train",
+                    "recompute",
+                    format!(
+                        "[train] recompute = \"{other}\"; use off, full, selective or {{ mode, layers = \"a..b\" }}"
+                    ),
+                ));
+            }
+        },
+        RecomputeSpec::Layers {
+            mode,
+            layers: range,
+        } => {
+            if !["full", "selective"].contains(&mode.as_str()) {
+                return Err(key_err(
+                    "train",
+                    "recompute",
+                    format!("[train] recompute.mode = \"{mode}\"; use full or selective"),
+                ));
+            }
+            let r = parse_range(range).filter(|r| r.start <= r.end && r.end <= layers).ok_or_else(|| {
+                key_err("train", "recompute", format!("[train] recompute.layers = \"{range}\" is not a half-open range a..b within 0..{layers}"))
+            })?;
+            Recompute {
+                mode: mode.clone(),
+                layers: r,
+            }
+        }
+    };
+
+    check_tp_comm_overlap(tr, &key_err)?;
+    Ok((grad_accum_steps, recompute))
+}
+
+/// Checks the `[fsdp]` and `[optimizer]` names; returns the gathered-parameter and reduction dtypes.
+fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DType, DType)> {
+    let (text, file_label) = (src.text, src.file_label);
+    let key_err = |section: &str, key: &str, message: String| src.key_err(section, key, message);
+    let err = |line: usize, message: String| src.err(line, message);
+    // FSDP and optimizer names.
+    let f = &raw.fsdp;
+    for (key, s) in std::iter::once(("strategy", &f.strategy))
+        .chain(f.baselines.iter().map(|b| ("baselines", b)))
+    {
+        if !FSDP_STRATEGIES.contains(&s.as_str()) {
+            return Err(key_err(
+                "fsdp",
+                key,
+                format!(
+                    "[fsdp] {key}: unknown strategy '{s}'; known: {}",
+                    FSDP_STRATEGIES.join(", ")
+                ),
+            ));
+        }
+    }
+    for name in f.variant.keys() {
+        if !FSDP_STRATEGIES.contains(&name.as_str()) {
+            return Err(err(
+                find_key_line(text, &format!("fsdp.variant.{name}"), ""),
+                format!(
+                    "[fsdp.variant.{name}]: unknown strategy '{name}'; known: {}",
+                    FSDP_STRATEGIES.join(", ")
+                ),
+            ));
+        }
+    }
+    let param_dtype = parse_dtype(&f.param_dtype, &file_label, text, "fsdp", "param_dtype")?;
+    let reduce_dtype = parse_dtype(&f.reduce_dtype, &file_label, text, "fsdp", "reduce_dtype")?;
+    let o = &raw.optimizer;
+    if !["muon+adamw", "adamw"].contains(&o.kind.as_str()) {
+        return Err(key_err(
+            "optimizer",
+            "kind",
+            format!("[optimizer] kind = \"{}\"; use muon+adamw or adamw", o.kind),
+        ));
+    }
+    if !MUON_PRESETS.contains(&o.preset.as_str()) {
+        return Err(key_err(
+            "optimizer",
+            "preset",
+            format!(
+                "[optimizer] preset = \"{}\"; known presets: {}",
+                o.preset,
+                MUON_PRESETS.join(", ")
+            ),
+        ));
+    }
+    if (o.preset == "custom") != o.muon.coefficients.is_some() {
+        return Err(key_err(
+            "optimizer.muon",
+            "coefficients",
+            "[optimizer.muon] coefficients must be given exactly when preset = \"custom\"".into(),
+        ));
+    }
+    if let Some(rule) = &o.muon.replica_subgroups {
+        let names: Vec<&str> = crate::replica_subgroup_rule::ReplicaSubgroupRule::ALL
+            .iter()
+            .map(|r| r.name())
+            .collect();
+        if crate::replica_subgroup_rule::ReplicaSubgroupRule::parse(rule).is_none() {
+            return Err(key_err(
+                "optimizer.muon",
+                "replica_subgroups",
+                format!(
+                    "[optimizer.muon] replica_subgroups = \"{rule}\"; use one of {} \
+                     (launcher: the paper's devices-per-machine rule; topology: the \
+                     replica-group members that share a machine)",
+                    names.join(", ")
+                ),
+            ));
+        }
+        if rule == "topology"
+            && let Some(c) = o.muon.replica_count
+        {
+            return Err(key_err(
+                "optimizer.muon",
+                "replica_count",
+                format!(
+                    "[optimizer.muon] replica_count = {c} and replica_subgroups = \
+                     \"topology\" both size the replica subgroups; remove replica_count \
+                     or use replica_subgroups = \"launcher\""
+                ),
+            ));
+        }
+    }
+    for b in &o.baselines {
+        if !MUON_BASELINES.contains(&b.as_str()) {
+            return Err(key_err(
+                "optimizer",
+                "baselines",
+                format!(
+                    "[optimizer] baselines: unknown Muon baseline '{b}'; known: {}",
+                    MUON_BASELINES.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok((param_dtype, reduce_dtype))
+}
+
+/// Parses every `[[plan.override]]`, each error naming its line.
+fn parse_overrides(raw: &ScenarioFile, src: &Source) -> PlanResult<Vec<PlanOverride>> {
+    let (text, file_label) = (src.text, src.file_label);
+    let err = |line: usize, message: String| src.err(line, message);
+    // Overrides.
+    let mut overrides = Vec::new();
+    for (i, ov) in raw.plan.overrides.iter().enumerate() {
+        let line = override_line(text, i);
+        let origin = format!("{file_label}:{line}");
+        overrides.push(
+            PlanOverride::parse(ov, &origin)
+                .map_err(|msg| err(line, format!("[[plan.override]] #{}: {msg}", i + 1)))?,
+        );
+    }
+    Ok(overrides)
+}
+
 impl Scenario {
     /// Reads, parses and validates a scenario file, loading its model relative to it.
     pub fn load(path: &Path) -> PlanResult<Self> {
@@ -587,10 +945,9 @@ impl Scenario {
     /// Parses scenario `text` as if read from `path` (model paths resolve relative to it).
     pub fn from_str_at(text: &str, path: &Path) -> PlanResult<Self> {
         let file_label = path.display().to_string();
-        let err = |line: usize, message: String| PlanError::Scenario {
-            file: file_label.clone(),
-            line,
-            message,
+        let src = Source {
+            text,
+            file_label: &file_label,
         };
         let raw: ScenarioFile = toml::from_str(text).map_err(|e| {
             let line = e.span().map_or(0, |s| line_of_offset(text, s.start));
@@ -600,314 +957,16 @@ impl Scenario {
                 .filter(|k| !message.contains(&format!("`{}`", k.rsplit('.').next().unwrap_or(k))))
                 .map(|k| format!(" (key `{k}`)"))
                 .unwrap_or_default();
-            err(
+            src.err(
                 line,
                 format!("{message}{at}; see README.md \"Scenario format\" for the keys"),
             )
         })?;
-        let key_err = |section: &str, key: &str, message: String| {
-            err(find_key_line(text, section, key), message)
-        };
-
-        // Model.
-        let dir = path.parent().unwrap_or(Path::new("."));
-        let model_path = match (&raw.model.hf_config, &raw.model.compact) {
-            (Some(p), None) | (None, Some(p)) => dir.join(p),
-            (Some(_), Some(_)) => {
-                return Err(key_err(
-                    "model",
-                    "compact",
-                    "[model] sets both hf_config and compact; keep one".into(),
-                ));
-            }
-            (None, None) => {
-                return Err(key_err(
-                    "model",
-                    "hf_config",
-                    "[model] needs hf_config = \"path/to/config.json\" or compact = \"path/to/model.toml\"".into(),
-                ));
-            }
-        };
-        let master_dtype = parse_dtype(&raw.model.dtype, &file_label, text, "model", "dtype")?;
-        let options = ModelOptions {
-            expert_layout: raw.model.expert_layout,
-            include_mtp: raw.model.include_mtp,
-            param_dtype: master_dtype,
-        };
-        let model = ModelIr::load(&model_path, options).map_err(|e| {
-            let key = if raw.model.hf_config.is_some() {
-                "hf_config"
-            } else {
-                "compact"
-            };
-            key_err("model", key, format!("[model] {key}: {e}"))
-        })?;
-
-        // Meshes and topology.
-        let m = &raw.mesh;
-        for (key, v) in [
-            ("dp_replicate", m.dp_replicate),
-            ("dp_shard", m.dp_shard),
-            ("cp", m.cp),
-            ("tp", m.tp),
-            ("ep", m.ep),
-            ("etp", m.etp),
-        ] {
-            if v == 0 {
-                return Err(key_err(
-                    "mesh",
-                    key,
-                    format!("[mesh] {key} = 0; every degree must be at least 1"),
-                ));
-            }
-        }
-        let world = m.dp_replicate * m.dp_shard * m.cp * m.tp;
-        let dense_mesh = DeviceMesh::new([
-            ("dp_replicate", m.dp_replicate),
-            ("dp_shard", m.dp_shard),
-            ("cp", m.cp),
-            ("tp", m.tp),
-        ])
-        .map_err(|e| key_err("mesh", "dp_shard", e.to_string()))?;
-        let expert_block = m.ep * m.etp;
-        if !world.is_multiple_of(expert_block) {
-            return Err(key_err(
-                "mesh",
-                "ep",
-                format!(
-                    "[mesh] ep x etp = {expert_block} does not divide the {world} ranks of the dense mesh; choose ep and etp dividing it"
-                ),
-            ));
-        }
-        let edp = world / expert_block;
-        let edp_replicate = m.edp_replicate.unwrap_or_else(|| {
-            m.edp_shard
-                .map_or(m.dp_replicate.min(edp), |s| edp / s.max(1))
-        });
-        let edp_shard = m.edp_shard.unwrap_or(edp / edp_replicate.max(1));
-        if edp_replicate * edp_shard * expert_block != world {
-            return Err(key_err(
-                "mesh",
-                if m.edp_shard.is_some() {
-                    "edp_shard"
-                } else {
-                    "edp_replicate"
-                },
-                format!(
-                    "expert mesh edp_replicate {edp_replicate} x edp_shard {edp_shard} x ep {} x etp {} = {} ranks, but the dense mesh has {world}; make the products equal",
-                    m.ep,
-                    m.etp,
-                    edp_replicate * edp_shard * expert_block
-                ),
-            ));
-        }
-        let expert_mesh = DeviceMesh::new([
-            ("edp_replicate", edp_replicate),
-            ("edp_shard", edp_shard),
-            ("ep", m.ep),
-            ("etp", m.etp),
-        ])
-        .map_err(|e| key_err("mesh", "ep", e.to_string()))?;
-        let t = &raw.topology;
-        let topology = Topology::new(t.dies_per_machine, t.machines_per_supernode, t.supernodes)
-            .map_err(|e| key_err("topology", "dies_per_machine", e.to_string()))?;
-        topology
-            .check_world_size(world)
-            .map_err(|e| key_err("topology", "supernodes", e.to_string()))?;
-
-        // Training shape.
-        let tr = &raw.train;
-        for (key, v) in [
-            ("seq_len", tr.seq_len),
-            ("global_batch", tr.global_batch),
-            ("micro_batch", tr.micro_batch),
-        ] {
-            if v == 0 {
-                return Err(key_err(
-                    "train",
-                    key,
-                    format!("[train] {key} = 0; it must be positive"),
-                ));
-            }
-        }
-        let dp = (m.dp_replicate * m.dp_shard) as u64;
-        if !tr.global_batch.is_multiple_of(tr.micro_batch * dp) {
-            return Err(key_err(
-                "train",
-                "global_batch",
-                format!(
-                    "[train] global_batch {} is not a multiple of micro_batch {} x data-parallel ranks {dp}; \
-                     gradient accumulation needs a whole number of micro-batches",
-                    tr.global_batch, tr.micro_batch
-                ),
-            ));
-        }
-        let grad_accum_steps = tr.global_batch / (tr.micro_batch * dp);
-        if !(tr.routing_skew.is_finite() && tr.routing_skew >= 1.0) {
-            return Err(key_err(
-                "train",
-                "routing_skew",
-                format!(
-                    "[train] routing_skew = {}; it must be a number >= 1.0 (1.0 = uniform \
-                     random routing, 1.2 = the busiest expert-parallel rank gets 20% more tokens)",
-                    tr.routing_skew
-                ),
-            ));
-        }
-        let layers = model.config.num_hidden_layers;
-        let recompute = match &tr.recompute {
-            RecomputeSpec::Mode(mode) => match mode.as_str() {
-                "off" => Recompute {
-                    mode: "off".into(),
-                    layers: 0..0,
-                },
-                "full" | "selective" => Recompute {
-                    mode: mode.clone(),
-                    layers: 0..layers,
-                },
-                other => {
-                    return Err(key_err(
-                        "train",
-                        "recompute",
-                        format!(
-                            "[train] recompute = \"{other}\"; use off, full, selective or {{ mode, layers = \"a..b\" }}"
-                        ),
-                    ));
-                }
-            },
-            RecomputeSpec::Layers {
-                mode,
-                layers: range,
-            } => {
-                if !["full", "selective"].contains(&mode.as_str()) {
-                    return Err(key_err(
-                        "train",
-                        "recompute",
-                        format!("[train] recompute.mode = \"{mode}\"; use full or selective"),
-                    ));
-                }
-                let r = parse_range(range).filter(|r| r.start <= r.end && r.end <= layers).ok_or_else(|| {
-                    key_err("train", "recompute", format!("[train] recompute.layers = \"{range}\" is not a half-open range a..b within 0..{layers}"))
-                })?;
-                Recompute {
-                    mode: mode.clone(),
-                    layers: r,
-                }
-            }
-        };
-
-        check_tp_comm_overlap(tr, &key_err)?;
-
-        // FSDP and optimizer names.
-        let f = &raw.fsdp;
-        for (key, s) in std::iter::once(("strategy", &f.strategy))
-            .chain(f.baselines.iter().map(|b| ("baselines", b)))
-        {
-            if !FSDP_STRATEGIES.contains(&s.as_str()) {
-                return Err(key_err(
-                    "fsdp",
-                    key,
-                    format!(
-                        "[fsdp] {key}: unknown strategy '{s}'; known: {}",
-                        FSDP_STRATEGIES.join(", ")
-                    ),
-                ));
-            }
-        }
-        for name in f.variant.keys() {
-            if !FSDP_STRATEGIES.contains(&name.as_str()) {
-                return Err(err(
-                    find_key_line(text, &format!("fsdp.variant.{name}"), ""),
-                    format!(
-                        "[fsdp.variant.{name}]: unknown strategy '{name}'; known: {}",
-                        FSDP_STRATEGIES.join(", ")
-                    ),
-                ));
-            }
-        }
-        let param_dtype = parse_dtype(&f.param_dtype, &file_label, text, "fsdp", "param_dtype")?;
-        let reduce_dtype = parse_dtype(&f.reduce_dtype, &file_label, text, "fsdp", "reduce_dtype")?;
-        let o = &raw.optimizer;
-        if !["muon+adamw", "adamw"].contains(&o.kind.as_str()) {
-            return Err(key_err(
-                "optimizer",
-                "kind",
-                format!("[optimizer] kind = \"{}\"; use muon+adamw or adamw", o.kind),
-            ));
-        }
-        if !MUON_PRESETS.contains(&o.preset.as_str()) {
-            return Err(key_err(
-                "optimizer",
-                "preset",
-                format!(
-                    "[optimizer] preset = \"{}\"; known presets: {}",
-                    o.preset,
-                    MUON_PRESETS.join(", ")
-                ),
-            ));
-        }
-        if (o.preset == "custom") != o.muon.coefficients.is_some() {
-            return Err(key_err(
-                "optimizer.muon",
-                "coefficients",
-                "[optimizer.muon] coefficients must be given exactly when preset = \"custom\""
-                    .into(),
-            ));
-        }
-        if let Some(rule) = &o.muon.replica_subgroups {
-            let names: Vec<&str> = crate::replica_subgroup_rule::ReplicaSubgroupRule::ALL
-                .iter()
-                .map(|r| r.name())
-                .collect();
-            if crate::replica_subgroup_rule::ReplicaSubgroupRule::parse(rule).is_none() {
-                return Err(key_err(
-                    "optimizer.muon",
-                    "replica_subgroups",
-                    format!(
-                        "[optimizer.muon] replica_subgroups = \"{rule}\"; use one of {} \
-                         (launcher: the paper's devices-per-machine rule; topology: the \
-                         replica-group members that share a machine)",
-                        names.join(", ")
-                    ),
-                ));
-            }
-            if rule == "topology"
-                && let Some(c) = o.muon.replica_count
-            {
-                return Err(key_err(
-                    "optimizer.muon",
-                    "replica_count",
-                    format!(
-                        "[optimizer.muon] replica_count = {c} and replica_subgroups = \
-                         \"topology\" both size the replica subgroups; remove replica_count \
-                         or use replica_subgroups = \"launcher\""
-                    ),
-                ));
-            }
-        }
-        for b in &o.baselines {
-            if !MUON_BASELINES.contains(&b.as_str()) {
-                return Err(key_err(
-                    "optimizer",
-                    "baselines",
-                    format!(
-                        "[optimizer] baselines: unknown Muon baseline '{b}'; known: {}",
-                        MUON_BASELINES.join(", ")
-                    ),
-                ));
-            }
-        }
-
-        // Overrides.
-        let mut overrides = Vec::new();
-        for (i, ov) in raw.plan.overrides.iter().enumerate() {
-            let line = override_line(text, i);
-            let origin = format!("{file_label}:{line}");
-            overrides.push(
-                PlanOverride::parse(ov, &origin)
-                    .map_err(|msg| err(line, format!("[[plan.override]] #{}: {msg}", i + 1)))?,
-            );
-        }
+        let (model, master_dtype) = load_model(&raw, path, &src)?;
+        let (dense_mesh, expert_mesh, topology) = build_meshes(&raw, &src)?;
+        let (grad_accum_steps, recompute) = training_shape(&raw, &model, &src)?;
+        let (param_dtype, reduce_dtype) = check_fsdp_and_optimizer(&raw, &src)?;
+        let overrides = parse_overrides(&raw, &src)?;
 
         Ok(Scenario {
             path: path.to_path_buf(),
