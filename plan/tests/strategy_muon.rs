@@ -647,7 +647,7 @@ fn owner_placement_baselines() {
             .sum();
         assert_eq!(mom, full, "{o}");
     }
-    // DMuon publishes again before each recompute.
+    // DMuon publishes for each recompute and again for the backward.
     let g = gen_with(&x, StrategyKind::HyperParallel, OptimizerStrategy::DMuon);
     let p = g.program(0).unwrap();
     assert!(p.ops.iter().any(|o| {
@@ -655,6 +655,68 @@ fn owner_placement_baselines() {
             .as_deref()
             .is_some_and(|n| n.ends_with(".pub.recompute"))
     }));
+}
+
+/// DMuon on a recomputed layer publishes twice (its hooks, `dmuon/_core/state.py`): the
+/// prefetched publication feeds the recompute forward; the backward's own publication starts
+/// only once the recompute forward is done and the backward waits for it, so nothing hides
+/// it. MatrixFSDP keeps FSDP2's lifecycle: one publication per backward, issued before the
+/// recompute. Non-placed parameters (norms) are gathered once either way.
+#[test]
+fn dmuon_republishes_after_the_recompute_forward() {
+    let x = load("paper/muon-vs-matrixfsdp.toml");
+    let layer = "layers.3.";
+    for o in [OptimizerStrategy::DMuon, OptimizerStrategy::MatrixFsdp] {
+        let g = gen_with(&x, StrategyKind::HyperParallel, o);
+        let p = g.program(0).unwrap();
+        let named = |suffix: &str| -> Vec<usize> {
+            p.ops
+                .iter()
+                .enumerate()
+                .filter(|(_, op)| {
+                    op.name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(layer) && n.ends_with(suffix))
+                })
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let on_compute = |v: Vec<usize>| -> Vec<usize> {
+            v.into_iter()
+                .filter(|&i| p.ops[i].stream == Stream::Compute)
+                .collect()
+        };
+        let recompute = on_compute(named(".recompute"));
+        let bwd = on_compute(named(".bwd"));
+        let pub_bwd = named(".pub.bwd");
+        let norms_bwd = named("norm.weight.ag.bwd");
+        assert!(!recompute.is_empty() && !bwd.is_empty(), "{o}");
+        assert!(!norms_bwd.is_empty(), "{o}: norms are gathered in backward");
+        let deps_of =
+            |i: usize| -> Vec<usize> { p.ops[i].deps.iter().map(|d| d.0 as usize).collect() };
+        let after_recompute = |i: usize| deps_of(i).iter().any(|d| recompute.contains(d));
+        match o {
+            OptimizerStrategy::DMuon => {
+                assert_eq!(
+                    named(".pub.recompute").len(),
+                    7,
+                    "7 matrices published for the recompute"
+                );
+                assert_eq!(pub_bwd.len(), 7, "and again for the backward");
+                assert!(pub_bwd.iter().all(|&i| after_recompute(i)));
+                let first_bwd = *bwd.first().unwrap();
+                // The publications share the all-gather stream: waiting the last waits all.
+                let last_pub = pub_bwd.iter().max().unwrap();
+                assert!(deps_of(first_bwd).contains(last_pub));
+                assert!(norms_bwd.iter().all(|&i| !after_recompute(i)));
+            }
+            _ => {
+                assert!(named(".pub.recompute").is_empty(), "{o}");
+                assert_eq!(pub_bwd.len(), 7, "{o}");
+                assert!(pub_bwd.iter().all(|&i| !after_recompute(i)), "{o}");
+            }
+        }
+    }
 }
 
 /// Equal template keys give programs equal up to their groups' ranks and op names (labels

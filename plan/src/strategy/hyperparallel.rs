@@ -25,13 +25,16 @@
 //!   (`strategy::muon`) after the last reduction, the gradients freed when it ends.
 //! - **Owner placement** (DMuon, MatrixFSDP, `strategy::muon::{dmuon, matrixfsdp}`): a placed
 //!   matrix lives whole on its owner. Its all-gather becomes an owner-to-all broadcast of the
-//!   whole bf16 matrix (DMuon publishes again before a recompute) and its reduce-scatter a
+//!   whole bf16 matrix (on a recomputed stage DMuon publishes twice: a prefetched publication
+//!   for the recompute forward, then an unprefetchable one after it, see
+//!   `Hp::dmuon_backward_after_recompute`) and its reduce-scatter a
 //!   reduce of the whole gradient to the owner, costed as a broadcast of the same bytes (a
 //!   pipelined ring/tree reduce moves the same bytes per link as a pipelined broadcast; the
 //!   program IR has no reduce kind). The owner holds the full master parameter and receives
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
+use super::compute::Stage;
 use super::emit::{Emitter, backward_with_recompute, forward_activations};
 use super::muon::{self, OptimizerStrategy, RankView};
 use super::optimizer::optimizer_step;
@@ -158,23 +161,50 @@ struct Hp<'a, 'c> {
 }
 
 impl<'a, 'c> Hp<'a, 'c> {
+    /// Whether unit `u`'s backward runs DMuon's second, unprefetchable publication: DMuon on a
+    /// recomputed stage (see [`Hp::publish_after_recompute`]).
+    fn dmuon_republish(&self, u: usize) -> bool {
+        self.e.ctx.opt.strategy == OptimizerStrategy::DMuon
+            && self.e.ctx.stages[self.e.ctx.unit_stage[u]].recompute
+    }
+
     fn gather(&mut self, u: usize, bwd: bool) {
         if self.gathered[u] || self.ag[u].is_some() {
             return;
         }
-        let pd = self.e.ctx.opts.param_dtype;
+        // DMuon on a recomputed stage: the prefetched backward publication feeds the recompute
+        // forward (DMuon's `_backward_prefetch`); the backward itself publishes again
+        // (`publish_after_recompute`).
+        let tag = if bwd && self.dmuon_republish(u) {
+            Some("pub.recompute")
+        } else {
+            None
+        };
         let deps = self.e.issue_point();
+        let last = self.publish(u, bwd, tag, &deps, false);
+        self.ag[u] = last;
+        self.gathered[u] = last.is_some();
+    }
+
+    /// The all-gathers (or owner publications of placed matrices) of unit `u` after `deps`;
+    /// `tag` overrides the placed matrices' op suffix; `republish`: only the placed matrices
+    /// (DMuon's second publication), without recording buffers (the first one did).
+    /// Returns the last op.
+    fn publish(
+        &mut self,
+        u: usize,
+        bwd: bool,
+        tag: Option<&str>,
+        deps: &[OpId],
+        republish: bool,
+    ) -> Option<OpId> {
+        let pd = self.e.ctx.opts.param_dtype;
         let mut last = None;
-        // DMuon publishes its dedicated matrices again for a recompute (its forward hook
-        // fires in the recompute forward too).
-        let republish = bwd
-            && self.e.ctx.opt.strategy == OptimizerStrategy::DMuon
-            && self.e.ctx.stages[self.e.ctx.unit_stage[u]].recompute;
         for (pi, p) in self.units[u].params.iter().enumerate() {
-            if !sharded(p) {
+            let placed = self.units[u].placed[pi].is_some();
+            if !sharded(p) || (republish && !placed) {
                 continue;
             }
-            let placed = self.units[u].placed[pi].is_some();
             let (shard, _) = domain_groups(p.domain);
             let full = p.all_gather.bytes_out_per_rank;
             let spec = if placed {
@@ -190,38 +220,64 @@ impl<'a, 'c> Hp<'a, 'c> {
                     output_bytes: full,
                 }
             };
-            let tag = match (placed, bwd) {
-                (true, false) => "pub",
-                (true, true) => "pub.bwd",
-                (false, false) => "ag",
-                (false, true) => "ag.bwd",
+            let suffix = match (placed, bwd, tag) {
+                (true, _, Some(t)) => t,
+                (true, false, None) => "pub",
+                (true, true, None) => "pub.bwd",
+                (false, false, _) => "ag",
+                (false, true, _) => "ag.bwd",
             };
-            let copies = if placed && republish { 2 } else { 1 };
-            for c in 0..copies {
-                let name = if c == 0 {
-                    format!("{}.{tag}", short(&p.name))
-                } else {
-                    format!("{}.pub.recompute", short(&p.name))
-                };
-                if let Some(op) = self.e.collective(
-                    Stream::AllGather,
-                    Category::FsdpAg,
-                    shard,
-                    spec,
-                    pd,
-                    p.all_gather.aligned_512 || placed,
-                    &deps,
-                    &name,
-                ) {
-                    if c == 0 {
-                        self.e.alloc(op, MemTag::Params, full);
-                    }
-                    last = Some(op);
+            let name = format!("{}.{suffix}", short(&p.name));
+            if let Some(op) = self.e.collective(
+                Stream::AllGather,
+                Category::FsdpAg,
+                shard,
+                spec,
+                pd,
+                p.all_gather.aligned_512 || placed,
+                deps,
+                &name,
+            ) {
+                if !republish {
+                    self.e.alloc(op, MemTag::Params, full);
                 }
+                last = Some(op);
             }
         }
-        self.ag[u] = last;
-        self.gathered[u] = last.is_some();
+        last
+    }
+
+    /// DMuon's backward of a recomputed stage (`dmuon/_core/state.py`, `_backends/fsdp2/
+    /// group.py`): the recompute forward runs DMuon's forward hooks, so its post-forward
+    /// **reshards** the published matrices (`reshard_after_forward`) and does not prefetch
+    /// ("during activation-checkpoint recompute ... the next forward layer is not the next
+    /// layer consumed by backward"); the pre-backward hook then calls `unshard()` +
+    /// `wait_for_unshard()`: a second publication whose broadcast stream first waits for the
+    /// compute stream (`broadcast_stream.wait_stream(current_stream)`), i.e. for the recompute
+    /// forward, and which the backward compute waits for at once. Nothing hides it. (FSDP2 and
+    /// HyperParallel keep the gathered parameters through the recompute: one prefetched
+    /// gather.) Returns the backward's (first, last) ops.
+    fn dmuon_backward_after_recompute(
+        &mut self,
+        stage: &Stage,
+        units: &[usize],
+        deps: &[OpId],
+    ) -> (OpId, OpId) {
+        let (_, last_re) = self.e.stage_forward(stage, deps, true);
+        self.e
+            .alloc(last_re, MemTag::Activations, stage.full_act_bytes);
+        let mut deps = self.e.drain_pending();
+        let after = self.e.issue_point();
+        for &u in units.iter().rev() {
+            deps.extend(self.publish(u, true, None, &after, true));
+        }
+        let (first, last) = self.e.stage_backward(stage, &deps);
+        self.e.free(
+            last,
+            MemTag::Activations,
+            stage.full_act_bytes + stage.saved_bytes,
+        );
+        (first, last)
     }
 
     fn settle_prev(&mut self, last_mb: bool) {
@@ -372,7 +428,14 @@ pub(crate) fn generate(
                 }
                 deps.extend(hp.ag[u]);
             }
-            let (first, last) = backward_with_recompute(&mut hp.e, stage, &deps);
+            let republish = stage_units[si]
+                .first()
+                .is_some_and(|&u| hp.dmuon_republish(u));
+            let (first, last) = if republish {
+                hp.dmuon_backward_after_recompute(stage, &stage_units[si], &deps)
+            } else {
+                backward_with_recompute(&mut hp.e, stage, &deps)
+            };
             for &u in stage_units[si].iter().rev() {
                 hp.e.alloc(first, MemTag::Grads, hp.units[u].grad_in_bytes);
                 if o.reshard_after_backward || last_mb {

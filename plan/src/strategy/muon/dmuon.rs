@@ -10,10 +10,20 @@
 //!   broadcast from owner; gradients reduced to owner"; paper: "owner publication, gradient
 //!   reduction, and prefetch run on DMuon's own lifecycle hooks", "lookahead publication"):
 //!   the **FSDP part** of the program changes (see `strategy::hyperparallel`): the owner
-//!   publishes the matrix by broadcast before forward and before backward, and again before a
-//!   recompute (the forward hook fires in the recompute forward too), one unit ahead like the
-//!   FSDP gathers it replaces; the gradient is reduced to the owner instead of
-//!   reduce-scattered.
+//!   publishes the matrix by broadcast before forward (prefetched one layer ahead: DMuon's
+//!   forward prefetch) and before backward (prefetched by the previous layer's pre-backward
+//!   hook, `_backward_prefetch`); the gradient is reduced to the owner instead of
+//!   reduce-scattered, the previous layer's reduce waited before the next is issued (its
+//!   rolling one-outstanding drain).
+//! - **Recompute publishes twice, the second time exposed** (`dmuon/_core/state.py`: the
+//!   recompute forward fires `_pre_forward`/`_post_forward`, the latter reshards;
+//!   `_DedicatedPreBackward.backward` then runs `unshard()` + `wait_for_unshard()`;
+//!   `_backends/fsdp2/group.py` `unshard`: `broadcast_stream.wait_stream(current_stream)`):
+//!   on a recomputed layer the prefetched publication feeds the recompute forward, and the
+//!   backward's own publication starts only after the recompute forward and is waited at
+//!   once (no forward prefetch inside backward either). FSDP2/HyperParallel keep the gathered
+//!   parameters through the recompute (one gather). This is the paper's "owner publication
+//!   and reduction hooks ... cannot be prefetched like FSDP all-gathers".
 //! - **Local optimizer step** (paper Table: "Owner-to-all broadcast / all-to-owner reduce" are
 //!   its only collectives): momentum, NS and apply on the owner's whole matrices; no
 //!   optimizer collective (the next forward's publication ships the update).
