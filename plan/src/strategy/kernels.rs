@@ -12,7 +12,10 @@
 //! - routed experts: the busiest EP rank's routed copies ([`super::routing`]), one grouped GEMM
 //!   over its `experts / ep` local experts with `copies / local_experts` rows each; backward a
 //!   grouped data-gradient and a grouped weight-gradient GEMM (the latter reduces over the
-//!   tokens per expert, costed at the same (tokens per expert, n, k) point);
+//!   tokens per expert, costed at the same (tokens per expert, n, k) point); with expert
+//!   parallelism and more than one local expert, the received tokens (ordered by source rank)
+//!   are regrouped by local expert before the first expert GEMM and put back in source order
+//!   after the last one ([`ep_regroup`]);
 //! - attention: one fused kernel over `micro_batch` sequences of `seq_len / cp` tokens and
 //!   `heads / tp` heads, FLOPs from the profile (causal triangle); backward 2.5x the forward
 //!   FLOPs (FlashAttention-2, Dao 2023, section 3.1: five matmuls against two) and 2x bytes;
@@ -49,6 +52,10 @@ pub struct KernelCtx {
     pub act_bytes: u64,
     /// The busiest EP rank's routed load (MoE models only).
     pub routed: Option<RoutedLoad>,
+    /// Expert-parallel degree.
+    pub ep: u64,
+    /// Model hidden size (the token width entering and leaving the experts).
+    pub hidden: u64,
 }
 
 impl KernelCtx {
@@ -73,6 +80,8 @@ impl KernelCtx {
             rank_tokens,
             act_bytes: opts.param_dtype.bytes(),
             routed,
+            ep: m.ep.max(1) as u64,
+            hidden: cfg.hidden_size,
         }
     }
 
@@ -242,10 +251,45 @@ fn experts(c: &KernelCtx, input: u64, output: u64) -> (Vec<KernelWork>, Vec<Kern
         flops,
         hbm_bytes: ((act + weights) * eb).round() as u64,
     };
-    (
-        vec![work(output, input)],
-        vec![work(input, output), work(input, output)],
-    )
+    let mut fwd = vec![work(output, input)];
+    let mut bwd = vec![work(input, output), work(input, output)];
+    if let Some([in_f, in_b, out_f, out_b]) = ep_regroup(c) {
+        // The first projection reads the regrouped tokens (its gradient flows back through
+        // the regroup last); the last one's output goes back to source order.
+        if input == c.hidden {
+            fwd.insert(0, in_f);
+            bwd.push(in_b);
+        }
+        if output == c.hidden {
+            fwd.push(out_f);
+            bwd.insert(0, out_b);
+        }
+    }
+    (fwd, bwd)
+}
+
+/// Expert-parallel regrouping on the busiest rank: the all-to-all-v delivers its routed
+/// copies ordered by source rank, then by expert; a grouped GEMM needs them contiguous per
+/// local expert, so eager runtimes sort them before the first expert GEMM and restore the
+/// source order after the last one (Megatron-Core `MoEAlltoAllTokenDispatcher`:
+/// `sort_chunks_by_idxs` when `num_local_experts > 1`, and the inverse before the combine;
+/// torchtitan expert parallelism: `generate_permute_indices` then the inverse index). Nothing
+/// with one local expert or without expert parallelism (the router's token permutation
+/// already orders them). Returns the regroup's forward and backward, then the restore's:
+/// the regroup runs the [`EagerRecipe::TokenPermute`] kernels over the copies (sort indices,
+/// per-expert counts for the GEMM's group list, the gather), the restore one scatter each way.
+fn ep_regroup(c: &KernelCtx) -> Option<[KernelWork; 4]> {
+    let r = c.routed.filter(|r| c.ep > 1 && r.local_experts > 1)?;
+    let elems = r.busiest_copies * c.hidden as f64;
+    let (mut rf, mut rb) = memory_bound(EagerRecipe::TokenPermute, elems, 0.0, c.act_bytes);
+    // The restore reads and writes every copy once each way.
+    let bytes = (elems * 2.0 * c.act_bytes as f64).round() as u64;
+    Some([
+        rf.pop()?,
+        rb.pop()?,
+        KernelWork::memory_bound(1, 0, bytes),
+        KernelWork::memory_bound(1, 0, bytes),
+    ])
 }
 
 /// The fused attention core: FLOPs of the profile (causal triangle), one kernel each way.
@@ -289,6 +333,8 @@ mod tests {
             rank_tokens: 8192.0 / tp as f64,
             act_bytes: 2,
             routed: Some(busiest_rank_load(8192.0 / tp as f64, 128, 8, 1, 1.0)),
+            ep: 1,
+            hidden: 2048,
         }
     }
 
@@ -420,5 +466,39 @@ mod tests {
                 head_dim: 128
             }
         ));
+    }
+
+    #[test]
+    fn expert_parallel_regroups_received_tokens_around_the_expert_gemms() {
+        let shape = |input, output| {
+            op(OpShape::Experts {
+                experts: 128,
+                top_k: 8,
+                input,
+                output,
+            })
+        };
+        let with_ep = |ep: u64, experts: u64| KernelCtx {
+            ep,
+            routed: Some(busiest_rank_load(2048.0, experts, 8, ep, 1.0)),
+            ..ctx(4)
+        };
+        let gemm = |w: &KernelWork| matches!(w.class, KernelClass::GroupedGemm { .. });
+        // EP 4, 32 local experts: regroup before gate_up, restore after down; backward
+        // mirrors it.
+        let c = with_ep(4, 128);
+        let (f, b) = op_kernels(&shape(2048, 1536), &c);
+        assert_eq!((f.len(), f[0].count, gemm(&f[1])), (2, 3, true));
+        assert_eq!((b.len(), b[2].count, gemm(&b[0])), (3, 2, true));
+        let (f, b) = op_kernels(&shape(768, 2048), &c);
+        assert_eq!((f.len(), gemm(&f[0]), f[1].count), (2, true, 1));
+        assert_eq!((b.len(), b[0].count, gemm(&b[1])), (3, 1, true));
+        let copies = c.routed.unwrap().busiest_copies;
+        assert_eq!(f[1].hbm_bytes, (copies * 2048.0 * 4.0).round() as u64);
+        // No expert parallelism, or one expert per rank: the router's permutation suffices.
+        for c in [with_ep(1, 128), with_ep(4, 4)] {
+            let (f, b) = op_kernels(&shape(2048, 1536), &c);
+            assert_eq!((f.len(), b.len()), (1, 2));
+        }
     }
 }
