@@ -45,6 +45,9 @@ use super::{
 use crate::muon::OptimizerRoute;
 use crate::strategy::Ctx;
 
+/// How an implementation groups the owned `(core shape, matrices)` items into NS calls.
+pub(crate) type CallGrouping = fn(Vec<((u64, u64), u64)>) -> Vec<NsCall>;
+
 /// Momentum, NS and apply on the whole matrices this rank owns under owner placement, with
 /// the implementation's NS calls (`calls` groups the owned `(core shape, matrices)` items)
 /// and kernels (`imp`); returns the owned parameters.
@@ -52,7 +55,7 @@ pub(crate) fn owner_step(
     ctx: &Ctx,
     view: &RankView,
     s: &mut Schedule,
-    calls: fn(Vec<((u64, u64), u64)>) -> Vec<NsCall>,
+    calls: CallGrouping,
     imp: NsImpl,
 ) -> Vec<usize> {
     let oc = &ctx.opt;
