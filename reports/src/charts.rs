@@ -426,8 +426,13 @@ pub fn tier_traffic_svg(report: &SimReport) -> Result<String, ChartError> {
     })
 }
 
+/// Colour of the device-capacity line on the memory chart.
+const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+
 /// Live memory over the step, one line per strategy (a step function, downsampled to the
-/// per-pixel maximum for long series so peaks stay visible).
+/// per-pixel maximum for long series so peaks stay visible), with the device capacity as a
+/// dashed line when the report knows it (the y axis always reaches it, so a plan that does
+/// not fit shows its series crossing the line).
 pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
     const TITLE: &str = "Live device memory over the step";
     let with_series: Vec<(usize, &StrategyRun)> = report
@@ -449,9 +454,11 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
         )
         .max()
         .unwrap_or(0);
+    let capacity = report.device_memory_bytes.filter(|c| *c > 0);
     let b_max = with_series
         .iter()
         .flat_map(|(_, r)| r.memory_series.iter().map(|p| p.1))
+        .chain(capacity)
         .max()
         .unwrap_or(0) as f64;
     let (unit, scale) = byte_unit(b_max);
@@ -466,10 +473,13 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
     } else {
         1.0
     };
-    let legend: Vec<(String, RGBColor)> = with_series
+    let mut legend: Vec<(String, RGBColor)> = with_series
         .iter()
         .map(|(i, r)| (r.strategy.clone(), palette::series(*i)))
         .collect();
+    if let Some(c) = capacity {
+        legend.push((format!("capacity {}", crate::units::bytes(c)), CAPACITY));
+    }
     render(chart_height(8, 40, legend.len()), |root| {
         let (plot, legend_area) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
         let mut chart = ChartBuilder::on(&plot)
@@ -498,6 +508,17 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
                         .into_iter()
                         .map(|(t, b)| (t as f64 / unit_ns, b as f64 / scale)),
                     palette::series(*i).stroke_width(2),
+                ))
+                .map_err(err)?;
+        }
+        if let Some(c) = capacity {
+            let y = c as f64 / scale;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, y), (x_max, y)],
+                    8,
+                    5,
+                    CAPACITY.stroke_width(2),
                 ))
                 .map_err(err)?;
         }

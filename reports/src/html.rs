@@ -23,14 +23,32 @@ pub fn sim_report_html(report: &SimReport) -> String {
     if !report.description.is_empty() {
         let _ = writeln!(body, "<p>{}</p>", escape(&report.description));
     }
+    let _ = writeln!(
+        body,
+        "<p class=\"sub\">{}</p>",
+        escape(units::SIZE_UNITS_NOTE)
+    );
 
     body.push_str("<h2>Summary</h2>\n");
-    body.push_str(
-        "<p class=\"sub\">Times in milliseconds on the critical rank. Exposed communication is \
+    let _ = writeln!(
+        body,
+        "<p class=\"sub\">Times in milliseconds on the critical rank. Peak memory is the highest \
+         peak over every rank; fits = at most the device capacity{}. Exposed communication is \
          collective time not overlapped by compute or copy; overlap = 1 − exposed / \
-         communication.</p>\n",
+         communication.</p>",
+        report
+            .device_memory_bytes
+            .map_or_else(String::new, |c| format!(" ({})", units::bytes(c)))
     );
     let (headers, rows) = summary_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Exposed communication and traffic per tier</h2>\n");
+    body.push_str(
+        "<p class=\"sub\">Exposed communication per category in milliseconds; collectives and \
+         receive-buffer bytes per tier issued by the critical rank.</p>\n",
+    );
+    let (headers, rows) = traffic_table(report);
     body.push_str(&page::table(&headers, &rows));
 
     body.push_str("<h2>Optimizer, communication and memory spread</h2>\n");
@@ -65,7 +83,8 @@ pub fn sim_report_html(report: &SimReport) -> String {
     figure(
         &mut body,
         charts::memory_svg(report),
-        "Live device memory over the step.",
+        "Live device memory of rank 0 over the step; the dashed red line is the device \
+         capacity a peak must stay under.",
     );
     let span_ns = report
         .runs
@@ -150,55 +169,73 @@ fn tier_names(report: &SimReport) -> Vec<String> {
     )
 }
 
+/// Columns of the summary table: the headline figures first (step time, throughput, peak
+/// memory and whether it fits), then the time breakdown. A fixed, small set, so the table fits
+/// the page whatever the scenario; per-category and per-tier columns are in
+/// [`traffic_table`].
+const SUMMARY_HEADERS: [&str; 13] = [
+    "strategy",
+    "step (ms)",
+    "tokens/s",
+    "MFU",
+    "peak memory",
+    "fits",
+    "compute (ms)",
+    "copy (ms)",
+    "host (ms)",
+    "idle (ms)",
+    "comm (ms)",
+    "exposed comm (ms)",
+    "overlap",
+];
+
 /// The per-strategy summary table (headers, rows), formatted for reading.
 fn summary_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
-    let cats = exposed_categories(report);
-    let tiers = tier_names(report);
-    let mut headers: Vec<String> = [
-        "strategy",
-        "step (ms)",
-        "tokens/s",
-        "MFU",
-        "compute (ms)",
-        "copy (ms)",
-        "host (ms)",
-        "idle (ms)",
-        "comm (ms)",
-        "exposed comm (ms)",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    headers.extend(cats.iter().map(|c| format!("exposed {c} (ms)")));
-    headers.push("overlap".into());
-    for t in &tiers {
-        headers.push(format!("{t} collectives"));
-        headers.push(format!("{t} bytes"));
-    }
-    headers.push("peak memory".into());
-    headers.push("fits".into());
+    let headers = SUMMARY_HEADERS.iter().map(|s| s.to_string()).collect();
     let rows = report
         .runs
         .iter()
         .map(|r| {
-            let mut row = vec![
+            vec![
                 r.strategy.clone(),
                 units::ms(r.step_time_s),
                 units::opt_rate(r.tokens_per_s),
                 units::opt_percent(r.mfu),
+                units::bytes(r.peak_memory_bytes),
+                if r.memory_fits { "yes" } else { "NO" }.into(),
                 units::ms(r.compute_s),
                 units::ms(r.copy_s),
                 units::ms(r.host_s),
                 units::ms(r.idle_s),
                 units::ms(r.comm_s),
                 units::ms(r.exposed_comm_s),
-            ];
+                units::percent(r.overlap_rate),
+            ]
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Per strategy: exposed communication per category, then collectives and bytes per tier.
+fn traffic_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let cats = exposed_categories(report);
+    let tiers = tier_names(report);
+    let mut headers = vec!["strategy".to_string()];
+    headers.extend(cats.iter().map(|c| format!("exposed {c} (ms)")));
+    for t in &tiers {
+        headers.push(format!("{t} collectives"));
+        headers.push(format!("{t} bytes"));
+    }
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.strategy.clone()];
             row.extend(cats.iter().map(|c| {
                 r.exposed_comm_by_category_s
                     .get(c)
                     .map_or_else(|| units::ms(0.0), |s| units::ms(*s))
             }));
-            row.push(units::percent(r.overlap_rate));
             for t in &tiers {
                 let matching = r.tier_bytes.iter().filter(|x| x.tier == *t);
                 let (n, b) = matching.fold((0u64, 0u64), |(n, b), x| {
@@ -207,8 +244,6 @@ fn summary_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
                 row.push(units::count(n));
                 row.push(units::bytes(b));
             }
-            row.push(units::bytes(r.peak_memory_bytes));
-            row.push(if r.memory_fits { "yes" } else { "NO" }.into());
             row
         })
         .collect();

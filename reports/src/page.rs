@@ -15,7 +15,8 @@ p.sub{color:#555;margin-top:0}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;vertical-align:top}
 th{background:#f3f3f3;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.bad{color:#8a1c1d;font-weight:600;background:#fbe3e3}
 tr:nth-child(even) td{background:#fafafa}
 .scroll{overflow-x:auto}
 figure{margin:1em 0}
@@ -24,6 +25,8 @@ svg{max-width:100%;height:auto}
 .verdict{padding:.6em 1em;border-radius:4px;font-weight:600;margin:1em 0}
 .pass{background:#e3f4e1;border:1px solid #59a14f;color:#1d5e17}
 .fail{background:#fbe3e3;border:1px solid #e15759;color:#8a1c1d}
+.warn{background:#fff4d6;border:1px solid #f28e2b;color:#7a4a00}
+.nowrap{white-space:nowrap}
 footer{color:#888;font-size:.8em;margin-top:3em}
 ";
 
@@ -72,7 +75,15 @@ fn looks_numeric(cell: &str) -> bool {
             .is_some_and(|c| c.is_ascii_digit())
 }
 
-/// Renders a table; every cell is escaped here. Rows may be ragged.
+/// True for a cell that reports a failed check (`FAIL`, `NO`): highlighted so a failing row
+/// stands out under any banner.
+fn is_failure(cell: &str) -> bool {
+    matches!(cell.trim(), "FAIL" | "NO")
+}
+
+/// Renders a table; every cell is escaped here. Rows may be ragged. Numeric cells are
+/// right-aligned and never wrap (a value and its unit stay on one line); failure cells are
+/// highlighted.
 pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
     let mut out = String::from("<div class=\"scroll\"><table>\n");
     if !headers.is_empty() {
@@ -88,6 +99,8 @@ pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
         for cell in row {
             if looks_numeric(cell) {
                 let _ = write!(out, "<td class=\"num\">{}</td>", escape(cell));
+            } else if is_failure(cell) {
+                let _ = write!(out, "<td class=\"bad\">{}</td>", escape(cell));
             } else {
                 let _ = write!(out, "<td>{}</td>", escape(cell));
             }
