@@ -55,10 +55,16 @@ fn nonneg(v: f64) -> f64 {
 
 /// Shortens a label to [`MAX_LABEL_CHARS`] characters.
 pub(crate) fn short(label: &str) -> String {
-    if label.chars().count() <= MAX_LABEL_CHARS {
+    short_to(label, MAX_LABEL_CHARS)
+}
+
+/// Shortens a label to `max_chars` characters (at least 2), ending in `…` when cut.
+pub(crate) fn short_to(label: &str, max_chars: usize) -> String {
+    let max_chars = max_chars.max(2);
+    if label.chars().count() <= max_chars {
         label.to_string()
     } else {
-        let mut s: String = label.chars().take(MAX_LABEL_CHARS - 1).collect();
+        let mut s: String = label.chars().take(max_chars - 1).collect();
         s.push('…');
         s
     }
@@ -66,8 +72,13 @@ pub(crate) fn short(label: &str) -> String {
 
 /// Pixels reserved for labels of the longest of `labels` (crude: 7 px per character).
 pub(crate) fn label_area_px(labels: &[String]) -> u32 {
+    label_area_px_to(labels, MAX_LABEL_CHARS)
+}
+
+/// Pixels reserved for labels of the longest of `labels`, at most `max_chars` characters.
+pub(crate) fn label_area_px_to(labels: &[String], max_chars: usize) -> u32 {
     let chars = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
-    (chars as u32 * 7 + 16).clamp(60, 7 * MAX_LABEL_CHARS as u32 + 16)
+    (chars as u32 * 7 + 16).clamp(60, 7 * max_chars as u32 + 16)
 }
 
 /// Number of decimals that resolves ticks on an axis spanning `0..max`.
