@@ -37,7 +37,11 @@ const LAYOUT_PROBE: &str = r#"<script>
   var wide = [];
   document.querySelectorAll('table').forEach(function (t, i) {
     var right = t.getBoundingClientRect().right;
-    if (right > width + 0.5) { wide.push(i + '@' + Math.round(right)); }
+    var box = t.parentElement;
+    var clipped = box.scrollWidth > box.clientWidth + 1;
+    if (right > width + 0.5 || clipped) {
+      wide.push(i + '@' + Math.round(Math.max(right, box.getBoundingClientRect().left + box.scrollWidth)));
+    }
   });
   var wrapped = [];
   document.querySelectorAll('td.num').forEach(function (td) {
@@ -353,6 +357,37 @@ fn the_console_check_sees_errors() {
         messages.iter().any(|m| m.contains("hpfsdp-probe"))
             && messages.iter().any(|m| m.contains("Uncaught")),
         "the browser's console log is not visible to this test: {messages:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_layout_probe_sees_wide_tables_and_wrapped_numbers() {
+    let Some(browser) = browser() else { return };
+    let dir = scratch("layout-negative");
+    let cells: String = (0..40)
+        .map(|i| format!("<td class=\"num\">{i}.000 GiB</td>"))
+        .collect();
+    let page = dir.join("wide.html");
+    std::fs::write(
+        &page,
+        format!(
+            "<!DOCTYPE html><html><body><div style=\"overflow-x:auto\"><table><tr>{cells}\
+             </tr></table></div><table style=\"width:60px\"><tr><td class=\"num\">\
+             123.456 GiB</td></tr></table></body></html>"
+        ),
+    )
+    .unwrap();
+    let r = render(&browser, &page, "negative-control");
+    assert!(
+        r.layout.wide_tables.starts_with("0@"),
+        "a 40-column table was not seen as wider than the page: {:?}",
+        r.layout
+    );
+    assert!(
+        r.layout.wrapped_cells.contains("123.456 GiB"),
+        "a wrapped numeric cell was not seen: {:?}",
+        r.layout
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -439,11 +439,17 @@ pub fn tier_traffic_svg(report: &SimReport) -> Result<String, ChartError> {
 
 /// Colour of the device-capacity line on the memory chart.
 const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+/// The memory chart's y axis reaches the device capacity when the highest sample is at least
+/// this fraction of it; below, the series would be a flat line at the bottom, so the axis
+/// follows the series and the legend says how far below capacity it stays.
+const CAPACITY_ON_AXIS_FRACTION: f64 = 0.125;
 
 /// Live memory over the step, one line per strategy (a step function, downsampled to the
 /// per-pixel maximum for long series so peaks stay visible), with the device capacity as a
-/// dashed line when the report knows it (the y axis always reaches it, so a plan that does
-/// not fit shows its series crossing the line).
+/// dashed line when the report knows it: the y axis reaches the capacity (so a plan that does
+/// not fit shows its series crossing the line) unless the series stay below
+/// [`CAPACITY_ON_AXIS_FRACTION`] of it, in which case the legend gives the capacity and the
+/// highest sample's share of it instead.
 pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
     const TITLE: &str = "Live device memory over the step";
     let with_series: Vec<(usize, &StrategyRun)> = report
@@ -466,12 +472,14 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
         .max()
         .unwrap_or(0);
     let capacity = report.device_memory_bytes.filter(|c| *c > 0);
-    let b_max = with_series
+    let series_max = with_series
         .iter()
         .flat_map(|(_, r)| r.memory_series.iter().map(|p| p.1))
-        .chain(capacity)
         .max()
-        .unwrap_or(0) as f64;
+        .unwrap_or(0);
+    let capacity_on_axis =
+        capacity.filter(|c| series_max as f64 >= *c as f64 * CAPACITY_ON_AXIS_FRACTION);
+    let b_max = series_max.max(capacity_on_axis.unwrap_or(0)) as f64;
     let (unit, scale) = byte_unit(b_max);
     let (t_unit, unit_ns) = time_unit(t_max_ns as f64);
     let x_max = if t_max_ns > 0 {
@@ -488,13 +496,22 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
         .iter()
         .map(|(i, r)| (r.strategy.clone(), palette::series(*i)))
         .collect();
-    if let Some(c) = capacity {
-        legend.push((format!("capacity {}", crate::units::bytes(c)), CAPACITY));
-    }
+    let title = match (capacity, capacity_on_axis) {
+        (Some(c), Some(_)) => {
+            legend.push((format!("capacity {}", crate::units::bytes(c)), CAPACITY));
+            TITLE.to_string()
+        }
+        (Some(c), None) => format!(
+            "{TITLE} (capacity {} off scale: peak at {} of it)",
+            crate::units::bytes(c),
+            crate::units::percent(series_max as f64 / c as f64)
+        ),
+        (None, _) => TITLE.to_string(),
+    };
     render(chart_height(8, 40, legend.len()), |root| {
         let (plot, legend_area) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
         let mut chart = ChartBuilder::on(&plot)
-            .caption(TITLE, (FONT, 18))
+            .caption(title.as_str(), (FONT, 18))
             .margin(10)
             .x_label_area_size(36)
             .y_label_area_size(64)
@@ -522,7 +539,7 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
                 ))
                 .map_err(err)?;
         }
-        if let Some(c) = capacity {
+        if let Some(c) = capacity_on_axis {
             let y = c as f64 / scale;
             chart
                 .draw_series(DashedLineSeries::new(

@@ -51,13 +51,22 @@ pub fn sim_report_html(report: &SimReport) -> String {
     let (headers, rows) = traffic_table(report);
     body.push_str(&page::table(&headers, &rows));
 
-    body.push_str("<h2>Optimizer, communication and memory spread</h2>\n");
+    body.push_str("<h2>Optimizer step</h2>\n");
     body.push_str(
         "<p class=\"sub\">Optimizer range: first optimizer op start to last optimizer op end on \
          the critical rank (baselines that hook optimizer work into forward and backward span \
-         most of the step). Peak memory min/mean/max over every rank; spread = max − min.</p>\n",
+         most of the step); busy, communication and exposed communication of the optimizer's \
+         ops; bytes per tier its collectives receive.</p>\n",
     );
     let (headers, rows) = optimizer_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Peak memory across ranks</h2>\n");
+    body.push_str(
+        "<p class=\"sub\">Per-rank peak memory: lowest, mean and highest over every rank (with \
+         a rank holding the extreme); spread = highest − lowest.</p>\n",
+    );
+    let (headers, rows) = memory_spread_table(report);
     body.push_str(&page::table(&headers, &rows));
 
     body.push_str("<h2>Collectives</h2>\n");
@@ -250,8 +259,42 @@ fn traffic_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
     (headers, rows)
 }
 
-/// Per strategy: the optimizer's range, busy time and communication, total and exposed
-/// communication, overlap, peak memory across ranks and optimizer bytes per tier.
+/// Per strategy: the lowest, mean and highest per-rank peak memory with the ranks holding the
+/// extremes, and the spread.
+fn memory_spread_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let headers = [
+        "strategy",
+        "lowest peak",
+        "on rank",
+        "mean peak",
+        "highest peak",
+        "on rank",
+        "spread",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let m = &r.memory_spread;
+            vec![
+                r.strategy.clone(),
+                units::bytes(m.min_bytes),
+                m.min_rank.to_string(),
+                units::bytes(m.mean_bytes),
+                units::bytes(m.max_bytes),
+                m.max_rank.to_string(),
+                units::bytes(m.spread_bytes()),
+            ]
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Per strategy: the optimizer's range, busy time, communication and exposed communication,
+/// and optimizer bytes per tier (step-wide communication and overlap are in the summary).
 fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
     let tiers = order::tiers(report.runs.iter().flat_map(|r| {
         r.optimizer
@@ -266,13 +309,6 @@ fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
         "optimizer busy (ms)",
         "optimizer comm (ms)",
         "optimizer exposed (ms)",
-        "total comm (ms)",
-        "exposed comm (ms)",
-        "overlap",
-        "peak min",
-        "peak mean",
-        "peak max",
-        "spread",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -283,7 +319,6 @@ fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
         .iter()
         .map(|r| {
             let o = r.optimizer.clone().unwrap_or_default();
-            let m = &r.memory_spread;
             let mut row = vec![
                 r.strategy.clone(),
                 r.optimizer_name.clone(),
@@ -292,13 +327,6 @@ fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
                 units::ms(o.busy_s),
                 units::ms(o.comm_s),
                 units::ms(o.exposed_comm_s),
-                units::ms(r.comm_s),
-                units::ms(r.exposed_comm_s),
-                units::percent(r.overlap_rate),
-                units::bytes(m.min_bytes),
-                units::bytes(m.mean_bytes),
-                units::bytes(m.max_bytes),
-                units::bytes(m.spread_bytes()),
             ];
             row.extend(
                 tiers

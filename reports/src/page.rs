@@ -62,17 +62,33 @@ pub fn page(title: &str, body: &str) -> String {
     out
 }
 
-/// True when a cell looks numeric (right-aligned): digits with optional sign, separators,
-/// decimal point, exponent, unit or percent suffix.
+/// Unit words that may follow a number in a numeric cell.
+const UNIT_WORDS: [&str; 17] = [
+    "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ns", "us", "µs", "ms", "s", "GB/s", "pp", "x",
+    "/", "%",
+];
+
+/// True for one number token: digits with an optional sign, grouping commas, a decimal point,
+/// an exponent and a `%` or `x` suffix (`-1,234.5`, `+5.8%`, `1.2e-3`, `2.0x`).
+fn number_token(token: &str) -> bool {
+    let digits = token.trim_start_matches(['-', '+']);
+    digits.starts_with(|c: char| c.is_ascii_digit())
+        && digits.chars().all(|c| {
+            c.is_ascii_digit() || matches!(c, ',' | '.' | 'e' | 'E' | '-' | '+' | '%' | 'x')
+        })
+}
+
+/// True when a cell is a value (right-aligned, never wrapped): a few number tokens and unit
+/// words (`12.5`, `-3`, `1,024 B`, `87.5%`, `12 / 1.50 GiB`). A sentence that happens to
+/// start with a digit (`21 of 21 parameters equal`) is text.
 fn looks_numeric(cell: &str) -> bool {
-    let t = cell.trim();
-    let Some(first) = t.chars().next() else {
-        return false;
-    };
-    (first.is_ascii_digit() || ((first == '-' || first == '+') && t.len() > 1))
-        && t.chars()
-            .nth(usize::from(!first.is_ascii_digit()))
-            .is_some_and(|c| c.is_ascii_digit())
+    let tokens: Vec<&str> = cell.split_whitespace().collect();
+    !tokens.is_empty()
+        && tokens.len() <= 4
+        && number_token(tokens[0])
+        && tokens
+            .iter()
+            .all(|t| number_token(t) || UNIT_WORDS.contains(t))
 }
 
 /// True for a cell that reports a failed check (`FAIL`, `NO`): highlighted so a failing row
@@ -129,6 +145,12 @@ mod tests {
         assert!(looks_numeric("-3"));
         assert!(looks_numeric("1,024 B"));
         assert!(looks_numeric("87.5%"));
+        assert!(looks_numeric("+5.8%"));
+        assert!(looks_numeric("12 / 1.50 GiB"));
+        assert!(looks_numeric("1.2e-3 s"));
+        assert!(!looks_numeric("21 of 21 parameters bitwise equal"));
+        assert!(!looks_numeric("504 FSDP/TP/EP calls"));
+        assert!(!looks_numeric("[64,64]"));
         assert!(!looks_numeric("fsdp2"));
         assert!(!looks_numeric("-"));
         assert!(!looks_numeric(""));

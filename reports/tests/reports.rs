@@ -102,9 +102,18 @@ fn memory_chart_draws_the_device_capacity() {
         html.contains("stroke=\"#D62728\"") || html.contains("stroke=\"#d62728\""),
         "capacity line missing"
     );
+    // Far above the series (3 GiB of 64 GiB): the axis follows the series, the title says
+    // where the capacity is.
+    report.device_memory_bytes = Some(64 << 30);
+    let html = sim_report_html(&report);
+    assert!(
+        html.contains("capacity 64.00 GiB off scale: peak at 4.7% of it"),
+        "off-scale capacity not stated"
+    );
+    assert!(!html.contains("stroke=\"#D62728\"") && !html.contains("stroke=\"#d62728\""));
     report.device_memory_bytes = None;
     let html = sim_report_html(&report);
-    assert!(!html.contains("capacity 4.00 GiB"));
+    assert!(!html.contains("capacity 4.00 GiB") && !html.contains("off scale"));
 }
 
 #[test]
