@@ -93,7 +93,8 @@ pub fn sim_report_html(report: &SimReport) -> String {
         &mut body,
         charts::memory_svg(report),
         "Live device memory of rank 0 over the step; the dashed red line is the device \
-         capacity a peak must stay under.",
+         capacity a peak must stay under (stated in the title instead when far above the \
+         series).",
     );
     let span_ns = report
         .runs

@@ -17,6 +17,7 @@ th,td{border:1px solid #ccc;padding:.25em .6em;vertical-align:top}
 th{background:#f3f3f3;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.bad{color:#8a1c1d;font-weight:600;background:#fbe3e3}
+td.out{color:#7a4a00;background:#fff4d6}
 tr:nth-child(even) td{background:#fafafa}
 .scroll{overflow-x:auto}
 figure{margin:1em 0}
@@ -97,6 +98,13 @@ fn is_failure(cell: &str) -> bool {
     matches!(cell.trim(), "FAIL" | "NO")
 }
 
+/// True for a cell that reports a non-gating miss (`out (not gating)`, `differs (advisory)`):
+/// highlighted more softly than a failure.
+fn is_advisory_miss(cell: &str) -> bool {
+    let t = cell.trim();
+    t.starts_with("out (") || t.starts_with("differs (")
+}
+
 /// Renders a table; every cell is escaped here. Rows may be ragged. Numeric cells are
 /// right-aligned and never wrap (a value and its unit stay on one line); failure cells are
 /// highlighted.
@@ -117,6 +125,8 @@ pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
                 let _ = write!(out, "<td class=\"num\">{}</td>", escape(cell));
             } else if is_failure(cell) {
                 let _ = write!(out, "<td class=\"bad\">{}</td>", escape(cell));
+            } else if is_advisory_miss(cell) {
+                let _ = write!(out, "<td class=\"out\">{}</td>", escape(cell));
             } else {
                 let _ = write!(out, "<td>{}</td>", escape(cell));
             }
@@ -137,6 +147,21 @@ mod tests {
             escape("<a href=\"x\">&'"),
             "&lt;a href=&quot;x&quot;&gt;&amp;&#39;"
         );
+    }
+
+    #[test]
+    fn failures_and_misses_are_highlighted() {
+        let html = table(
+            &["result".to_string()],
+            &[
+                vec!["FAIL".into()],
+                vec!["out (not gating)".into()],
+                vec!["pass".into()],
+            ],
+        );
+        assert!(html.contains("<td class=\"bad\">FAIL</td>"));
+        assert!(html.contains("<td class=\"out\">out (not gating)</td>"));
+        assert!(html.contains("<td>pass</td>"));
     }
 
     #[test]
