@@ -77,20 +77,27 @@ pub fn sim_report_html(report: &SimReport) -> String {
     let (headers, rows) = memory_table(report);
     body.push_str(&page::table(&headers, &rows));
 
+    charts_section(&mut body, report);
+    page::page(&format!("{} — hpfsdp simulation", report.scenario), &body)
+}
+
+/// Appends the charts: step breakdown, tier traffic, memory with the device capacity, and
+/// one stream timeline per strategy on a shared time axis.
+fn charts_section(body: &mut String, report: &SimReport) {
     body.push_str("<h2>Charts</h2>\n");
     figure(
-        &mut body,
+        body,
         charts::step_breakdown_svg(report),
         "Step time per strategy: compute, copy not hidden under compute, exposed communication \
          per category and idle. The black tick marks the step time.",
     );
     figure(
-        &mut body,
+        body,
         charts::tier_traffic_svg(report),
         "Collective bytes per tier issued by the critical rank.",
     );
     figure(
-        &mut body,
+        body,
         charts::memory_svg(report),
         "Live device memory of rank 0 over the step; the dashed red line is the device \
          capacity a peak must stay under (stated in the title instead when far above the \
@@ -114,12 +121,11 @@ pub fn sim_report_html(report: &SimReport) -> String {
                     units::count(t.spans as u64),
                     units::count(t.rectangles as u64)
                 );
-                figure(&mut body, Ok(t.svg), &caption);
+                figure(body, Ok(t.svg), &caption);
             }
-            Err(e) => figure(&mut body, Err(e), &run.strategy),
+            Err(e) => figure(body, Err(e), &run.strategy),
         }
     }
-    page::page(&format!("{} — hpfsdp simulation", report.scenario), &body)
 }
 
 /// Seconds to whole nanoseconds (0 for negative or non-finite input).
