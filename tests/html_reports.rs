@@ -17,6 +17,7 @@
 
 use hpfsdp_reports::units;
 use serde_json::Value;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,7 +80,10 @@ fn browser() -> Option<PathBuf> {
              point HPFSDP_CHROMIUM at a Chromium binary"
         ),
         None => {
-            eprintln!(
+            // Written to the process's stderr directly: the test harness captures `eprintln!`
+            // of passing tests, and this message must be seen.
+            let _ = writeln!(
+                std::io::stderr(),
                 "\n******************************************************************\n\
                  SKIPPED: HTML report rendering checks need Chromium (not found on PATH,\n\
                  HPFSDP_CHROMIUM unset). Install it: apt-get install -y chromium.\n\
