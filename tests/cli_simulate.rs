@@ -266,7 +266,8 @@ fn muon_comparison_scenario_runs_its_baselines_and_reports_them() {
         spread(0)
     );
     let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
-    assert!(html.contains("Optimizer, communication and memory spread"));
+    assert!(html.contains("<h2>Optimizer step</h2>"));
+    assert!(html.contains("<h2>Peak memory across ranks</h2>"));
     assert!(html.contains("hyperparallel+dmuon"));
     let csv = std::fs::read_to_string(dir.join("summary.csv")).unwrap();
     assert!(csv.lines().next().unwrap().contains("optimizer_range_s"));

@@ -188,6 +188,7 @@ fn main() {
             run("hyperparallel", 32, 460, 2_000),
             run("fsdp2", 32, 40, 23_000),
         ],
+        device_memory_bytes: Some(64 << 30),
     };
     match write_sim_report(&dir, &report) {
         Ok(paths) => {

@@ -4,7 +4,8 @@
 //! tolerance drawn as two ticks.
 
 use crate::charts::{
-    ChartError, FONT, RowAxis, err, label_area_px, message_svg, render, row_at, row_centre, short,
+    ChartError, FONT, RowAxis, err, label_area_px_to, message_svg, render, row_at, row_centre,
+    short_to,
 };
 use plotters::prelude::*;
 
@@ -25,6 +26,9 @@ const PASS: RGBColor = RGBColor(0x59, 0xa1, 0x4f);
 const FAIL: RGBColor = RGBColor(0xe1, 0x57, 0x59);
 /// Display clip of the error axis, as a fraction.
 const CLIP: f64 = 1.0;
+/// Longest row label drawn, characters (a run and a figure name: `HyperParallel-FSDP:
+/// weighted FSDP collective bandwidth (GB/s)` is 61).
+const LABEL_CHARS: usize = 64;
 
 /// The chart as an SVG document.
 pub fn predicted_vs_measured_svg(title: &str, bars: &[ErrorBar]) -> Result<String, ChartError> {
@@ -36,14 +40,17 @@ pub fn predicted_vs_measured_svg(title: &str, bars: &[ErrorBar]) -> Result<Strin
     if n == 0 {
         return message_svg(title, "no figure with a non-zero measurement");
     }
-    let names: Vec<String> = bars.iter().map(|b| short(&b.label)).collect();
+    let names: Vec<String> = bars
+        .iter()
+        .map(|b| short_to(&b.label, LABEL_CHARS))
+        .collect();
     let height = 90 + 22 * n as u32;
     render(height, |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, (FONT, 18))
             .margin(10)
             .x_label_area_size(36)
-            .y_label_area_size(label_area_px(&names))
+            .y_label_area_size(label_area_px_to(&names, LABEL_CHARS))
             .build_cartesian_2d(-CLIP * 100.0..CLIP * 100.0, RowAxis::new(n))
             .map_err(err)?;
         chart

@@ -18,6 +18,29 @@ pub struct CalibrationPage {
 }
 
 impl CalibrationPage {
+    /// The verdict banner. A failed verdict is red. A passed one is green only when every row
+    /// of the chart is within its tolerance; when informational (non-gating) rows are out, it
+    /// is amber and names them, so "PASS" never sits above a row outside tolerance unsaid.
+    fn banner(&self, v: &Verdict) -> String {
+        let out: Vec<&str> = self
+            .bars
+            .iter()
+            .filter(|b| !b.passed)
+            .map(|b| b.label.as_str())
+            .collect();
+        if !v.passed || out.is_empty() {
+            return v.to_html();
+        }
+        format!(
+            "<div class=\"verdict warn\">PASS on every gating figure: {}; but {} \
+             informational row{} outside tolerance: {}</div>\n",
+            escape(&v.text),
+            out.len(),
+            if out.len() == 1 { " is" } else { "s are" },
+            escape(&out.join(", "))
+        )
+    }
+
     /// The page as one self-contained HTML document (inline SVG chart after the banner).
     pub fn to_html(&self) -> String {
         let r = &self.report;
@@ -26,17 +49,8 @@ impl CalibrationPage {
         if !r.subtitle.is_empty() {
             let _ = writeln!(body, "<p class=\"sub\">{}</p>", escape(&r.subtitle));
         }
-        if let Some(Verdict { passed, text }) = &r.verdict {
-            let (class, word) = if *passed {
-                ("pass", "PASS")
-            } else {
-                ("fail", "FAIL")
-            };
-            let _ = writeln!(
-                body,
-                "<div class=\"verdict {class}\">{word}: {}</div>",
-                escape(text)
-            );
+        if let Some(v) = &r.verdict {
+            body.push_str(&self.banner(v));
         }
         let _ = writeln!(body, "<h2>Predicted vs measured</h2>");
         match predicted_vs_measured_svg("Relative error per figure", &self.bars) {
@@ -89,6 +103,13 @@ mod tests {
         assert!(html.contains("verdict fail") && !html.contains("verdict pass"));
         assert!(html.contains("<svg"));
         p.report.verdict.as_mut().unwrap().passed = true;
+        let html = p.to_html();
+        assert!(
+            html.contains("verdict warn") && !html.contains("verdict pass"),
+            "a passing verdict over an out-of-tolerance row must not be plain PASS"
+        );
+        assert!(html.contains("1 informational row is outside tolerance: x"));
+        p.bars[0].passed = true;
         assert!(p.to_html().contains("verdict pass"));
     }
 }

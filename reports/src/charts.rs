@@ -55,10 +55,16 @@ fn nonneg(v: f64) -> f64 {
 
 /// Shortens a label to [`MAX_LABEL_CHARS`] characters.
 pub(crate) fn short(label: &str) -> String {
-    if label.chars().count() <= MAX_LABEL_CHARS {
+    short_to(label, MAX_LABEL_CHARS)
+}
+
+/// Shortens a label to `max_chars` characters (at least 2), ending in `…` when cut.
+pub(crate) fn short_to(label: &str, max_chars: usize) -> String {
+    let max_chars = max_chars.max(2);
+    if label.chars().count() <= max_chars {
         label.to_string()
     } else {
-        let mut s: String = label.chars().take(MAX_LABEL_CHARS - 1).collect();
+        let mut s: String = label.chars().take(max_chars - 1).collect();
         s.push('…');
         s
     }
@@ -66,8 +72,13 @@ pub(crate) fn short(label: &str) -> String {
 
 /// Pixels reserved for labels of the longest of `labels` (crude: 7 px per character).
 pub(crate) fn label_area_px(labels: &[String]) -> u32 {
+    label_area_px_to(labels, MAX_LABEL_CHARS)
+}
+
+/// Pixels reserved for labels of the longest of `labels`, at most `max_chars` characters.
+pub(crate) fn label_area_px_to(labels: &[String], max_chars: usize) -> u32 {
     let chars = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
-    (chars as u32 * 7 + 16).clamp(60, 7 * MAX_LABEL_CHARS as u32 + 16)
+    (chars as u32 * 7 + 16).clamp(60, 7 * max_chars as u32 + 16)
 }
 
 /// Number of decimals that resolves ticks on an axis spanning `0..max`.
@@ -426,8 +437,19 @@ pub fn tier_traffic_svg(report: &SimReport) -> Result<String, ChartError> {
     })
 }
 
+/// Colour of the device-capacity line on the memory chart.
+const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+/// The memory chart's y axis reaches the device capacity when the highest sample is at least
+/// this fraction of it; below, the series would be a flat line at the bottom, so the axis
+/// follows the series and the legend says how far below capacity it stays.
+const CAPACITY_ON_AXIS_FRACTION: f64 = 0.125;
+
 /// Live memory over the step, one line per strategy (a step function, downsampled to the
-/// per-pixel maximum for long series so peaks stay visible).
+/// per-pixel maximum for long series so peaks stay visible), with the device capacity as a
+/// dashed line when the report knows it: the y axis reaches the capacity (so a plan that does
+/// not fit shows its series crossing the line) unless the series stay below
+/// [`CAPACITY_ON_AXIS_FRACTION`] of it, in which case the legend gives the capacity and the
+/// highest sample's share of it instead.
 pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
     const TITLE: &str = "Live device memory over the step";
     let with_series: Vec<(usize, &StrategyRun)> = report
@@ -449,11 +471,15 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
         )
         .max()
         .unwrap_or(0);
-    let b_max = with_series
+    let capacity = report.device_memory_bytes.filter(|c| *c > 0);
+    let series_max = with_series
         .iter()
         .flat_map(|(_, r)| r.memory_series.iter().map(|p| p.1))
         .max()
-        .unwrap_or(0) as f64;
+        .unwrap_or(0);
+    let capacity_on_axis =
+        capacity.filter(|c| series_max as f64 >= *c as f64 * CAPACITY_ON_AXIS_FRACTION);
+    let b_max = series_max.max(capacity_on_axis.unwrap_or(0)) as f64;
     let (unit, scale) = byte_unit(b_max);
     let (t_unit, unit_ns) = time_unit(t_max_ns as f64);
     let x_max = if t_max_ns > 0 {
@@ -466,14 +492,26 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
     } else {
         1.0
     };
-    let legend: Vec<(String, RGBColor)> = with_series
+    let mut legend: Vec<(String, RGBColor)> = with_series
         .iter()
         .map(|(i, r)| (r.strategy.clone(), palette::series(*i)))
         .collect();
+    let title = match (capacity, capacity_on_axis) {
+        (Some(c), Some(_)) => {
+            legend.push((format!("capacity {}", crate::units::bytes(c)), CAPACITY));
+            TITLE.to_string()
+        }
+        (Some(c), None) => format!(
+            "{TITLE} (capacity {} off scale: peak at {} of it)",
+            crate::units::bytes(c),
+            crate::units::percent(series_max as f64 / c as f64)
+        ),
+        (None, _) => TITLE.to_string(),
+    };
     render(chart_height(8, 40, legend.len()), |root| {
         let (plot, legend_area) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
         let mut chart = ChartBuilder::on(&plot)
-            .caption(TITLE, (FONT, 18))
+            .caption(title.as_str(), (FONT, 18))
             .margin(10)
             .x_label_area_size(36)
             .y_label_area_size(64)
@@ -498,6 +536,17 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
                         .into_iter()
                         .map(|(t, b)| (t as f64 / unit_ns, b as f64 / scale)),
                     palette::series(*i).stroke_width(2),
+                ))
+                .map_err(err)?;
+        }
+        if let Some(c) = capacity_on_axis {
+            let y = c as f64 / scale;
+            chart
+                .draw_series(DashedLineSeries::new(
+                    [(0.0, y), (x_max, y)],
+                    8,
+                    5,
+                    CAPACITY.stroke_width(2),
                 ))
                 .map_err(err)?;
         }

@@ -6,10 +6,19 @@
 //! microseconds, `cat` = category and `args.bytes` when the op moves data. Live memory is a
 //! counter track (`"ph": "C"`) per strategy. Events are emitted in a fixed order through typed
 //! structs, so the JSON is deterministic.
+//!
+//! Time units: the trace-event format fixes `ts` and `dur` in microseconds (fractional values
+//! keep nanosecond resolution); `displayTimeUnit` only chooses how viewers label the axis and
+//! accepts `"ms"` or `"ns"`. It is [`DISPLAY_TIME_UNIT`] (`"ms"`, the format's default), the
+//! unit the HTML report uses for step times, so a viewer never presents microsecond
+//! timestamps as nanoseconds.
 
 use crate::model::SimReport;
 use crate::order;
 use serde::Serialize;
+
+/// The `displayTimeUnit` of every trace this crate writes (timestamps are microseconds).
+pub const DISPLAY_TIME_UNIT: &str = "ms";
 
 /// The top-level trace object.
 #[derive(Serialize)]
@@ -142,7 +151,7 @@ pub fn chrome_trace_json(report: &SimReport) -> String {
     }
     let trace = Trace {
         trace_events: events,
-        display_time_unit: "ns",
+        display_time_unit: DISPLAY_TIME_UNIT,
         other_data: OtherData {
             scenario: &report.scenario,
             hardware: &report.hardware,

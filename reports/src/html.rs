@@ -23,23 +23,50 @@ pub fn sim_report_html(report: &SimReport) -> String {
     if !report.description.is_empty() {
         let _ = writeln!(body, "<p>{}</p>", escape(&report.description));
     }
+    let _ = writeln!(
+        body,
+        "<p class=\"sub\">{}</p>",
+        escape(units::SIZE_UNITS_NOTE)
+    );
 
     body.push_str("<h2>Summary</h2>\n");
-    body.push_str(
-        "<p class=\"sub\">Times in milliseconds on the critical rank. Exposed communication is \
+    let _ = writeln!(
+        body,
+        "<p class=\"sub\">Times in milliseconds on the critical rank. Peak memory is the highest \
+         peak over every rank; fits = at most the device capacity{}. Exposed communication is \
          collective time not overlapped by compute or copy; overlap = 1 − exposed / \
-         communication.</p>\n",
+         communication.</p>",
+        report
+            .device_memory_bytes
+            .map_or_else(String::new, |c| format!(" ({})", units::bytes(c)))
     );
     let (headers, rows) = summary_table(report);
     body.push_str(&page::table(&headers, &rows));
 
-    body.push_str("<h2>Optimizer, communication and memory spread</h2>\n");
+    body.push_str("<h2>Exposed communication and traffic per tier</h2>\n");
+    body.push_str(
+        "<p class=\"sub\">Exposed communication per category in milliseconds; collectives and \
+         receive-buffer bytes per tier issued by the critical rank.</p>\n",
+    );
+    let (headers, rows) = traffic_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Optimizer step</h2>\n");
     body.push_str(
         "<p class=\"sub\">Optimizer range: first optimizer op start to last optimizer op end on \
          the critical rank (baselines that hook optimizer work into forward and backward span \
-         most of the step). Peak memory min/mean/max over every rank; spread = max − min.</p>\n",
+         most of the step); busy, communication and exposed communication of the optimizer's \
+         ops; bytes per tier its collectives receive.</p>\n",
     );
     let (headers, rows) = optimizer_table(report);
+    body.push_str(&page::table(&headers, &rows));
+
+    body.push_str("<h2>Peak memory across ranks</h2>\n");
+    body.push_str(
+        "<p class=\"sub\">Per-rank peak memory: lowest, mean and highest over every rank (with \
+         a rank holding the extreme); spread = highest − lowest.</p>\n",
+    );
+    let (headers, rows) = memory_spread_table(report);
     body.push_str(&page::table(&headers, &rows));
 
     body.push_str("<h2>Collectives</h2>\n");
@@ -50,22 +77,31 @@ pub fn sim_report_html(report: &SimReport) -> String {
     let (headers, rows) = memory_table(report);
     body.push_str(&page::table(&headers, &rows));
 
+    charts_section(&mut body, report);
+    page::page(&format!("{} — hpfsdp simulation", report.scenario), &body)
+}
+
+/// Appends the charts: step breakdown, tier traffic, memory with the device capacity, and
+/// one stream timeline per strategy on a shared time axis.
+fn charts_section(body: &mut String, report: &SimReport) {
     body.push_str("<h2>Charts</h2>\n");
     figure(
-        &mut body,
+        body,
         charts::step_breakdown_svg(report),
         "Step time per strategy: compute, copy not hidden under compute, exposed communication \
          per category and idle. The black tick marks the step time.",
     );
     figure(
-        &mut body,
+        body,
         charts::tier_traffic_svg(report),
         "Collective bytes per tier issued by the critical rank.",
     );
     figure(
-        &mut body,
+        body,
         charts::memory_svg(report),
-        "Live device memory over the step.",
+        "Live device memory of rank 0 over the step; the dashed red line is the device \
+         capacity a peak must stay under (stated in the title instead when far above the \
+         series).",
     );
     let span_ns = report
         .runs
@@ -85,12 +121,11 @@ pub fn sim_report_html(report: &SimReport) -> String {
                     units::count(t.spans as u64),
                     units::count(t.rectangles as u64)
                 );
-                figure(&mut body, Ok(t.svg), &caption);
+                figure(body, Ok(t.svg), &caption);
             }
-            Err(e) => figure(&mut body, Err(e), &run.strategy),
+            Err(e) => figure(body, Err(e), &run.strategy),
         }
     }
-    page::page(&format!("{} — hpfsdp simulation", report.scenario), &body)
 }
 
 /// Seconds to whole nanoseconds (0 for negative or non-finite input).
@@ -150,55 +185,73 @@ fn tier_names(report: &SimReport) -> Vec<String> {
     )
 }
 
+/// Columns of the summary table: the headline figures first (step time, throughput, peak
+/// memory and whether it fits), then the time breakdown. A fixed, small set, so the table fits
+/// the page whatever the scenario; per-category and per-tier columns are in
+/// [`traffic_table`].
+const SUMMARY_HEADERS: [&str; 13] = [
+    "strategy",
+    "step (ms)",
+    "tokens/s",
+    "MFU",
+    "peak memory",
+    "fits",
+    "compute (ms)",
+    "copy (ms)",
+    "host (ms)",
+    "idle (ms)",
+    "comm (ms)",
+    "exposed comm (ms)",
+    "overlap",
+];
+
 /// The per-strategy summary table (headers, rows), formatted for reading.
 fn summary_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
-    let cats = exposed_categories(report);
-    let tiers = tier_names(report);
-    let mut headers: Vec<String> = [
-        "strategy",
-        "step (ms)",
-        "tokens/s",
-        "MFU",
-        "compute (ms)",
-        "copy (ms)",
-        "host (ms)",
-        "idle (ms)",
-        "comm (ms)",
-        "exposed comm (ms)",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    headers.extend(cats.iter().map(|c| format!("exposed {c} (ms)")));
-    headers.push("overlap".into());
-    for t in &tiers {
-        headers.push(format!("{t} collectives"));
-        headers.push(format!("{t} bytes"));
-    }
-    headers.push("peak memory".into());
-    headers.push("fits".into());
+    let headers = SUMMARY_HEADERS.iter().map(|s| s.to_string()).collect();
     let rows = report
         .runs
         .iter()
         .map(|r| {
-            let mut row = vec![
+            vec![
                 r.strategy.clone(),
                 units::ms(r.step_time_s),
                 units::opt_rate(r.tokens_per_s),
                 units::opt_percent(r.mfu),
+                units::bytes(r.peak_memory_bytes),
+                if r.memory_fits { "yes" } else { "NO" }.into(),
                 units::ms(r.compute_s),
                 units::ms(r.copy_s),
                 units::ms(r.host_s),
                 units::ms(r.idle_s),
                 units::ms(r.comm_s),
                 units::ms(r.exposed_comm_s),
-            ];
+                units::percent(r.overlap_rate),
+            ]
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Per strategy: exposed communication per category, then collectives and bytes per tier.
+fn traffic_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let cats = exposed_categories(report);
+    let tiers = tier_names(report);
+    let mut headers = vec!["strategy".to_string()];
+    headers.extend(cats.iter().map(|c| format!("exposed {c} (ms)")));
+    for t in &tiers {
+        headers.push(format!("{t} collectives"));
+        headers.push(format!("{t} bytes"));
+    }
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.strategy.clone()];
             row.extend(cats.iter().map(|c| {
                 r.exposed_comm_by_category_s
                     .get(c)
                     .map_or_else(|| units::ms(0.0), |s| units::ms(*s))
             }));
-            row.push(units::percent(r.overlap_rate));
             for t in &tiers {
                 let matching = r.tier_bytes.iter().filter(|x| x.tier == *t);
                 let (n, b) = matching.fold((0u64, 0u64), |(n, b), x| {
@@ -207,16 +260,48 @@ fn summary_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
                 row.push(units::count(n));
                 row.push(units::bytes(b));
             }
-            row.push(units::bytes(r.peak_memory_bytes));
-            row.push(if r.memory_fits { "yes" } else { "NO" }.into());
             row
         })
         .collect();
     (headers, rows)
 }
 
-/// Per strategy: the optimizer's range, busy time and communication, total and exposed
-/// communication, overlap, peak memory across ranks and optimizer bytes per tier.
+/// Per strategy: the lowest, mean and highest per-rank peak memory with the ranks holding the
+/// extremes, and the spread.
+fn memory_spread_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
+    let headers = [
+        "strategy",
+        "lowest peak",
+        "on rank",
+        "mean peak",
+        "highest peak",
+        "on rank",
+        "spread",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let rows = report
+        .runs
+        .iter()
+        .map(|r| {
+            let m = &r.memory_spread;
+            vec![
+                r.strategy.clone(),
+                units::bytes(m.min_bytes),
+                m.min_rank.to_string(),
+                units::bytes(m.mean_bytes),
+                units::bytes(m.max_bytes),
+                m.max_rank.to_string(),
+                units::bytes(m.spread_bytes()),
+            ]
+        })
+        .collect();
+    (headers, rows)
+}
+
+/// Per strategy: the optimizer's range, busy time, communication and exposed communication,
+/// and optimizer bytes per tier (step-wide communication and overlap are in the summary).
 fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
     let tiers = order::tiers(report.runs.iter().flat_map(|r| {
         r.optimizer
@@ -231,13 +316,6 @@ fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
         "optimizer busy (ms)",
         "optimizer comm (ms)",
         "optimizer exposed (ms)",
-        "total comm (ms)",
-        "exposed comm (ms)",
-        "overlap",
-        "peak min",
-        "peak mean",
-        "peak max",
-        "spread",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -248,7 +326,6 @@ fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
         .iter()
         .map(|r| {
             let o = r.optimizer.clone().unwrap_or_default();
-            let m = &r.memory_spread;
             let mut row = vec![
                 r.strategy.clone(),
                 r.optimizer_name.clone(),
@@ -257,13 +334,6 @@ fn optimizer_table(report: &SimReport) -> (Vec<String>, Vec<Vec<String>>) {
                 units::ms(o.busy_s),
                 units::ms(o.comm_s),
                 units::ms(o.exposed_comm_s),
-                units::ms(r.comm_s),
-                units::ms(r.exposed_comm_s),
-                units::percent(r.overlap_rate),
-                units::bytes(m.min_bytes),
-                units::bytes(m.mean_bytes),
-                units::bytes(m.max_bytes),
-                units::bytes(m.spread_bytes()),
             ];
             row.extend(
                 tiers

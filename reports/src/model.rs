@@ -22,6 +22,10 @@ pub struct SimReport {
     pub world_size: usize,
     /// One entry per strategy, in the order they should be shown.
     pub runs: Vec<StrategyRun>,
+    /// Memory capacity of one device, bytes (the line a peak must stay under to fit); drawn
+    /// on the memory chart when known.
+    #[serde(default)]
+    pub device_memory_bytes: Option<u64>,
 }
 
 /// The prediction for one strategy: step time, breakdown, traffic, memory and rank 0's timeline.

@@ -15,7 +15,9 @@ p.sub{color:#555;margin-top:0}
 table{border-collapse:collapse;margin:.6em 0;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.25em .6em;vertical-align:top}
 th{background:#f3f3f3;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.bad{color:#8a1c1d;font-weight:600;background:#fbe3e3}
+td.out{color:#7a4a00;background:#fff4d6}
 tr:nth-child(even) td{background:#fafafa}
 .scroll{overflow-x:auto}
 figure{margin:1em 0}
@@ -24,6 +26,8 @@ svg{max-width:100%;height:auto}
 .verdict{padding:.6em 1em;border-radius:4px;font-weight:600;margin:1em 0}
 .pass{background:#e3f4e1;border:1px solid #59a14f;color:#1d5e17}
 .fail{background:#fbe3e3;border:1px solid #e15759;color:#8a1c1d}
+.warn{background:#fff4d6;border:1px solid #f28e2b;color:#7a4a00}
+.nowrap{white-space:nowrap}
 footer{color:#888;font-size:.8em;margin-top:3em}
 ";
 
@@ -59,20 +63,51 @@ pub fn page(title: &str, body: &str) -> String {
     out
 }
 
-/// True when a cell looks numeric (right-aligned): digits with optional sign, separators,
-/// decimal point, exponent, unit or percent suffix.
-fn looks_numeric(cell: &str) -> bool {
-    let t = cell.trim();
-    let Some(first) = t.chars().next() else {
-        return false;
-    };
-    (first.is_ascii_digit() || ((first == '-' || first == '+') && t.len() > 1))
-        && t.chars()
-            .nth(usize::from(!first.is_ascii_digit()))
-            .is_some_and(|c| c.is_ascii_digit())
+/// Unit words that may follow a number in a numeric cell.
+const UNIT_WORDS: [&str; 17] = [
+    "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ns", "us", "µs", "ms", "s", "GB/s", "pp", "x",
+    "/", "%",
+];
+
+/// True for one number token: digits with an optional sign, grouping commas, a decimal point,
+/// an exponent and a `%` or `x` suffix (`-1,234.5`, `+5.8%`, `1.2e-3`, `2.0x`).
+fn number_token(token: &str) -> bool {
+    let digits = token.trim_start_matches(['-', '+']);
+    digits.starts_with(|c: char| c.is_ascii_digit())
+        && digits.chars().all(|c| {
+            c.is_ascii_digit() || matches!(c, ',' | '.' | 'e' | 'E' | '-' | '+' | '%' | 'x')
+        })
 }
 
-/// Renders a table; every cell is escaped here. Rows may be ragged.
+/// True when a cell is a value (right-aligned, never wrapped): a few number tokens and unit
+/// words (`12.5`, `-3`, `1,024 B`, `87.5%`, `12 / 1.50 GiB`). A sentence that happens to
+/// start with a digit (`21 of 21 parameters equal`) is text.
+fn looks_numeric(cell: &str) -> bool {
+    let tokens: Vec<&str> = cell.split_whitespace().collect();
+    !tokens.is_empty()
+        && tokens.len() <= 4
+        && number_token(tokens[0])
+        && tokens
+            .iter()
+            .all(|t| number_token(t) || UNIT_WORDS.contains(t))
+}
+
+/// True for a cell that reports a failed check (`FAIL`, `NO`): highlighted so a failing row
+/// stands out under any banner.
+fn is_failure(cell: &str) -> bool {
+    matches!(cell.trim(), "FAIL" | "NO")
+}
+
+/// True for a cell that reports a non-gating miss (`out (not gating)`, `differs (advisory)`):
+/// highlighted more softly than a failure.
+fn is_advisory_miss(cell: &str) -> bool {
+    let t = cell.trim();
+    t.starts_with("out (") || t.starts_with("differs (")
+}
+
+/// Renders a table; every cell is escaped here. Rows may be ragged. Numeric cells are
+/// right-aligned and never wrap (a value and its unit stay on one line); failure cells are
+/// highlighted.
 pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
     let mut out = String::from("<div class=\"scroll\"><table>\n");
     if !headers.is_empty() {
@@ -88,6 +123,10 @@ pub fn table(headers: &[String], rows: &[Vec<String>]) -> String {
         for cell in row {
             if looks_numeric(cell) {
                 let _ = write!(out, "<td class=\"num\">{}</td>", escape(cell));
+            } else if is_failure(cell) {
+                let _ = write!(out, "<td class=\"bad\">{}</td>", escape(cell));
+            } else if is_advisory_miss(cell) {
+                let _ = write!(out, "<td class=\"out\">{}</td>", escape(cell));
             } else {
                 let _ = write!(out, "<td>{}</td>", escape(cell));
             }
@@ -111,11 +150,32 @@ mod tests {
     }
 
     #[test]
+    fn failures_and_misses_are_highlighted() {
+        let html = table(
+            &["result".to_string()],
+            &[
+                vec!["FAIL".into()],
+                vec!["out (not gating)".into()],
+                vec!["pass".into()],
+            ],
+        );
+        assert!(html.contains("<td class=\"bad\">FAIL</td>"));
+        assert!(html.contains("<td class=\"out\">out (not gating)</td>"));
+        assert!(html.contains("<td>pass</td>"));
+    }
+
+    #[test]
     fn numeric_detection() {
         assert!(looks_numeric("12.5"));
         assert!(looks_numeric("-3"));
         assert!(looks_numeric("1,024 B"));
         assert!(looks_numeric("87.5%"));
+        assert!(looks_numeric("+5.8%"));
+        assert!(looks_numeric("12 / 1.50 GiB"));
+        assert!(looks_numeric("1.2e-3 s"));
+        assert!(!looks_numeric("21 of 21 parameters bitwise equal"));
+        assert!(!looks_numeric("504 FSDP/TP/EP calls"));
+        assert!(!looks_numeric("[64,64]"));
         assert!(!looks_numeric("fsdp2"));
         assert!(!looks_numeric("-"));
         assert!(!looks_numeric(""));

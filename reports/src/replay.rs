@@ -306,6 +306,7 @@ pub fn replay_trace_json(report: &ReplayReport) -> String {
             run(&format!("measured ({})", report.backend), false),
             run(&format!("predicted ({})", report.hardware), true),
         ],
+        device_memory_bytes: None,
     })
 }
 

@@ -47,6 +47,54 @@ pub struct Table {
     pub rows: Vec<Vec<String>>,
 }
 
+impl Verdict {
+    /// The verdict over named gating checks (`(name, passed)` pairs): passed with
+    /// `pass_text` when every check passed, else failed with a text naming every failing
+    /// check (`2 of 5 gating checks failed: a; b`), so a FAIL banner always says what failed.
+    pub fn over_checks<'a, I>(pass_text: &str, gating: I) -> Verdict
+    where
+        I: IntoIterator<Item = (&'a str, bool)>,
+    {
+        let mut total = 0usize;
+        let mut failed: Vec<&str> = Vec::new();
+        for (name, passed) in gating {
+            total += 1;
+            if !passed {
+                failed.push(name);
+            }
+        }
+        if failed.is_empty() {
+            return Verdict {
+                passed: true,
+                text: pass_text.to_string(),
+            };
+        }
+        Verdict {
+            passed: false,
+            text: format!(
+                "{} of {total} gating check{} failed: {}",
+                failed.len(),
+                if total == 1 { "" } else { "s" },
+                failed.join("; ")
+            ),
+        }
+    }
+
+    /// The banner's HTML: a `div` classed `pass` or `fail` reading `PASS: text` or
+    /// `FAIL: text` (escaped).
+    pub fn to_html(&self) -> String {
+        let (class, word) = if self.passed {
+            ("pass", "PASS")
+        } else {
+            ("fail", "FAIL")
+        };
+        format!(
+            "<div class=\"verdict {class}\">{word}: {}</div>\n",
+            escape(&self.text)
+        )
+    }
+}
+
 impl TableReport {
     /// Renders the report as one self-contained HTML page (same style as the simulation
     /// report); all text is escaped.
@@ -57,16 +105,7 @@ impl TableReport {
             let _ = writeln!(body, "<p class=\"sub\">{}</p>", escape(&self.subtitle));
         }
         if let Some(v) = &self.verdict {
-            let (class, word) = if v.passed {
-                ("pass", "PASS")
-            } else {
-                ("fail", "FAIL")
-            };
-            let _ = writeln!(
-                body,
-                "<div class=\"verdict {class}\">{word}: {}</div>",
-                escape(&v.text)
-            );
+            body.push_str(&v.to_html());
         }
         for s in &self.sections {
             let _ = writeln!(body, "<h2>{}</h2>", escape(&s.heading));
@@ -154,6 +193,23 @@ fn markdown_cell(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_verdict_names_every_failing_check() {
+        let v = Verdict::over_checks(
+            "all good",
+            [("loss", true), ("trace <a>", false), ("digest", false)],
+        );
+        assert!(!v.passed);
+        assert_eq!(v.text, "2 of 3 gating checks failed: trace <a>; digest");
+        assert!(
+            v.to_html()
+                .contains("FAIL: 2 of 3 gating checks failed: trace &lt;a&gt;")
+        );
+        let ok = Verdict::over_checks("all good", [("loss", true)]);
+        assert!(ok.passed && ok.text == "all good");
+        assert!(ok.to_html().contains("verdict pass"));
+    }
 
     #[test]
     fn markdown_pads_and_escapes() {

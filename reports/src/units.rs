@@ -1,7 +1,20 @@
 //! Human-readable, deterministic number formatting for HTML tables and chart labels.
 //!
+//! **Unit convention** (the same in the CLI and every HTML report): sizes use binary prefixes,
+//! `1 KiB = 1024 B`, `1 MiB = 2^20 B`, `1 GiB = 2^30 B` ([`bytes`]); times are printed in the
+//! unit named in the column or row label; bandwidths (link and bus figures, quoted by hardware
+//! data sheets and nccl-tests in decimal units) stay `GB/s = 10^9 B/s`. [`SIZE_UNITS_NOTE`] is
+//! the sentence each report prints so a reader knows which is which.
+//!
 //! Every formatter uses a fixed precision (Rust's float formatting is exact and
 //! platform-independent), and prints `–` for missing or non-finite values instead of `NaN`.
+
+/// The sentence stating the size convention, printed under every report that shows sizes.
+pub const SIZE_UNITS_NOTE: &str =
+    "Sizes use binary prefixes: 1 KiB = 1024 B, 1 MiB = 2^20 B, 1 GiB = 2^30 B.";
+
+/// Bytes per GiB (`2^30`).
+pub const BYTES_PER_GIB: f64 = 1_073_741_824.0;
 
 /// Placeholder printed for a missing or non-finite value.
 pub const MISSING: &str = "–";

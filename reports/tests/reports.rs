@@ -61,7 +61,59 @@ fn html_is_self_contained_and_deterministic() {
     assert!(html.contains("exposed fsdp-ag (ms)"));
     assert!(html.contains("intra-machine bytes"));
     assert!(html.contains("3.00 GiB"));
+    assert!(
+        html.contains("1 GiB = 2^30 B"),
+        "the size convention is stated"
+    );
     assert_tags_balanced(&html);
+}
+
+#[test]
+fn summary_table_is_narrow_and_shows_fits() {
+    let report = common::sample();
+    let html = sim_report_html(&report);
+    let summary = &html[html.find("<h2>Summary</h2>").expect("summary")..];
+    let table = &summary[..summary.find("</table>").expect("table end")];
+    let headers: Vec<&str> = table
+        .split("<th>")
+        .skip(1)
+        .map(|h| &h[..h.find("</th>").expect("th end")])
+        .collect();
+    assert!(headers.len() <= 13, "summary has {} columns", headers.len());
+    let fits = headers.iter().position(|h| *h == "fits").expect("fits");
+    assert!(
+        fits <= 5,
+        "fits must be among the first columns: {headers:?}"
+    );
+    // Numeric cells never wrap between a value and its unit.
+    assert!(table.contains("<td class=\"num\">3.00 GiB</td>"));
+    assert!(html.contains("td.num{") && html.contains("white-space:nowrap"));
+}
+
+#[test]
+fn memory_chart_draws_the_device_capacity() {
+    let mut report = common::sample();
+    let html = sim_report_html(&report);
+    assert!(
+        html.contains("capacity 4.00 GiB"),
+        "capacity legend missing"
+    );
+    assert!(
+        html.contains("stroke=\"#D62728\"") || html.contains("stroke=\"#d62728\""),
+        "capacity line missing"
+    );
+    // Far above the series (3 GiB of 64 GiB): the axis follows the series, the title says
+    // where the capacity is.
+    report.device_memory_bytes = Some(64 << 30);
+    let html = sim_report_html(&report);
+    assert!(
+        html.contains("capacity 64.00 GiB off scale: peak at 4.7% of it"),
+        "off-scale capacity not stated"
+    );
+    assert!(!html.contains("stroke=\"#D62728\"") && !html.contains("stroke=\"#d62728\""));
+    report.device_memory_bytes = None;
+    let html = sim_report_html(&report);
+    assert!(!html.contains("capacity 4.00 GiB") && !html.contains("off scale"));
 }
 
 #[test]
@@ -168,6 +220,9 @@ fn trace_json_has_named_processes_threads_and_spans() {
         threads[&(1, ag["tid"].as_u64().expect("tid"))],
         "all-gather"
     );
+    // Timestamps are microseconds (1500 ns -> 1.5); the declared display unit must be one
+    // the format accepts and not claim the microsecond values are nanoseconds.
+    assert_eq!(v["displayTimeUnit"], "ms");
     assert_eq!(ag["ts"].as_f64(), Some(1.5));
     assert_eq!(ag["dur"].as_f64(), Some(1.5));
     assert_eq!(ag["args"]["bytes"].as_u64(), Some(1 << 29));

@@ -4,7 +4,7 @@
 //! tables first; write the calibration report (`reports/calibration/` by default) and, with
 //! `--write-profile`, a new profile file with the fitted values.
 
-use super::calibrate_report::{figure_table, flag, loo_tables, page, params_table, value};
+use super::calibrate_report::{figure_table, flag, label, loo_tables, page, params_table, value};
 use super::calibrate_tables::{FromTables, apply_tables, sections, write_gemm_outputs};
 use anyhow::{Context, Result, bail};
 use hpfsdp_reports::table::Table;
@@ -209,7 +209,7 @@ fn print_text(
                     "  {} left out: {} {} measured {} predicted {} ({})",
                     fold.left_out,
                     r.row.run,
-                    r.row.figure.label(),
+                    label(r.row.figure),
                     value(r.row.figure, r.row.measured),
                     value(r.row.figure, r.row.predicted),
                     r.row

@@ -8,13 +8,16 @@ use super::calibrate_tables::strings;
 use hpfsdp_reports::CalibrationPage;
 use hpfsdp_reports::calibration_chart::ErrorBar;
 use hpfsdp_reports::table::{Section, Table, TableReport, Verdict};
+use hpfsdp_reports::units::BYTES_PER_GIB;
 use hpfsdp_sim::calibration::Figure;
 use hpfsdp_sim::calibration::fit::{AtBound, FitOutcome, FittedParam, is_fitted_row, log_residual};
 use hpfsdp_sim::calibration::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance};
 use hpfsdp_sim::calibration::loo::Fold;
 use hpfsdp_sim::calibration::verdict::{Checked, CheckedRow};
 
-/// A figure value in its display unit.
+/// A figure value in the unit its [`label`] names: sizes in GiB (binary, the reports'
+/// convention, `hpfsdp_reports::units`), bandwidth in GB/s (decimal, as link data sheets
+/// quote it).
 pub fn value(figure: Figure, v: f64) -> String {
     match figure {
         Figure::AllGathers
@@ -22,12 +25,18 @@ pub fn value(figure: Figure, v: f64) -> String {
         | Figure::DeviceKernels
         | Figure::Collectives => format!("{v:.0}"),
         Figure::OverlapRate => format!("{:.2}%", v * 100.0),
-        Figure::AllGatherBytes
-        | Figure::ReduceScatterBytes
-        | Figure::PeakAllocatedBytes
-        | Figure::WeightedBandwidth => format!("{:.3}", v / 1e9),
+        Figure::AllGatherBytes | Figure::ReduceScatterBytes | Figure::PeakAllocatedBytes => {
+            format!("{:.3}", v / BYTES_PER_GIB)
+        }
+        Figure::WeightedBandwidth => format!("{:.3}", v / 1e9),
         _ => format!("{v:.4}"),
     }
+}
+
+/// A figure's label with the unit [`value`] prints: the simulator's size labels say `(GB)`;
+/// sizes are shown in GiB here, so the label says `(GiB)`.
+pub fn label(figure: Figure) -> String {
+    figure.label().replace("(GB)", "(GiB)")
 }
 
 /// The at-bound / identification flag of a fitted constant ("-" when none).
@@ -58,7 +67,7 @@ pub fn figure_table(checked: &Checked) -> Table {
             vec![
                 row.experiment.to_string(),
                 row.run.to_string(),
-                row.figure.label().to_string(),
+                label(row.figure),
                 if r.fitted { "fitted" } else { "predicted" }.to_string(),
                 value(row.figure, row.measured),
                 value(row.figure, row.predicted),
@@ -167,7 +176,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
             vec![
                 left_out.to_string(),
                 r.row.run.to_string(),
-                r.row.figure.label().to_string(),
+                label(r.row.figure),
                 value(r.row.figure, r.row.measured),
                 value(r.row.figure, r.row.predicted),
                 r.row
@@ -211,7 +220,7 @@ pub fn verdict(checked: &Checked, folds: Option<&[Fold]>) -> Verdict {
     let gating = checked.rows.iter().filter(|r| r.gating).count();
     let failures: Vec<String> = checked
         .failures()
-        .map(|r| format!("{} {}", r.row.run, r.row.figure.label()))
+        .map(|r| format!("{} {}", r.row.run, label(r.row.figure)))
         .collect();
     let mut text = format!(
         "{} of {gating} gating figures within tolerance",
@@ -252,7 +261,7 @@ pub fn bars(checked: &Checked) -> Vec<ErrorBar> {
         .iter()
         .filter(|r| r.row.measured != 0.0)
         .map(|r| ErrorBar {
-            label: format!("{}: {}", r.row.run, r.row.figure.label()),
+            label: format!("{}: {}", r.row.run, label(r.row.figure)),
             relative_error: r.row.relative_error().unwrap_or(f64::NAN),
             tolerance: Some(match r.tolerance {
                 Tolerance::Relative(t) => t,
@@ -313,7 +322,8 @@ pub fn page(
             title: format!("Calibration of {profile} against measured runs"),
             subtitle: format!(
                 "Held-in measurements only (shared/calibration/README.md: experiment B, \
-                 experiment A micro batch 2). {}",
+                 experiment A micro batch 2). {} Sizes in GiB (2^30 B), bandwidth in GB/s \
+                 (10^9 B/s).",
                 if fit.is_some() {
                     "Constants fitted in this run."
                 } else {

@@ -99,6 +99,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
                 .zip(&runs)
                 .map(|(s, r)| to_report_run(s, r))
                 .collect(),
+            device_memory_bytes: Some(profile.device.hbm_capacity_bytes),
         };
         let written = hpfsdp_reports::write_sim_report(dir, &report)
             .with_context(|| format!("writing the report into {}", dir.display()))?;
@@ -156,8 +157,10 @@ pub fn simulate_all(
     Ok(runs)
 }
 
+/// A size in the reports' convention (binary prefixes, `1.50 GiB`), so the terminal and the
+/// HTML report print the same text for the same value.
 fn gb(bytes: u64) -> String {
-    format!("{:.2} GB", bytes as f64 / 1e9)
+    hpfsdp_reports::units::bytes(bytes)
 }
 
 fn ms(s: f64) -> String {
@@ -259,7 +262,8 @@ fn render_table(
             r.tier_bytes.get(k).map_or("-".into(), |c| gb(c.bytes))
         });
     }
-    row("peak memory", &|r| {
+    let capacity = gb(profile.device.hbm_capacity_bytes);
+    row(&format!("peak memory (device {capacity})"), &|r| {
         format!(
             "{}{}",
             gb(r.peak_memory_bytes),
@@ -283,5 +287,7 @@ fn render_table(
     out.push_str(
         "\nPer-rank figures are the critical rank's (the one that finishes last); bytes are receive-buffer bytes per step.\nOptimizer range: first to last optimizer op on that rank; peak memory min/mean/spread are over every rank.\n",
     );
+    out.push_str(hpfsdp_reports::units::SIZE_UNITS_NOTE);
+    out.push('\n');
     out
 }

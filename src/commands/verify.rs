@@ -336,12 +336,31 @@ fn render_text(r: &VerifyReport, bench: Option<&[ModeBench]>) -> String {
         "\nupdated-parameter digest (blake3): {}\n{}\n",
         r.digest,
         if r.passed {
-            "VERDICT: PASS"
+            "VERDICT: PASS".to_string()
         } else {
-            "VERDICT: FAIL"
+            format!("VERDICT: FAIL ({})", verdict(r).text)
         }
     ));
     out
+}
+
+/// The report's verdict: the FAIL text names every failing gating check.
+fn verdict(r: &VerifyReport) -> Verdict {
+    let v = Verdict::over_checks(
+        "production == validation bitwise; sharded matches the single device",
+        r.checks
+            .iter()
+            .filter(|c| c.gating)
+            .map(|c| (c.name.as_str(), c.passed)),
+    );
+    if !r.passed && v.passed {
+        // Defensive: the report failed without a failing gating check; never show PASS.
+        return Verdict {
+            passed: false,
+            text: "the report failed without naming a failing gating check".into(),
+        };
+    }
+    v
 }
 
 fn table(headers: &[&str], rows: Vec<Vec<String>>) -> ReportTable {
@@ -407,14 +426,7 @@ fn write_out(dir: &Path, r: &VerifyReport, bench: Option<&[ModeBench]>) -> Resul
     let report = TableReport {
         title: format!("hpfsdp verify: {}", r.scenario),
         subtitle: format!("{} ranks, {}", r.world, r.mesh),
-        verdict: Some(Verdict {
-            passed: r.passed,
-            text: if r.passed {
-                "production == validation bitwise; sharded matches the single device".into()
-            } else {
-                "at least one gating check failed".into()
-            },
-        }),
+        verdict: Some(verdict(r)),
         sections,
     };
     std::fs::write(dir.join("verify.html"), report.to_html())?;
