@@ -1,7 +1,7 @@
 //! The numerics variants of the reference optimizers a scenario can select: the Newton-Schulz
-//! rounding order ([`NsOpOrder`], `[optimizer.muon] ns_order`) and the AdamW kernel form
-//! ([`AdamwNumerics`], `[optimizer.adamw] numerics`), with their scenario names and the check
-//! the scenario loader runs on them.
+//! rounding order ([`NsOpOrder`], `[optimizer.muon] ns_order`) and the element-wise kernel
+//! form ([`ElementwiseNumerics`], `[optimizer.adamw] numerics` and `[optimizer.muon]
+//! numerics`), with their scenario names and the check the scenario loader runs on them.
 //!
 //! Its own module because the scenario loader (which validates the keys) and the reference
 //! executor (which implements the variants) both need the names, and the reference crate
@@ -47,34 +47,41 @@ impl NsOpOrder {
     }
 }
 
-/// The arithmetic form of the reference AdamW's element-wise update (same operation order,
-/// different fusion).
+/// The arithmetic form of an optimizer's element-wise update (same operation order, different
+/// fusion): AdamW's moments, Muon's EMA momentum and its parameter update.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum AdamwNumerics {
-    /// Every operation of `_single_tensor_adam` rounded separately (`unfused`, the default):
-    /// platform-independent, the form the verify goldens are recorded in.
+pub enum ElementwiseNumerics {
+    /// Every operation rounded separately (`unfused`, AdamW's default and every Muon preset's
+    /// but `torch`'s): platform-independent, the form the verify goldens are recorded in.
     #[default]
     Unfused,
-    /// torch's CPU kernels: `lerp_` as `fma(w, g − m, m)` and `addcmul_` as
-    /// `fma((1 − β2)·g, g, β2·v)` (`torch_cpu_fma`).
+    /// torch's CPU kernels (`torch_cpu_fma`): `lerp_` as `fma(w, end − self, self)` (or
+    /// `fma(w − 1, end − self, end)` for `|w| ≥ 0.5`), AdamW's `addcmul_` as
+    /// `fma((1 − β2)·g, g, β2·v)`, Muon's `param.add_(update, alpha=−lr)` as
+    /// `fma(−lr, update, param)`.
     TorchCpuFma,
 }
 
-impl AdamwNumerics {
+impl ElementwiseNumerics {
     /// Every form, in documentation order.
-    pub const ALL: [AdamwNumerics; 2] = [AdamwNumerics::Unfused, AdamwNumerics::TorchCpuFma];
+    pub const ALL: [ElementwiseNumerics; 2] = [
+        ElementwiseNumerics::Unfused,
+        ElementwiseNumerics::TorchCpuFma,
+    ];
 
-    /// The scenario name (`[optimizer.adamw] numerics`).
+    /// The scenario name (`[optimizer.adamw] numerics`, `[optimizer.muon] numerics`).
     pub fn name(self) -> &'static str {
         match self {
-            AdamwNumerics::Unfused => "unfused",
-            AdamwNumerics::TorchCpuFma => "torch_cpu_fma",
+            ElementwiseNumerics::Unfused => "unfused",
+            ElementwiseNumerics::TorchCpuFma => "torch_cpu_fma",
         }
     }
 
     /// Parses a scenario name (`None` for an unknown one).
-    pub fn parse(name: &str) -> Option<AdamwNumerics> {
-        AdamwNumerics::ALL.into_iter().find(|o| o.name() == name)
+    pub fn parse(name: &str) -> Option<ElementwiseNumerics> {
+        ElementwiseNumerics::ALL
+            .into_iter()
+            .find(|o| o.name() == name)
     }
 }
 
@@ -105,18 +112,23 @@ pub fn check_numerics_keys(o: &OptimizerSection) -> Result<(), NumericsKeyError>
             ),
         });
     }
-    if let Some(form) = &o.adamw.numerics
-        && AdamwNumerics::parse(form).is_none()
-    {
-        let names: Vec<&str> = AdamwNumerics::ALL.iter().map(|v| v.name()).collect();
-        return Err(NumericsKeyError {
-            section: "optimizer.adamw",
-            key: "numerics",
-            message: format!(
-                "[optimizer.adamw] numerics = \"{form}\"; use one of {}",
-                names.join(", ")
-            ),
-        });
+    for (section, form) in [
+        ("optimizer.adamw", &o.adamw.numerics),
+        ("optimizer.muon", &o.muon.numerics),
+    ] {
+        if let Some(form) = form
+            && ElementwiseNumerics::parse(form).is_none()
+        {
+            let names: Vec<&str> = ElementwiseNumerics::ALL.iter().map(|v| v.name()).collect();
+            return Err(NumericsKeyError {
+                section,
+                key: "numerics",
+                message: format!(
+                    "[{section}] numerics = \"{form}\"; use one of {}",
+                    names.join(", ")
+                ),
+            });
+        }
     }
     Ok(())
 }
@@ -130,11 +142,11 @@ mod tests {
         for o in NsOpOrder::ALL {
             assert_eq!(NsOpOrder::parse(o.name()), Some(o));
         }
-        for a in AdamwNumerics::ALL {
-            assert_eq!(AdamwNumerics::parse(a.name()), Some(a));
+        for a in ElementwiseNumerics::ALL {
+            assert_eq!(ElementwiseNumerics::parse(a.name()), Some(a));
         }
         assert_eq!(NsOpOrder::parse("Addmm"), None);
-        assert_eq!(AdamwNumerics::default(), AdamwNumerics::Unfused);
+        assert_eq!(ElementwiseNumerics::default(), ElementwiseNumerics::Unfused);
     }
 
     #[test]
@@ -158,5 +170,11 @@ mod tests {
             "{}",
             e.message
         );
+        o.adamw.numerics = Some("torch_cpu_fma".into());
+        o.muon.numerics = Some("fused".into());
+        let e = check_numerics_keys(&o).unwrap_err();
+        assert_eq!((e.section, e.key), ("optimizer.muon", "numerics"));
+        o.muon.numerics = Some("unfused".into());
+        assert_eq!(check_numerics_keys(&o), Ok(()));
     }
 }

@@ -306,6 +306,10 @@ pub struct MuonOptions {
     /// preset's), see [`crate::optimizer_numerics::NsOpOrder`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_order: Option<String>,
+    /// Element-wise form of the momentum and update (`unfused` or `torch_cpu_fma`; default:
+    /// the preset's), see [`crate::optimizer_numerics::ElementwiseNumerics`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numerics: Option<String>,
 }
 
 /// `[optimizer.adamw]` options (for 1-D parameters, embeddings and heads).
@@ -325,7 +329,7 @@ pub struct AdamwOptions {
     #[serde(default = "adamw_wd")]
     pub weight_decay: f64,
     /// Element-wise kernel form (`unfused`, the default, or `torch_cpu_fma`), see
-    /// [`crate::optimizer_numerics::AdamwNumerics`].
+    /// [`crate::optimizer_numerics::ElementwiseNumerics`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numerics: Option<String>,
 }

@@ -14,7 +14,7 @@
 //! ```
 //! (ATen's `lerp` takes `m + w·(g − m)` for `|w| < 0.5`, see [`lerp`].)
 //!
-//! Two arithmetic forms ([`AdamwNumerics`], `[optimizer.adamw] numerics`):
+//! Two arithmetic forms ([`ElementwiseNumerics`], `[optimizer.adamw] numerics`):
 //! - `unfused` (default): every operation above rounded separately. Platform-independent; the
 //!   verify goldens are recorded in it.
 //! - `torch_cpu_fma`: what torch's CPU kernels compute: `lerp_` is `fma(w, g − m, m)`
@@ -29,7 +29,7 @@
 //! rounded; elsewhere `p` differs by the rounding of one 1-ulp-different denominator
 //! (`reference/tests/torch_golden.rs` states the bound).
 
-use hpfsdp_plan::optimizer_numerics::AdamwNumerics;
+use hpfsdp_plan::optimizer_numerics::ElementwiseNumerics;
 use hpfsdp_plan::scenario::AdamwOptions;
 use serde::Serialize;
 
@@ -78,14 +78,17 @@ pub struct AdamW {
         serialize_with = "serialize_numerics",
         skip_serializing_if = "is_unfused"
     )]
-    pub numerics: AdamwNumerics,
+    pub numerics: ElementwiseNumerics,
 }
 
-fn is_unfused(n: &AdamwNumerics) -> bool {
-    *n == AdamwNumerics::Unfused
+fn is_unfused(n: &ElementwiseNumerics) -> bool {
+    *n == ElementwiseNumerics::Unfused
 }
 
-fn serialize_numerics<S: serde::Serializer>(n: &AdamwNumerics, s: S) -> Result<S::Ok, S::Error> {
+fn serialize_numerics<S: serde::Serializer>(
+    n: &ElementwiseNumerics,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     s.serialize_str(n.name())
 }
 
@@ -127,9 +130,9 @@ impl AdamW {
     /// error naming the key and the accepted names.
     pub fn from_options(o: &AdamwOptions) -> RefResult<AdamW> {
         let numerics = match &o.numerics {
-            None => AdamwNumerics::default(),
-            Some(name) => AdamwNumerics::parse(name).ok_or_else(|| {
-                let names: Vec<&str> = AdamwNumerics::ALL.iter().map(|v| v.name()).collect();
+            None => ElementwiseNumerics::default(),
+            Some(name) => ElementwiseNumerics::parse(name).ok_or_else(|| {
+                let names: Vec<&str> = ElementwiseNumerics::ALL.iter().map(|v| v.name()).collect();
                 RefError::Invalid {
                     op: "[optimizer.adamw] numerics",
                     detail: format!("unknown form \"{name}\"; use one of {}", names.join(", ")),
@@ -180,7 +183,7 @@ impl AdamW {
         v: &mut [T],
     ) {
         let k = self.scalars::<T>(step);
-        let fused = self.numerics == AdamwNumerics::TorchCpuFma;
+        let fused = self.numerics == ElementwiseNumerics::TorchCpuFma;
         let neg_step_size = -k.step_size;
         for (((p, &g), m), v) in param
             .iter_mut()
@@ -226,7 +229,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.1,
-            numerics: AdamwNumerics::Unfused,
+            numerics: ElementwiseNumerics::Unfused,
         };
         let (m0, v0, g, p0) = (0.3f32, 0.02f32, 2.5f32, 1.25f32);
         let mut st = AdamState {
@@ -260,7 +263,7 @@ mod tests {
             beta2: 0.95,
             eps: 1e-8,
             weight_decay: 0.0,
-            numerics: AdamwNumerics::Unfused,
+            numerics: ElementwiseNumerics::Unfused,
         };
         let mut p = vec![1.0f32, -2.0, 0.5];
         let g = [0.3f32, -4.0, 0.0];

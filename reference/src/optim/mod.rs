@@ -3,4 +3,4 @@
 pub mod adamw;
 
 pub use adamw::{AdamState, AdamW, lerp, lerp_fma};
-pub use hpfsdp_plan::optimizer_numerics::AdamwNumerics;
+pub use hpfsdp_plan::optimizer_numerics::ElementwiseNumerics;
