@@ -11,6 +11,7 @@ pub mod layout;
 pub mod mesh;
 pub mod model;
 pub mod muon;
+pub mod optimizer_numerics;
 pub mod placement;
 pub mod planner;
 pub mod program;

@@ -302,6 +302,14 @@ pub struct MuonOptions {
     /// a batch of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_batch_fill_owners: Option<bool>,
+    /// Newton-Schulz rounding order (`gram_squared_first`, `eager`, `addmm`; default: the
+    /// preset's), see [`crate::optimizer_numerics::NsOpOrder`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ns_order: Option<String>,
+    /// Element-wise form of the momentum and update (`unfused` or `torch_cpu_fma`; default:
+    /// the preset's), see [`crate::optimizer_numerics::ElementwiseNumerics`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numerics: Option<String>,
 }
 
 /// `[optimizer.adamw]` options (for 1-D parameters, embeddings and heads).
@@ -320,6 +328,10 @@ pub struct AdamwOptions {
     /// Decoupled weight decay.
     #[serde(default = "adamw_wd")]
     pub weight_decay: f64,
+    /// Element-wise kernel form (`unfused`, the default, or `torch_cpu_fma`), see
+    /// [`crate::optimizer_numerics::ElementwiseNumerics`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numerics: Option<String>,
 }
 
 fn adamw_lr() -> f64 {
@@ -342,6 +354,7 @@ impl Default for AdamwOptions {
             betas: adamw_betas(),
             eps: adamw_eps(),
             weight_decay: adamw_wd(),
+            numerics: None,
         }
     }
 }
@@ -899,6 +912,8 @@ fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DTy
             ));
         }
     }
+    crate::optimizer_numerics::check_numerics_keys(o)
+        .map_err(|e| key_err(e.section, e.key, e.message))?;
     for b in &o.baselines {
         if !MUON_BASELINES.contains(&b.as_str()) {
             return Err(key_err(

@@ -15,15 +15,10 @@ use super::single::SingleDeviceMuon;
 use crate::model::ParamSet;
 use crate::optim::{AdamState, AdamW};
 
-/// The AdamW of a scenario's `[optimizer.adamw]` section.
-pub fn adamw_from_options(o: &AdamwOptions) -> AdamW {
-    AdamW {
-        lr: o.lr,
-        beta1: o.betas[0],
-        beta2: o.betas[1],
-        eps: o.eps,
-        weight_decay: o.weight_decay,
-    }
+/// The AdamW of a scenario's `[optimizer.adamw]` section (an unknown `numerics` form is an
+/// error naming the key).
+pub fn adamw_from_options(o: &AdamwOptions) -> MuonResult<AdamW> {
+    Ok(AdamW::from_options(o)?)
 }
 
 /// AdamW over the AdamW-routed parameters of `routed` (whatever pieces `params` holds).

@@ -68,7 +68,7 @@ impl MuonSetup {
             plan,
             domains,
             routed,
-            adamw: adamw_from_options(&scenario.file.optimizer.adamw),
+            adamw: adamw_from_options(&scenario.file.optimizer.adamw)?,
         })
     }
 

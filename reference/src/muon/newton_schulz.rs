@@ -8,8 +8,15 @@
 //! A = bf16(X·Xᵀ)
 //! GramSquaredFirst:  B = bf16(bf16(b·A) + bf16(c·bf16(A·A)))      (HyperParallel)
 //! ScaleThenMultiply: B = bf16(bf16(b·A) + bf16(bf16(c·A)·A))      (eager `b*A + c*A@A`)
-//! X = bf16(bf16(a·X) + bf16(B·X))
+//!                    X = bf16(bf16(a·X) + bf16(B·X))
+//! Addmm:             B = bf16(fma(c, A·A, b·A))                     (`torch.addmm(A, A, A, beta=b, alpha=c)`)
+//!                    X = bf16(fma(a, X, B·X))                       (`torch.addmm(X, B, X, beta=a)`)
 //! ```
+//!
+//! In the `Addmm` order the products `A·A` and `B·X` stay in f32 (the GEMM's accumulator) and
+//! the whole `addmm` is rounded to bf16 once, as torch's CPU and CUDA bf16 GEMMs do with
+//! `beta`/`alpha` epilogues; it is also closer to exact Newton-Schulz than the eager form
+//! (measured in `reference/tests/torch_golden.rs`).
 //!
 //! Before the loop the input is rounded to bf16, transposed when `rows > cols` (and back at
 //! the end), and divided by `bf16(‖X‖_F + ε)` (or `bf16(max(‖X‖_F, ε))`) where the norm
@@ -88,9 +95,21 @@ pub fn newton_schulz(g: &Tensor<f32>, ns: &NsConfig) -> MuonResult<Tensor<f32>> 
                 let cgg = matmul(&cg, &gram)?.map(q);
                 zip_map(&gram, &cgg, |g, s| q(q(b * g) + s))
             }
+            NsOpOrder::Addmm => {
+                let sq = matmul(&gram, &gram)?;
+                zip_map(&gram, &sq, |g, s| addmm_epilogue(c, s, b, g))
+            }
         };
-        let bx = matmul(&poly, &x)?.map(q);
-        x = zip_map(&x, &bx, |v, w| q(q(a * v) + w));
+        x = match ns.order {
+            NsOpOrder::Addmm => {
+                let bx = matmul(&poly, &x)?;
+                zip_map(&x, &bx, |v, w| addmm_epilogue(1.0, w, a, v))
+            }
+            _ => {
+                let bx = matmul(&poly, &x)?.map(q);
+                zip_map(&x, &bx, |v, w| q(q(a * v) + w))
+            }
+        };
     }
     if tall {
         let (r, c) = x.dims2("newton_schulz")?;
@@ -99,8 +118,15 @@ pub fn newton_schulz(g: &Tensor<f32>, ns: &NsConfig) -> MuonResult<Tensor<f32>> 
     Ok(x)
 }
 
+/// `bf16(alpha·product + beta·input)` with one bf16 rounding: the epilogue of
+/// `torch.addmm(input, m1, m2, beta, alpha)` on the f32 accumulator `product`.
+#[inline]
+fn addmm_epilogue(alpha: f32, product: f32, beta: f32, input: f32) -> f32 {
+    q(alpha.mul_add(product, beta * input))
+}
+
 /// `out_k = lhs_k · rhs_kᵀ` (or `· rhs_k` when `nt` is false) for every matrix `k`, rounded to
-/// bf16; `lhs` is `[count, m, k]`, `rhs` `[count, n, k]` (or `[count, k, n]`).
+/// bf16 when `round` (left in f32 for an `addmm` epilogue otherwise); `lhs` is `[count, m, k]`, `rhs` `[count, n, k]` (or `[count, k, n]`).
 #[allow(clippy::too_many_arguments)]
 fn batched_product(
     lhs: &[f32],
@@ -110,6 +136,7 @@ fn batched_product(
     k: usize,
     n: usize,
     nt: bool,
+    round: bool,
 ) -> MuonResult<()> {
     let (ls, rs, os) = (m * k, k * n, m * n);
     out.par_chunks_mut(os)
@@ -122,8 +149,10 @@ fn batched_product(
                 MatRef::row_major(&rhs[i * rs..(i + 1) * rs], k, n)?
             };
             gemm(a, b, o)?;
-            for v in o.iter_mut() {
-                *v = q(*v);
+            if round {
+                for v in o.iter_mut() {
+                    *v = q(*v);
+                }
             }
             Ok(())
         })
@@ -171,27 +200,40 @@ pub fn newton_schulz_batched(
     let mut gram = vec![0.0f32; count * r * r];
     let mut tmp = vec![0.0f32; count * r * r];
     let mut bx = vec![0.0f32; count * size];
+    let addmm = ns.order == NsOpOrder::Addmm;
     for &[a, b, cc] in &ns.coefficients {
-        batched_product(&x, &x, &mut gram, r, c, r, true)?;
+        batched_product(&x, &x, &mut gram, r, c, r, true, true)?;
         match ns.order {
             NsOpOrder::GramSquaredFirst => {
-                batched_product(&gram, &gram, &mut tmp, r, r, r, false)?;
+                batched_product(&gram, &gram, &mut tmp, r, r, r, false, true)?;
                 tmp.par_iter_mut()
                     .zip(gram.par_iter())
                     .for_each(|(s, &g)| *s = q(q(b * g) + q(cc * *s)));
             }
             NsOpOrder::ScaleThenMultiply => {
                 let cg: Vec<f32> = gram.par_iter().map(|&g| q(cc * g)).collect();
-                batched_product(&cg, &gram, &mut tmp, r, r, r, false)?;
+                batched_product(&cg, &gram, &mut tmp, r, r, r, false, true)?;
                 tmp.par_iter_mut()
                     .zip(gram.par_iter())
                     .for_each(|(s, &g)| *s = q(q(b * g) + *s));
             }
+            NsOpOrder::Addmm => {
+                batched_product(&gram, &gram, &mut tmp, r, r, r, false, false)?;
+                tmp.par_iter_mut()
+                    .zip(gram.par_iter())
+                    .for_each(|(s, &g)| *s = addmm_epilogue(cc, *s, b, g));
+            }
         }
-        batched_product(&tmp, &x, &mut bx, r, r, c, false)?;
-        x.par_iter_mut()
-            .zip(bx.par_iter())
-            .for_each(|(v, &w)| *v = q(q(a * *v) + w));
+        batched_product(&tmp, &x, &mut bx, r, r, c, false, !addmm)?;
+        if addmm {
+            x.par_iter_mut()
+                .zip(bx.par_iter())
+                .for_each(|(v, &w)| *v = addmm_epilogue(1.0, w, a, *v));
+        } else {
+            x.par_iter_mut()
+                .zip(bx.par_iter())
+                .for_each(|(v, &w)| *v = q(q(a * *v) + w));
+        }
     }
     if tall {
         let mut out = vec![0.0f32; count * size];
@@ -219,5 +261,35 @@ mod tests {
         assert_eq!(o.shape(), &[5, 3]);
         let b = newton_schulz_batched(g.as_slice(), 1, 5, 3, &ns).unwrap();
         assert_eq!(b, o.as_slice());
+    }
+
+    /// Every order: the batched form equals the per-matrix form bit for bit, and the orders
+    /// really differ on a matrix big enough for rounding to matter.
+    #[test]
+    fn batched_equals_single_for_every_order_and_orders_differ() {
+        let mut ns = MuonConfig::preset(MuonPreset::Torch).ns;
+        let (count, rows, cols) = (3, 6, 11);
+        let data: Vec<f32> = (0..count * rows * cols)
+            .map(|i| ((i as f32) * 0.731).sin() + 0.1 * ((i % 7) as f32))
+            .collect();
+        let mut outs = Vec::new();
+        for order in NsOpOrder::ALL {
+            ns.order = order;
+            let batched = newton_schulz_batched(&data, count, rows, cols, &ns).unwrap();
+            for k in 0..count {
+                let m = &data[k * rows * cols..(k + 1) * rows * cols];
+                let t = Tensor::from_vec(&[rows, cols], m.to_vec()).unwrap();
+                let single = newton_schulz(&t, &ns).unwrap();
+                assert_eq!(
+                    single.as_slice(),
+                    &batched[k * rows * cols..(k + 1) * rows * cols],
+                    "{order:?} matrix {k}"
+                );
+            }
+            outs.push(batched);
+        }
+        assert_ne!(outs[0], outs[1]);
+        assert_ne!(outs[1], outs[2]);
+        assert_ne!(outs[0], outs[2]);
     }
 }

@@ -6,12 +6,17 @@
 //! |---|---|---|---|---|
 //! | `hyperparallel` | two-coefficient heavy ball `(0.95, 0.95)`, Nesterov | asym5 (5 per-step triples, `[:steps]`) | `X/(‖X‖+1e-10)` | `0.2·sqrt(max(m,n))` into the bf16 update |
 //! | `keller-jordan` | EMA (lerp) 0.95, Nesterov | `(3.4445, -4.7750, 2.0315)` × steps | `X/(‖X‖+1e-7)` | `max(1, m/n)^0.5` into the bf16 update |
-//! | `torch` | EMA (lerp) 0.95, Nesterov | legacy triple | `X/max(‖X‖, 1e-7)` | lr × `sqrt(max(1, m/n))` (`original`) or lr × `rms·sqrt(max(m,n))` (`match_rms_adamw`) |
+//! | `torch` | EMA (lerp) 0.95, Nesterov, torch's fused CPU kernels | legacy triple, `addmm` order | `X/max(‖X‖, 1e-7)` | lr × `sqrt(max(1, m/n))` (`original`) or lr × `rms·sqrt(max(m,n))` (`match_rms_adamw`) |
 //! | `moonlight` | heavy ball 0.95, Nesterov | legacy triple | `X/(‖X‖+1e-7)` | lr × `0.2·sqrt(max(m,n))` |
 //! | `custom` | as `hyperparallel` | the given triples | as `hyperparallel` | as `hyperparallel` |
 //!
+//! The Gram polynomial's rounding ([`NsOpOrder`]): `hyperparallel`/`custom` round
+//! `b·A + c·(A·A)` per operation, `keller-jordan` and `moonlight` the eager `b·A + (c·A)·A`,
+//! `torch` rounds once per `torch.addmm`; `[optimizer.muon] ns_order` overrides it.
+//!
 //! Decoupled weight decay `p ← p·(1 − lr·λ)` uses the unadjusted learning rate everywhere.
 
+use hpfsdp_plan::optimizer_numerics::ElementwiseNumerics;
 use hpfsdp_plan::scenario::{Momentum, MuonOptions, OptimizerSection};
 
 use super::error::{MuonError, MuonResult};
@@ -119,14 +124,9 @@ pub enum NormMode {
     ClampEps,
 }
 
-/// Where the `c` coefficient enters the Gram polynomial (it changes bf16 rounding).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NsOpOrder {
-    /// HyperParallel: `B = b·A + c·(A·A)`.
-    GramSquaredFirst,
-    /// Python precedence in eager PyTorch: `B = b·A + (c·A)·A`.
-    ScaleThenMultiply,
-}
+/// How one Newton-Schulz iteration's polynomial is rounded (defined beside the scenario
+/// loader, which validates `[optimizer.muon] ns_order`).
+pub use hpfsdp_plan::optimizer_numerics::NsOpOrder;
 
 /// The Newton-Schulz settings: one `(a, b, c)` triple per iteration, already expanded.
 #[derive(Debug, Clone, PartialEq)]
@@ -207,6 +207,9 @@ pub struct MuonConfig {
     pub ns: NsConfig,
     /// Shape scaling of the update.
     pub scale: UpdateScale,
+    /// Element-wise arithmetic of the momentum and the parameter update: `torch_cpu_fma`
+    /// (torch's fused `lerp_` and `add_(alpha)`) for the `torch` preset, `unfused` otherwise.
+    pub elementwise: ElementwiseNumerics,
 }
 
 fn to_f32_triples(t: &[[f64; 3]]) -> Vec<[f32; 3]> {
@@ -233,6 +236,7 @@ impl MuonConfig {
                     order: NsOpOrder::GramSquaredFirst,
                 },
                 scale: UpdateScale::MatchedRmsInUpdate { rms: 0.2 },
+                elementwise: ElementwiseNumerics::Unfused,
             },
             MuonPreset::KellerJordan => MuonConfig {
                 preset,
@@ -247,6 +251,7 @@ impl MuonConfig {
                     order: NsOpOrder::ScaleThenMultiply,
                 },
                 scale: UpdateScale::ShapeInUpdate,
+                elementwise: ElementwiseNumerics::Unfused,
             },
             MuonPreset::Torch => MuonConfig {
                 preset,
@@ -258,9 +263,10 @@ impl MuonConfig {
                     coefficients: legacy,
                     epsilon: 1e-7,
                     norm: NormMode::ClampEps,
-                    order: NsOpOrder::ScaleThenMultiply,
+                    order: NsOpOrder::Addmm,
                 },
                 scale: UpdateScale::ShapeInLr,
+                elementwise: ElementwiseNumerics::TorchCpuFma,
             },
             MuonPreset::Moonlight => MuonConfig {
                 preset,
@@ -275,6 +281,7 @@ impl MuonConfig {
                     order: NsOpOrder::ScaleThenMultiply,
                 },
                 scale: UpdateScale::MatchedRmsInLr { rms: 0.2 },
+                elementwise: ElementwiseNumerics::Unfused,
             },
         }
     }
@@ -359,6 +366,40 @@ impl MuonConfig {
         }
         if let Some(n) = o.nesterov {
             cfg.nesterov = n;
+        }
+        if let Some(name) = &o.numerics {
+            let form = ElementwiseNumerics::parse(name).ok_or_else(|| {
+                let names: Vec<&str> = ElementwiseNumerics::ALL.iter().map(|v| v.name()).collect();
+                MuonError::config(
+                    S,
+                    "numerics",
+                    format!("unknown form \"{name}\"; use one of {}", names.join(", ")),
+                )
+            })?;
+            if form == ElementwiseNumerics::TorchCpuFma
+                && !matches!(cfg.momentum, MomentumForm::Ema { .. })
+            {
+                return Err(MuonError::config(
+                    S,
+                    "numerics",
+                    format!(
+                        "torch_cpu_fma describes torch's lerp_ momentum (presets torch and \
+                         keller-jordan); preset {} uses another momentum form: remove the key",
+                        preset.name()
+                    ),
+                ));
+            }
+            cfg.elementwise = form;
+        }
+        if let Some(name) = &o.ns_order {
+            cfg.ns.order = NsOpOrder::parse(name).ok_or_else(|| {
+                let names: Vec<&str> = NsOpOrder::ALL.iter().map(|v| v.name()).collect();
+                MuonError::config(
+                    S,
+                    "ns_order",
+                    format!("unknown order \"{name}\"; use one of {}", names.join(", ")),
+                )
+            })?;
         }
         if let Some(eps) = o.ns_epsilon {
             if !(eps.is_finite() && eps > 0.0 && (eps as f32) > 0.0) {

@@ -2,13 +2,18 @@
 //! in-update shape scale, and the decoupled-weight-decay apply. Each is element-wise, so a
 //! shard gives the same bits as the same elements of the full tensor.
 //!
-//! Scalars enter as f32 (Python floats meet f32 kernels as f32); every arithmetic operation is
-//! rounded separately (no fused multiply-add), in the operation order of the reference code.
+//! Scalars enter as f32 (Python floats meet f32 kernels as f32), in the operation order of the
+//! reference code. Every arithmetic operation is rounded separately (no fused multiply-add),
+//! except under [`ElementwiseNumerics::TorchCpuFma`] (the `torch` preset), where the EMA
+//! momentum's `lerp_`/`lerp` and the update's `param.add_(update, alpha=−lr)` are one fused
+//! multiply-add each, as torch's CPU kernels compute them (bitwise against
+//! `torch.optim.Muon`, `reference/tests/torch_golden.rs`).
 
 use super::presets::{MomentumForm, MuonConfig};
 use crate::bf16::quantize_bf16 as q;
+use hpfsdp_plan::optimizer_numerics::ElementwiseNumerics;
 
-pub use crate::optim::lerp;
+pub use crate::optim::{lerp, lerp_fma};
 
 /// Updates the momentum buffer `buf` with gradient `grad` and returns the Newton-Schulz input
 /// (rounded to bf16, held in f32).
@@ -33,12 +38,16 @@ pub fn momentum_step(cfg: &MuonConfig, grad: &[f32], buf: &mut [f32]) -> Vec<f32
         MomentumForm::Ema { beta } => {
             let w_buf = (1.0 - beta) as f32;
             let w_nesterov = beta as f32;
+            let lerp_of: fn(f32, f32, f32) -> f32 = match cfg.elementwise {
+                ElementwiseNumerics::Unfused => lerp,
+                ElementwiseNumerics::TorchCpuFma => lerp_fma::<f32>,
+            };
             grad.iter()
                 .zip(buf.iter_mut())
                 .map(|(&g, b)| {
-                    *b = lerp(*b, g, w_buf);
+                    *b = lerp_of(*b, g, w_buf);
                     q(if nesterov {
-                        lerp(g, *b, w_nesterov)
+                        lerp_of(g, *b, w_nesterov)
                     } else {
                         *b
                     })
@@ -76,7 +85,8 @@ pub enum LrScale {
     PerElement(Vec<f64>),
 }
 
-/// `p ← p·(1 − lr·λ)` (skipped when λ = 0), then `p ← p + (−lr·s)·u`, in f32.
+/// `p ← p·(1 − lr·λ)` (skipped when λ = 0), then `p ← p + (−lr·s)·u`, in f32 (one fused
+/// multiply-add under `torch_cpu_fma`).
 pub fn apply_update(cfg: &MuonConfig, param: &mut [f32], update: &[f32], lr_scale: &LrScale) {
     if cfg.weight_decay != 0.0 {
         let decay = (1.0 - cfg.lr * cfg.weight_decay) as f32;
@@ -84,16 +94,20 @@ pub fn apply_update(cfg: &MuonConfig, param: &mut [f32], update: &[f32], lr_scal
             *p *= decay;
         }
     }
+    let add: fn(f32, f32, f32) -> f32 = match cfg.elementwise {
+        ElementwiseNumerics::Unfused => |p, alpha, u| p + alpha * u,
+        ElementwiseNumerics::TorchCpuFma => |p, alpha, u| alpha.mul_add(u, p),
+    };
     match lr_scale {
         LrScale::Uniform(s) => {
             let alpha = (-cfg.lr * s) as f32;
             for (p, &u) in param.iter_mut().zip(update) {
-                *p += alpha * u;
+                *p = add(*p, alpha, u);
             }
         }
         LrScale::PerElement(s) => {
             for ((p, &u), &s) in param.iter_mut().zip(update).zip(s) {
-                *p += ((-cfg.lr * s) as f32) * u;
+                *p = add(*p, (-cfg.lr * s) as f32, u);
             }
         }
     }

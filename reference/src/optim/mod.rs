@@ -2,4 +2,5 @@
 
 pub mod adamw;
 
-pub use adamw::{AdamState, AdamW, lerp};
+pub use adamw::{AdamState, AdamW, lerp, lerp_fma};
+pub use hpfsdp_plan::optimizer_numerics::ElementwiseNumerics;

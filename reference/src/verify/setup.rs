@@ -249,13 +249,8 @@ impl VerifySpec {
             micro_batch: tr.micro_batch as usize,
             grad_accum: scenario.grad_accum_steps as usize,
             param_bf16,
-            adamw: AdamW {
-                lr: o.adamw.lr,
-                beta1: o.adamw.betas[0],
-                beta2: o.adamw.betas[1],
-                eps: o.adamw.eps,
-                weight_decay: o.adamw.weight_decay,
-            },
+            adamw: AdamW::from_options(&o.adamw)
+                .map_err(|e| VerifyError::Scenario(e.to_string()))?,
             muon: None,
             steps: if muon { MUON_VERIFY_STEPS } else { 1 },
             seed: VERIFY_SEED,
