@@ -152,6 +152,14 @@ enum Command {
     /// range of sizes; CSV columns collective,size,count,type,redop,root,time_us,algbw,busbw,
     /// #wrong,tier,ranks. Exit status 1 when a result is wrong.
     Collbench(commands::collbench::CollbenchArgs),
+    /// CI gate over scenario files: plan digest and lint, verification of each scenario's tiny
+    /// twin, predicted step time, tokens/s, peak memory and bytes per tier per strategy,
+    /// checked against a lock file. Exit status 0 all pass, 1 a check failed, 2 bad input.
+    Gate(commands::gate::GateArgs),
+    /// Simulate a scenario over the cartesian product of `--vary KEY=V1,V2,...` (any dotted
+    /// scenario key) in parallel; write sweep.csv and sweep.html with the Pareto front of
+    /// tokens/s vs peak memory. Invalid points are reported with their lint.
+    Sweep(commands::sweep::SweepArgs),
 }
 
 fn main() -> ExitCode {
@@ -225,6 +233,8 @@ fn main() -> ExitCode {
         Command::Bench { hardware } => commands::bench::run(&hardware),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Collbench(args) => commands::collbench::run(&args),
+        Command::Gate(args) => commands::gate::run(&args),
+        Command::Sweep(args) => commands::sweep::run(&args),
     };
     match result {
         Ok(code) => code,
