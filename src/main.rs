@@ -1,5 +1,5 @@
-//! The `hpfsdp` command line: plan, simulate, calibrate, verify, muon, bench, replay and
-//! collbench (later: sweep and gate) for HyperParallel-FSDP training plans.
+//! The `hpfsdp` command line: plan, simulate, calibrate, verify, muon, bench, replay,
+//! collbench, gate, sweep and export for HyperParallel-FSDP training plans.
 
 mod commands;
 mod table;
@@ -160,6 +160,10 @@ enum Command {
     /// scenario key) in parallel; write sweep.csv and sweep.html with the Pareto front of
     /// tokens/s vs peak memory. Invalid points are reported with their lint.
     Sweep(commands::sweep::SweepArgs),
+    /// Write the scenario's step programs as Chakra execution traces (one `<name>.<rank>.et`
+    /// per rank, length-delimited protobuf, plus `<name>.comm_groups.json`) for ASTRA-sim and
+    /// other Chakra consumers.
+    Export(commands::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -235,6 +239,7 @@ fn main() -> ExitCode {
         Command::Collbench(args) => commands::collbench::run(&args),
         Command::Gate(args) => commands::gate::run(&args),
         Command::Sweep(args) => commands::sweep::run(&args),
+        Command::Export(args) => commands::export::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -252,7 +252,9 @@ mod tests {
 
     #[test]
     fn values_are_toml_or_bare_strings_and_commas_split_only_at_top_level() {
-        let (key, values) = parse_vary("train.recompute=off,{ mode = \"full\", layers = \"0..2\" },\"a,b\"").unwrap();
+        let (key, values) =
+            parse_vary("train.recompute=off,{ mode = \"full\", layers = \"0..2\" },\"a,b\"")
+                .unwrap();
         assert_eq!(key, "train.recompute");
         assert_eq!(values.len(), 3);
         assert_eq!(values[0].as_str(), Some("off"));
@@ -270,9 +272,21 @@ mod tests {
         let err = apply_to_text(DOC, "f.toml", &[Override::parse("mesh=1").unwrap()])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("key 'mesh' is a table") && err.contains("dp_shard"), "{err}");
-        assert!(matches!(parse_vary("mesh..tp=1"), Err(OverrideError::EmptySegment { .. })));
-        assert!(matches!(parse_vary("mesh.tp="), Err(OverrideError::NoValues { .. })));
-        assert!(matches!(parse_vary("mesh.tp"), Err(OverrideError::Syntax { .. })));
+        assert!(
+            err.contains("key 'mesh' is a table") && err.contains("dp_shard"),
+            "{err}"
+        );
+        assert!(matches!(
+            parse_vary("mesh..tp=1"),
+            Err(OverrideError::EmptySegment { .. })
+        ));
+        assert!(matches!(
+            parse_vary("mesh.tp="),
+            Err(OverrideError::NoValues { .. })
+        ));
+        assert!(matches!(
+            parse_vary("mesh.tp"),
+            Err(OverrideError::Syntax { .. })
+        ));
     }
 }

@@ -93,7 +93,12 @@ pub fn sweep_html(report: &SweepReport) -> String {
     let mut body = String::new();
     let title = format!("sweep of {}", report.scenario);
     let _ = writeln!(body, "<h1>{}</h1>", escape(&title));
-    let points = report.rows.iter().map(|r| r.point).max().map_or(0, |p| p + 1);
+    let points = report
+        .rows
+        .iter()
+        .map(|r| r.point)
+        .max()
+        .map_or(0, |p| p + 1);
     let _ = writeln!(
         body,
         "<p class=\"sub\">{} point(s) over {} on {}; {} row(s), {} invalid</p>",
@@ -124,8 +129,16 @@ pub fn sweep_html(report: &SweepReport) -> String {
     let mut headers = vec!["point".to_string()];
     headers.extend(report.keys.iter().cloned());
     headers.extend(
-        ["strategy", "status", "step time", "tokens/s", "peak memory", "pareto", "message"]
-            .map(String::from),
+        [
+            "strategy",
+            "status",
+            "step time",
+            "tokens/s",
+            "peak memory",
+            "pareto",
+            "message",
+        ]
+        .map(String::from),
     );
     let rows: Vec<Vec<String>> = report
         .rows
@@ -140,7 +153,8 @@ pub fn sweep_html(report: &SweepReport) -> String {
             cells.extend([
                 r.strategy.clone(),
                 r.status.clone(),
-                r.step_time_s.map_or("-".into(), |s| format!("{:.2} ms", s * 1e3)),
+                r.step_time_s
+                    .map_or("-".into(), |s| format!("{:.2} ms", s * 1e3)),
                 r.tokens_per_s.map_or("-".into(), |t| format!("{t:.0}")),
                 r.peak_memory_bytes
                     .map_or("-".into(), |b| format!("{:.2} GB", b as f64 / 1e9)),
@@ -208,10 +222,17 @@ fn pareto_svg(report: &SweepReport) -> String {
         (top + h - bottom) / 2.0,
         (top + h - bottom) / 2.0
     );
-    let mut front: Vec<(f64, f64)> = pts.iter().filter(|p| p.0.pareto).map(|p| (p.1, p.2)).collect();
+    let mut front: Vec<(f64, f64)> = pts
+        .iter()
+        .filter(|p| p.0.pareto)
+        .map(|p| (p.1, p.2))
+        .collect();
     front.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
     if front.len() > 1 {
-        let path: Vec<String> = front.iter().map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y))).collect();
+        let path: Vec<String> = front
+            .iter()
+            .map(|(x, y)| format!("{:.1},{:.1}", sx(*x), sy(*y)))
+            .collect();
         let _ = writeln!(
             svg,
             "<polyline points=\"{}\" fill=\"none\" stroke=\"#e15759\" stroke-width=\"2\"/>",
@@ -231,7 +252,12 @@ fn pareto_svg(report: &SweepReport) -> String {
             "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"4\" fill=\"{fill}\"><title>{}</title></circle>",
             sx(*x),
             sy(*y),
-            escape(&format!("point {} {} {}: {y:.0} tokens/s, {x:.2} GB", r.point, point_label(&report.keys, r), r.strategy))
+            escape(&format!(
+                "point {} {} {}: {y:.0} tokens/s, {x:.2} GB",
+                r.point,
+                point_label(&report.keys, r),
+                r.strategy
+            ))
         );
         if r.best {
             let _ = writeln!(
@@ -263,13 +289,20 @@ mod tests {
             hbm_capacity_bytes: Some(64_000_000_000),
             pareto: best,
             best,
-            message: if status == "invalid" { "error[indivisible-shard]: x".into() } else { String::new() },
+            message: if status == "invalid" {
+                "error[indivisible-shard]: x".into()
+            } else {
+                String::new()
+            },
         };
         let report = SweepReport {
             scenario: "demo".into(),
             hardware: "hw".into(),
             keys: vec!["mesh.dp_shard".into()],
-            rows: vec![row(0, Some(100.0), true, "ok"), row(1, None, false, "invalid")],
+            rows: vec![
+                row(0, Some(100.0), true, "ok"),
+                row(1, None, false, "invalid"),
+            ],
         };
         let csv = sweep_csv(&report);
         assert!(csv.starts_with("point,mesh.dp_shard,strategy,status,"));

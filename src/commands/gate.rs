@@ -94,7 +94,10 @@ pub fn run(args: &GateArgs) -> Result<ExitCode> {
         println!("wrote {}", args.lock.display());
     }
     if failed == 0 {
-        println!("gate: all {total} checks passed ({} scenario(s))", evals.len());
+        println!(
+            "gate: all {total} checks passed ({} scenario(s))",
+            evals.len()
+        );
         Ok(ExitCode::SUCCESS)
     } else {
         println!("gate: {failed} of {total} checks FAILED");

@@ -5,6 +5,7 @@ pub mod calibrate;
 pub mod calibrate_report;
 pub mod calibrate_tables;
 pub mod collbench;
+pub mod export;
 pub mod gate;
 pub mod muon;
 pub mod plan;

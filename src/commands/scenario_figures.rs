@@ -92,7 +92,11 @@ pub fn simulate_job(
         peak_memory_bytes: s.peak_memory_bytes,
         hbm_capacity_bytes: profile.device.hbm_capacity_bytes,
         memory_fits: s.memory_fits,
-        tier_bytes: s.tier_bytes.iter().map(|(k, t)| (k.clone(), t.bytes)).collect(),
+        tier_bytes: s
+            .tier_bytes
+            .iter()
+            .map(|(k, t)| (k.clone(), t.bytes))
+            .collect(),
         optimizer_tier_bytes: s
             .optimizer_figures
             .as_ref()

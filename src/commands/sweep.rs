@@ -47,15 +47,13 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
     let text = std::fs::read_to_string(&args.scenario)
         .with_context(|| format!("cannot read the scenario file {}", args.scenario.display()))?;
     let base = Scenario::from_str_at(&text, &args.scenario)?;
-    let file = args.scenario.display().to_string();
     let mut axes = Vec::new();
     for v in &args.vary {
         let (key, values) = overrides::parse_vary(v).with_context(|| format!("--vary {v}"))?;
         if axes.iter().any(|(k, _): &(String, _)| *k == key) {
             bail!("--vary {key} is given twice; list all its values in one --vary");
         }
-        let mut doc: toml::Table = toml::from_str(&text)?;
-        overrides::apply(&mut doc, &file, &key, values[0].clone())
+        check_key(&text, &args.scenario, &key, &values[0])
             .with_context(|| format!("--vary {v}"))?;
         axes.push((key, values));
     }
@@ -70,8 +68,9 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
     if args.jobs == Some(0) {
         bail!("--jobs 0: give at least 1 (or leave it out for one per core)");
     }
-    let profile = HardwareProfile::load_named(&base.file.hardware, hardware_dir_for(&args.scenario))
-        .with_context(|| format!("loading hardware profile '{}'", base.file.hardware))?;
+    let profile =
+        HardwareProfile::load_named(&base.file.hardware, hardware_dir_for(&args.scenario))
+            .with_context(|| format!("loading hardware profile '{}'", base.file.hardware))?;
     let points = product(&axes);
     let jobs: Vec<SimJob> = if args.strategies.is_empty() {
         ScenarioPlans::new(base.clone()).listed_runs()
@@ -108,6 +107,24 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
     write_outputs(&args.out, &report)?;
     print_summary(&report);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Rejects a key the scenario format does not have (a typo would otherwise make every point
+/// invalid) or whose path crosses a value: `key` set to `first` alone must not fail with an
+/// unknown field.
+fn check_key(text: &str, path: &Path, key: &str, first: &toml::Value) -> Result<()> {
+    let o = [Override {
+        key: key.to_string(),
+        value: first.clone(),
+    }];
+    let changed = overrides::apply_to_text(text, &path.display().to_string(), &o)?;
+    match Scenario::from_str_at(&changed, path) {
+        Err(e) if e.to_string().contains("unknown field") => bail!(
+            "'{key}' is not a scenario key: {}",
+            strip_location(&e.to_string())
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The cartesian product of the axes, the first axis varying slowest.
@@ -151,7 +168,10 @@ fn evaluate_point(
     profile: &HardwareProfile,
     bar: &ProgressBar,
 ) -> Vec<SweepRow> {
-    let values: Vec<String> = point.iter().map(|o| overrides::value_label(&o.value)).collect();
+    let values: Vec<String> = point
+        .iter()
+        .map(|o| overrides::value_label(&o.value))
+        .collect();
     let invalid = |message: String| {
         bar.inc(jobs.len() as u64);
         vec![SweepRow {
@@ -198,7 +218,12 @@ fn evaluate_point(
 /// keep the message (it names the key) and drop the `file:line:` prefix.
 fn strip_location(message: &str) -> String {
     match message.split_once(": ") {
-        Some((loc, rest)) if loc.rsplit(':').next().is_some_and(|l| l.parse::<usize>().is_ok()) => {
+        Some((loc, rest))
+            if loc
+                .rsplit(':')
+                .next()
+                .is_some_and(|l| l.parse::<usize>().is_ok()) =>
+        {
             rest.to_string()
         }
         _ => message.to_string(),
@@ -235,11 +260,9 @@ fn mark_front(mut rows: Vec<SweepRow>) -> Vec<SweepRow> {
             .any(|&(j, u, n)| j != i && u >= t && n <= m && (u > t || n < m));
         rows[i].pareto = !dominated;
     }
-    let best = feasible.iter().min_by(|a, b| {
-        b.1.total_cmp(&a.1)
-            .then(a.2.cmp(&b.2))
-            .then(a.0.cmp(&b.0))
-    });
+    let best = feasible
+        .iter()
+        .min_by(|a, b| b.1.total_cmp(&a.1).then(a.2.cmp(&b.2)).then(a.0.cmp(&b.0)));
     if let Some(&(i, _, _)) = best {
         rows[i].best = true;
     }
@@ -248,7 +271,10 @@ fn mark_front(mut rows: Vec<SweepRow>) -> Vec<SweepRow> {
 
 fn write_outputs(dir: &Path, report: &SweepReport) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (name, body) in [("sweep.csv", sweep_csv(report)), ("sweep.html", sweep_html(report))] {
+    for (name, body) in [
+        ("sweep.csv", sweep_csv(report)),
+        ("sweep.html", sweep_html(report)),
+    ] {
         let path = dir.join(name);
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
         println!("wrote {}", path.display());
@@ -259,7 +285,14 @@ fn write_outputs(dir: &Path, report: &SweepReport) -> Result<()> {
 fn print_summary(report: &SweepReport) {
     let mut header: Vec<&str> = vec!["point"];
     header.extend(report.keys.iter().map(String::as_str));
-    header.extend(["strategy", "status", "step time", "tokens/s", "peak memory", "note"]);
+    header.extend([
+        "strategy",
+        "status",
+        "step time",
+        "tokens/s",
+        "peak memory",
+        "note",
+    ]);
     let mut t = crate::table::Table::new(&header);
     for r in &report.rows {
         let mut cells = vec![r.point.to_string()];
@@ -274,7 +307,8 @@ fn print_summary(report: &SweepReport) {
             r.status.clone(),
             r.step_time_s.map_or("-".into(), |s| format!("{s:.4} s")),
             r.tokens_per_s.map_or("-".into(), |x| format!("{x:.0}")),
-            r.peak_memory_bytes.map_or("-".into(), |b| format!("{:.2} GB", b as f64 / 1e9)),
+            r.peak_memory_bytes
+                .map_or("-".into(), |b| format!("{:.2} GB", b as f64 / 1e9)),
             note,
         ]);
         t.row(cells);

@@ -67,12 +67,18 @@ pub fn compare(
     } else {
         (
             Status::Fail,
-            format!("{} lint error(s): {}", eval.plan.errors.len(), eval.plan.errors[0]),
+            format!(
+                "{} lint error(s): {}",
+                eval.plan.errors.len(),
+                eval.plan.errors[0]
+            ),
         )
     };
     push("lint".into(), status, message, eval.plan.errors.join("\n"));
     match &eval.verify {
-        VerifyOutcome::Skipped(why) => push("verify".into(), Status::Skipped, why.clone(), String::new()),
+        VerifyOutcome::Skipped(why) => {
+            push("verify".into(), Status::Skipped, why.clone(), String::new())
+        }
         VerifyOutcome::Passed(f) => push(
             "verify".into(),
             Status::Pass,
@@ -90,7 +96,12 @@ pub fn compare(
     push("plan-digest".into(), status, message, diff);
     for (label, run) in &eval.runs {
         match run {
-            Err(e) => push(format!("simulate/{label}"), Status::Fail, e.clone(), String::new()),
+            Err(e) => push(
+                format!("simulate/{label}"),
+                Status::Fail,
+                e.clone(),
+                String::new(),
+            ),
             Ok(fig) => {
                 let lock = locked.and_then(|l| l.strategy.get(&fig.strategy));
                 let profile_changed =
@@ -113,7 +124,11 @@ fn digest_check(
 ) -> (Status, String, String) {
     let now = &eval.plan.digest;
     match locked {
-        None if update => (Status::Pass, format!("recorded plan digest {now}"), String::new()),
+        None if update => (
+            Status::Pass,
+            format!("recorded plan digest {now}"),
+            String::new(),
+        ),
         None => (
             Status::Fail,
             format!(
@@ -122,16 +137,29 @@ fn digest_check(
             ),
             format!("+ plan_digest = \"{now}\""),
         ),
-        Some(l) if &l.plan_digest == now => (Status::Pass, "plan digest unchanged".into(), String::new()),
+        Some(l) if &l.plan_digest == now => {
+            (Status::Pass, "plan digest unchanged".into(), String::new())
+        }
         Some(l) => (
             if update { Status::Pass } else { Status::Fail },
             format!(
                 "plan digest changed{}: review the plan (`hpfsdp plan {}`){}",
-                if update { " and was accepted (--update)" } else { "" },
+                if update {
+                    " and was accepted (--update)"
+                } else {
+                    ""
+                },
                 eval.file,
-                if update { "" } else { " and run the gate with --update to accept it" }
+                if update {
+                    ""
+                } else {
+                    " and run the gate with --update to accept it"
+                }
             ),
-            format!("- plan_digest = \"{}\"\n+ plan_digest = \"{now}\"", l.plan_digest),
+            format!(
+                "- plan_digest = \"{}\"\n+ plan_digest = \"{now}\"",
+                l.plan_digest
+            ),
         ),
     }
 }
@@ -191,17 +219,34 @@ fn strategy_checks(
     let gb = |b: u64| b as f64 / 1e9;
     out.push((
         "memory",
-        if fig.memory_fits { Status::Pass } else { Status::Fail },
+        if fig.memory_fits {
+            Status::Pass
+        } else {
+            Status::Fail
+        },
         format!(
             "peak {:.2} GB per rank {} the {:.2} GB of HBM",
             gb(fig.peak_memory_bytes),
-            if fig.memory_fits { "fits" } else { "does NOT fit" },
+            if fig.memory_fits {
+                "fits"
+            } else {
+                "does NOT fit"
+            },
             gb(fig.hbm_capacity_bytes)
         ),
         String::new(),
     ));
-    let now = fig.optimizer_tier_bytes.get(INTER_SUPERNODE).copied().unwrap_or(0);
-    let before = lock.map(|l| l.optimizer_tier_bytes.get(INTER_SUPERNODE).copied().unwrap_or(0));
+    let now = fig
+        .optimizer_tier_bytes
+        .get(INTER_SUPERNODE)
+        .copied()
+        .unwrap_or(0);
+    let before = lock.map(|l| {
+        l.optimizer_tier_bytes
+            .get(INTER_SUPERNODE)
+            .copied()
+            .unwrap_or(0)
+    });
     out.push(match before {
         Some(0) if now > 0 && !options.update => (
             "optimizer-inter-supernode",

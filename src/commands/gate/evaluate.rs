@@ -1,7 +1,7 @@
 //! Evaluating the gated scenarios: load each one, derive its plans, verify its tiny twin and
-//! simulate every strategy it lists. Loading is sequential (a bad file is bad input, exit 2);
-//! verification and simulation run in parallel (rayon) and keep the input order, so the
-//! outcome does not depend on scheduling.
+//! simulate every strategy it lists. Loading and verification are sequential (a bad file is
+//! bad input, exit 2); planning and simulation run in parallel (rayon) and keep the input
+//! order, so the outcome does not depend on scheduling.
 
 use crate::commands::scenario_figures::{PlanCheck, RunFigures, plan_check, simulate_job};
 use anyhow::{Context, Result, bail};
@@ -83,10 +83,7 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
         } else if input.is_file() {
             files.push(input.clone());
         } else {
-            bail!(
-                "{}: no such scenario file or directory",
-                input.display()
-            );
+            bail!("{}: no such scenario file or directory", input.display());
         }
     }
     Ok(files)
@@ -101,7 +98,10 @@ pub fn evaluate_all(files: &[PathBuf]) -> Result<Vec<Evaluated>> {
             .iter()
             .map(|l| (l.plans.scenario.file.name.as_str(), l.file.as_str())),
     )?;
-    let mut twins: Vec<PathBuf> = loaded.iter().filter_map(|l| l.verify_file.clone()).collect();
+    let mut twins: Vec<PathBuf> = loaded
+        .iter()
+        .filter_map(|l| l.verify_file.clone())
+        .collect();
     twins.sort();
     twins.dedup();
     let specs = twins
@@ -109,13 +109,18 @@ pub fn evaluate_all(files: &[PathBuf]) -> Result<Vec<Evaluated>> {
         .map(|t| {
             let sc = Scenario::load(t)?;
             let spec = VerifySpec::from_scenario(&sc).with_context(|| {
-                format!("{} cannot be verified by the reference executor", t.display())
+                format!(
+                    "{} cannot be verified by the reference executor",
+                    t.display()
+                )
             })?;
             Ok((t.clone(), spec))
         })
         .collect::<Result<Vec<_>>>()?;
+    // Sequential and outside the rayon pool: the in-process backend blocks one thread per
+    // rank in its collectives, which would deadlock a pool with fewer threads than ranks.
     let verified: BTreeMap<PathBuf, VerifyOutcome> = specs
-        .par_iter()
+        .iter()
         .map(|(t, spec)| (t.clone(), run_verify(t, spec)))
         .collect();
     let jobs: Vec<(usize, SimJob)> = loaded
@@ -175,7 +180,12 @@ fn load(path: &Path) -> Result<Loaded> {
             )
         })?;
     let profile_digest = hpfsdp_plan::digest::digest_json(&profile);
-    let (verify_file, verify_skip) = match scenario.file.gate.as_ref().and_then(|g| g.verify.as_ref()) {
+    let (verify_file, verify_skip) = match scenario
+        .file
+        .gate
+        .as_ref()
+        .and_then(|g| g.verify.as_ref())
+    {
         Some(twin) => {
             let p = path.parent().unwrap_or(Path::new(".")).join(twin);
             if !p.is_file() {
@@ -213,7 +223,12 @@ fn self_verification(scenario: &Scenario, path: &Path) -> (Option<PathBuf>, Stri
     }
     match VerifySpec::from_scenario(scenario) {
         Ok(_) => (Some(normalize(path)), String::new()),
-        Err(e) => (None, format!("the reference executor cannot run it ({e}); name a tiny twin with [gate] verify")),
+        Err(e) => (
+            None,
+            format!(
+                "the reference executor cannot run it ({e}); name a tiny twin with [gate] verify"
+            ),
+        ),
     }
 }
 

@@ -110,7 +110,9 @@ mod tests {
             check("a", "step-time/fsdp2", Status::Fail),
             check("b", "verify", Status::Skipped),
         ]);
-        assert!(xml.contains("<testsuites name=\"hpfsdp gate\" tests=\"3\" failures=\"1\" skipped=\"1\">"));
+        assert!(xml.contains(
+            "<testsuites name=\"hpfsdp gate\" tests=\"3\" failures=\"1\" skipped=\"1\">"
+        ));
         assert!(xml.contains("<testsuite name=\"a\" tests=\"2\" failures=\"1\" skipped=\"0\">"));
         assert!(xml.contains("<testsuite name=\"b\" tests=\"1\" failures=\"0\" skipped=\"1\">"));
         assert!(xml.contains("message=\"step time &lt;1.0 s&gt; &amp; &quot;more&quot;\""));

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 /// The header written above the tables.
-const HEADER: &str = "# hpfsdp gate lock: the accepted plan digest and predicted figures of each gated
+const HEADER: &str =
+    "# hpfsdp gate lock: the accepted plan digest and predicted figures of each gated
 # scenario. Written by `hpfsdp gate ... --update`; review its diff like code.
 ";
 
@@ -73,9 +74,9 @@ impl Lock {
             )
         })?;
         toml::from_str(&text).map_err(|e| {
-            let line = e
-                .span()
-                .map_or(0, |s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let line = e.span().map_or(0, |s| {
+                text[..s.start.min(text.len())].matches('\n').count() + 1
+            });
             anyhow::anyhow!(
                 "{}:{line}: {}; regenerate the lock with --update",
                 path.display(),
@@ -88,8 +89,7 @@ impl Lock {
     pub fn save(&self, path: &Path) -> Result<()> {
         let body = toml::to_string(self).context("serializing the lock")?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("creating {}", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         }
         std::fs::write(path, format!("{HEADER}\n{body}"))
             .with_context(|| format!("writing the lock file {}", path.display()))
@@ -144,7 +144,10 @@ mod tests {
         assert_eq!(Lock::load(&path).unwrap(), lock);
         std::fs::write(&path, "tool_version = 1\n").unwrap();
         let err = Lock::load(&path).unwrap_err().to_string();
-        assert!(err.contains("hpfsdp.lock:1") && err.contains("--update"), "{err}");
+        assert!(
+            err.contains("hpfsdp.lock:1") && err.contains("--update"),
+            "{err}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -49,7 +49,9 @@ pub fn report(
             heading: "Failed checks".into(),
             text: String::new(),
             table: Table {
-                headers: ["scenario", "check", "message", "lock vs now"].map(String::from).into(),
+                headers: ["scenario", "check", "message", "lock vs now"]
+                    .map(String::from)
+                    .into(),
                 rows: failures,
             },
         });
@@ -79,7 +81,9 @@ pub fn report(
         heading: "Checks".into(),
         text: String::new(),
         table: Table {
-            headers: ["scenario", "check", "result", "message"].map(String::from).into(),
+            headers: ["scenario", "check", "result", "message"]
+                .map(String::from)
+                .into(),
             rows: checks
                 .iter()
                 .map(|c| {
