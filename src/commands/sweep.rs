@@ -178,7 +178,7 @@ fn evaluate_point(
             point: index,
             values: values.clone(),
             status: "invalid".into(),
-            message,
+            message: one_line(&message),
             ..SweepRow::default()
         }]
     };
@@ -212,6 +212,11 @@ fn evaluate_point(
             row
         })
         .collect()
+}
+
+/// `text` on one line (lint messages put their fix on a second, indented line).
+fn one_line(text: &str) -> String {
+    text.lines().map(str::trim).collect::<Vec<_>>().join(" ")
 }
 
 /// A scenario error points at a line of the rewritten document, which the user never saw:
