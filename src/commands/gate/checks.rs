@@ -293,3 +293,81 @@ pub fn lock_entry(eval: &Evaluated) -> ScenarioLock {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(step_time_s: f64, fits: bool, opt_inter_bytes: u64) -> RunFigures {
+        RunFigures {
+            strategy: "hyperparallel".into(),
+            optimizer: "hyperparallel".into(),
+            step_time_s,
+            tokens_per_s: Some(1.0),
+            peak_memory_bytes: 70_000_000_000,
+            hbm_capacity_bytes: 64_000_000_000,
+            memory_fits: fits,
+            tier_bytes: Default::default(),
+            optimizer_tier_bytes: [(INTER_SUPERNODE.to_string(), opt_inter_bytes)].into(),
+        }
+    }
+
+    fn locked(step_time_s: f64) -> StrategyLock {
+        StrategyLock {
+            step_time_s,
+            ..StrategyLock::default()
+        }
+    }
+
+    const STRICT: GateOptions = GateOptions {
+        max_regression_pct: 2.0,
+        update: false,
+    };
+
+    fn status(checks: &[(&str, Status, String, String)], name: &str) -> Status {
+        checks.iter().find(|c| c.0 == name).unwrap().1
+    }
+
+    #[test]
+    fn step_time_fails_only_past_the_allowance() {
+        let c = strategy_checks(&figures(1.019, true, 0), Some(&locked(1.0)), false, STRICT);
+        assert_eq!(status(&c, "step-time"), Status::Pass);
+        let c = strategy_checks(&figures(1.03, true, 0), Some(&locked(1.0)), true, STRICT);
+        assert_eq!(status(&c, "step-time"), Status::Fail);
+        assert!(
+            c[0].2.contains("+3.00%") && c[0].2.contains("hardware profile changed"),
+            "{}",
+            c[0].2
+        );
+        let update = GateOptions {
+            update: true,
+            ..STRICT
+        };
+        let c = strategy_checks(&figures(1.03, true, 0), Some(&locked(1.0)), false, update);
+        assert_eq!(status(&c, "step-time"), Status::Pass);
+    }
+
+    #[test]
+    fn memory_and_new_inter_supernode_optimizer_traffic_fail() {
+        let c = strategy_checks(&figures(1.0, false, 0), Some(&locked(1.0)), false, STRICT);
+        assert_eq!(status(&c, "memory"), Status::Fail);
+        assert!(
+            c[1].2.contains("70.00 GB") && c[1].2.contains("does NOT fit"),
+            "{}",
+            c[1].2
+        );
+        let c = strategy_checks(&figures(1.0, true, 4096), Some(&locked(1.0)), false, STRICT);
+        assert_eq!(status(&c, "optimizer-inter-supernode"), Status::Fail);
+        let mut had = locked(1.0);
+        had.optimizer_tier_bytes
+            .insert(INTER_SUPERNODE.into(), 1024);
+        let c = strategy_checks(&figures(1.0, true, 4096), Some(&had), false, STRICT);
+        assert_eq!(status(&c, "optimizer-inter-supernode"), Status::Pass);
+        let c = strategy_checks(&figures(1.0, true, 0), None, false, STRICT);
+        assert_eq!(
+            status(&c, "step-time"),
+            Status::Fail,
+            "a strategy missing from the lock"
+        );
+    }
+}
