@@ -1,5 +1,5 @@
-//! The `hpfsdp` command line: plan, simulate, calibrate, verify, muon, bench, replay and
-//! collbench (later: sweep and gate) for HyperParallel-FSDP training plans.
+//! The `hpfsdp` command line: plan, simulate, calibrate, verify, muon, bench, replay,
+//! collbench, gate, sweep and export for HyperParallel-FSDP training plans.
 
 mod commands;
 mod table;
@@ -152,6 +152,18 @@ enum Command {
     /// range of sizes; CSV columns collective,size,count,type,redop,root,time_us,algbw,busbw,
     /// #wrong,tier,ranks. Exit status 1 when a result is wrong.
     Collbench(commands::collbench::CollbenchArgs),
+    /// CI gate over scenario files: plan digest and lint, verification of each scenario's tiny
+    /// twin, predicted step time, tokens/s, peak memory and bytes per tier per strategy,
+    /// checked against a lock file. Exit status 0 all pass, 1 a check failed, 2 bad input.
+    Gate(commands::gate::GateArgs),
+    /// Simulate a scenario over the cartesian product of `--vary KEY=V1,V2,...` (any dotted
+    /// scenario key) in parallel; write sweep.csv and sweep.html with the Pareto front of
+    /// tokens/s vs peak memory. Invalid points are reported with their lint.
+    Sweep(commands::sweep::SweepArgs),
+    /// Write the scenario's step programs as Chakra execution traces (one `<name>.<rank>.et`
+    /// per rank, length-delimited protobuf, plus `<name>.comm_groups.json`) for ASTRA-sim and
+    /// other Chakra consumers.
+    Export(commands::export::ExportArgs),
 }
 
 fn main() -> ExitCode {
@@ -225,6 +237,9 @@ fn main() -> ExitCode {
         Command::Bench { hardware } => commands::bench::run(&hardware),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Collbench(args) => commands::collbench::run(&args),
+        Command::Gate(args) => commands::gate::run(&args),
+        Command::Sweep(args) => commands::sweep::run(&args),
+        Command::Export(args) => commands::export::run(&args),
     };
     match result {
         Ok(code) => code,

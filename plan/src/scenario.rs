@@ -433,6 +433,9 @@ pub struct ScenarioFile {
     /// Planner switches and overrides.
     #[serde(default)]
     pub plan: PlanSection,
+    /// `[gate]`: the CI gate's options (its verification twin).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gate: Option<crate::scenario_gate::GateSection>,
 }
 
 /// A loaded, validated scenario with its model and meshes.

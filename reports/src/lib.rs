@@ -40,6 +40,7 @@ pub mod order;
 mod page;
 mod palette;
 pub mod replay;
+pub mod sweep;
 pub mod table;
 pub mod units;
 pub mod write;

@@ -1,0 +1,182 @@
+//! End-to-end tests of `hpfsdp sweep`: the cartesian product of `--vary` keys, invalid points
+//! reported with their error instead of aborting, sweep.csv / sweep.html written and identical
+//! for any `--jobs`, and bad input exiting 2 with a message naming the key.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn hpfsdp(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
+        .args(args)
+        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
+        .output()
+        .expect("run hpfsdp")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn out_dir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("hpfsdp-sweep-{tag}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    dir
+}
+
+const SCENARIO: &str = "scenarios/verify/dense-fsdp4.toml";
+
+fn sweep(dir: &Path, jobs: &str) -> (String, String) {
+    let o = hpfsdp(&[
+        "sweep",
+        SCENARIO,
+        "--vary",
+        "mesh.tp=1,3",
+        "--vary",
+        "train.micro_batch=1,2",
+        "--strategy",
+        "hyperparallel",
+        "--strategy",
+        "fsdp2",
+        "--out",
+        dir.to_str().unwrap(),
+        "--jobs",
+        jobs,
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("best feasible point: mesh.tp=1"),
+        "{}",
+        text(&o)
+    );
+    (
+        std::fs::read_to_string(dir.join("sweep.csv")).unwrap(),
+        std::fs::read_to_string(dir.join("sweep.html")).unwrap(),
+    )
+}
+
+#[test]
+fn invalid_points_are_reported_and_output_is_the_same_for_any_jobs() {
+    let (a, b) = (out_dir("j1"), out_dir("j3"));
+    let (csv1, html1) = sweep(&a, "1");
+    let (csv3, html3) = sweep(&b, "3");
+    assert_eq!(csv1, csv3, "sweep.csv differs between --jobs 1 and 3");
+    assert_eq!(html1, html3, "sweep.html differs between --jobs 1 and 3");
+    let rows: Vec<Vec<&str>> = csv1.lines().map(|l| l.split(',').collect()).collect();
+    assert_eq!(
+        &rows[0][..5],
+        &[
+            "point",
+            "mesh.tp",
+            "train.micro_batch",
+            "strategy",
+            "status"
+        ]
+    );
+    // tp=1: two points x two strategies simulated; tp=3: two points, each one invalid row.
+    let ok: Vec<_> = rows[1..].iter().filter(|r| r[4] == "ok").collect();
+    let invalid: Vec<_> = rows[1..].iter().filter(|r| r[4] == "invalid").collect();
+    assert_eq!(ok.len(), 4, "{csv1}");
+    assert_eq!(invalid.len(), 2, "{csv1}");
+    assert!(ok.iter().all(|r| r[1] == "1"), "{csv1}");
+    assert!(invalid.iter().all(|r| r[1] == "3"), "{csv1}");
+    assert!(
+        csv1.lines()
+            .filter(|l| l.contains(",invalid,"))
+            .all(|l| l.len() > 40),
+        "invalid rows carry their error: {csv1}"
+    );
+    assert_eq!(
+        ok.iter().filter(|r| r[10] == "true").count(),
+        1,
+        "one best row: {csv1}"
+    );
+    assert!(html1.contains("best feasible point: mesh.tp=1"));
+    assert!(
+        html1.contains("<svg") && html1.contains("<circle"),
+        "{html1}"
+    );
+    std::fs::remove_dir_all(&a).ok();
+    std::fs::remove_dir_all(&b).ok();
+}
+
+#[test]
+fn bad_input_exits_2_naming_the_key() {
+    let dir = out_dir("bad");
+    let d = dir.to_str().unwrap();
+    for (vary, expect) in [
+        ("mesh.tp", "is not KEY=VALUE"),
+        ("mesh..tp=1", "empty segment"),
+        ("mesh.tp=", "has no values"),
+        ("mesh.dp_shrd=2,4", "dp_shrd"),
+        ("mesh=2", "key 'mesh' is a table"),
+    ] {
+        let o = hpfsdp(&["sweep", SCENARIO, "--vary", vary, "--out", d]);
+        assert_eq!(o.status.code(), Some(2), "{vary}: {}", text(&o));
+        assert!(text(&o).contains(expect), "{vary}: {}", text(&o));
+    }
+    let o = hpfsdp(&[
+        "sweep",
+        SCENARIO,
+        "--vary",
+        "mesh.tp=1",
+        "--strategy",
+        "zero3",
+        "--out",
+        d,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("--strategy zero3: unknown strategy"),
+        "{}",
+        text(&o)
+    );
+    let o = hpfsdp(&[
+        "sweep",
+        SCENARIO,
+        "--vary",
+        "mesh.tp=1",
+        "--jobs",
+        "0",
+        "--out",
+        d,
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_point_with_a_lint_error_is_reported_with_its_lint() {
+    let dir = out_dir("lint");
+    let o = hpfsdp(&[
+        "sweep",
+        SCENARIO,
+        "--vary",
+        "mesh.dp_shard=4,1",
+        "--vary",
+        "mesh.tp=1,4",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
+    let lint = csv
+        .lines()
+        .find(|l| l.starts_with("3,1,4,"))
+        .expect("point 3 row");
+    assert!(lint.contains(",invalid,"), "{csv}");
+    assert!(
+        lint.contains("error[kv-heads-not-divisible]")
+            && lint.contains("fix: choose tp dividing 2"),
+        "{csv}"
+    );
+    assert!(
+        csv.lines()
+            .any(|l| l.starts_with("0,4,1,hyperparallel,ok,")),
+        "{csv}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
