@@ -120,6 +120,15 @@ fn the_issue_sizes_agree() {
     }
 }
 
+#[test]
+fn empty_trailing_shards_send_nothing() {
+    // 4 experts over dp_shard 3 split 2/2/0: the last shard position holds no expert rows, so
+    // its replica group has nothing to broadcast for them (the engine once sent 0-element
+    // broadcasts the program does not have; found by the full sweep).
+    let r = run("empty", &mla_model(1), 2, 3, "f32");
+    assert_agrees("4 experts over dp_shard 3", &r);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 4, ..ProptestConfig::default() })]
 
