@@ -132,6 +132,18 @@ fn mla_hsdp2x2_muon() {
 }
 
 #[test]
+fn dense_tp2_fsdp2_bf16_activations() {
+    // TP all-reduces in bf16 (rounded inputs, f32 sum in rank order, one rounding).
+    digest_equals_golden("dense-tp2-fsdp2-bf16", 4);
+}
+
+#[test]
+fn moe_ep2_fsdp2_bf16_activations() {
+    // EP all-to-all-v of bf16 rows.
+    digest_equals_golden("moe-ep2-fsdp2-bf16", 4);
+}
+
+#[test]
 fn dense_hsdp2x4_on_eight_processes() {
     digest_equals_golden("dense-hsdp2x4", 8);
 }

@@ -9,8 +9,8 @@ use std::collections::HashMap;
 
 use crate::error::{RefError, RefResult};
 use crate::ops::{
-    CrossEntropy, Embedding, EmbeddingCache, Linear, LinearCache, Mla, MlaCache, MlaParams, Moe,
-    MoeCache, MoeParams, RmsNorm, RmsNormCache, SelfAttention, SelfAttentionCache,
+    CrossEntropy, Embedding, EmbeddingCache, ExpertWire, Linear, LinearCache, Mla, MlaCache,
+    MlaParams, Moe, MoeCache, MoeParams, RmsNorm, RmsNormCache, SelfAttention, SelfAttentionCache,
     SelfAttentionParams, SwiGlu, SwiGluCache, SwiGluParams,
 };
 use crate::real::Real;
@@ -425,13 +425,24 @@ pub struct ModelCache<T: Real> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TinyModel {
     config: ModelConfig,
+    expert_wire: ExpertWire,
 }
 
 impl TinyModel {
     /// A model with `config` (validated).
     pub fn new(config: ModelConfig) -> RefResult<TinyModel> {
         config.validate()?;
-        Ok(TinyModel { config })
+        Ok(TinyModel {
+            config,
+            expert_wire: ExpertWire::Exact,
+        })
+    }
+
+    /// The same model with its MoE layers rounding the expert traffic as `wire` says: what a
+    /// single device needs to reproduce an expert-parallel run whose all-to-alls carry bf16.
+    pub fn with_expert_wire(mut self, wire: ExpertWire) -> TinyModel {
+        self.expert_wire = wire;
+        self
     }
 
     /// The configuration.
@@ -584,7 +595,11 @@ impl TinyModel {
                 .forward(ps.get(&format!("{p}post_attention_layernorm.weight"))?, &h)?;
             let (mo, mlp) = match c.moe {
                 Some(cfg) if c.is_moe_layer(l) => {
-                    let (y, cache) = Self::moe(cfg).forward(Self::moe_params(ps, &m)?, &hn2)?;
+                    let (y, cache) = Self::moe(cfg).forward_wire(
+                        Self::moe_params(ps, &m)?,
+                        &hn2,
+                        self.expert_wire,
+                    )?;
                     (y, MlpCache::Moe(cache))
                 }
                 _ => {

@@ -461,6 +461,13 @@ impl DistributedMuon {
             let group: Group = d0.replica_group(self.rank, k)?;
             let mut handles = Vec::new();
             for (coord, ms) in &members {
+                // A source whose parameters are all empty on this shard position (trailing
+                // FSDP chunks of a dim that does not split evenly, e.g. 4 experts over 3)
+                // has nothing to send: no call, on every member alike (they share the
+                // position), as the program sizes it.
+                if len_of(ms)? == 0 {
+                    continue;
+                }
                 if (k + 1..axes).all(|j| my[j] == coord[j]) {
                     let root = d0.replica_neighbor(self.rank, k, coord[k]);
                     let buf = match bufs.remove(coord) {

@@ -33,7 +33,7 @@ pub use linear::{Linear, LinearCache, LinearGrads};
 pub use loss::{CrossEntropy, CrossEntropyCache};
 pub use mla::{Mla, MlaCache, MlaGrads, MlaParams};
 pub use mlp::{SwiGlu, SwiGluCache, SwiGluGrads, SwiGluParams};
-pub use moe::{Moe, MoeCache, MoeGrads, MoeParams};
+pub use moe::{ExpertWire, Moe, MoeCache, MoeGrads, MoeParams};
 pub use rmsnorm::{RmsNorm, RmsNormCache, RmsNormGrads};
 pub use rope::Rope;
 pub use self_attention::{

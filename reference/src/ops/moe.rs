@@ -9,8 +9,13 @@
 //!   tokens routed to it, in ascending token order.
 //! - Combine: `y_t = Σ_e w_te · expert_e(x_t)` accumulated over experts in **ascending expert
 //!   index**, each step one fused multiply-add.
+//! - Expert traffic ([`ExpertWire`]): with expert parallelism in a bf16 compute dtype the
+//!   routed rows travel to the experts and back in bf16, so the same rounding is applied here
+//!   at the same four points (expert inputs, expert outputs, their gradients both ways) and a
+//!   single device reproduces the expert-parallel bits.
 
 use super::activation::{silu, silu_grad, softmax_backward_row, softmax_in_place};
+use crate::bf16::quantize_bf16;
 use crate::error::{RefError, RefResult};
 use crate::matmul::{MatRef, gemm, matmul, matmul_nt, matmul_tn};
 use crate::real::Real;
@@ -28,6 +33,31 @@ pub struct Moe {
     pub intermediate: usize,
     /// Renormalise the selected probabilities to sum to one.
     pub norm_topk_prob: bool,
+}
+
+/// How routed rows travel between tokens and experts: the rounding expert-parallel
+/// all-to-alls apply, reproduced on one device (see `crate::runtime::wire`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExpertWire {
+    /// No rounding (one device, or f32 activations).
+    #[default]
+    Exact,
+    /// Rows rounded to bf16 (nearest, ties to even) where they would enter an all-to-all:
+    /// each expert's gathered inputs and its outputs in forward; the weighted output
+    /// gradients sent to the experts and each expert's input gradient in backward. Defined
+    /// on f32 values (an f64 run rounds through f32 first).
+    Bf16,
+}
+
+impl ExpertWire {
+    /// Round `xs` in place as the wire would.
+    pub fn apply<T: Real>(self, xs: &mut [T]) {
+        if self == ExpertWire::Bf16 {
+            for x in xs {
+                *x = T::from_f32(quantize_bf16(x.to_f32()));
+            }
+        }
+    }
 }
 
 /// The MoE weights.
@@ -62,6 +92,7 @@ pub struct MoeCache<T: Real> {
     /// Per token: selected experts in ascending index order.
     selected: Vec<Vec<usize>>,
     experts: Vec<ExpertCache<T>>,
+    wire: ExpertWire,
 }
 
 impl<T: Real> MoeCache<T> {
@@ -121,6 +152,17 @@ impl Moe {
         p: MoeParams<'_, T>,
         x: &Tensor<T>,
     ) -> RefResult<(Tensor<T>, MoeCache<T>)> {
+        self.forward_wire(p, x, ExpertWire::Exact)
+    }
+
+    /// Forward for `x` `[tokens, H]` with the expert traffic rounded as `wire` says (the
+    /// backward of the returned cache rounds the same way).
+    pub fn forward_wire<T: Real>(
+        &self,
+        p: MoeParams<'_, T>,
+        x: &Tensor<T>,
+        wire: ExpertWire,
+    ) -> RefResult<(Tensor<T>, MoeCache<T>)> {
         let (tokens, hidden) = self.check(&p, x)?;
         let inter = self.intermediate;
         let mut probs = matmul_nt(x, p.router)?;
@@ -168,6 +210,7 @@ impl Moe {
                 }
             }
             let n = ex.tokens.len();
+            wire.apply(&mut ex.x);
             if n > 0 {
                 let gu_w = expert_matrix(p.gate_up, e)?;
                 let down_w = expert_matrix(p.down, e)?;
@@ -185,6 +228,7 @@ impl Moe {
                     down_w.t(),
                     &mut ex.out,
                 )?;
+                wire.apply(&mut ex.out);
                 for (row, (&t, &w)) in ex.tokens.iter().zip(&ex.weights).enumerate() {
                     let src = &ex.out[row * hidden..(row + 1) * hidden];
                     for (o, &h) in y.row_mut(t).iter_mut().zip(src) {
@@ -201,6 +245,7 @@ impl Moe {
                 probs,
                 selected,
                 experts,
+                wire,
             },
         ))
     }
@@ -244,6 +289,7 @@ impl Moe {
                 }
                 dw.row_mut(t)[e] = dot(dyt, &ex.out[row * hidden..(row + 1) * hidden]);
             }
+            cache.wire.apply(&mut dh);
             let dhm = MatRef::row_major(&dh, n, hidden)?;
             let actm = MatRef::row_major(&ex.act, n, inter)?;
             // ddown_e = dHᵀ · act  [H, I]
@@ -272,6 +318,7 @@ impl Moe {
             // dx_e = dgu · gate_up_e  [n, H], added to dx in ascending expert order.
             let mut dxe = vec![T::ZERO; n * hidden];
             gemm(dgum, gu_w, &mut dxe)?;
+            cache.wire.apply(&mut dxe);
             for (row, &t) in ex.tokens.iter().enumerate() {
                 for (o, &v) in dx
                     .row_mut(t)

@@ -12,9 +12,10 @@ use super::boundary::{BoundaryTable, ContractPair};
 use super::dtensor::{DTensor, Meta, grad_layout, local_shape};
 use super::error::{PlacementMismatch, RtResult, RuntimeError};
 use super::mode::{DispatchStats, ExecMode};
-use super::redistribute::{Step, apply_to_layout, execute};
+use super::redistribute::{Step, apply_to_layout, execute_in};
 use super::rules::{OpKind, RuleTable};
 use super::topo::RankTopo;
+use super::wire::ActDType;
 use crate::tensor::Tensor;
 
 /// One rank's execution context.
@@ -27,6 +28,9 @@ pub struct Ctx<'c> {
     pub topo: RankTopo,
     /// Dispatch counters.
     pub stats: DispatchStats,
+    /// Element type of activations in model-parallel collectives (the compute dtype; f32
+    /// unless set with [`Ctx::with_activation_dtype`]).
+    pub act_dtype: ActDType,
     boundaries: &'c BoundaryTable,
     rules: RuleTable,
     stack: Vec<String>,
@@ -56,11 +60,19 @@ impl<'c> Ctx<'c> {
             comm,
             topo,
             stats: DispatchStats::default(),
+            act_dtype: ActDType::F32,
             boundaries,
             rules: RuleTable::new(),
             stack: Vec::new(),
             body_out: HashMap::new(),
         }
+    }
+
+    /// The same context with activations travelling in `dtype` (the step program's compute
+    /// dtype) in every boundary transition and expert-parallel all-to-all.
+    pub fn with_activation_dtype(mut self, dtype: ActDType) -> Ctx<'c> {
+        self.act_dtype = dtype;
+        self
     }
 
     /// The innermost module being executed (`<model>` outside every module).
@@ -226,7 +238,14 @@ impl<'c> Ctx<'c> {
         let layout = x
             .layout
             .map(|l| steps.iter().fold(l, |acc, s| apply_to_layout(&acc, s)));
-        let local = execute(self.comm, &self.topo, steps, &x.global, x.local)?;
+        let local = execute_in(
+            self.comm,
+            &self.topo,
+            steps,
+            &x.global,
+            x.local,
+            self.act_dtype,
+        )?;
         Ok(DTensor::new(local, x.global, layout))
     }
 

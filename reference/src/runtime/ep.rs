@@ -9,12 +9,14 @@
 //! multiply-add per step. Backward mirrors it. Each expert's weight gradient is the sum over
 //! source ranks, **in ascending EP rank order**, of that source's per-token-block gradient —
 //! exactly the per-micro-batch gradient a single device computes, summed in the canonical
-//! order the verification harness uses.
+//! order the verification harness uses. The routed rows travel in the activation wire dtype
+//! ([`super::wire`]); a single device matches with [`crate::ops::ExpertWire`].
 
 use hpfsdp_backends::{Collective, CollectiveExt};
 
 use super::error::{RtResult, RuntimeError};
 use super::topo::MyGroup;
+use super::wire::{self, ActDType};
 use crate::matmul::{MatRef, gemm, matmul, matmul_nt, matmul_tn};
 use crate::ops::activation::{silu, silu_grad, softmax_backward_row, softmax_in_place};
 use crate::ops::moe::top_k_lowest_index_ties;
@@ -32,6 +34,9 @@ pub struct EpMoe {
     pub intermediate: usize,
     /// Renormalise the selected probabilities.
     pub norm_topk_prob: bool,
+    /// Element type of the routed rows in the all-to-all-v exchanges (the token counts
+    /// always travel as exact f32).
+    pub wire: ActDType,
 }
 
 /// The weights an expert-parallel MoE layer reads on one rank.
@@ -168,8 +173,14 @@ impl EpMoe {
             }
         }
         let scale = |v: &[usize]| v.iter().map(|r| r * hidden).collect::<Vec<_>>();
-        let recv =
-            comm.all_to_all_v_vec(&ep.group, send, &scale(&send_rows), &scale(&recv_rows))?;
+        let recv = wire::all_to_all_v(
+            comm,
+            &ep.group,
+            send,
+            &scale(&send_rows),
+            &scale(&recv_rows),
+            self.wire,
+        )?;
         // Expert compute per (local expert, source) block.
         let mut blocks: Vec<Vec<Block>> = vec![vec![Block::default(); p]; el];
         let mut at = 0;
@@ -213,7 +224,14 @@ impl EpMoe {
                 back.extend_from_slice(&outs[s]);
             }
         }
-        let ret = comm.all_to_all_v_vec(&ep.group, back, &scale(&recv_rows), &scale(&send_rows))?;
+        let ret = wire::all_to_all_v(
+            comm,
+            &ep.group,
+            back,
+            &scale(&recv_rows),
+            &scale(&send_rows),
+            self.wire,
+        )?;
         let mut outs = vec![Vec::new(); self.experts];
         let mut at = 0;
         for (e, tokens_e) in routed.iter().enumerate() {
@@ -274,11 +292,13 @@ impl EpMoe {
             }
         }
         let scale = |v: &[usize]| v.iter().map(|r| r * hidden).collect::<Vec<_>>();
-        let recv = comm.all_to_all_v_vec(
+        let recv = wire::all_to_all_v(
+            comm,
             &ep.group,
             send,
             &scale(&cache.send_rows),
             &scale(&cache.recv_rows),
+            self.wire,
         )?;
         let mut dgate_up = Tensor::zeros(&[el, 2 * inter, hidden]);
         let mut ddown = Tensor::zeros(&[el, hidden, inter]);
@@ -342,11 +362,13 @@ impl EpMoe {
                 back.extend_from_slice(&per[s]);
             }
         }
-        let ret = comm.all_to_all_v_vec(
+        let ret = wire::all_to_all_v(
+            comm,
             &ep.group,
             back,
             &scale(&cache.recv_rows),
             &scale(&cache.send_rows),
+            self.wire,
         )?;
         let mut dx = Tensor::zeros(&[tokens, hidden]);
         let mut at = 0;

@@ -439,6 +439,7 @@ impl<'c> Executor<'c> {
                     top_k: cfg.top_k,
                     intermediate: cfg.intermediate,
                     norm_topk_prob: cfg.norm_topk_prob,
+                    wire: self.ctx.act_dtype,
                 };
                 let (y, c, l_in) =
                     self.module_fwd(&m, hn2, OpKind::MoeEp, &names, hidden, move |x, f| {
@@ -570,6 +571,7 @@ impl<'c> Executor<'c> {
                     top_k: cfg.top_k,
                     intermediate: cfg.intermediate,
                     norm_topk_prob: cfg.norm_topk_prob,
+                    wire: self.ctx.act_dtype,
                 };
                 let (d, g) = self.module_bwd(&m, dx.clone(), &bc.mlp_in, move |dy, f| {
                     let g = moe.backward(

@@ -6,6 +6,7 @@
 //! - [`dtensor`], [`rules`], [`boundary`], [`redistribute`]: layouts, the rule table, compiled
 //!   contracts and their transitions;
 //! - [`topo`]: a rank's groups and coordinates; [`fsdp`], [`tp`], [`ep`]: the parallel runtimes;
+//! - [`wire`]: activation collectives in the compute dtype;
 //! - [`executor`]: one rank's training step, unit by unit.
 
 pub mod boundary;
@@ -20,6 +21,7 @@ pub mod redistribute;
 pub mod rules;
 pub mod topo;
 pub mod tp;
+pub mod wire;
 
 pub use ctx::Ctx;
 pub use dtensor::DTensor;
@@ -28,3 +30,4 @@ pub use executor::{Executor, ParamFacts, UnitKind};
 pub use fsdp::FsdpRuntime;
 pub use mode::{DispatchStats, ExecMode};
 pub use topo::RankTopo;
+pub use wire::ActDType;

@@ -1,13 +1,15 @@
 //! Executing a layout change of a local activation `[tokens, features]` (or a 1-D tensor) one
 //! mesh axis at a time: Partial→Replicate = all-reduce, Partial→Shard = reduce-scatter,
 //! Shard→Replicate = all-gather, Replicate→Shard = local slice (ceil-chunk semantics, as
-//! [`hpfsdp_plan::chunk_range`]). Anything else is refused.
+//! [`hpfsdp_plan::chunk_range`]). Anything else is refused. Collectives carry the activation
+//! wire dtype ([`super::wire`]).
 
-use hpfsdp_backends::{Collective, CollectiveExt, ReduceOp};
+use hpfsdp_backends::Collective;
 use hpfsdp_plan::{DeviceMesh, Layout, Placement, chunk_range};
 
 use super::error::{RtResult, RuntimeError};
 use super::topo::RankTopo;
+use super::wire::{self, ActDType};
 use crate::tensor::Tensor;
 
 /// One executed step of a transition.
@@ -124,13 +126,26 @@ fn take(
 }
 
 /// Execute `steps` on `local`, whose global shape is `global` (the current local shape is
-/// derived per step). Axes of size 1 cost nothing; other axes need a group in `topo`.
+/// derived per step), with f32 on the wire. Axes of size 1 cost nothing; other axes need a
+/// group in `topo`.
 pub fn execute(
     comm: &dyn Collective,
     topo: &RankTopo,
     steps: &[Step],
     global: &[usize],
+    local: Tensor<f32>,
+) -> RtResult<Tensor<f32>> {
+    execute_in(comm, topo, steps, global, local, ActDType::F32)
+}
+
+/// [`execute`] with the collectives in `dtype` (the step program's activation dtype).
+pub fn execute_in(
+    comm: &dyn Collective,
+    topo: &RankTopo,
+    steps: &[Step],
+    global: &[usize],
     mut local: Tensor<f32>,
+    dtype: ActDType,
 ) -> RtResult<Tensor<f32>> {
     let mesh = &topo.plan_mesh;
     for step in steps {
@@ -149,7 +164,7 @@ pub fn execute(
         let shape = local.shape().to_vec();
         local = match *step {
             Step::AllReduce { .. } => {
-                let v = comm.all_reduce_vec(&g.group, local.into_vec(), ReduceOp::Sum)?;
+                let v = wire::all_reduce(comm, &g.group, local.into_vec(), dtype)?;
                 Tensor::from_vec(&shape, v)?
             }
             Step::Slice { dim, .. } => {
@@ -165,7 +180,7 @@ pub fn execute(
                 let chunk = n.div_ceil(k);
                 let dims = split_dims(&shape, dim)?;
                 let padded = take(local.as_slice(), dims, 0, dims.1, chunk);
-                let all = comm.all_gather_vec(&g.group, padded)?;
+                let all = wire::all_gather(comm, &g.group, padded, dtype)?;
                 let (outer, _, inner) = dims;
                 let mut out = Vec::with_capacity(outer * n * inner);
                 for o in 0..outer {
@@ -195,7 +210,7 @@ pub fn execute(
                         chunk,
                     ));
                 }
-                let mine = comm.reduce_scatter_vec(&g.group, input, ReduceOp::Sum)?;
+                let mine = wire::reduce_scatter(comm, &g.group, input, dtype)?;
                 let r = chunk_range(n as u64, k as u64, me as u64);
                 let len = (r.end - r.start) as usize;
                 let mut out_shape = shape.clone();

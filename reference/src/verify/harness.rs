@@ -228,7 +228,8 @@ fn rank_main(
         spec.param_bf16,
     )?;
     let units = unit_kinds(&spec.fsdp)?;
-    let ctx = Ctx::new(mode, comm, topo.clone(), boundaries);
+    let ctx =
+        Ctx::new(mode, comm, topo.clone(), boundaries).with_activation_dtype(spec.act_dtype());
     let mut exec = Executor::new(ctx, fsdp, spec.model, spec.seq_len, units, facts);
     let dp = dp_index_of(&spec.scenario.dense_mesh, rank);
     let initial: Vec<Vec<f32>> = exec
@@ -557,7 +558,9 @@ pub fn run_single(spec: &VerifySpec) -> Result<SingleRun, VerifyError> {
         source,
     };
     let start = Instant::now();
-    let model = TinyModel::new(spec.model).map_err(|e| err(e.into()))?;
+    let model = TinyModel::new(spec.model)
+        .map_err(|e| err(e.into()))?
+        .with_expert_wire(spec.single_device_expert_wire());
     let mut master = spec
         .model
         .init_params::<f32>(spec.seed)

@@ -12,8 +12,10 @@ use hpfsdp_plan::{Layout, Placement};
 use super::error::VerifyError;
 use super::muon::{MUON_VERIFY_STEPS, MuonVerify};
 use crate::model::{MlaConfig, ModelConfig, MoeConfig};
+use crate::ops::ExpertWire;
 use crate::optim::AdamW;
 use crate::rng::KeyedRng;
+use crate::runtime::ActDType;
 
 /// Seed of parameter initialisation and input tokens in every verification run.
 pub const VERIFY_SEED: u64 = 20_260_501;
@@ -321,6 +323,26 @@ impl VerifySpec {
     /// Whether routed experts are split over `ep`.
     pub fn expert_parallel(&self) -> bool {
         self.scenario.file.mesh.ep > 1
+    }
+
+    /// Element type of activations in model-parallel collectives: the compute dtype, as the
+    /// step program sizes them (bf16 when parameters are gathered in bf16).
+    pub fn act_dtype(&self) -> ActDType {
+        if self.param_bf16 {
+            ActDType::Bf16
+        } else {
+            ActDType::F32
+        }
+    }
+
+    /// The expert-traffic rounding the single device applies: that of the expert-parallel
+    /// all-to-alls when experts are split over `ep`, none otherwise (no all-to-all runs).
+    pub fn single_device_expert_wire(&self) -> ExpertWire {
+        if self.expert_parallel() {
+            self.act_dtype().expert_wire()
+        } else {
+            ExpertWire::Exact
+        }
     }
 
     /// Whether any axis changes summation order relative to one device (row-parallel TP).

@@ -39,7 +39,7 @@
 use super::schedule::{Dep, Schedule};
 use super::{
     NsImpl, OptParam, RankView, adamw_units, apply, capped_calls, fused_calls, local_matrices,
-    momentum, ns_ops, pad512_bf16,
+    local_shard_elems, momentum, ns_ops, pad512_bf16,
 };
 use crate::CollectiveKind;
 use crate::muon::NS_BATCH_NUMEL;
@@ -307,7 +307,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
             s.free(op, MemTag::Buffers, relay.1);
         }
         // Replica broadcast of the updated local parameters; land the previous batch.
-        let flush = replica_broadcast(&mut s, ctx, b, &oc.params[b.held[0]], master);
+        let flush = replica_broadcast(&mut s, ctx, view, b, master);
         if let Some(f) = flush {
             if let Some(prev) = in_flight.take() {
                 land(&mut s, prev);
@@ -375,14 +375,18 @@ fn relay_broadcast(ctx: &Ctx, view: &RankView, s: &mut Schedule, b: &RankBatch) 
 }
 
 /// The hierarchical replica broadcasts of one batch; returns (last-hop ops, bytes received,
-/// slot) when the rank takes part in any.
+/// slot) when the rank takes part in any. Each parameter travels as the local shard the
+/// source really holds: its replica group shares the rank's FSDP shard position, so that is
+/// the rank's own unpadded shard (short, or empty, on the last positions of a dim that does
+/// not split evenly), each segment padded to 512 bytes.
 fn replica_broadcast(
     s: &mut Schedule,
     ctx: &Ctx,
+    view: &RankView,
     b: &RankBatch,
-    first: &OptParam,
     master: u64,
 ) -> Option<(Vec<u32>, u64, usize)> {
+    let first = &ctx.opt.params[*b.held.first()?];
     if first.replicate.iter().all(|a| a.slot.is_none()) {
         return None;
     }
@@ -396,7 +400,10 @@ fn replica_broadcast(
             .held
             .iter()
             .filter(|&&i| plan_b.replica_owner.get(&i) == Some(&src))
-            .map(|&i| (ctx.opt.params[i].local_elems * master).div_ceil(512) * 512)
+            .map(|&i| {
+                let elems = local_shard_elems(ctx, &ctx.opt.params[i], view);
+                (elems * master).div_ceil(512) * 512
+            })
             .sum();
         let chunks = bytes.div_ceil(REPLICA_BROADCAST_MAX_BYTES);
         let label = s.name(|| {

@@ -865,6 +865,20 @@ pub(crate) fn ns_ops(
     out
 }
 
+/// Unpadded elements of this rank's FSDP shard of `p`: the `chunk_range` rows of the FSDP
+/// shard dim at the rank's shard position (ceil-sized chunks; the last positions are short,
+/// or empty, when the dim does not split evenly) times the other dims of `plan_local_shape`.
+/// What the rank really holds, where `local_elems` is the padded (chunk 0) size.
+pub(crate) fn local_shard_elems(ctx: &Ctx, p: &OptParam, view: &RankView) -> u64 {
+    let Some(&dim) = p.plan_shape.get(p.fsdp_dim) else {
+        return p.local_elems;
+    };
+    let d = Ctx::domain_index(p.domain);
+    let s = ctx.shard_size[d] as u64;
+    let r = crate::chunk_range(dim, s, view.fsdp_pos[d] as u64);
+    p.plan_elems / dim.max(1) * (r.end - r.start)
+}
+
 /// Matrices of a local-path parameter on this rank: its `plan_local_shape` matrices, cut by
 /// the FSDP shard of a leading dim (exact ceil-chunk share of the rank).
 pub(crate) fn local_matrices(ctx: &Ctx, p: &OptParam, view: &RankView) -> u64 {
