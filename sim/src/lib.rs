@@ -5,6 +5,7 @@
 //! - [`shape`]: how a process group sits on the topology (flat or two-level);
 //! - [`workload`] and [`fold`]: the programs of one job, folded into symmetry classes;
 //! - [`engine`]: the discrete-event engine (host threads, streams, rendezvous, shared links);
+//! - [`share`]: units sharing a program prefix, simulated once until they diverge;
 //! - [`net`]: fair bandwidth sharing on tier links;
 //! - [`memory`]: live-memory accounting;
 //! - [`metrics`] and [`result`]: breakdowns (exposed communication, overlap) and results;
@@ -28,10 +29,11 @@ pub mod profile;
 pub mod result;
 pub mod scenario_run;
 pub mod shape;
+pub mod share;
 pub mod workload;
 
 pub use bench::{BenchReport, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program};
-pub use engine::{SimOptions, simulate, simulate_programs};
+pub use engine::{SimOptions, simulate, simulate_programs, simulate_unshared};
 pub use error::SimError;
 pub use memory::{MemoryReport, MemorySample};
 pub use metrics::{Breakdown, CategoryTime};

@@ -122,6 +122,36 @@ impl MemoryTracker {
         }
     }
 
+    /// This tracker as it would read had the step started with `to` resident instead of
+    /// `from`: every live figure shifted by the difference per tag. Exact as long as no free
+    /// of a tag whose resident bytes differ was clamped at zero (the prefix sharing of
+    /// [`crate::share`] keeps such tags equal within a block).
+    pub fn rebased(&self, from: &[ResidentMemory], to: &[ResidentMemory]) -> Self {
+        let mut delta = [0i128; TAGS];
+        for r in from {
+            delta[r.tag.index()] -= r.bytes as i128;
+        }
+        for r in to {
+            delta[r.tag.index()] += r.bytes as i128;
+        }
+        let sum: i128 = delta.iter().sum();
+        let shift = |x: u64, d: i128| (x as i128 + d).clamp(0, u64::MAX as i128) as u64;
+        let mut t = self.clone();
+        for i in 0..TAGS {
+            t.live[i] = shift(t.live[i], delta[i]);
+            t.at_peak[i] = shift(t.at_peak[i], delta[i]);
+            t.peak_by_tag[i] = shift(t.peak_by_tag[i], delta[i]);
+        }
+        t.total = shift(t.total, sum);
+        t.peak = shift(t.peak, sum);
+        if let Some(series) = &mut t.series {
+            for s in series.iter_mut() {
+                s.live_bytes = shift(s.live_bytes, sum);
+            }
+        }
+        t
+    }
+
     /// The figures so far.
     pub fn report(&self) -> MemoryReport {
         let tags = |a: &[u64; TAGS]| {
