@@ -316,6 +316,7 @@ pub fn bench_scenario(
     let prepare_s = t0.elapsed().as_secs_f64();
     let options = RunOptions {
         record_timeline: false,
+        all_ranks: false,
         ..RunOptions::default()
     };
     let t1 = Instant::now();

@@ -27,7 +27,7 @@ use crate::error::SimError;
 use crate::memory::MemoryTracker;
 use crate::net::{Finish, Network};
 use crate::profile::HardwareProfile;
-use crate::result::{SimResult, UnitOutcome, assemble};
+use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::share::SharePlan;
 use crate::workload::Workload;
@@ -52,6 +52,16 @@ pub struct SimOptions {
     pub tokens_per_step: Option<u64>,
     /// Model FLOPs per step of the whole job, recompute excluded (gives MFU).
     pub model_flops_per_step: Option<f64>,
+    /// Keep every simulated rank's breakdown (and timeline, when recorded). Off: only the
+    /// critical rank gets a breakdown and the timeline holds the units of rank 0 and of the
+    /// critical rank, the ones a summary reports; at thousands of classes the per-rank
+    /// breakdowns and spans cost more than the simulation. Memory figures are kept for all.
+    #[serde(default = "keep_all_ranks")]
+    pub all_ranks: bool,
+}
+
+fn keep_all_ranks() -> bool {
+    true
 }
 
 impl Default for SimOptions {
@@ -62,6 +72,7 @@ impl Default for SimOptions {
             record_memory_series: true,
             tokens_per_step: None,
             model_flops_per_step: None,
+            all_ranks: true,
         }
     }
 }
@@ -101,8 +112,31 @@ pub fn simulate_unshared(
     engine.drain()?;
     engine.check_finished()?;
     let events = engine.events;
-    let outcomes = engine.outcomes();
+    let ends: Vec<u64> = engine.units.iter().map(|u| last_end(&u.spans)).collect();
+    let keep = kept_units(workload, &ends, options);
+    let outcomes = engine.outcomes(&ends, &keep);
     Ok(assemble(workload, profile, options, outcomes, events))
+}
+
+/// Latest end over `spans` (0 when empty).
+fn last_end(spans: &[OpSpan]) -> u64 {
+    spans.iter().map(|s| s.end_ns).max().unwrap_or(0)
+}
+
+/// Which units' spans the result needs: all of them, or (see [`SimOptions::all_ranks`]) the
+/// critical unit's and rank 0's.
+fn kept_units(workload: &Workload, ends: &[u64], options: &SimOptions) -> Vec<bool> {
+    if options.all_ranks {
+        return vec![true; ends.len()];
+    }
+    let mut keep = vec![false; ends.len()];
+    if let Some(c) = critical_unit(workload, ends) {
+        keep[c] = true;
+    }
+    if let Some(&u) = workload.rank_unit.first() {
+        keep[u as usize] = true;
+    }
+    keep
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -809,11 +843,13 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn outcomes(self) -> Vec<UnitOutcome> {
+    fn outcomes(self, ends: &[u64], keep: &[bool]) -> Vec<UnitOutcome> {
         self.units
             .into_iter()
-            .map(|u| UnitOutcome {
-                spans: u.spans,
+            .zip(ends.iter().zip(keep))
+            .map(|(u, (&end_ns, &keep))| UnitOutcome {
+                spans: if keep { u.spans } else { Vec::new() },
+                end_ns,
                 host_busy_ns: u.host_busy_ns,
                 memory: u.mem.report(),
             })

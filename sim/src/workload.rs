@@ -4,8 +4,9 @@ use crate::error::SimError;
 use crate::fold::{self, Classes, RankView, check_program};
 use hpfsdp_plan::Topology;
 use hpfsdp_plan::program::{Group, Payload, RankRange, StepProgram};
+use rayon::prelude::*;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One simulated rank: a representative program standing for one or more identical ranks.
 #[derive(Debug, Clone, PartialEq)]
@@ -110,14 +111,28 @@ impl Workload {
         // One program per template, from its first rank; kept, since the first rank of a
         // template is the smallest rank of its class unless the class merges templates whose
         // programs turn out equal.
-        let keys: Vec<u64> = (0..world_size).map(&template_key).collect();
-        let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
+        let keys: Vec<u64> = (0..world_size).into_par_iter().map(&template_key).collect();
+        let mut firsts: Vec<usize> = Vec::new();
+        let mut seen: HashSet<u64> = HashSet::new();
         for (rank, &key) in keys.iter().enumerate() {
-            if let std::collections::hash_map::Entry::Vacant(e) = templates.entry(key) {
+            if seen.insert(key) {
+                firsts.push(rank);
+            }
+        }
+        // Generated in parallel, kept in rank order; the first failing template (in rank
+        // order) is the error, whatever the number of threads.
+        let generated: Vec<Result<(u128, StepProgram), SimError>> = firsts
+            .par_iter()
+            .map(|&rank| {
                 let p = program(rank)?;
                 check_program(&p, rank, world_size)?;
-                e.insert((fold::ops_digest(&p), rank, Some(p)));
-            }
+                Ok((fold::ops_digest(&p), p))
+            })
+            .collect();
+        let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
+        for (rank, g) in firsts.into_iter().zip(generated) {
+            let (digest, p) = g?;
+            templates.insert(keys[rank], (digest, rank, Some(p)));
         }
         let classes = fold::classes_of_views(world_size, &topology, |rank| {
             Ok(RankView {

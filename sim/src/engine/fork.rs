@@ -11,8 +11,9 @@
 //! before `T`), and every stream is offered its next op at `T`, as the gate's completion
 //! would have done.
 
-use super::{Engine, Event, Exec, Gates, Instance, UnitRt, UnitSpec};
+use super::{Engine, Event, Exec, Gates, Instance, UnitRt, UnitSpec, kept_units, last_end};
 use crate::error::SimError;
+use crate::memory::{join_series, resident_shift};
 use crate::profile::HardwareProfile;
 use crate::result::{SimResult, UnitOutcome, assemble};
 use crate::share::SharePlan;
@@ -74,19 +75,42 @@ pub(super) fn simulate_shared(
     engine.check_finished()?;
 
     let events = merged.events + engine.events;
+    // A unit's end: its own spans' or, when they are all done before the fork, the block's.
+    let ends: Vec<u64> = engine
+        .units
+        .iter()
+        .enumerate()
+        .map(|(c, u)| {
+            let block = &merged.units[plan.block_of_unit[c] as usize];
+            last_end(&block.spans[..u.base]).max(last_end(&u.spans))
+        })
+        .collect();
+    let keep = kept_units(workload, &ends, options);
     let outcomes = engine
         .units
         .into_iter()
         .enumerate()
         .map(|(c, u)| {
-            let block = &merged.units[plan.block_of_unit[c] as usize];
-            let mut spans = Vec::with_capacity(u.base + u.spans.len());
-            spans.extend_from_slice(&block.spans[..u.base]);
-            spans.extend(u.spans);
+            let spans = if keep[c] {
+                let block = &merged.units[plan.block_of_unit[c] as usize];
+                let mut spans = Vec::with_capacity(u.base + u.spans.len());
+                spans.extend_from_slice(&block.spans[..u.base]);
+                spans.extend(u.spans);
+                spans
+            } else {
+                Vec::new()
+            };
+            let mut memory = u.mem.report();
+            if keep[c] || options.all_ranks {
+                let block = &merged.units[plan.block_of_unit[c] as usize];
+                let shift = resident_shift(&block.program.resident, &u.program.resident);
+                memory.series = join_series(block.mem.series(), shift, &memory.series);
+            }
             UnitOutcome {
                 spans,
+                end_ns: ends[c],
                 host_busy_ns: u.host_busy_ns,
-                memory: u.mem.report(),
+                memory,
             }
         })
         .collect();
