@@ -9,7 +9,8 @@
 //! - [`net`]: fair bandwidth sharing on tier links;
 //! - [`memory`]: live-memory accounting;
 //! - [`metrics`] and [`result`]: breakdowns (exposed communication, overlap) and results;
-//! - [`bench`]: synthetic SPMD workloads and the simulator benchmark.
+//! - [`bench`]: synthetic SPMD workloads and the simulator benchmark ([`resources`]: CPU time
+//!   and peak memory of a run).
 //!
 //! Typical use: build per-rank [`StepProgram`](hpfsdp_plan::program::StepProgram)s, then
 //! [`simulate_programs`] (or [`Workload::fold_with`] + [`simulate`] for very large jobs).
@@ -26,13 +27,16 @@ pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod profile;
+pub mod resources;
 pub mod result;
 pub mod scenario_run;
 pub mod shape;
 pub mod share;
 pub mod workload;
 
-pub use bench::{BenchReport, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program};
+pub use bench::{
+    BenchReport, BenchSuite, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program,
+};
 pub use engine::{SimOptions, simulate, simulate_programs, simulate_unshared};
 pub use error::SimError;
 pub use memory::{MemoryReport, MemorySample};
