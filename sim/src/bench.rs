@@ -8,7 +8,7 @@
 use crate::engine::{SimOptions, simulate, simulate_unshared};
 use crate::error::SimError;
 use crate::profile::HardwareProfile;
-use crate::resources::Meter;
+use crate::resources::{Meter, cpu_seconds};
 use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
 use crate::workload::Workload;
 use hpfsdp_plan::program::{
@@ -238,6 +238,10 @@ pub struct BenchReport {
     /// CPU seconds (user + system, all threads) of preparing plus simulating.
     #[serde(default)]
     pub cpu_s: f64,
+    /// CPU seconds of simulating alone (events per CPU second are robust to a loaded
+    /// machine, events per wall second are not).
+    #[serde(default)]
+    pub simulate_cpu_s: f64,
     /// Peak resident memory while preparing and simulating, bytes (see [`crate::resources`]).
     #[serde(default)]
     pub peak_rss_bytes: u64,
@@ -255,7 +259,7 @@ impl std::fmt::Display for BenchReport {
         write!(
             f,
             "{}: {} ranks ({} simulated, folding {}), {} ops/rank; plan {:.3} s, programs+fold {:.3} s, simulate {:.3} ms \
-             (step wall {:.3} s, CPU {:.3} s, peak RSS {:.0} MB), {} events ({:.2} M events/s), predicted step {:.3} s",
+             (step wall {:.3} s, CPU {:.3} s, peak RSS {:.0} MB), {} events ({:.2} M events/s, {:.2} M per CPU s), predicted step {:.3} s",
             self.name,
             self.world_size,
             self.simulated_ranks,
@@ -269,6 +273,7 @@ impl std::fmt::Display for BenchReport {
             self.peak_rss_bytes as f64 / 1e6,
             self.events,
             self.events_per_s / 1e6,
+            self.events as f64 / self.simulate_cpu_s.max(1e-9) / 1e6,
             self.step_time_s
         )
     }
@@ -296,12 +301,14 @@ pub fn bench_synthetic(
     };
     let prepare_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
+    let cpu1 = cpu_seconds();
     let result = if fold {
         simulate(&workload, profile, &SimOptions::default())?
     } else {
         simulate_unshared(&workload, profile, &SimOptions::default())?
     };
     let simulate_s = t1.elapsed().as_secs_f64();
+    let simulate_cpu_s = cpu_seconds() - cpu1;
     let usage = meter.stop();
     Ok(BenchReport {
         name: cfg.name.clone(),
@@ -317,6 +324,7 @@ pub fn bench_synthetic(
         events_per_s: result.events_processed as f64 / simulate_s.max(1e-9),
         step_time_s: result.step_time_s(),
         cpu_s: usage.cpu_s,
+        simulate_cpu_s,
         peak_rss_bytes: usage.peak_rss_bytes,
     })
 }
@@ -346,8 +354,10 @@ pub fn bench_scenario(
         ..RunOptions::default()
     };
     let t1 = Instant::now();
+    let cpu1 = cpu_seconds();
     let run = run_prepared(&prepared, profile, &options)?;
     let simulate_s = t1.elapsed().as_secs_f64();
+    let simulate_cpu_s = cpu_seconds() - cpu1;
     let usage = meter.stop();
     drop(prepared);
     let r = &run.result;
@@ -365,6 +375,7 @@ pub fn bench_scenario(
         events_per_s: r.events_processed as f64 / simulate_s.max(1e-9),
         step_time_s: r.step_time_s(),
         cpu_s: usage.cpu_s,
+        simulate_cpu_s,
         peak_rss_bytes: usage.peak_rss_bytes,
     })
 }
@@ -421,6 +432,9 @@ pub struct BenchSuite {
     /// Exponent `b` of the least-squares fit `wall = a * ranks^b` over the Muon runs of exp-d
     /// and its scaled copies (1 = linear in ranks, 0 = independent of them).
     pub scaling_exponent: Option<f64>,
+    /// The same fit on CPU seconds (meaningful on a machine shared with other work).
+    #[serde(default)]
+    pub cpu_scaling_exponent: Option<f64>,
 }
 
 impl std::fmt::Display for BenchSuite {
@@ -439,6 +453,9 @@ impl std::fmt::Display for BenchSuite {
                 f,
                 "scaling with Muon: wall ~ ranks^{b:.2} (least squares over the Muon runs)"
             )?;
+        }
+        if let Some(b) = self.cpu_scaling_exponent {
+            writeln!(f, "scaling with Muon: CPU ~ ranks^{b:.2}")?;
         }
         Ok(())
     }
@@ -482,6 +499,7 @@ pub fn bench_suite(
             reports,
             muon_over_adamw: None,
             scaling_exponent: None,
+            cpu_scaling_exponent: None,
         });
     };
     let hp = "hyperparallel";
@@ -494,6 +512,7 @@ pub fn bench_suite(
         ratio(muon.peak_rss_bytes as f64, adamw.peak_rss_bytes as f64),
     ));
     let mut muon_runs = vec![(muon.world_size as f64, muon.wall_s())];
+    let mut muon_cpu = vec![(muon.world_size as f64, muon.cpu_s)];
     reports.push(adamw);
     reports.push(muon);
     for (name, ranks) in [
@@ -502,12 +521,14 @@ pub fn bench_suite(
     ] {
         let r = bench_scenario(name, scaled_scenario(d, ranks)?, hp, None, profile)?;
         muon_runs.push((r.world_size as f64, r.wall_s()));
+        muon_cpu.push((r.world_size as f64, r.cpu_s));
         reports.push(r);
     }
     Ok(BenchSuite {
         reports,
         muon_over_adamw,
         scaling_exponent: log_log_slope(&muon_runs),
+        cpu_scaling_exponent: log_log_slope(&muon_cpu),
     })
 }
 
