@@ -2,8 +2,6 @@
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let profile = hpfsdp_sim::HardwareProfile::builtin("ascend-910c-a3")?;
-    for report in hpfsdp_sim::bench_suite(&profile, None)? {
-        println!("{report}");
-    }
+    print!("{}", hpfsdp_sim::bench_suite(&profile, None)?);
     Ok(())
 }

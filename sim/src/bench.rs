@@ -5,9 +5,10 @@
 //! reduce-scatter, and a cross-replica all-reduce when `dp_replicate > 1`), an optimizer
 //! kernel and a final host synchronization. Sizes default to a Qwen3-30B-A3B-like layer.
 
-use crate::engine::{SimOptions, simulate};
+use crate::engine::{SimOptions, simulate, simulate_unshared};
 use crate::error::SimError;
 use crate::profile::HardwareProfile;
+use crate::resources::{Meter, cpu_seconds};
 use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
 use crate::workload::Workload;
 use hpfsdp_plan::program::{
@@ -205,11 +206,14 @@ pub fn synthetic_program(
     Ok(b.build()?)
 }
 
-/// Wall-clock figures of one benchmark run.
+/// Wall-clock, CPU and memory figures of one benchmark run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BenchReport {
     /// Configuration name.
     pub name: String,
+    /// Optimizer strategy of a scenario run (`None` for synthetic steps).
+    #[serde(default)]
+    pub optimizer: Option<String>,
     /// Ranks in the job.
     pub world_size: usize,
     /// Ranks simulated after folding.
@@ -231,6 +235,16 @@ pub struct BenchReport {
     pub events_per_s: f64,
     /// Predicted step time, seconds.
     pub step_time_s: f64,
+    /// CPU seconds (user + system, all threads) of preparing plus simulating.
+    #[serde(default)]
+    pub cpu_s: f64,
+    /// CPU seconds of simulating alone (events per CPU second are robust to a loaded
+    /// machine, events per wall second are not).
+    #[serde(default)]
+    pub simulate_cpu_s: f64,
+    /// Peak resident memory while preparing and simulating, bytes (see [`crate::resources`]).
+    #[serde(default)]
+    pub peak_rss_bytes: u64,
 }
 
 impl BenchReport {
@@ -245,7 +259,7 @@ impl std::fmt::Display for BenchReport {
         write!(
             f,
             "{}: {} ranks ({} simulated, folding {}), {} ops/rank; plan {:.3} s, programs+fold {:.3} s, simulate {:.3} ms \
-             (step wall {:.3} s), {} events ({:.2} M events/s), predicted step {:.3} s",
+             (step wall {:.3} s, CPU {:.3} s, peak RSS {:.0} MB), {} events ({:.2} M events/s, {:.2} M per CPU s), predicted step {:.3} s",
             self.name,
             self.world_size,
             self.simulated_ranks,
@@ -255,14 +269,19 @@ impl std::fmt::Display for BenchReport {
             self.prepare_s,
             self.simulate_s * 1e3,
             self.wall_s(),
+            self.cpu_s,
+            self.peak_rss_bytes as f64 / 1e6,
             self.events,
             self.events_per_s / 1e6,
+            self.events as f64 / self.simulate_cpu_s.max(1e-9) / 1e6,
             self.step_time_s
         )
     }
 }
 
-/// Generates, optionally folds, and simulates a synthetic step, timing each part.
+/// Generates, optionally folds, and simulates a synthetic step, timing each part. Unfolded,
+/// every rank is simulated on its own ([`simulate_unshared`]), so the figure is the engine's
+/// event rate on 768 units.
 pub fn bench_synthetic(
     cfg: &SyntheticConfig,
     profile: &HardwareProfile,
@@ -270,6 +289,7 @@ pub fn bench_synthetic(
 ) -> Result<BenchReport, SimError> {
     let world = cfg.world_size();
     let topology = profile.topology_for(world);
+    let meter = Meter::start();
     let t0 = Instant::now();
     let workload = if fold {
         Workload::fold_with(world, topology, |r| synthetic_program(cfg, &topology, r))?
@@ -281,10 +301,18 @@ pub fn bench_synthetic(
     };
     let prepare_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
-    let result = simulate(&workload, profile, &SimOptions::default())?;
+    let cpu1 = cpu_seconds();
+    let result = if fold {
+        simulate(&workload, profile, &SimOptions::default())?
+    } else {
+        simulate_unshared(&workload, profile, &SimOptions::default())?
+    };
     let simulate_s = t1.elapsed().as_secs_f64();
+    let simulate_cpu_s = cpu_seconds() - cpu1;
+    let usage = meter.stop();
     Ok(BenchReport {
         name: cfg.name.clone(),
+        optimizer: None,
         world_size: world,
         simulated_ranks: result.simulated_ranks,
         folded: fold,
@@ -295,12 +323,17 @@ pub fn bench_synthetic(
         events: result.events_processed,
         events_per_s: result.events_processed as f64 / simulate_s.max(1e-9),
         step_time_s: result.step_time_s(),
+        cpu_s: usage.cpu_s,
+        simulate_cpu_s,
+        peak_rss_bytes: usage.peak_rss_bytes,
     })
 }
 
 /// Derives the plans of `scenario`, generates its strategy's programs with `optimizer`
 /// (`None`: the scenario's default, distributed Muon on `muon+adamw` scenarios), folds and
-/// simulates them, timing the whole (the `prepare` figure covers program generation).
+/// simulates them, timing the whole (the `prepare` figure covers program generation). CPU
+/// time and peak memory cover generating and simulating, not freeing the programs afterwards
+/// (the CLI never pays for that, see [`crate::scenario_run::drop_in_background`]).
 pub fn bench_scenario(
     name: &str,
     scenario: Scenario,
@@ -311,19 +344,26 @@ pub fn bench_scenario(
     let t0 = Instant::now();
     let plans = ScenarioPlans::new(scenario);
     let plan_s = t0.elapsed().as_secs_f64();
+    let meter = Meter::start();
     let t0 = Instant::now();
     let prepared = prepare(&plans, strategy, optimizer, true)?;
     let prepare_s = t0.elapsed().as_secs_f64();
     let options = RunOptions {
         record_timeline: false,
+        all_ranks: false,
         ..RunOptions::default()
     };
     let t1 = Instant::now();
+    let cpu1 = cpu_seconds();
     let run = run_prepared(&prepared, profile, &options)?;
     let simulate_s = t1.elapsed().as_secs_f64();
+    let simulate_cpu_s = cpu_seconds() - cpu1;
+    let usage = meter.stop();
+    drop(prepared);
     let r = &run.result;
     Ok(BenchReport {
         name: name.to_string(),
+        optimizer: Some(run.optimizer.clone()),
         world_size: r.world_size,
         simulated_ranks: r.simulated_ranks,
         folded: r.folded,
@@ -334,9 +374,11 @@ pub fn bench_scenario(
         events: r.events_processed,
         events_per_s: r.events_processed as f64 / simulate_s.max(1e-9),
         step_time_s: r.step_time_s(),
+        cpu_s: usage.cpu_s,
+        simulate_cpu_s,
+        peak_rss_bytes: usage.peak_rss_bytes,
     })
 }
-
 /// `scenario` scaled to about `target_ranks` ranks by multiplying both replicate axes (and
 /// the supernode count) by the same factor: the same job, more replicas.
 pub fn scaled_scenario(scenario: &Scenario, target_ranks: usize) -> Result<Scenario, SimError> {
@@ -380,46 +422,129 @@ pub fn scaled_scenario(scenario: &Scenario, target_ranks: usize) -> Result<Scena
     Scenario::from_str_at(&text, &scenario.path).map_err(|e| bad(e.to_string()))
 }
 
-/// The standard benchmark: the synthetic 768-rank step folded and unfolded, then the real
-/// `exp-d` scenario (768 ranks, hyperparallel programs from its plans) and exp-d scaled to
-/// about 100,000 ranks, when `exp_d` is given.
+/// What [`bench_suite`] measured: the runs, then the figures drawn from them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BenchSuite {
+    /// Every run, in the order run.
+    pub reports: Vec<BenchReport>,
+    /// exp-d with distributed Muon over exp-d with AdamW: (wall, CPU, peak RSS) ratios.
+    pub muon_over_adamw: Option<(f64, f64, f64)>,
+    /// Exponent `b` of the least-squares fit `wall = a * ranks^b` over the Muon runs of exp-d
+    /// and its scaled copies (1 = linear in ranks, 0 = independent of them).
+    pub scaling_exponent: Option<f64>,
+    /// The same fit on CPU seconds (meaningful on a machine shared with other work).
+    #[serde(default)]
+    pub cpu_scaling_exponent: Option<f64>,
+}
+
+impl std::fmt::Display for BenchSuite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for r in &self.reports {
+            writeln!(f, "{r}")?;
+        }
+        if let Some((wall, cpu, rss)) = self.muon_over_adamw {
+            writeln!(
+                f,
+                "exp-d Muon / AdamW: wall {wall:.2}x, CPU {cpu:.2}x, peak RSS {rss:.2}x"
+            )?;
+        }
+        if let Some(b) = self.scaling_exponent {
+            writeln!(
+                f,
+                "scaling with Muon: wall ~ ranks^{b:.2} (least squares over the Muon runs)"
+            )?;
+        }
+        if let Some(b) = self.cpu_scaling_exponent {
+            writeln!(f, "scaling with Muon: CPU ~ ranks^{b:.2}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Slope of the least-squares line through `(ln x, ln y)`; `None` with fewer than two
+/// distinct `x` or a non-positive value.
+pub fn log_log_slope(points: &[(f64, f64)]) -> Option<f64> {
+    if points.iter().any(|&(x, y)| x <= 0.0 || y <= 0.0) {
+        return None;
+    }
+    let n = points.len() as f64;
+    let lx: Vec<f64> = points.iter().map(|p| p.0.ln()).collect();
+    let ly: Vec<f64> = points.iter().map(|p| p.1.ln()).collect();
+    let (mx, my) = (lx.iter().sum::<f64>() / n, ly.iter().sum::<f64>() / n);
+    let sxx: f64 = lx.iter().map(|x| (x - mx) * (x - mx)).sum();
+    let sxy: f64 = lx.iter().zip(&ly).map(|(x, y)| (x - mx) * (y - my)).sum();
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// The standard benchmark: the synthetic 768-rank step folded and unfolded (the engine's
+/// event rate on 768 units), then, when `exp_d` is given, exp-d with AdamW and with its
+/// distributed Muon, exp-d x4 replicas (3,072 ranks) and x131 (100,608 ranks) with Muon; the
+/// Muon/AdamW ratios and the scaling exponent close it. Without `exp_d`, the synthetic step
+/// at 100,608 ranks.
 pub fn bench_suite(
     profile: &HardwareProfile,
     exp_d: Option<&Scenario>,
-) -> Result<Vec<BenchReport>, SimError> {
-    let mut out = vec![
+) -> Result<BenchSuite, SimError> {
+    let mut reports = vec![
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, true)?,
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
     ];
-    if let Some(d) = exp_d {
-        out.push(bench_scenario(
-            "exp-d (AdamW)",
-            d.clone(),
-            "hyperparallel",
-            Some("adamw"),
-            profile,
-        )?);
-        out.push(bench_scenario(
-            "exp-d (distributed Muon)",
-            d.clone(),
-            "hyperparallel",
-            None,
-            profile,
-        )?);
-        let big = scaled_scenario(d, 100_000)?;
-        out.push(bench_scenario(
-            "exp-d x131 replicas (AdamW)",
-            big,
-            "hyperparallel",
-            Some("adamw"),
-            profile,
-        )?);
-    } else {
-        out.push(bench_synthetic(
+    let Some(d) = exp_d else {
+        reports.push(bench_synthetic(
             &SyntheticConfig::ranks_100k(),
             profile,
             true,
         )?);
+        return Ok(BenchSuite {
+            reports,
+            muon_over_adamw: None,
+            scaling_exponent: None,
+            cpu_scaling_exponent: None,
+        });
+    };
+    let hp = "hyperparallel";
+    let adamw = bench_scenario("exp-d (AdamW)", d.clone(), hp, Some("adamw"), profile)?;
+    let muon = bench_scenario("exp-d (distributed Muon)", d.clone(), hp, None, profile)?;
+    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    let muon_over_adamw = Some((
+        ratio(muon.wall_s(), adamw.wall_s()),
+        ratio(muon.cpu_s, adamw.cpu_s),
+        ratio(muon.peak_rss_bytes as f64, adamw.peak_rss_bytes as f64),
+    ));
+    let mut muon_runs = vec![(muon.world_size as f64, muon.wall_s())];
+    let mut muon_cpu = vec![(muon.world_size as f64, muon.cpu_s)];
+    reports.push(adamw);
+    reports.push(muon);
+    for (name, ranks) in [
+        ("exp-d x4 replicas (distributed Muon)", 3_072),
+        ("exp-d x131 replicas (distributed Muon)", 100_000),
+    ] {
+        let r = bench_scenario(name, scaled_scenario(d, ranks)?, hp, None, profile)?;
+        muon_runs.push((r.world_size as f64, r.wall_s()));
+        muon_cpu.push((r.world_size as f64, r.cpu_s));
+        reports.push(r);
     }
-    Ok(out)
+    Ok(BenchSuite {
+        reports,
+        muon_over_adamw,
+        scaling_exponent: log_log_slope(&muon_runs),
+        cpu_scaling_exponent: log_log_slope(&muon_cpu),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_log_slope_recovers_a_power_law() {
+        let pts: Vec<(f64, f64)> = [768.0, 3072.0, 100_608.0]
+            .iter()
+            .map(|&x: &f64| (x, 0.002 * x.powf(0.75)))
+            .collect();
+        let b = log_log_slope(&pts).unwrap();
+        assert!((b - 0.75).abs() < 1e-9, "{b}");
+        assert_eq!(log_log_slope(&[(1.0, 1.0)]), None);
+        assert_eq!(log_log_slope(&[(1.0, 0.0), (2.0, 1.0)]), None);
+    }
 }

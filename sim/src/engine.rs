@@ -27,14 +27,17 @@ use crate::error::SimError;
 use crate::memory::MemoryTracker;
 use crate::net::{Finish, Network};
 use crate::profile::HardwareProfile;
-use crate::result::{SimResult, UnitOutcome, assemble};
+use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
+use crate::share::SharePlan;
 use crate::workload::Workload;
 use hpfsdp_plan::Tier;
-use hpfsdp_plan::program::{CollectiveOp, MemoryEffect, OpSpan, Payload, StepProgram, Stream};
+use hpfsdp_plan::program::{CollectiveOp, OpSpan, Payload, StepProgram, Stream};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+
+mod fork;
 
 /// Switches of one simulation run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -49,6 +52,16 @@ pub struct SimOptions {
     pub tokens_per_step: Option<u64>,
     /// Model FLOPs per step of the whole job, recompute excluded (gives MFU).
     pub model_flops_per_step: Option<f64>,
+    /// Keep every simulated rank's breakdown (and timeline, when recorded). Off: only the
+    /// critical rank gets a breakdown and the timeline holds the units of rank 0 and of the
+    /// critical rank, the ones a summary reports; at thousands of classes the per-rank
+    /// breakdowns and spans cost more than the simulation. Memory figures are kept for all.
+    #[serde(default = "keep_all_ranks")]
+    pub all_ranks: bool,
+}
+
+fn keep_all_ranks() -> bool {
+    true
 }
 
 impl Default for SimOptions {
@@ -59,21 +72,71 @@ impl Default for SimOptions {
             record_memory_series: true,
             tokens_per_step: None,
             model_flops_per_step: None,
+            all_ranks: true,
         }
     }
 }
 
-/// Simulates one step of `workload` on `profile`.
+/// Simulates one step of `workload` on `profile`. Units that share a program prefix
+/// ([`crate::share`]) are simulated together until their programs diverge; the result is the
+/// one [`simulate_unshared`] gives, with fewer events processed.
 pub fn simulate(
     workload: &Workload,
     profile: &HardwareProfile,
     options: &SimOptions,
 ) -> Result<SimResult, SimError> {
-    let mut engine = Engine::new(workload, profile, options)?;
-    engine.run()?;
+    match SharePlan::of(workload) {
+        Some(plan) => fork::simulate_shared(workload, &plan, profile, options),
+        None => simulate_unshared(workload, profile, options),
+    }
+}
+
+/// Simulates one step of `workload` on `profile`, every unit on its own from the first op
+/// (the reference [`simulate`] is checked against).
+pub fn simulate_unshared(
+    workload: &Workload,
+    profile: &HardwareProfile,
+    options: &SimOptions,
+) -> Result<SimResult, SimError> {
+    let specs: Vec<UnitSpec<'_>> = workload
+        .units
+        .iter()
+        .map(|u| UnitSpec {
+            program: &u.program,
+            base: 0,
+            end: u.program.ops.len(),
+        })
+        .collect();
+    let mut engine = Engine::new(&specs, &workload.rank_unit, workload, profile, options)?;
+    engine.start();
+    engine.drain()?;
+    engine.check_finished()?;
     let events = engine.events;
-    let outcomes = engine.outcomes();
+    let ends: Vec<u64> = engine.units.iter().map(|u| last_end(&u.spans)).collect();
+    let keep = kept_units(workload, &ends, options);
+    let outcomes = engine.outcomes(&ends, &keep);
     Ok(assemble(workload, profile, options, outcomes, events))
+}
+
+/// Latest end over `spans` (0 when empty).
+fn last_end(spans: &[OpSpan]) -> u64 {
+    spans.iter().map(|s| s.end_ns).max().unwrap_or(0)
+}
+
+/// Which units' spans the result needs: all of them, or (see [`SimOptions::all_ranks`]) the
+/// critical unit's and rank 0's.
+fn kept_units(workload: &Workload, ends: &[u64], options: &SimOptions) -> Vec<bool> {
+    if options.all_ranks {
+        return vec![true; ends.len()];
+    }
+    let mut keep = vec![false; ends.len()];
+    if let Some(c) = critical_unit(workload, ends) {
+        keep[c] = true;
+    }
+    if let Some(&u) = workload.rank_unit.first() {
+        keep[u as usize] = true;
+    }
+    keep
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -102,9 +165,6 @@ struct OpRt {
     /// Launch-order index of a collective on its communicator.
     seq: u32,
     stream: u16,
-    /// Range of this op's memory effects in `UnitRt::memory`.
-    mem_start: u32,
-    mem_end: u32,
     launched: bool,
     done: bool,
 }
@@ -116,21 +176,36 @@ struct StreamRt {
     busy: bool,
 }
 
+/// Which ops of a program a unit simulates: `base..end` (all of them, except while a shared
+/// prefix is simulated, or after a fork, when the ops before `base` are done).
+#[derive(Debug, Clone, Copy)]
+struct UnitSpec<'a> {
+    program: &'a StepProgram,
+    base: usize,
+    end: usize,
+}
+
+/// One simulated unit. Op indices are local: local op `i` is program op `base + i`.
 struct UnitRt<'a> {
     program: &'a StepProgram,
+    base: usize,
     ops: Vec<OpRt>,
-    memory: Vec<MemoryEffect>,
     dep_offsets: Vec<usize>,
     dependents: Vec<u32>,
     spans: Vec<OpSpan>,
+    stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
     host_next: usize,
     host_busy: bool,
     host_busy_ns: u64,
+    /// When the host had issued every op of the unit and was free (`None` while it has not).
+    host_stop_ns: Option<u64>,
     /// Per local group: communicator key.
     group_key: Vec<u32>,
     /// Per local group: shape on the topology.
     group_shape: Vec<GroupShape>,
+    /// Per local group: launch-order counter slot.
+    group_slot: Vec<u32>,
     seq: Vec<u32>,
     mem: MemoryTracker,
 }
@@ -150,6 +225,12 @@ struct Instance {
     phase: usize,
 }
 
+/// The fork triggers of a shared-prefix run ([`crate::share::SharePlan`]).
+struct Gates<'a> {
+    gates: &'a [Vec<bool>],
+    free_root: &'a [bool],
+}
+
 struct Engine<'a> {
     profile: &'a HardwareProfile,
     units: Vec<UnitRt<'a>>,
@@ -160,189 +241,235 @@ struct Engine<'a> {
     heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
     seq: u64,
     events: u64,
+    /// Time of the last event processed.
+    now: u64,
+    gates: Option<Gates<'a>>,
+    /// Set when a gate fires: [`Engine::drain`] stops after the current event.
+    fork: bool,
 }
 
 fn ns(seconds: f64) -> u64 {
     (seconds * 1e9).round().max(0.0) as u64
 }
 
+/// Communicator keys of a unit's groups: (label, size, units of its ranks) interned.
+struct KeyTable {
+    ids: HashMap<(String, usize, Vec<u32>), u32>,
+    keys: Vec<CommKey>,
+}
+
+impl KeyTable {
+    fn id(&mut self, label: &str, size: usize, members: Vec<u32>) -> u32 {
+        let k = (label.to_string(), size, members);
+        if let Some(&id) = self.ids.get(&k) {
+            return id;
+        }
+        let id = self.keys.len() as u32;
+        self.keys.push(CommKey {
+            label: k.0.clone(),
+            units: k.2.clone(),
+        });
+        self.ids.insert(k, id);
+        id
+    }
+}
+
+/// Host launch cost of one kernel and of one collective (validation mode included).
+fn launch_costs(profile: &HardwareProfile, options: &SimOptions) -> (f64, u64) {
+    let cal = &profile.calibration;
+    let validation_us = if options.validation_mode {
+        cal.validation_dispatch_us_per_op
+    } else {
+        0.0
+    };
+    (
+        cal.host_launch_us_per_kernel + validation_us,
+        ns((cal.host_launch_us_per_collective + validation_us) * 1e-6),
+    )
+}
+
 impl<'a> Engine<'a> {
     fn new(
-        workload: &'a Workload,
+        specs: &[UnitSpec<'a>],
+        rank_unit: &[u32],
+        workload: &Workload,
         profile: &'a HardwareProfile,
         options: &SimOptions,
     ) -> Result<Self, SimError> {
-        let cal = &profile.calibration;
-        let validation_us = if options.validation_mode {
-            cal.validation_dispatch_us_per_op
-        } else {
-            0.0
+        let costs = launch_costs(profile, options);
+        let mut table = KeyTable {
+            ids: HashMap::new(),
+            keys: Vec::new(),
         };
-        let kernel_host_us = cal.host_launch_us_per_kernel + validation_us;
-        let coll_host_ns = ns((cal.host_launch_us_per_collective + validation_us) * 1e-6);
-        let mut key_ids: HashMap<(String, usize, Vec<u32>), u32> = HashMap::new();
-        let mut keys: Vec<CommKey> = Vec::new();
-        let mut units = Vec::with_capacity(workload.units.len());
-        for unit in &workload.units {
-            let program = &unit.program;
-            let n = program.ops.len();
-            // Communicators of the local groups.
-            let mut group_key = Vec::with_capacity(program.groups.len());
-            let mut group_shape = Vec::with_capacity(program.groups.len());
-            let mut group_slot = Vec::with_capacity(program.groups.len());
-            let mut slot_keys: Vec<u32> = Vec::new();
-            for g in &program.groups {
-                let mut members: Vec<u32> =
-                    g.ranks.iter().map(|&r| workload.rank_unit[r]).collect();
-                members.sort_unstable();
-                members.dedup();
-                let k = (g.label.clone(), g.ranks.len(), members);
-                let id = match key_ids.get(&k) {
-                    Some(&id) => id,
-                    None => {
-                        let id = keys.len() as u32;
-                        keys.push(CommKey {
-                            label: k.0.clone(),
-                            units: k.2.clone(),
-                        });
-                        key_ids.insert(k, id);
-                        id
-                    }
-                };
-                group_key.push(id);
-                group_shape.push(GroupShape::of(&g.ranks, &workload.topology));
-                let slot = match slot_keys.iter().position(|&s| s == id) {
-                    Some(s) => s,
-                    None => {
-                        slot_keys.push(id);
-                        slot_keys.len() - 1
-                    }
-                };
-                group_slot.push(slot as u32);
-            }
-            // Streams, in order of first use.
-            let mut stream_ids: Vec<Stream> = Vec::new();
-            let mut streams: Vec<StreamRt> = Vec::new();
-            let mut ops = Vec::with_capacity(n);
-            let mut memory: Vec<MemoryEffect> = Vec::new();
-            for op in &program.ops {
-                let stream = if op.stream == Stream::Host {
-                    HOST
-                } else {
-                    let s = match stream_ids.iter().position(|&s| s == op.stream) {
-                        Some(s) => s,
-                        None => {
-                            stream_ids.push(op.stream);
-                            streams.push(StreamRt::default());
-                            stream_ids.len() - 1
-                        }
-                    };
-                    streams[s].queue.push(op.id.0);
-                    s as u16
-                };
-                let (host_ns, exec) = match &op.payload {
-                    Payload::Compute(w) => (
-                        ns(w.kernels as f64 * kernel_host_us * 1e-6),
-                        Exec::Device {
-                            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)),
-                        },
-                    ),
-                    Payload::Copy(w) => (
-                        ns(w.kernels as f64 * kernel_host_us * 1e-6),
-                        Exec::Device {
-                            duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
-                        },
-                    ),
-                    Payload::Collective(c) => (
-                        coll_host_ns,
-                        Exec::Collective {
-                            slot: group_slot[c.group.index()],
-                            c: *c,
-                        },
-                    ),
-                    Payload::Host { duration_ns } => (
-                        *duration_ns,
-                        Exec::Host {
-                            duration_ns: *duration_ns,
-                        },
-                    ),
-                };
-                ops.push(OpRt {
-                    host_ns,
-                    exec,
-                    deps_left: op.deps.len() as u32,
-                    seq: 0,
-                    stream,
-                    mem_start: memory.len() as u32,
-                    mem_end: (memory.len() + op.memory.len()) as u32,
-                    launched: false,
-                    done: false,
-                });
-                memory.extend_from_slice(&op.memory);
-            }
-            if streams.len() >= HOST as usize {
-                return Err(SimError::Workload(format!(
-                    "rank {} uses {} streams; at most {} are supported",
-                    program.rank,
-                    streams.len(),
-                    HOST
-                )));
-            }
-            // Reverse dependency lists (CSR).
-            let mut counts = vec![0usize; n + 1];
-            for op in &program.ops {
-                for d in &op.deps {
-                    counts[d.index() + 1] += 1;
-                }
-            }
-            for i in 0..n {
-                counts[i + 1] += counts[i];
-            }
-            let mut fill = counts.clone();
-            let mut dependents = vec![0u32; counts[n]];
-            for op in &program.ops {
-                for d in &op.deps {
-                    dependents[fill[d.index()]] = op.id.0;
-                    fill[d.index()] += 1;
-                }
-            }
-            units.push(UnitRt {
-                program,
-                ops,
-                memory,
-                dep_offsets: counts,
-                dependents,
-                spans: program
-                    .ops
-                    .iter()
-                    .map(|o| OpSpan {
-                        op: o.id,
-                        start_ns: 0,
-                        end_ns: 0,
-                        launched_ns: None,
-                        transfer_start_ns: None,
-                    })
-                    .collect(),
-                streams,
-                host_next: 0,
-                host_busy: false,
-                host_busy_ns: 0,
-                group_key,
-                group_shape,
-                seq: vec![0; slot_keys.len()],
-                mem: MemoryTracker::new(&program.resident, options.record_memory_series),
-            });
-        }
+        let units = specs
+            .iter()
+            .map(|spec| {
+                Self::unit(
+                    *spec, rank_unit, workload, &mut table, profile, costs, options,
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             profile,
             net: Network::new(units.len()),
             units,
-            keys,
+            keys: table.keys,
             pending: HashMap::new(),
             instances: Vec::new(),
             heap: BinaryHeap::new(),
             seq: 0,
             events: 0,
+            now: 0,
+            gates: None,
+            fork: false,
+        })
+    }
+
+    /// The runtime state of one unit at the start of the step.
+    fn unit(
+        spec: UnitSpec<'a>,
+        rank_unit: &[u32],
+        workload: &Workload,
+        table: &mut KeyTable,
+        profile: &HardwareProfile,
+        (kernel_host_us, coll_host_ns): (f64, u64),
+        options: &SimOptions,
+    ) -> Result<UnitRt<'a>, SimError> {
+        let program = spec.program;
+        let (base, end) = (spec.base, spec.end);
+        let ops_of = &program.ops[base..end];
+        let n = ops_of.len();
+        // Communicators of the local groups.
+        let mut group_key = Vec::with_capacity(program.groups.len());
+        let mut group_shape = Vec::with_capacity(program.groups.len());
+        let mut group_slot = Vec::with_capacity(program.groups.len());
+        let mut slot_keys: Vec<u32> = Vec::new();
+        for g in &program.groups {
+            let mut members: Vec<u32> = g.ranks.iter().map(|&r| rank_unit[r]).collect();
+            members.sort_unstable();
+            members.dedup();
+            let id = table.id(&g.label, g.ranks.len(), members);
+            group_key.push(id);
+            group_shape.push(GroupShape::of(&g.ranks, &workload.topology));
+            let slot = match slot_keys.iter().position(|&s| s == id) {
+                Some(s) => s,
+                None => {
+                    slot_keys.push(id);
+                    slot_keys.len() - 1
+                }
+            };
+            group_slot.push(slot as u32);
+        }
+        // Streams, in order of first use.
+        let mut stream_ids: Vec<Stream> = Vec::new();
+        let mut streams: Vec<StreamRt> = Vec::new();
+        let mut ops = Vec::with_capacity(n);
+        for (i, op) in ops_of.iter().enumerate() {
+            let stream = if op.stream == Stream::Host {
+                HOST
+            } else {
+                let s = match stream_ids.iter().position(|&s| s == op.stream) {
+                    Some(s) => s,
+                    None => {
+                        stream_ids.push(op.stream);
+                        streams.push(StreamRt::default());
+                        stream_ids.len() - 1
+                    }
+                };
+                streams[s].queue.push(i as u32);
+                s as u16
+            };
+            let (host_ns, exec) = match &op.payload {
+                Payload::Compute(w) => (
+                    ns(w.kernels as f64 * kernel_host_us * 1e-6),
+                    Exec::Device {
+                        duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)),
+                    },
+                ),
+                Payload::Copy(w) => (
+                    ns(w.kernels as f64 * kernel_host_us * 1e-6),
+                    Exec::Device {
+                        duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+                    },
+                ),
+                Payload::Collective(c) => (
+                    coll_host_ns,
+                    Exec::Collective {
+                        slot: group_slot[c.group.index()],
+                        c: *c,
+                    },
+                ),
+                Payload::Host { duration_ns } => (
+                    *duration_ns,
+                    Exec::Host {
+                        duration_ns: *duration_ns,
+                    },
+                ),
+            };
+            ops.push(OpRt {
+                host_ns,
+                exec,
+                deps_left: op.deps.iter().filter(|d| d.index() >= base).count() as u32,
+                seq: 0,
+                stream,
+                launched: false,
+                done: false,
+            });
+        }
+        if streams.len() >= HOST as usize {
+            return Err(SimError::Workload(format!(
+                "rank {} uses {} streams; at most {} are supported",
+                program.rank,
+                streams.len(),
+                HOST
+            )));
+        }
+        // Reverse dependency lists (CSR), local indices; dependencies before `base` are done.
+        let mut counts = vec![0usize; n + 1];
+        for op in ops_of {
+            for d in op.deps.iter().filter(|d| d.index() >= base) {
+                counts[d.index() - base + 1] += 1;
+            }
+        }
+        for i in 0..n {
+            counts[i + 1] += counts[i];
+        }
+        let mut fill = counts.clone();
+        let mut dependents = vec![0u32; counts[n]];
+        for (i, op) in ops_of.iter().enumerate() {
+            for d in op.deps.iter().filter(|d| d.index() >= base) {
+                let d = d.index() - base;
+                dependents[fill[d]] = i as u32;
+                fill[d] += 1;
+            }
+        }
+        Ok(UnitRt {
+            program,
+            base,
+            ops,
+            dep_offsets: counts,
+            dependents,
+            spans: ops_of
+                .iter()
+                .map(|o| OpSpan {
+                    op: o.id,
+                    start_ns: 0,
+                    end_ns: 0,
+                    launched_ns: None,
+                    transfer_start_ns: None,
+                })
+                .collect(),
+            stream_ids,
+            streams,
+            host_next: 0,
+            host_busy: false,
+            host_busy_ns: 0,
+            host_stop_ns: None,
+            group_key,
+            group_shape,
+            group_slot,
+            seq: vec![0; slot_keys.len()],
+            mem: MemoryTracker::new(&program.resident, options.record_memory_series),
         })
     }
 
@@ -351,11 +478,20 @@ impl<'a> Engine<'a> {
         self.heap.push(Reverse((time, self.seq, event)));
     }
 
-    fn run(&mut self) -> Result<(), SimError> {
+    /// Every unit's host starts issuing at time 0.
+    fn start(&mut self) {
         for u in 0..self.units.len() {
             self.host_advance(u, 0);
         }
-        while let Some(Reverse((now, _, event))) = self.heap.pop() {
+    }
+
+    /// Processes events until none is left or a fork gate fires.
+    fn drain(&mut self) -> Result<(), SimError> {
+        while !self.fork {
+            let Some(Reverse((now, _, event))) = self.heap.pop() else {
+                break;
+            };
+            self.now = now;
             match event {
                 Event::HostDone { unit, op } => {
                     self.events += 1;
@@ -380,12 +516,21 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        self.check_finished()
+        Ok(())
     }
 
     fn host_advance(&mut self, u: usize, now: u64) {
         let unit = &mut self.units[u];
-        if unit.host_busy || unit.host_next >= unit.ops.len() {
+        if unit.host_busy {
+            return;
+        }
+        if unit.host_next >= unit.ops.len() {
+            if unit.host_stop_ns.is_none() {
+                unit.host_stop_ns = Some(now);
+                if self.gates.as_ref().is_some_and(|g| g.free_root[u]) {
+                    self.fork = true;
+                }
+            }
             return;
         }
         let op = unit.host_next;
@@ -396,10 +541,8 @@ impl<'a> Engine<'a> {
                     return; // resumed by finish_op when the last dependency ends
                 }
                 unit.spans[op].start_ns = now;
-                unit.mem.on_start(
-                    now,
-                    &unit.memory[st.mem_start as usize..st.mem_end as usize],
-                );
+                let base = unit.base;
+                unit.mem.on_start(now, &unit.program.ops[base + op].memory);
                 now + duration_ns
             }
             _ => now + st.host_ns,
@@ -450,9 +593,8 @@ impl<'a> Engine<'a> {
         }
         s.busy = true;
         unit.spans[op].start_ns = now;
-        let o = unit.ops[op];
-        unit.mem
-            .on_start(now, &unit.memory[o.mem_start as usize..o.mem_end as usize]);
+        let base = unit.base;
+        unit.mem.on_start(now, &unit.program.ops[base + op].memory);
         match unit.ops[op].exec {
             Exec::Device { duration_ns } => {
                 self.push(
@@ -483,9 +625,13 @@ impl<'a> Engine<'a> {
     fn finish_op(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         unit.ops[op].done = true;
-        let o = unit.ops[op];
-        unit.mem
-            .on_end(now, &unit.memory[o.mem_start as usize..o.mem_end as usize]);
+        let base = unit.base;
+        unit.mem.on_end(now, &unit.program.ops[base + op].memory);
+        if let Some(g) = &self.gates
+            && g.gates[u][base + op]
+        {
+            self.fork = true;
+        }
         let (a, b) = (unit.dep_offsets[op], unit.dep_offsets[op + 1]);
         for i in a..b {
             let unit = &mut self.units[u];
@@ -539,12 +685,13 @@ impl<'a> Engine<'a> {
             && (first.kind, first.dtype, first.tier) != (c.kind, c.dtype, c.tier)
         {
             let describe = |x: &CollectiveOp| format!("{} of {:?} on {}", x.kind, x.dtype, x.tier);
+            let (unit, other) = (&self.units[u], &self.units[fu as usize]);
             return Err(SimError::CollectiveMismatch {
                 label: self.keys[key as usize].label.clone(),
-                rank: self.units[u].program.rank,
-                op: self.units[u].program.ops[op].id,
+                rank: unit.program.rank,
+                op: unit.program.ops[unit.base + op].id,
                 found: describe(&c),
-                other_rank: self.units[fu as usize].program.rank,
+                other_rank: other.program.rank,
                 expected: describe(&first),
             });
         }
@@ -640,35 +787,13 @@ impl<'a> Engine<'a> {
                 let op = unit.host_next;
                 why.push(format!(
                     "host waits at {} for {}",
-                    unit.program.ops[op].id,
+                    unit.program.ops[unit.base + op].id,
                     self.waiting_deps(unit, op)
                 ));
             }
             for s in &unit.streams {
                 if let Some(&op) = s.queue.get(s.head) {
-                    let op = op as usize;
-                    let o = &unit.program.ops[op];
-                    let reason = if !unit.ops[op].launched {
-                        "not launched yet".to_string()
-                    } else if unit.ops[op].deps_left > 0 {
-                        format!("waiting for {}", self.waiting_deps(unit, op))
-                    } else if let Payload::Collective(c) = &o.payload {
-                        let g = &unit.program.groups[c.group.index()];
-                        format!(
-                            "{} on '{}' waiting for peers (ranks {:?}...) that never issue the matching call",
-                            c.kind,
-                            g.label,
-                            g.ranks.iter().take(8).collect::<Vec<_>>()
-                        )
-                    } else {
-                        "running".to_string()
-                    };
-                    why.push(format!(
-                        "stream {} at {}: {}",
-                        o.stream.name(),
-                        o.id,
-                        reason
-                    ));
+                    why.push(self.stream_stuck(unit, op as usize));
                 }
             }
             stuck.push(format!("rank {rank}: {}", why.join("; ")));
@@ -683,11 +808,32 @@ impl<'a> Engine<'a> {
         }
     }
 
+    /// Why local op `op`, at the head of its stream, never ran.
+    fn stream_stuck(&self, unit: &UnitRt<'_>, op: usize) -> String {
+        let o = &unit.program.ops[unit.base + op];
+        let reason = if !unit.ops[op].launched {
+            "not launched yet".to_string()
+        } else if unit.ops[op].deps_left > 0 {
+            format!("waiting for {}", self.waiting_deps(unit, op))
+        } else if let Payload::Collective(c) = &o.payload {
+            let g = &unit.program.groups[c.group.index()];
+            format!(
+                "{} on '{}' waiting for peers (ranks {:?}...) that never issue the matching call",
+                c.kind,
+                g.label,
+                g.ranks.iter().take(8).collect::<Vec<_>>()
+            )
+        } else {
+            "running".to_string()
+        };
+        format!("stream {} at {}: {}", o.stream.name(), o.id, reason)
+    }
+
     fn waiting_deps(&self, unit: &UnitRt<'_>, op: usize) -> String {
-        let deps: Vec<String> = unit.program.ops[op]
+        let deps: Vec<String> = unit.program.ops[unit.base + op]
             .deps
             .iter()
-            .filter(|d| !unit.ops[d.index()].done)
+            .filter(|d| d.index() >= unit.base && !unit.ops[d.index() - unit.base].done)
             .map(|d| d.to_string())
             .collect();
         if deps.is_empty() {
@@ -697,11 +843,13 @@ impl<'a> Engine<'a> {
         }
     }
 
-    fn outcomes(self) -> Vec<UnitOutcome> {
+    fn outcomes(self, ends: &[u64], keep: &[bool]) -> Vec<UnitOutcome> {
         self.units
             .into_iter()
-            .map(|u| UnitOutcome {
-                spans: u.spans,
+            .zip(ends.iter().zip(keep))
+            .map(|(u, (&end_ns, &keep))| UnitOutcome {
+                spans: if keep { u.spans } else { Vec::new() },
+                end_ns,
                 host_busy_ns: u.host_busy_ns,
                 memory: u.mem.report(),
             })

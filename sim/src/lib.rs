@@ -5,10 +5,12 @@
 //! - [`shape`]: how a process group sits on the topology (flat or two-level);
 //! - [`workload`] and [`fold`]: the programs of one job, folded into symmetry classes;
 //! - [`engine`]: the discrete-event engine (host threads, streams, rendezvous, shared links);
+//! - [`share`]: units sharing a program prefix, simulated once until they diverge;
 //! - [`net`]: fair bandwidth sharing on tier links;
 //! - [`memory`]: live-memory accounting;
 //! - [`metrics`] and [`result`]: breakdowns (exposed communication, overlap) and results;
-//! - [`bench`]: synthetic SPMD workloads and the simulator benchmark.
+//! - [`bench`]: synthetic SPMD workloads and the simulator benchmark ([`resources`]: CPU time
+//!   and peak memory of a run).
 //!
 //! Typical use: build per-rank [`StepProgram`](hpfsdp_plan::program::StepProgram)s, then
 //! [`simulate_programs`] (or [`Workload::fold_with`] + [`simulate`] for very large jobs).
@@ -25,13 +27,17 @@ pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod profile;
+pub mod resources;
 pub mod result;
 pub mod scenario_run;
 pub mod shape;
+pub mod share;
 pub mod workload;
 
-pub use bench::{BenchReport, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program};
-pub use engine::{SimOptions, simulate, simulate_programs};
+pub use bench::{
+    BenchReport, BenchSuite, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program,
+};
+pub use engine::{SimOptions, simulate, simulate_programs, simulate_unshared};
 pub use error::SimError;
 pub use memory::{MemoryReport, MemorySample};
 pub use metrics::{Breakdown, CategoryTime};

@@ -122,6 +122,39 @@ impl MemoryTracker {
         }
     }
 
+    /// This tracker as it would read had the step started with `to` resident instead of
+    /// `from`: every live figure shifted by the difference per tag, the series so far left
+    /// out (it is the original's shifted by [`resident_shift`]; [`join_series`] puts the two
+    /// together). Exact as long as no free of a tag whose resident bytes differ was clamped
+    /// at zero (the prefix sharing of [`crate::share`] keeps such tags equal within a block).
+    pub fn rebased(&self, from: &[ResidentMemory], to: &[ResidentMemory]) -> Self {
+        let mut delta = [0i128; TAGS];
+        for r in from {
+            delta[r.tag.index()] -= r.bytes as i128;
+        }
+        for r in to {
+            delta[r.tag.index()] += r.bytes as i128;
+        }
+        let sum: i128 = delta.iter().sum();
+        let mut t = Self {
+            series: self.series.as_ref().map(|_| Vec::new()),
+            ..*self
+        };
+        for i in 0..TAGS {
+            t.live[i] = shift(t.live[i], delta[i]);
+            t.at_peak[i] = shift(t.at_peak[i], delta[i]);
+            t.peak_by_tag[i] = shift(t.peak_by_tag[i], delta[i]);
+        }
+        t.total = shift(t.total, sum);
+        t.peak = shift(t.peak, sum);
+        t
+    }
+
+    /// The series recorded so far (empty when not recorded).
+    pub fn series(&self) -> &[MemorySample] {
+        self.series.as_deref().unwrap_or(&[])
+    }
+
     /// The figures so far.
     pub fn report(&self) -> MemoryReport {
         let tags = |a: &[u64; TAGS]| {
@@ -141,6 +174,38 @@ impl MemoryTracker {
             series: self.series.clone().unwrap_or_default(),
         }
     }
+}
+
+fn shift(x: u64, d: i128) -> u64 {
+    (x as i128 + d).clamp(0, u64::MAX as i128) as u64
+}
+
+/// Total resident bytes of `to` minus those of `from`: how much a series recorded with `from`
+/// resident must be shifted to read as if `to` had been.
+pub fn resident_shift(from: &[ResidentMemory], to: &[ResidentMemory]) -> i128 {
+    let sum = |r: &[ResidentMemory]| r.iter().map(|x| x.bytes as i128).sum::<i128>();
+    sum(to) - sum(from)
+}
+
+/// A series recorded in two parts: `head` (shifted by `shift` bytes) then `tail`; a tail
+/// sample at the head's last instant replaces it (one sample per instant).
+pub fn join_series(
+    head: &[MemorySample],
+    shift_bytes: i128,
+    tail: &[MemorySample],
+) -> Vec<MemorySample> {
+    let mut out: Vec<MemorySample> = Vec::with_capacity(head.len() + tail.len());
+    out.extend(head.iter().map(|s| MemorySample {
+        time_ns: s.time_ns,
+        live_bytes: shift(s.live_bytes, shift_bytes),
+    }));
+    if let (Some(last), Some(first)) = (out.last(), tail.first())
+        && last.time_ns == first.time_ns
+    {
+        out.pop();
+    }
+    out.extend_from_slice(tail);
+    out
 }
 
 #[cfg(test)]

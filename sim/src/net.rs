@@ -119,6 +119,43 @@ impl Network {
         self.links[unit as usize * 3 + tier_index(tier)].len()
     }
 
+    /// The progress of active transfer `id`: (tier index, remaining work at the share it had
+    /// since `last_ns`, that share's divisor, `last_ns`); `None` when it is not active. Used
+    /// to copy a transfer when the engine forks a shared prefix.
+    pub fn progress(&self, id: TransferId) -> Option<(usize, u64, u64, u64)> {
+        self.transfers
+            .get(&id)
+            .map(|t| (t.tier, t.remaining_ns, t.share_k, t.last_ns))
+    }
+
+    /// Re-creates a transfer with the progress [`Network::progress`] gave, over `units`,
+    /// without re-planning anyone (the copy stands for the original, whose peers are copied
+    /// too); returns the version its pending finish event must carry.
+    pub fn restore(
+        &mut self,
+        id: TransferId,
+        units: &[u32],
+        progress: (usize, u64, u64, u64),
+    ) -> u64 {
+        let (tier, remaining_ns, share_k, last_ns) = progress;
+        for &u in units {
+            self.links[u as usize * 3 + tier].push(id);
+        }
+        self.last_version += 1;
+        self.transfers.insert(
+            id,
+            Transfer {
+                units: units.to_vec(),
+                tier,
+                remaining_ns,
+                share_k,
+                last_ns,
+                version: self.last_version,
+            },
+        );
+        self.last_version
+    }
+
     fn replan(&mut self, units: &[u32], tier: usize, now_ns: u64) -> Vec<Finish> {
         let mut affected: Vec<TransferId> = units
             .iter()

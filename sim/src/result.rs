@@ -38,7 +38,8 @@ pub struct RankResult {
     pub represents: Vec<RankRange>,
     /// When the rank's last op ended, nanoseconds.
     pub end_ns: u64,
-    /// Time breakdown over the job's step time.
+    /// Time breakdown over the job's step time (an empty one for ranks other than the
+    /// critical rank when [`SimOptions::all_ranks`] is off).
     pub breakdown: Breakdown,
     /// Collective counts and bytes per (kind, tier), sorted.
     pub collectives: Vec<CollectiveStats>,
@@ -145,7 +146,11 @@ impl SimResult {
 /// What the engine hands over per simulated rank.
 #[derive(Debug, Clone)]
 pub(crate) struct UnitOutcome {
+    /// Spans of every op; empty when the result does not keep them (see
+    /// [`SimOptions::all_ranks`]).
     pub spans: Vec<OpSpan>,
+    /// When the unit's last op ended.
+    pub end_ns: u64,
     pub host_busy_ns: u64,
     pub memory: MemoryReport,
 }
@@ -157,14 +162,13 @@ pub(crate) fn assemble(
     outcomes: Vec<UnitOutcome>,
     events_processed: u64,
 ) -> SimResult {
-    let ends: Vec<u64> = outcomes
-        .iter()
-        .map(|o| o.spans.iter().map(|s| s.end_ns).max().unwrap_or(0))
-        .collect();
+    let ends: Vec<u64> = outcomes.iter().map(|o| o.end_ns).collect();
+    let critical_u = critical_unit(workload, &ends);
     let step_time_ns = ends.iter().copied().max().unwrap_or(0);
     let mut ranks = Vec::with_capacity(outcomes.len());
     let mut timeline = Vec::new();
-    for ((unit, outcome), end_ns) in workload.units.iter().zip(outcomes).zip(ends) {
+    for (u, ((unit, outcome), end_ns)) in workload.units.iter().zip(outcomes).zip(ends).enumerate()
+    {
         let program = &unit.program;
         let mut stats: BTreeMap<(usize, CollectiveKind, Tier), (u64, u64, u64)> = BTreeMap::new();
         for op in &program.ops {
@@ -183,7 +187,11 @@ pub(crate) fn assemble(
             rank: program.rank,
             represents: unit.ranks.clone(),
             end_ns,
-            breakdown: breakdown(program, &outcome.spans, step_time_ns, outcome.host_busy_ns),
+            breakdown: if options.all_ranks || critical_u == Some(u) {
+                breakdown(program, &outcome.spans, step_time_ns, outcome.host_busy_ns)
+            } else {
+                crate::metrics::breakdown(&empty_program(), &[], 0, 0)
+            },
             collectives: stats
                 .into_iter()
                 .map(
@@ -199,10 +207,17 @@ pub(crate) fn assemble(
                     },
                 )
                 .collect(),
-            memory: outcome.memory,
+            memory: if options.all_ranks || !outcome.spans.is_empty() {
+                outcome.memory
+            } else {
+                MemoryReport {
+                    series: Vec::new(),
+                    ..outcome.memory
+                }
+            },
             launches: LaunchCounts::of(program),
         });
-        if options.record_timeline {
+        if options.record_timeline && (options.all_ranks || !outcome.spans.is_empty()) {
             timeline.push(RankTimeline {
                 rank: program.rank,
                 represents: unit.ranks.clone(),
@@ -247,6 +262,11 @@ pub(crate) fn assemble(
         }),
         events_processed,
     }
+}
+
+/// The unit that finished last (lowest representative rank on ties); `None` without units.
+pub(crate) fn critical_unit(workload: &Workload, ends: &[u64]) -> Option<usize> {
+    (0..ends.len()).max_by_key(|&u| (ends[u], std::cmp::Reverse(workload.units[u].program.rank)))
 }
 
 fn empty_program() -> hpfsdp_plan::program::StepProgram {

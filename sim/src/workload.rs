@@ -4,8 +4,9 @@ use crate::error::SimError;
 use crate::fold::{self, Classes, RankView, check_program};
 use hpfsdp_plan::Topology;
 use hpfsdp_plan::program::{Group, Payload, RankRange, StepProgram};
+use rayon::prelude::*;
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// One simulated rank: a representative program standing for one or more identical ranks.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,7 +94,8 @@ impl Workload {
     /// `rank`'s program. One program per template is generated, and reused as its class's
     /// representative where it is one, so a 100,000-rank job costs group tables, not
     /// programs. The classes are the same as [`Workload::fold_with`] finds when the key is
-    /// honest; a test checks this.
+    /// honest; a test checks this. Op names are kept on rank 0's program only (reports name
+    /// spans from it).
     pub fn fold_templated<K, G, P>(
         world_size: usize,
         topology: Topology,
@@ -110,14 +112,33 @@ impl Workload {
         // One program per template, from its first rank; kept, since the first rank of a
         // template is the smallest rank of its class unless the class merges templates whose
         // programs turn out equal.
+        // In rank order: a key's first computation may build what the first rank of its
+        // template then reuses (the Muon schedule of its optimizer coordinate).
         let keys: Vec<u64> = (0..world_size).map(&template_key).collect();
-        let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
+        let mut firsts: Vec<usize> = Vec::new();
+        let mut seen: HashSet<u64> = HashSet::new();
         for (rank, &key) in keys.iter().enumerate() {
-            if let std::collections::hash_map::Entry::Vacant(e) = templates.entry(key) {
-                let p = program(rank)?;
-                check_program(&p, rank, world_size)?;
-                e.insert((fold::ops_digest(&p), rank, Some(p)));
+            if seen.insert(key) {
+                firsts.push(rank);
             }
+        }
+        // Generated in parallel, kept in rank order; the first failing template (in rank
+        // order) is the error, whatever the number of threads.
+        let generated: Vec<Result<(u128, StepProgram), SimError>> = firsts
+            .par_iter()
+            .map(|&rank| {
+                let mut p = program(rank)?;
+                check_program(&p, rank, world_size)?;
+                if rank != 0 {
+                    strip_names(&mut p);
+                }
+                Ok((fold::ops_digest(&p), p))
+            })
+            .collect();
+        let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
+        for (rank, g) in firsts.into_iter().zip(generated) {
+            let (digest, p) = g?;
+            templates.insert(keys[rank], (digest, rank, Some(p)));
         }
         let classes = fold::classes_of_views(world_size, &topology, |rank| {
             Ok(RankView {
@@ -176,6 +197,14 @@ impl Workload {
     /// Total number of ops over the simulated units.
     pub fn simulated_ops(&self) -> usize {
         self.units.iter().map(|u| u.program.ops.len()).sum()
+    }
+}
+
+/// Drops a program's op names: labels for reports, which name spans from rank 0's program
+/// only; on a job of hundreds of templates they are the bulk of its small allocations.
+fn strip_names(p: &mut StepProgram) {
+    for op in &mut p.ops {
+        op.name = None;
     }
 }
 

@@ -268,12 +268,15 @@ fn run_small(cfg: &SyntheticConfig, fold: bool) -> hpfsdp_sim::SimResult {
     // 2 machines of 4 dies: shard groups inside a machine, replica groups across machines.
     let topology = Topology::new(4, 2, 1).unwrap();
     let make = |r| synthetic_program(cfg, &topology, r);
-    let w = if fold {
-        Workload::fold_with(8, topology, make).unwrap()
+    // Unfolded, every rank is simulated on its own from its first op (no prefix sharing,
+    // which would otherwise simulate the 8 identical ranks once, as folding does).
+    if fold {
+        let w = Workload::fold_with(8, topology, make).unwrap();
+        simulate(&w, &p, &SimOptions::default()).unwrap()
     } else {
-        Workload::unfolded((0..8).map(|r| make(r).unwrap()).collect(), topology).unwrap()
-    };
-    simulate(&w, &p, &SimOptions::default()).unwrap()
+        let w = Workload::unfolded((0..8).map(|r| make(r).unwrap()).collect(), topology).unwrap();
+        hpfsdp_sim::simulate_unshared(&w, &p, &SimOptions::default()).unwrap()
+    }
 }
 
 fn assert_same_per_rank(folded: &hpfsdp_sim::SimResult, flat: &hpfsdp_sim::SimResult) {

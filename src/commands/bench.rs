@@ -13,10 +13,8 @@ pub fn run(hardware: &str) -> Result<ExitCode> {
         .with_context(|| format!("loading hardware profile '{hardware}'"))?;
     let exp_d = hpfsdp_plan::scenario::Scenario::load(std::path::Path::new(EXP_D))
         .with_context(|| format!("loading {EXP_D} (run from the repository root)"))?;
-    let reports = hpfsdp_sim::bench::bench_suite(&profile, Some(&exp_d))
+    let suite = hpfsdp_sim::bench::bench_suite(&profile, Some(&exp_d))
         .context("running the simulator benchmark")?;
-    for r in reports {
-        println!("{r}");
-    }
+    print!("{suite}");
     Ok(ExitCode::SUCCESS)
 }

@@ -73,6 +73,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         validation_mode: args.validation_mode,
         record_timeline: true,
         optimizer: None,
+        all_ranks: false,
     };
     let runs = simulate_all(&plans, &jobs, &profile, &options)?;
     let summaries: Vec<StrategySummary> = runs.iter().map(summarize).collect();

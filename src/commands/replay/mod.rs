@@ -109,6 +109,7 @@ fn prepare_replay(args: &ReplayArgs) -> Result<Prepared> {
         validation_mode: false,
         record_timeline: true,
         optimizer: None,
+        all_ranks: true,
     };
     let run = run_prepared(&prepared, &profile, &options)?;
     let predicted = run

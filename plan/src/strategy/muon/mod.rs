@@ -265,7 +265,15 @@ pub struct OptCtx {
     /// Slots of the FSDP shard group per domain (dense, expert) in the group table.
     pub(crate) fsdp_shard_slot: [Option<usize>; 2],
     digests: Arc<Mutex<HashMap<Vec<usize>, u64>>>,
+    /// Named schedules built for a digest, per optimizer coordinate, with the rank they were
+    /// built for: the program of that rank takes it instead of building it again (one
+    /// schedule build per coordinate).
+    built: Arc<Mutex<HashMap<Vec<usize>, (usize, Schedule)>>>,
 }
+
+/// Schedules kept for reuse at most (a bound on the memory of [`OptCtx`]'s cache on jobs
+/// with very many optimizer coordinates; beyond it the program builds its own).
+const KEPT_SCHEDULES: usize = 4096;
 
 /// Registers (or reuses) the group family of one mesh axis, optionally cut into contiguous
 /// blocks; returns its table position (`None` when the group has one rank).
@@ -341,6 +349,7 @@ impl OptCtx {
             placed: Vec::new(),
             fsdp_shard_slot: [None, None],
             digests: Arc::new(Mutex::new(HashMap::new())),
+            built: Arc::new(Mutex::new(HashMap::new())),
         };
         if !strategy.is_muon() {
             return Ok(ctx);
@@ -444,7 +453,8 @@ impl OptCtx {
         Ok(ctx)
     }
 
-    /// The rank's schedule digest, cached per optimizer coordinate.
+    /// The rank's schedule digest, cached per optimizer coordinate. The schedule hashed is
+    /// built with its names and kept for the rank's program ([`OptCtx::take_built`]).
     fn digest(&self, ctx: &Ctx, rank: usize) -> u64 {
         let view = RankView::new(ctx, rank);
         let key = view.key(ctx);
@@ -454,19 +464,31 @@ impl OptCtx {
             return d;
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        let anonymous = Schedule {
-            anonymous: true,
-            ..Schedule::default()
-        };
-        build(ctx, &view, anonymous).hash_without_names(&mut h);
+        let schedule = build(ctx, &view, Schedule::default());
+        schedule.hash_without_names(&mut h);
         if self.strategy.owner_placement() {
             placement_signature(ctx, &view).hash(&mut h);
         }
         let d = h.finish();
+        if let Ok(mut built) = self.built.lock()
+            && built.len() < KEPT_SCHEDULES
+        {
+            built.entry(key.clone()).or_insert((rank, schedule));
+        }
         if let Ok(mut cache) = self.digests.lock() {
             cache.insert(key, d);
         }
         d
+    }
+
+    /// The schedule [`OptCtx::digest`] built for exactly `rank`, if it is still kept.
+    fn take_built(&self, ctx: &Ctx, view: &RankView, rank: usize) -> Option<Schedule> {
+        let mut built = self.built.lock().ok()?;
+        let key = view.key(ctx);
+        match built.get(&key) {
+            Some((r, _)) if *r == rank => built.remove(&key).map(|(_, s)| s),
+            _ => None,
+        }
     }
 }
 
@@ -608,7 +630,11 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
 
 /// The optimizer schedule of `rank` (empty for the placeholder AdamW).
 pub(crate) fn schedule(ctx: &Ctx, rank: usize) -> Schedule {
-    build(ctx, &RankView::new(ctx, rank), Schedule::default())
+    let view = RankView::new(ctx, rank);
+    match ctx.opt.take_built(ctx, &view, rank) {
+        Some(s) => s,
+        None => build(ctx, &view, Schedule::default()),
+    }
 }
 
 /// Appends the strategy's ops for `view` to `s` (empty, possibly anonymous).
