@@ -76,6 +76,8 @@ pub fn simulate_job(
         validation_mode: false,
         record_timeline: false,
         optimizer: job.optimizer.clone(),
+        // The figures need the critical rank and the memory spread, not every rank's timeline.
+        all_ranks: false,
     };
     let label = match &job.optimizer {
         Some(o) => format!("{} with optimizer {o}", job.strategy),
