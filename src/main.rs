@@ -1,5 +1,5 @@
 //! The `hpfsdp` command line: plan, simulate, calibrate, verify, muon, bench, replay and
-//! collbench (later: sweep and gate) for HyperParallel-FSDP training plans.
+//! collbench for HyperParallel-FSDP training plans.
 
 mod commands;
 mod table;
@@ -63,6 +63,8 @@ enum Command {
         /// `[optimizer] baselines` on the scenario's strategy.
         #[arg(long, value_name = "NAME")]
         optimizer: Option<String>,
+        #[command(flatten)]
+        lint: commands::lint_gate::LintArgs,
     },
     /// Compare the hardware profile's predictions with the held-in measured runs (experiment B,
     /// experiment A micro batch 2), optionally fit its residual constants jointly (--fit) and
@@ -135,6 +137,8 @@ enum Command {
         /// Also measure each preset's Newton-Schulz accuracy against an exact SVD.
         #[arg(long)]
         accuracy: bool,
+        #[command(flatten)]
+        lint: commands::lint_gate::LintArgs,
     },
     /// Time the simulator: wall time per simulated step and events per second for a synthetic
     /// 48-layer step on 768 ranks (folded and unfolded), exp-d (768 ranks) and exp-d at ~100k ranks.
@@ -173,6 +177,7 @@ fn main() -> ExitCode {
             no_fold,
             validation_mode,
             optimizer,
+            lint,
         } => commands::simulate::run(&commands::simulate::SimulateArgs {
             scenario,
             strategies,
@@ -182,6 +187,7 @@ fn main() -> ExitCode {
             no_fold,
             validation_mode,
             optimizer,
+            allow_lint_errors: lint.allow_lint_errors,
         }),
         Command::Calibrate {
             hardware,
@@ -221,7 +227,8 @@ fn main() -> ExitCode {
             scenario,
             json,
             accuracy,
-        } => commands::muon::run(&scenario, json, accuracy),
+            lint,
+        } => commands::muon::run(&scenario, json, accuracy, lint.allow_lint_errors),
         Command::Bench { hardware } => commands::bench::run(&hardware),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Collbench(args) => commands::collbench::run(&args),
