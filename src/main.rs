@@ -12,7 +12,12 @@ use std::process::ExitCode;
 
 /// Check a HyperParallel-FSDP training plan before it reaches the hardware.
 #[derive(Parser)]
-#[command(name = "hpfsdp", version, about)]
+#[command(
+    name = "hpfsdp",
+    version,
+    // Only the commands that exist (the package description also names planned ones).
+    about = "Predict, prove and replay HyperParallel-FSDP training plans on two-tier supernode clusters"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -327,8 +327,13 @@ fn generate(rng: &mut ChaCha8Rng, root: &Path) -> Case {
     let (mut scenario, mut model, model_ext) = load_base(root, base);
     let mut what = vec![base.to_string()];
     let mut invalid = false;
+    // One or two mutations; none after a certainly-invalid one, which a later mutation could
+    // undo (deleting a duplicated line).
     for _ in 0..1 + rng.next_u64() % 2 {
-        invalid |= if rng.next_u64() % 4 == 0 {
+        if invalid {
+            break;
+        }
+        invalid = if rng.next_u64() % 4 == 0 {
             mutate_model(rng, &mut model, &mut what)
         } else {
             mutate_scenario(rng, &mut scenario, &mut what)

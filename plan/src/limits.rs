@@ -26,13 +26,18 @@ impl Limit {
     /// Checks `value` against the range; the error names the key, the value, the range and
     /// the reason.
     pub fn check(&self, value: u64) -> Result<u64, String> {
+        self.check_as(self.key, value)
+    }
+
+    /// [`Limit::check`] for a limit shared by several keys (the mesh degrees): the error names
+    /// `key`, the key actually written.
+    pub fn check_as(&self, key: &str, value: u64) -> Result<u64, String> {
         if (self.min..=self.max).contains(&value) {
             Ok(value)
         } else {
             Err(format!(
-                "{} = {value} is outside the accepted range {}..={} ({}); see README.md \
+                "{key} = {value} is outside the accepted range {}..={} ({}); see README.md \
                  \"Scenario format\" for the limits",
-                self.key,
                 group(self.min),
                 group(self.max),
                 self.why

@@ -727,9 +727,12 @@ fn dense_world(m: &MeshSection, key_err: &KeyErr) -> PlanResult<usize> {
         ("edp_shard", m.edp_shard),
     ] {
         if let Some(v) = v {
-            limits::MESH_DEGREE.check_usize(v).map_err(|e| {
-                key_err("mesh", key, format!("{e}; every degree must be at least 1"))
-            })?;
+            let written = format!("[mesh] {key}");
+            limits::MESH_DEGREE
+                .check_as(&written, v as u64)
+                .map_err(|e| {
+                    key_err("mesh", key, format!("{e}; every degree must be at least 1"))
+                })?;
         }
     }
     let world = limits::checked_product(

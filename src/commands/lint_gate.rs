@@ -18,11 +18,14 @@ pub struct LintArgs {
 
 /// Prints the lint errors of `sharding` on stderr; returns the exit status 1 when there are
 /// any and `allow` is false (the caller stops), `None` when the command may go on.
+/// `has_allow_flag` says whether the command offers `--allow-lint-errors` (verify cannot run
+/// a plan with lint errors at all, so it does not).
 pub fn refuse_lint_errors(
     scenario: &Scenario,
     sharding: &ShardingPlan,
     allow: bool,
     command: &str,
+    has_allow_flag: bool,
 ) -> Option<ExitCode> {
     let errors: Vec<_> = sharding
         .lints
@@ -45,9 +48,14 @@ pub fn refuse_lint_errors(
         eprintln!("{level}: going on with {command} anyway (--allow-lint-errors): a what-if study");
         None
     } else {
+        let what_if = if has_allow_flag {
+            ", or pass --allow-lint-errors for a what-if study"
+        } else {
+            ""
+        };
         eprintln!(
             "error: {command} refuses a plan with lint errors, as `hpfsdp plan {file}` does; fix \
-             the scenario, or pass --allow-lint-errors for a what-if study"
+             the scenario{what_if}"
         );
         Some(ExitCode::from(1))
     }

@@ -57,6 +57,7 @@ pub fn run(path: &Path, json: bool, accuracy: bool, allow_lint_errors: bool) -> 
         &sharding,
         allow_lint_errors,
         "muon",
+        true,
     ) {
         return Ok(code);
     }

@@ -68,6 +68,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         &plans.sharding,
         args.allow_lint_errors,
         "simulate",
+        true,
     ) {
         return Ok(code);
     }

@@ -54,14 +54,20 @@ struct JsonOut<'a> {
 }
 
 /// Most parameters of a model `verify` runs: the reference executor does every multiply-add
-/// on the CPU, in several modes, so verification scenarios use tiny models.
-const VERIFY_MAX_PARAMS: u64 = 1 << 24;
+/// on the CPU, in several modes, so verification scenarios use tiny models (the shipped ones
+/// have at most 0.4 M parameters).
+const VERIFY_MAX_PARAMS: u64 = 1 << 21;
+
+/// Largest dimension of any parameter `verify` runs: Newton-Schulz costs the cube of a
+/// matrix's dimensions (the shipped tiny models stay at 256).
+const VERIFY_MAX_PARAM_DIM: u64 = 512;
 
 /// Most tokens per step (`global_batch x seq_len`) `verify` runs, for the same reason.
 const VERIFY_MAX_TOKENS_PER_STEP: u64 = 1 << 16;
 
-/// Most parameter x token products per step `verify` runs (about a minute of CPU work).
-const VERIFY_MAX_PARAM_TOKENS: u64 = 1 << 33;
+/// Most parameter x token products per step `verify` runs (5x the largest shipped scenario;
+/// seconds of CPU work).
+const VERIFY_MAX_PARAM_TOKENS: u64 = 1 << 29;
 
 /// Refuses a scenario too large for the bit-exact CPU reference, naming the figure and the fix.
 fn check_verify_budget(scenario: &Scenario) -> Result<()> {
@@ -72,6 +78,19 @@ fn check_verify_budget(scenario: &Scenario) -> Result<()> {
         anyhow::bail!(
             "{file}: the model has {params} parameters; verify runs real arithmetic on the CPU \
              and accepts at most {VERIFY_MAX_PARAMS}; use a tiny model (scenarios/verify/models/)"
+        );
+    }
+    if let Some(p) = scenario
+        .model
+        .params
+        .iter()
+        .find(|p| p.shape.iter().any(|&d| d > VERIFY_MAX_PARAM_DIM))
+    {
+        anyhow::bail!(
+            "{file}: parameter {} has shape {:?}; verify accepts dimensions up to \
+             {VERIFY_MAX_PARAM_DIM}; use a tiny model (scenarios/verify/models/)",
+            p.name,
+            p.shape
         );
     }
     if tokens > VERIFY_MAX_TOKENS_PER_STEP {
@@ -95,7 +114,7 @@ fn load_gated(path: &Path) -> Result<Result<VerifySpec, ExitCode>> {
     let scenario = Scenario::load(path)?;
     let sharding = hpfsdp_plan::planner::plan(&scenario.model, &scenario.planner_input());
     if let Some(code) =
-        crate::commands::lint_gate::refuse_lint_errors(&scenario, &sharding, false, "verify")
+        crate::commands::lint_gate::refuse_lint_errors(&scenario, &sharding, false, "verify", false)
     {
         return Ok(Err(code));
     }

@@ -115,6 +115,7 @@ fn prepare_replay(args: &ReplayArgs) -> Result<Result<Prepared, ExitCode>> {
         &plans.sharding,
         args.lint.allow_lint_errors,
         "replay",
+        true,
     ) {
         return Ok(Err(code));
     }
