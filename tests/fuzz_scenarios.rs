@@ -5,7 +5,7 @@
 //! limit and a timeout, and fails on a panic (exit 101), a signal or abort, a timeout, or exit
 //! status 0 on an input the mutation made certainly invalid.
 //!
-//! The normal suite runs a bounded number of cases (`HPFSDP_FUZZ_CASES`, default 400; seed
+//! The normal suite runs a bounded number of cases (`HPFSDP_FUZZ_CASES`, default 150; seed
 //! `HPFSDP_FUZZ_SEED`, default fixed) and prints how many ran; `fuzz_scenarios_long` (ignored)
 //! runs 5,000. A failing case is kept under the temporary directory and named in the message.
 
@@ -463,7 +463,7 @@ fn env_or(name: &str, default: u64) -> u64 {
 fn fuzz_scenarios_bounded() {
     fuzz(
         env_or("HPFSDP_FUZZ_SEED", 12),
-        env_or("HPFSDP_FUZZ_CASES", 400) as usize,
+        env_or("HPFSDP_FUZZ_CASES", 150) as usize,
     );
 }
 
