@@ -385,3 +385,26 @@ fn top_level_help_advertises_only_commands_that_exist() {
         }
     }
 }
+
+#[test]
+fn verify_refuses_scenarios_beyond_the_cpu_reference_budget() {
+    let dir = temp_dir("verify-budget");
+    let many_ranks = dense_fsdp4_with(&dir, "ranks.toml", |t| {
+        t.replace("dp_shard = 4", "dp_shard = 128")
+            .replace("dies_per_machine = 4", "dies_per_machine = 128")
+            .replace("global_batch = 8", "global_batch = 128")
+    });
+    assert_error(&hpfsdp(&["verify", &many_ranks]), &["128 ranks", "at most 64"]);
+    let many_tokens = dense_fsdp4_with(&dir, "tokens.toml", |t| {
+        t.replace("global_batch = 8", "global_batch = 4096")
+    });
+    assert_error(
+        &hpfsdp(&["verify", &many_tokens]),
+        &["global_batch x seq_len = 131072", "65536"],
+    );
+    // The same scenarios are fine for the simulator.
+    for path in [&many_ranks, &many_tokens] {
+        let o = hpfsdp(&["plan", path]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+}

@@ -835,7 +835,7 @@ fn training_shape(
             "train",
             "routing_skew",
             format!(
-                "[train] routing_skew = {}; it must be a number in 1.0..={} (1.0 = uniform \
+                "[train] routing_skew = {}; it must be a number >= 1.0 and <= {} (1.0 = uniform \
                  random routing, 1.2 = the busiest expert-parallel rank gets 20% more tokens)",
                 tr.routing_skew,
                 limits::MAX_ROUTING_SKEW

@@ -69,11 +69,22 @@ const VERIFY_MAX_TOKENS_PER_STEP: u64 = 1 << 16;
 /// seconds of CPU work).
 const VERIFY_MAX_PARAM_TOKENS: u64 = 1 << 29;
 
+/// Most ranks `verify` runs: every rank is a thread (or an MPI process) of one machine (the
+/// shipped scenarios use at most 8).
+const VERIFY_MAX_RANKS: usize = 64;
+
 /// Refuses a scenario too large for the bit-exact CPU reference, naming the figure and the fix.
 fn check_verify_budget(scenario: &Scenario) -> Result<()> {
     let params = scenario.model.total_params();
     let tokens = scenario.tokens_per_step();
     let file = scenario.path.display();
+    if scenario.world_size() > VERIFY_MAX_RANKS {
+        anyhow::bail!(
+            "{file}: {} ranks; verify runs every rank on this machine and accepts at most \
+             {VERIFY_MAX_RANKS}; shrink [mesh] and [topology]",
+            scenario.world_size()
+        );
+    }
     if params > VERIFY_MAX_PARAMS {
         anyhow::bail!(
             "{file}: the model has {params} parameters; verify runs real arithmetic on the CPU \
