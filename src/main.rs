@@ -12,7 +12,12 @@ use std::process::ExitCode;
 
 /// Check a HyperParallel-FSDP training plan before it reaches the hardware.
 #[derive(Parser)]
-#[command(name = "hpfsdp", version, about)]
+#[command(
+    name = "hpfsdp",
+    version,
+    // Only the commands that exist (the package description also names planned ones).
+    about = "Predict, prove, replay and gate HyperParallel-FSDP training plans on two-tier supernode clusters"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -63,6 +68,8 @@ enum Command {
         /// `[optimizer] baselines` on the scenario's strategy.
         #[arg(long, value_name = "NAME")]
         optimizer: Option<String>,
+        #[command(flatten)]
+        lint: commands::lint_gate::LintArgs,
     },
     /// Compare the hardware profile's predictions with the held-in measured runs (experiment B,
     /// experiment A micro batch 2), optionally fit its residual constants jointly (--fit) and
@@ -135,6 +142,8 @@ enum Command {
         /// Also measure each preset's Newton-Schulz accuracy against an exact SVD.
         #[arg(long)]
         accuracy: bool,
+        #[command(flatten)]
+        lint: commands::lint_gate::LintArgs,
     },
     /// Time the simulator: wall time per simulated step and events per second for a synthetic
     /// 48-layer step on 768 ranks (folded and unfolded), exp-d (768 ranks) and exp-d at ~100k ranks.
@@ -185,6 +194,7 @@ fn main() -> ExitCode {
             no_fold,
             validation_mode,
             optimizer,
+            lint,
         } => commands::simulate::run(&commands::simulate::SimulateArgs {
             scenario,
             strategies,
@@ -194,6 +204,7 @@ fn main() -> ExitCode {
             no_fold,
             validation_mode,
             optimizer,
+            allow_lint_errors: lint.allow_lint_errors,
         }),
         Command::Calibrate {
             hardware,
@@ -233,7 +244,8 @@ fn main() -> ExitCode {
             scenario,
             json,
             accuracy,
-        } => commands::muon::run(&scenario, json, accuracy),
+            lint,
+        } => commands::muon::run(&scenario, json, accuracy, lint.allow_lint_errors),
         Command::Bench { hardware } => commands::bench::run(&hardware),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Collbench(args) => commands::collbench::run(&args),

@@ -24,7 +24,7 @@ pub enum PlanError {
         message: String,
     },
     /// A scenario file error, with its file, line and key.
-    #[error("{file}:{line}: {message}")]
+    #[error("{file}{}: {message}", line_suffix(*line))]
     Scenario {
         /// The scenario file.
         file: String,
@@ -40,3 +40,13 @@ pub enum PlanError {
 
 /// Shorthand result type of this crate.
 pub type PlanResult<T> = Result<T, PlanError>;
+
+/// `":LINE"` for a known 1-based line, nothing when the line is unknown (0), so a read error
+/// or a whole-file error never points at a line that does not exist.
+pub fn line_suffix(line: usize) -> String {
+    if line == 0 {
+        String::new()
+    } else {
+        format!(":{line}")
+    }
+}

@@ -8,6 +8,7 @@ pub mod fsdp;
 pub mod glob;
 pub mod kernel;
 pub mod layout;
+pub mod limits;
 pub mod mesh;
 pub mod model;
 pub mod muon;

@@ -5,6 +5,7 @@
 //! See README.md ("Scenario format") for the full key list with units and defaults.
 
 use crate::error::{PlanError, PlanResult};
+use crate::limits;
 use crate::mesh::DeviceMesh;
 use crate::model::{DType, ExpertLayout, ModelIr, ModelOptions};
 use crate::planner::PlannerInput;
@@ -571,6 +572,11 @@ fn check_tp_comm_overlap(
              degree)"
                 .into(),
         )),
+        Some(c) if c > limits::TP_COMM_OVERLAP_CHUNKS.max => Err(key_err(
+            "train",
+            "tp_comm_overlap_chunks",
+            limits::TP_COMM_OVERLAP_CHUNKS.check(c).unwrap_err(),
+        )),
         Some(c) if mode != "fused" => Err(key_err(
             "train",
             "tp_comm_overlap_chunks",
@@ -588,6 +594,9 @@ fn parse_range(text: &str) -> Option<std::ops::Range<usize>> {
     let (a, b) = text.split_once("..")?;
     Some(a.trim().parse().ok()?..b.trim().parse().ok()?)
 }
+
+/// An error builder at the line of `key` in `[section]`.
+type KeyErr<'a> = dyn Fn(&str, &str, String) -> PlanError + 'a;
 
 /// The scenario text and its file name, for errors that point at a line and key.
 struct Source<'a> {
@@ -609,6 +618,42 @@ impl Source<'_> {
     fn key_err(&self, section: &str, key: &str, message: String) -> PlanError {
         self.err(find_key_line(self.text, section, key), message)
     }
+}
+
+/// Checks a hardware profile name (the scenario's `hardware` or a `--hardware` flag): a plain
+/// file stem of `scenarios/hardware/`, not empty and not a path.
+pub fn check_profile_name(name: &str) -> Result<(), String> {
+    let plain = !name.trim().is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if plain {
+        Ok(())
+    } else {
+        Err(format!(
+            "hardware profile name \"{}\" is not a plain profile name; use the file stem of a \
+             profile in scenarios/hardware/ (letters, digits, '-', '_', '.'; no path), e.g. \
+             ascend-910c-a3",
+            name.escape_debug()
+        ))
+    }
+}
+
+/// Checks the top-level `name` (not empty) and `hardware` (a plain profile name).
+fn check_names(raw: &ScenarioFile, src: &Source) -> PlanResult<()> {
+    if raw.name.trim().is_empty() || raw.name.chars().any(char::is_control) {
+        return Err(src.key_err(
+            "",
+            "name",
+            format!(
+                "name = \"{}\"; give the scenario a short non-empty name without control \
+                 characters (it labels every report)",
+                raw.name.escape_debug()
+            ),
+        ));
+    }
+    check_profile_name(&raw.hardware).map_err(|e| src.key_err("", "hardware", e))
 }
 
 /// Loads the model named by `[model]` (relative to the scenario file) and its master dtype.
@@ -657,25 +702,8 @@ fn build_meshes(
     src: &Source,
 ) -> PlanResult<(DeviceMesh, DeviceMesh, Topology)> {
     let key_err = |section: &str, key: &str, message: String| src.key_err(section, key, message);
-    // Meshes and topology.
     let m = &raw.mesh;
-    for (key, v) in [
-        ("dp_replicate", m.dp_replicate),
-        ("dp_shard", m.dp_shard),
-        ("cp", m.cp),
-        ("tp", m.tp),
-        ("ep", m.ep),
-        ("etp", m.etp),
-    ] {
-        if v == 0 {
-            return Err(key_err(
-                "mesh",
-                key,
-                format!("[mesh] {key} = 0; every degree must be at least 1"),
-            ));
-        }
-    }
-    let world = m.dp_replicate * m.dp_shard * m.cp * m.tp;
+    let world = dense_world(m, &key_err)?;
     let dense_mesh = DeviceMesh::new([
         ("dp_replicate", m.dp_replicate),
         ("dp_shard", m.dp_shard),
@@ -683,23 +711,83 @@ fn build_meshes(
         ("tp", m.tp),
     ])
     .map_err(|e| key_err("mesh", "dp_shard", e.to_string()))?;
-    let expert_block = m.ep * m.etp;
-    if !world.is_multiple_of(expert_block) {
+    let (edp_replicate, edp_shard) = expert_degrees(m, world, &key_err)?;
+    let expert_mesh = DeviceMesh::new([
+        ("edp_replicate", edp_replicate),
+        ("edp_shard", edp_shard),
+        ("ep", m.ep),
+        ("etp", m.etp),
+    ])
+    .map_err(|e| key_err("mesh", "ep", e.to_string()))?;
+    check_topology_limits(&raw.topology, &key_err)?;
+    let t = &raw.topology;
+    let topology = Topology::new(t.dies_per_machine, t.machines_per_supernode, t.supernodes)
+        .map_err(|e| key_err("topology", "dies_per_machine", e.to_string()))?;
+    topology
+        .check_world_size(world)
+        .map_err(|e| key_err("topology", "supernodes", e.to_string()))?;
+    Ok((dense_mesh, expert_mesh, topology))
+}
+
+/// Checks every `[mesh]` degree against [`limits::MESH_DEGREE`]; returns the dense world size
+/// `dp_replicate x dp_shard x cp x tp`, checked against [`limits::WORLD_SIZE`].
+fn dense_world(m: &MeshSection, key_err: &KeyErr) -> PlanResult<usize> {
+    for (key, v) in [
+        ("dp_replicate", Some(m.dp_replicate)),
+        ("dp_shard", Some(m.dp_shard)),
+        ("cp", Some(m.cp)),
+        ("tp", Some(m.tp)),
+        ("ep", Some(m.ep)),
+        ("etp", Some(m.etp)),
+        ("edp_replicate", m.edp_replicate),
+        ("edp_shard", m.edp_shard),
+    ] {
+        if let Some(v) = v {
+            let written = format!("[mesh] {key}");
+            limits::MESH_DEGREE
+                .check_as(&written, v as u64)
+                .map_err(|e| {
+                    key_err("mesh", key, format!("{e}; every degree must be at least 1"))
+                })?;
+        }
+    }
+    let world = limits::checked_product(
+        &limits::WORLD_SIZE,
+        &[
+            ("dp_replicate", m.dp_replicate as u64),
+            ("dp_shard", m.dp_shard as u64),
+            ("cp", m.cp as u64),
+            ("tp", m.tp as u64),
+        ],
+    )
+    .map_err(|e| key_err("mesh", "dp_shard", format!("[mesh] {e}")))?;
+    Ok(world as usize)
+}
+
+/// The expert mesh's `(edp_replicate, edp_shard)` over `world` ranks (defaults: as many
+/// replicas as fit, the rest sharded), with every product checked.
+fn expert_degrees(m: &MeshSection, world: usize, key_err: &KeyErr) -> PlanResult<(usize, usize)> {
+    let expert_block = m.ep.checked_mul(m.etp).filter(|b| world.is_multiple_of(*b));
+    let Some(expert_block) = expert_block else {
         return Err(key_err(
             "mesh",
             "ep",
             format!(
-                "[mesh] ep x etp = {expert_block} does not divide the {world} ranks of the dense mesh; choose ep and etp dividing it"
+                "[mesh] ep {} x etp {} does not divide the {world} ranks of the dense mesh; choose ep and etp dividing it",
+                m.ep, m.etp
             ),
         ));
-    }
+    };
     let edp = world / expert_block;
     let edp_replicate = m.edp_replicate.unwrap_or_else(|| {
         m.edp_shard
             .map_or(m.dp_replicate.min(edp), |s| edp / s.max(1))
     });
     let edp_shard = m.edp_shard.unwrap_or(edp / edp_replicate.max(1));
-    if edp_replicate * edp_shard * expert_block != world {
+    let ranks = edp_replicate
+        .checked_mul(edp_shard)
+        .and_then(|r| r.checked_mul(expert_block));
+    if ranks != Some(world) {
         return Err(key_err(
             "mesh",
             if m.edp_shard.is_some() {
@@ -711,24 +799,42 @@ fn build_meshes(
                 "expert mesh edp_replicate {edp_replicate} x edp_shard {edp_shard} x ep {} x etp {} = {} ranks, but the dense mesh has {world}; make the products equal",
                 m.ep,
                 m.etp,
-                edp_replicate * edp_shard * expert_block
+                ranks.map_or("more than 2^64".into(), |r| r.to_string())
             ),
         ));
     }
-    let expert_mesh = DeviceMesh::new([
-        ("edp_replicate", edp_replicate),
-        ("edp_shard", edp_shard),
-        ("ep", m.ep),
-        ("etp", m.etp),
-    ])
-    .map_err(|e| key_err("mesh", "ep", e.to_string()))?;
-    let t = &raw.topology;
-    let topology = Topology::new(t.dies_per_machine, t.machines_per_supernode, t.supernodes)
-        .map_err(|e| key_err("topology", "dies_per_machine", e.to_string()))?;
-    topology
-        .check_world_size(world)
-        .map_err(|e| key_err("topology", "supernodes", e.to_string()))?;
-    Ok((dense_mesh, expert_mesh, topology))
+    Ok((edp_replicate, edp_shard))
+}
+
+/// Checks each `[topology]` count and their product against the limits.
+fn check_topology_limits(t: &TopologySection, key_err: &KeyErr) -> PlanResult<()> {
+    for (key, v, limit) in [
+        (
+            "dies_per_machine",
+            t.dies_per_machine,
+            limits::DIES_PER_MACHINE,
+        ),
+        (
+            "machines_per_supernode",
+            t.machines_per_supernode,
+            limits::MACHINES_PER_SUPERNODE,
+        ),
+        ("supernodes", t.supernodes, limits::SUPERNODES),
+    ] {
+        limit
+            .check_usize(v)
+            .map_err(|e| key_err("topology", key, e))?;
+    }
+    limits::checked_product(
+        &limits::WORLD_SIZE,
+        &[
+            ("dies_per_machine", t.dies_per_machine as u64),
+            ("machines_per_supernode", t.machines_per_supernode as u64),
+            ("supernodes", t.supernodes as u64),
+        ],
+    )
+    .map_err(|e| key_err("topology", "supernodes", format!("[topology] {e}")))?;
+    Ok(())
 }
 
 /// Checks `[train]` against the mesh and the model: gradient-accumulation steps and the recompute range.
@@ -738,43 +844,17 @@ fn training_shape(
     src: &Source,
 ) -> PlanResult<(u64, Recompute)> {
     let key_err = |section: &str, key: &str, message: String| src.key_err(section, key, message);
-    let m = &raw.mesh;
-    // Training shape.
     let tr = &raw.train;
-    for (key, v) in [
-        ("seq_len", tr.seq_len),
-        ("global_batch", tr.global_batch),
-        ("micro_batch", tr.micro_batch),
-    ] {
-        if v == 0 {
-            return Err(key_err(
-                "train",
-                key,
-                format!("[train] {key} = 0; it must be positive"),
-            ));
-        }
-    }
-    let dp = (m.dp_replicate * m.dp_shard) as u64;
-    if !tr.global_batch.is_multiple_of(tr.micro_batch * dp) {
-        return Err(key_err(
-            "train",
-            "global_batch",
-            format!(
-                "[train] global_batch {} is not a multiple of micro_batch {} x data-parallel ranks {dp}; \
-                 gradient accumulation needs a whole number of micro-batches",
-                tr.global_batch, tr.micro_batch
-            ),
-        ));
-    }
-    let grad_accum_steps = tr.global_batch / (tr.micro_batch * dp);
-    if !(tr.routing_skew.is_finite() && tr.routing_skew >= 1.0) {
+    let grad_accum_steps = batch_shape(raw, model, &key_err)?;
+    if limits::check_f64("", tr.routing_skew, 1.0, limits::MAX_ROUTING_SKEW).is_err() {
         return Err(key_err(
             "train",
             "routing_skew",
             format!(
-                "[train] routing_skew = {}; it must be a number >= 1.0 (1.0 = uniform \
+                "[train] routing_skew = {}; it must be a number >= 1.0 and <= {} (1.0 = uniform \
                  random routing, 1.2 = the busiest expert-parallel rank gets 20% more tokens)",
-                tr.routing_skew
+                tr.routing_skew,
+                limits::MAX_ROUTING_SKEW
             ),
         ));
     }
@@ -822,6 +902,68 @@ fn training_shape(
 
     check_tp_comm_overlap(tr, &key_err)?;
     Ok((grad_accum_steps, recompute))
+}
+
+/// Checks `seq_len`, `global_batch` and `micro_batch` and the sizes they multiply into
+/// against [`limits`]; returns the gradient-accumulation steps per data-parallel rank.
+fn batch_shape(raw: &ScenarioFile, model: &ModelIr, key_err: &KeyErr) -> PlanResult<u64> {
+    let (tr, m) = (&raw.train, &raw.mesh);
+    for (key, v, limit) in [
+        ("seq_len", tr.seq_len, limits::SEQ_LEN),
+        ("global_batch", tr.global_batch, limits::GLOBAL_BATCH),
+        ("micro_batch", tr.micro_batch, limits::MICRO_BATCH),
+    ] {
+        limit.check(v).map_err(|e| key_err("train", key, e))?;
+    }
+    let seq = ("seq_len", tr.seq_len);
+    limits::checked_product(
+        &limits::MICRO_BATCH_TOKENS,
+        &[("micro_batch", tr.micro_batch), seq],
+    )
+    .map_err(|e| key_err("train", "micro_batch", e))?;
+    limits::checked_product(
+        &limits::TOKENS_PER_STEP,
+        &[("global_batch", tr.global_batch), seq],
+    )
+    .map_err(|e| key_err("train", "global_batch", e))?;
+    // Both degrees are within the mesh limits, so these products fit in u64.
+    let dp = (m.dp_replicate as u64) * (m.dp_shard as u64);
+    let per_pass = tr.micro_batch * dp;
+    if !tr.global_batch.is_multiple_of(per_pass) {
+        return Err(key_err(
+            "train",
+            "global_batch",
+            format!(
+                "[train] global_batch {} is not a multiple of micro_batch {} x data-parallel ranks {dp}; \
+                 gradient accumulation needs a whole number of micro-batches",
+                tr.global_batch, tr.micro_batch
+            ),
+        ));
+    }
+    let accum = tr.global_batch / per_pass;
+    limits::GRAD_ACCUM_STEPS.check(accum).map_err(|e| {
+        key_err(
+            "train",
+            "global_batch",
+            format!("{e}; raise micro_batch or lower global_batch"),
+        )
+    })?;
+    let layers = model.num_layers_total() as u64;
+    limits::checked_product(
+        &limits::STEP_LAYER_PASSES,
+        &[
+            ("gradient-accumulation steps", accum),
+            ("decoder layers", layers),
+        ],
+    )
+    .map_err(|e| {
+        key_err(
+            "train",
+            "global_batch",
+            format!("{e}; raise micro_batch or lower global_batch"),
+        )
+    })?;
+    Ok(accum)
 }
 
 /// Checks the `[fsdp]` and `[optimizer]` names; returns the gathered-parameter and reduction dtypes.
@@ -932,6 +1074,94 @@ fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DTy
     Ok((param_dtype, reduce_dtype))
 }
 
+/// Checks the numbers of `[fsdp]` (prefetch depths, bucket sizes) against [`limits`].
+fn check_fsdp_numbers(f: &FsdpSection, src: &Source) -> PlanResult<()> {
+    limits::PREFETCH_DEPTH
+        .check_usize(f.prefetch_depth)
+        .map_err(|e| src.key_err("fsdp", "prefetch_depth", e))?;
+    for (name, v) in &f.variant {
+        let section = format!("fsdp.variant.{name}");
+        if let Some(d) = v.prefetch_depth {
+            limits::PREFETCH_DEPTH
+                .check_usize(d)
+                .map_err(|e| src.key_err(&section, "prefetch_depth", format!("[{section}] {e}")))?;
+        }
+        if let Some(b) = v.bucket_bytes {
+            limits::BUCKET_BYTES
+                .check(b)
+                .map_err(|e| src.key_err(&section, "bucket_bytes", format!("[{section}] {e}")))?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks the numbers of `[optimizer.muon]` and `[optimizer.adamw]`: iteration counts against
+/// [`limits`], replica counts against the world size, every coefficient finite and in range.
+fn check_optimizer_numbers(o: &OptimizerSection, world: usize, src: &Source) -> PlanResult<()> {
+    let muon_err =
+        |key: &str, e: String| src.key_err("optimizer.muon", key, format!("[optimizer.muon] {e}"));
+    let mu = &o.muon;
+    if let Some(n) = mu.ns_steps {
+        limits::NS_STEPS
+            .check_usize(n)
+            .map_err(|e| muon_err("ns_steps", e))?;
+    }
+    if let Some(c) = mu.replica_count {
+        limits::Limit {
+            key: "replica_count",
+            min: 1,
+            max: world as u64,
+            why: "a replica subgroup holds at most every rank",
+        }
+        .check_usize(c)
+        .map_err(|e| muon_err("replica_count", e))?;
+    }
+    if let Some(coefficients) = &mu.coefficients {
+        limits::NS_COEFFICIENT_STEPS
+            .check_usize(coefficients.len())
+            .map_err(|e| muon_err("coefficients", e))?;
+        for v in coefficients.iter().flatten() {
+            limits::check_f64("coefficients entry", *v, -1e6, 1e6)
+                .map_err(|e| muon_err("coefficients", e))?;
+        }
+    }
+    let momentum: Vec<f64> = match &mu.momentum {
+        Some(Momentum::One(m)) => vec![*m],
+        Some(Momentum::Two(m)) => m.to_vec(),
+        None => vec![],
+    };
+    let unbounded = f64::MAX;
+    let muon_floats = [
+        ("lr", mu.lr, 0.0, unbounded),
+        ("weight_decay", mu.weight_decay, 0.0, unbounded),
+        ("ns_epsilon", mu.ns_epsilon, 0.0, 1.0),
+        ("matched_adamw_rms", mu.matched_adamw_rms, 0.0, unbounded),
+    ]
+    .into_iter()
+    .chain(
+        momentum
+            .into_iter()
+            .map(|m| ("momentum", Some(m), 0.0, 1.0)),
+    );
+    for (key, v, min, max) in muon_floats {
+        if let Some(v) = v {
+            limits::check_f64(key, v, min, max).map_err(|e| muon_err(key, e))?;
+        }
+    }
+    let a = &o.adamw;
+    for (key, v, min, max) in [
+        ("lr", a.lr, 0.0, unbounded),
+        ("betas", a.betas[0], 0.0, 1.0 - f64::EPSILON),
+        ("betas", a.betas[1], 0.0, 1.0 - f64::EPSILON),
+        ("eps", a.eps, f64::MIN_POSITIVE, 1.0),
+        ("weight_decay", a.weight_decay, 0.0, unbounded),
+    ] {
+        limits::check_f64(key, v, min, max)
+            .map_err(|e| src.key_err("optimizer.adamw", key, format!("[optimizer.adamw] {e}")))?;
+    }
+    Ok(())
+}
+
 /// Parses every `[[plan.override]]`, each error naming its line.
 fn parse_overrides(raw: &ScenarioFile, src: &Source) -> PlanResult<Vec<PlanOverride>> {
     let (text, file_label) = (src.text, src.file_label);
@@ -980,10 +1210,13 @@ impl Scenario {
                 format!("{message}{at}; see README.md \"Scenario format\" for the keys"),
             )
         })?;
+        check_names(&raw, &src)?;
         let (model, master_dtype) = load_model(&raw, path, &src)?;
         let (dense_mesh, expert_mesh, topology) = build_meshes(&raw, &src)?;
         let (grad_accum_steps, recompute) = training_shape(&raw, &model, &src)?;
         let (param_dtype, reduce_dtype) = check_fsdp_and_optimizer(&raw, &src)?;
+        check_fsdp_numbers(&raw.fsdp, &src)?;
+        check_optimizer_numbers(&raw.optimizer, dense_mesh.world_size(), &src)?;
         let overrides = parse_overrides(&raw, &src)?;
 
         Ok(Scenario {

@@ -10,7 +10,7 @@ use thiserror::Error;
 
 /// A profile file that cannot be read, parsed or validated; names the file, line and key.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("{file}:{line}: {key}: {message}")]
+#[error("{file}{}: {key}: {message}", hpfsdp_plan::error::line_suffix(*line))]
 pub struct ProfileError {
     /// The profile file (or `<builtin NAME>`).
     pub file: String,

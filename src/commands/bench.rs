@@ -9,6 +9,7 @@ const EXP_D: &str = "scenarios/paper/exp-d.toml";
 
 /// Prints the simulator benchmark suite for the named hardware profile.
 pub fn run(hardware: &str) -> Result<ExitCode> {
+    crate::commands::preflight::check_hardware_flag(hardware)?;
     let profile = HardwareProfile::load_named(hardware, "scenarios/hardware")
         .with_context(|| format!("loading hardware profile '{hardware}'"))?;
     let exp_d = hpfsdp_plan::scenario::Scenario::load(std::path::Path::new(EXP_D))

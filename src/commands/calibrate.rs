@@ -89,9 +89,11 @@ fn check_target(target: &Path, source: Option<&Path>) -> Result<()> {
 
 /// Runs the command.
 pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
+    crate::commands::preflight::check_hardware_flag(&args.hardware)?;
     let mut profile = HardwareProfile::load_named(&args.hardware, PROFILE_DIR)
         .with_context(|| format!("loading hardware profile '{}'", args.hardware))?;
     let (text, source) = profile_text(&args.hardware)?;
+    crate::commands::preflight::ensure_writable_dir(&args.out, "--out")?;
     if let Some(target) = &args.write_profile {
         check_target(target, source.as_deref())?;
     }

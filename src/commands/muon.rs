@@ -49,9 +49,18 @@ fn summary(values: impl Iterator<Item = u64> + Clone) -> String {
 }
 
 /// Runs the command.
-pub fn run(path: &Path, json: bool, accuracy: bool) -> Result<ExitCode> {
+pub fn run(path: &Path, json: bool, accuracy: bool, allow_lint_errors: bool) -> Result<ExitCode> {
     let scenario = Scenario::load(path)?;
     let sharding = plan(&scenario.model, &scenario.planner_input());
+    if let Some(code) = crate::commands::lint_gate::refuse_lint_errors(
+        &scenario,
+        &sharding,
+        allow_lint_errors,
+        "muon",
+        true,
+    ) {
+        return Ok(code);
+    }
     let fsdp = build_fsdp_plan(&scenario, &sharding);
     let muon = build_muon_plan(&scenario, &sharding, &fsdp);
     let routed = route_params(&muon, &AdapterRules::none()).context("routing parameters")?;

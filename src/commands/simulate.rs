@@ -1,9 +1,11 @@
 //! `hpfsdp simulate`: predict one training step of a scenario's strategy and its baselines.
 
+use crate::commands::lint_gate::refuse_lint_errors;
 use crate::commands::sim_summary::{StrategySummary, summarize, to_report_run};
+use crate::commands::{preflight, sanity};
 use crate::table::Table;
 use anyhow::{Context, Result, bail};
-use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
+use hpfsdp_plan::scenario::{FSDP_STRATEGIES, MUON_BASELINES, Scenario};
 use hpfsdp_reports::model::{self as rm, SimReport};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{
@@ -34,6 +36,8 @@ pub struct SimulateArgs {
     /// Optimizer strategy for the optimizer part of every simulated program (default: the
     /// scenario's optimizer, plus its `[optimizer] baselines` on the scenario's strategy).
     pub optimizer: Option<String>,
+    /// Go on although the sharding plan has lint errors (what-if study).
+    pub allow_lint_errors: bool,
 }
 
 /// The `--json` document.
@@ -47,6 +51,7 @@ struct JsonOut<'a> {
 
 /// Runs the command.
 pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
+    check_flags(args)?;
     let scenario = Scenario::load(&args.scenario)?;
     let hardware = args
         .hardware
@@ -54,20 +59,24 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| scenario.file.hardware.clone());
     let profile = HardwareProfile::load_named(&hardware, hardware_dir_for(&args.scenario))
         .with_context(|| format!("loading hardware profile '{hardware}'"))?;
+    if args.hardware.is_some() {
+        preflight::check_profile_topology(&profile, &scenario)?;
+    }
     let plans = ScenarioPlans::new(scenario);
+    if let Some(code) = refuse_lint_errors(
+        &plans.scenario,
+        &plans.sharding,
+        args.allow_lint_errors,
+        "simulate",
+        true,
+    ) {
+        return Ok(code);
+    }
     let jobs: Vec<SimJob> = match (args.strategies.is_empty(), &args.optimizer) {
         (true, None) => plans.listed_runs(),
         (true, Some(_)) => jobs_for(&plans.listed_strategies(), &args.optimizer),
         (false, _) => jobs_for(&args.strategies, &args.optimizer),
     };
-    for s in &args.strategies {
-        if !FSDP_STRATEGIES.contains(&s.as_str()) {
-            bail!(
-                "--strategy {s}: unknown strategy; choose one of {}",
-                FSDP_STRATEGIES.join(", ")
-            );
-        }
-    }
     let options = RunOptions {
         fold: !args.no_fold,
         validation_mode: args.validation_mode,
@@ -77,6 +86,9 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     };
     let runs = simulate_all(&plans, &jobs, &profile, &options)?;
     let summaries: Vec<StrategySummary> = runs.iter().map(summarize).collect();
+    for s in &summaries {
+        sanity::check_summary(s)?;
+    }
     let name = plans.scenario.file.name.clone();
     if args.json {
         let out = JsonOut {
@@ -112,6 +124,42 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// Checks the flags before any work: strategy and optimizer names (blaming the flag), the
+/// `--hardware` name and a writable `--out` directory.
+fn check_flags(args: &SimulateArgs) -> Result<()> {
+    for s in &args.strategies {
+        if !FSDP_STRATEGIES.contains(&s.as_str()) {
+            bail!(
+                "--strategy {s}: unknown strategy; choose one of {}",
+                FSDP_STRATEGIES.join(", ")
+            );
+        }
+    }
+    if let Some(o) = &args.optimizer {
+        let known: Vec<&str> = OPTIMIZER_FLAG_NAMES
+            .iter()
+            .chain(MUON_BASELINES)
+            .copied()
+            .collect();
+        if !known.contains(&o.as_str()) {
+            bail!(
+                "--optimizer {o}: unknown optimizer; choose one of {}",
+                known.join(", ")
+            );
+        }
+    }
+    if let Some(h) = &args.hardware {
+        preflight::check_hardware_flag(h)?;
+    }
+    if let Some(dir) = &args.out {
+        preflight::ensure_writable_dir(dir, "--out")?;
+    }
+    Ok(())
+}
+
+/// `--optimizer` names besides the Muon baselines.
+const OPTIMIZER_FLAG_NAMES: &[&str] = &["hyperparallel", "adamw"];
 
 /// Every strategy in `strategies` with the same optimizer choice.
 fn jobs_for(strategies: &[String], optimizer: &Option<String>) -> Vec<SimJob> {

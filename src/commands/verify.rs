@@ -53,14 +53,102 @@ struct JsonOut<'a> {
     mode_bench: Option<&'a [ModeBench]>,
 }
 
-fn load(path: &Path) -> Result<VerifySpec> {
+/// Most parameters of a model `verify` runs: the reference executor does every multiply-add
+/// on the CPU, in several modes, so verification scenarios use tiny models (the shipped ones
+/// have at most 0.4 M parameters).
+const VERIFY_MAX_PARAMS: u64 = 1 << 21;
+
+/// Largest dimension of any parameter `verify` runs: Newton-Schulz costs the cube of a
+/// matrix's dimensions (the shipped tiny models stay at 256).
+const VERIFY_MAX_PARAM_DIM: u64 = 512;
+
+/// Most tokens per step (`global_batch x seq_len`) `verify` runs, for the same reason.
+const VERIFY_MAX_TOKENS_PER_STEP: u64 = 1 << 16;
+
+/// Most parameter x token products per step `verify` runs (5x the largest shipped scenario;
+/// seconds of CPU work).
+const VERIFY_MAX_PARAM_TOKENS: u64 = 1 << 29;
+
+/// Most ranks `verify` runs: every rank is a thread (or an MPI process) of one machine (the
+/// shipped scenarios use at most 8).
+const VERIFY_MAX_RANKS: usize = 64;
+
+/// Refuses a scenario too large for the bit-exact CPU reference, naming the figure and the fix.
+fn check_verify_budget(scenario: &Scenario) -> Result<()> {
+    let params = scenario.model.total_params();
+    let tokens = scenario.tokens_per_step();
+    let file = scenario.path.display();
+    if scenario.world_size() > VERIFY_MAX_RANKS {
+        anyhow::bail!(
+            "{file}: {} ranks; verify runs every rank on this machine and accepts at most \
+             {VERIFY_MAX_RANKS}; shrink [mesh] and [topology]",
+            scenario.world_size()
+        );
+    }
+    if params > VERIFY_MAX_PARAMS {
+        anyhow::bail!(
+            "{file}: the model has {params} parameters; verify runs real arithmetic on the CPU \
+             and accepts at most {VERIFY_MAX_PARAMS}; use a tiny model (scenarios/verify/models/)"
+        );
+    }
+    if let Some(p) = scenario
+        .model
+        .params
+        .iter()
+        .find(|p| p.shape.iter().any(|&d| d > VERIFY_MAX_PARAM_DIM))
+    {
+        anyhow::bail!(
+            "{file}: parameter {} has shape {:?}; verify accepts dimensions up to \
+             {VERIFY_MAX_PARAM_DIM}; use a tiny model (scenarios/verify/models/)",
+            p.name,
+            p.shape
+        );
+    }
+    if tokens > VERIFY_MAX_TOKENS_PER_STEP {
+        anyhow::bail!(
+            "{file}: [train] global_batch x seq_len = {tokens} tokens per step; verify accepts \
+             at most {VERIFY_MAX_TOKENS_PER_STEP}; lower global_batch or seq_len"
+        );
+    }
+    if params.saturating_mul(tokens) > VERIFY_MAX_PARAM_TOKENS {
+        anyhow::bail!(
+            "{file}: {params} parameters x {tokens} tokens per step exceeds verify's budget of \
+             {VERIFY_MAX_PARAM_TOKENS}; lower global_batch or seq_len, or use a smaller model"
+        );
+    }
+    Ok(())
+}
+
+/// Loads a scenario for verification: `Ok(Err(1))` when its sharding plan has lint errors
+/// (printed, as `plan` prints them), an error when it is outside verify's budget.
+fn load_gated(path: &Path) -> Result<Result<VerifySpec, ExitCode>> {
     let scenario = Scenario::load(path)?;
-    VerifySpec::from_scenario(&scenario).with_context(|| {
+    let sharding = hpfsdp_plan::planner::plan(&scenario.model, &scenario.planner_input());
+    if let Some(code) =
+        crate::commands::lint_gate::refuse_lint_errors(&scenario, &sharding, false, "verify", false)
+    {
+        return Ok(Err(code));
+    }
+    check_verify_budget(&scenario)?;
+    let spec = VerifySpec::from_scenario(&scenario).with_context(|| {
         format!(
             "{} cannot be verified by the reference executor",
             path.display()
         )
-    })
+    })?;
+    Ok(Ok(spec))
+}
+
+/// [`load_gated`] for the MPI ranks, where a refusal is an error every rank reports alike.
+#[cfg(feature = "mpi")]
+fn load(path: &Path) -> Result<VerifySpec> {
+    match load_gated(path)? {
+        Ok(spec) => Ok(spec),
+        Err(_) => anyhow::bail!(
+            "{}: the sharding plan has lint errors (listed above)",
+            path.display()
+        ),
+    }
 }
 
 fn sci(x: f64) -> String {
@@ -441,7 +529,13 @@ pub fn run(args: &VerifyArgs) -> Result<ExitCode> {
     if args.backend == VerifyBackend::Mpi {
         return run_mpi(args, timeout);
     }
-    let mut spec = load(&args.scenario)?;
+    if let Some(dir) = &args.out {
+        crate::commands::preflight::ensure_writable_dir(dir, "--out")?;
+    }
+    let mut spec = match load_gated(&args.scenario)? {
+        Ok(spec) => spec,
+        Err(code) => return Ok(code),
+    };
     if let Some(target) = &args.mutate {
         spec.mutate(target)?;
         let o = verify_mutation(&spec)?;

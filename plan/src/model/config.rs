@@ -2,8 +2,9 @@
 
 use super::{ModelConfig, ModelFamily};
 
-/// Most decoder layers (main + MTP) a model may declare; larger values are almost surely typos.
-const MAX_LAYERS: usize = 100_000;
+/// Most decoder layers (main + MTP) a model may declare (see [`crate::limits::MODEL_LAYERS`]);
+/// larger values are almost surely typos and would make planning take minutes.
+const MAX_LAYERS: usize = crate::limits::MODEL_LAYERS.max as usize;
 
 /// Most parameter entries the IR will enumerate (per-expert layouts multiply the count).
 const MAX_PARAM_ENTRIES: u128 = 20_000_000;

@@ -68,12 +68,17 @@ struct Common {
 
 fn parse_common(f: &Fields<'_>, family: ModelFamily) -> PlanResult<Common> {
     let num_attention_heads = f.req_u64("num_attention_heads")?;
+    // Bounded before any per-layer list is built from it (a huge count would loop for hours).
+    let num_hidden_layers = f.req_usize("num_hidden_layers")?;
+    crate::limits::MODEL_LAYERS
+        .check_usize(num_hidden_layers)
+        .map_err(|e| f.key_err("num_hidden_layers", &e))?;
     Ok(Common {
         architecture: f
             .architecture()?
             .unwrap_or_else(|| family.default_architecture().to_string()),
         hidden_size: f.req_u64("hidden_size")?,
-        num_hidden_layers: f.req_usize("num_hidden_layers")?,
+        num_hidden_layers,
         num_attention_heads,
         num_key_value_heads: f
             .opt_u64("num_key_value_heads")?

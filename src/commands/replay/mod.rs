@@ -68,6 +68,8 @@ pub struct ReplayArgs {
     /// Test hook: RANK:OP:KIND with KIND panic, error, hang or mismatch.
     #[arg(long = "inject-fault", hide = true, value_parser = crate::parse_fault)]
     pub inject_fault: Option<FaultInjection>,
+    #[command(flatten)]
+    pub lint: crate::commands::lint_gate::LintArgs,
 }
 
 /// The programs and prediction of the scenario a replay runs.
@@ -80,7 +82,12 @@ struct Prepared {
     predicted: Timeline,
 }
 
-fn prepare_replay(args: &ReplayArgs) -> Result<Prepared> {
+/// Loads, scales and predicts the replayed scenario; `Err(code)` inside when the lint gate
+/// refused its plan (the lint errors are printed).
+fn prepare_replay(args: &ReplayArgs) -> Result<Result<Prepared, ExitCode>> {
+    if let Some(h) = &args.hardware {
+        crate::commands::preflight::check_hardware_flag(h)?;
+    }
     let scenario = Scenario::load(&args.scenario)?;
     let mut scaled = scale::scale(scenario, args.ranks, args.layers)?;
     let hardware = args.hardware.clone().unwrap_or_else(|| {
@@ -103,6 +110,15 @@ fn prepare_replay(args: &ReplayArgs) -> Result<Prepared> {
         );
     }
     let plans = ScenarioPlans::new(scaled.scenario.clone());
+    if let Some(code) = crate::commands::lint_gate::refuse_lint_errors(
+        &plans.scenario,
+        &plans.sharding,
+        args.lint.allow_lint_errors,
+        "replay",
+        true,
+    ) {
+        return Ok(Err(code));
+    }
     let prepared = prepare(&plans, &strategy, None, false)?;
     let options = RunOptions {
         fold: false,
@@ -122,14 +138,14 @@ fn prepare_replay(args: &ReplayArgs) -> Result<Prepared> {
         .into_iter()
         .map(|u| u.program)
         .collect();
-    Ok(Prepared {
+    Ok(Ok(Prepared {
         scenario: scaled.scenario,
         notes: scaled.notes,
         strategy,
         profile,
         programs,
         predicted,
-    })
+    }))
 }
 
 /// Refuses a replay whose buffers would not fit in this machine's available memory (the
@@ -174,7 +190,13 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
             args.timeout_s
         );
     }
-    let prep = prepare_replay(args)?;
+    if let Some(dir) = &args.out {
+        crate::commands::preflight::ensure_writable_dir(dir, "--out")?;
+    }
+    let prep = match prepare_replay(args)? {
+        Ok(prep) => prep,
+        Err(code) => return Ok(code),
+    };
     let ranks: Vec<ReplayRank> = prep
         .programs
         .iter()
