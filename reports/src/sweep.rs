@@ -5,6 +5,9 @@
 use crate::page::{self, escape};
 use std::fmt::Write as _;
 
+/// Bytes per GiB: the Pareto chart's memory axis is in GiB, as every size in the reports.
+const GIB: f64 = (1u64 << 30) as f64;
+
 /// One simulated (or rejected) point of a sweep with one strategy.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SweepRow {
@@ -112,12 +115,12 @@ pub fn sweep_html(report: &SweepReport) -> String {
         Some(b) => {
             let _ = writeln!(
                 body,
-                "<div class=\"verdict pass\">best feasible point: {} with {}: {:.0} tokens/s, step {:.4} s, peak {:.2} GB</div>",
+                "<div class=\"verdict pass\">best feasible point: {} with {}: {:.0} tokens/s, step {:.4} s, peak {}</div>",
                 escape(&point_label(&report.keys, b)),
                 escape(&b.strategy),
                 b.tokens_per_s.unwrap_or(0.0),
                 b.step_time_s.unwrap_or(0.0),
-                b.peak_memory_bytes.unwrap_or(0) as f64 / 1e9
+                crate::units::bytes(b.peak_memory_bytes.unwrap_or(0))
             );
         }
         None => body.push_str("<div class=\"verdict fail\">no feasible point: every point is invalid, failed or over the device memory</div>\n"),
@@ -157,7 +160,7 @@ pub fn sweep_html(report: &SweepReport) -> String {
                     .map_or("-".into(), |s| format!("{:.2} ms", s * 1e3)),
                 r.tokens_per_s.map_or("-".into(), |t| format!("{t:.0}")),
                 r.peak_memory_bytes
-                    .map_or("-".into(), |b| format!("{:.2} GB", b as f64 / 1e9)),
+                    .map_or("-".into(), crate::units::bytes),
                 if r.pareto { "yes" } else { "" }.into(),
                 r.message.clone(),
             ]);
@@ -182,7 +185,7 @@ fn pareto_svg(report: &SweepReport) -> String {
     let pts: Vec<(&SweepRow, f64, f64)> = report
         .rows
         .iter()
-        .filter_map(|r| Some((r, r.peak_memory_bytes? as f64 / 1e9, r.tokens_per_s?)))
+        .filter_map(|r| Some((r, r.peak_memory_bytes? as f64 / GIB, r.tokens_per_s?)))
         .collect();
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n"
@@ -216,7 +219,7 @@ fn pareto_svg(report: &SweepReport) -> String {
     }
     let _ = writeln!(
         svg,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">peak memory per rank (GB)</text><text x=\"16\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1})\">tokens/s</text>",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">peak memory per rank (GiB)</text><text x=\"16\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1})\">tokens/s</text>",
         (left + w - right) / 2.0,
         h - 12.0,
         (top + h - bottom) / 2.0,
@@ -253,7 +256,7 @@ fn pareto_svg(report: &SweepReport) -> String {
             sx(*x),
             sy(*y),
             escape(&format!(
-                "point {} {} {}: {y:.0} tokens/s, {x:.2} GB",
+                "point {} {} {}: {y:.0} tokens/s, {x:.2} GiB",
                 r.point,
                 point_label(&report.keys, r),
                 r.strategy

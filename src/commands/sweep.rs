@@ -313,7 +313,7 @@ fn print_summary(report: &SweepReport) {
             r.step_time_s.map_or("-".into(), |s| format!("{s:.4} s")),
             r.tokens_per_s.map_or("-".into(), |x| format!("{x:.0}")),
             r.peak_memory_bytes
-                .map_or("-".into(), |b| format!("{:.2} GB", b as f64 / 1e9)),
+                .map_or("-".into(), hpfsdp_reports::units::bytes),
             note,
         ]);
         t.row(cells);

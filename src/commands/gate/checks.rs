@@ -216,7 +216,7 @@ fn strategy_checks(
             }
         }
     });
-    let gb = |b: u64| b as f64 / 1e9;
+    use hpfsdp_reports::units::bytes;
     out.push((
         "memory",
         if fig.memory_fits {
@@ -225,14 +225,14 @@ fn strategy_checks(
             Status::Fail
         },
         format!(
-            "peak {:.2} GB per rank {} the {:.2} GB of HBM",
-            gb(fig.peak_memory_bytes),
+            "peak {} per rank {} the {} of HBM",
+            bytes(fig.peak_memory_bytes),
             if fig.memory_fits {
                 "fits"
             } else {
                 "does NOT fit"
             },
-            gb(fig.hbm_capacity_bytes)
+            bytes(fig.hbm_capacity_bytes)
         ),
         String::new(),
     ));
@@ -352,7 +352,7 @@ mod tests {
         let c = strategy_checks(&figures(1.0, false, 0), Some(&locked(1.0)), false, STRICT);
         assert_eq!(status(&c, "memory"), Status::Fail);
         assert!(
-            c[1].2.contains("70.00 GB") && c[1].2.contains("does NOT fit"),
+            c[1].2.contains("65.19 GiB") && c[1].2.contains("does NOT fit"),
             "{}",
             c[1].2
         );

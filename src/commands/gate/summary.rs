@@ -137,8 +137,8 @@ fn figure_rows(evals: &[Evaluated], lock: &Lock) -> Vec<Vec<String>> {
                     format!("{:+.2}%", (f.step_time_s / l - 1.0) * 100.0)
                 }),
                 f.tokens_per_s.map_or("-".into(), |t| format!("{t:.0}")),
-                format!("{:.2} GB", f.peak_memory_bytes as f64 / 1e9),
-                format!("{:.2} GB", f.hbm_capacity_bytes as f64 / 1e9),
+                hpfsdp_reports::units::bytes(f.peak_memory_bytes),
+                hpfsdp_reports::units::bytes(f.hbm_capacity_bytes),
             ]);
         }
     }
