@@ -152,6 +152,8 @@ struct Instance {
 
 struct Engine<'a> {
     profile: &'a HardwareProfile,
+    /// What-if faults (crate::whatif), `None` when the run has none.
+    whatif: Option<&'a crate::whatif::WhatIfModel>,
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
     pending: HashMap<(u32, u32), u32>,
@@ -244,7 +246,11 @@ impl<'a> Engine<'a> {
                     Payload::Compute(w) => (
                         ns(w.kernels as f64 * kernel_host_us * 1e-6),
                         Exec::Device {
-                            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)),
+                            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
+                                // what-if hook: slow rank x jitter (crate::whatif).
+                                * workload.whatif.as_ref().map_or(1.0, |m| {
+                                    m.compute_scale(program.rank, op.id.index())
+                                })),
                         },
                     ),
                     Payload::Copy(w) => (
@@ -335,6 +341,7 @@ impl<'a> Engine<'a> {
         }
         Ok(Self {
             profile,
+            whatif: workload.whatif.as_ref(),
             net: Network::new(units.len()),
             units,
             keys,
@@ -567,11 +574,21 @@ impl<'a> Engine<'a> {
                 self.instances[inst as usize].aligned,
                 self.profile,
             );
-            let instance = &mut self.instances[inst as usize];
-            instance.phases = phases
+            // what-if hook: degraded links slow the phase to its slowest member link.
+            let ranks = &self.units[fu as usize].program.groups[first.group.index()].ranks;
+            let slow = |t| self.whatif.map_or(1.0, |m| m.transfer_scale(t, ranks));
+            let phases: Vec<_> = phases
                 .iter()
-                .map(|p| (p.tier, ns(p.cost.latency_s), ns(p.cost.transfer_s)))
+                .map(|p| {
+                    (
+                        p.tier,
+                        ns(p.cost.latency_s),
+                        ns(p.cost.transfer_s * slow(p.tier)),
+                    )
+                })
                 .collect();
+            self.instances[inst as usize].phases = phases;
+            let instance = &mut self.instances[inst as usize];
             for &(pu, pop) in &instance.arrivals {
                 self.units[pu as usize].spans[pop as usize].transfer_start_ns = Some(now);
             }

@@ -28,6 +28,7 @@ pub mod profile;
 pub mod result;
 pub mod scenario_run;
 pub mod shape;
+pub mod whatif;
 pub mod workload;
 
 pub use bench::{BenchReport, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program};
