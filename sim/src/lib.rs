@@ -29,6 +29,7 @@ pub mod result;
 pub mod scenario_run;
 pub mod shape;
 pub mod whatif;
+pub mod whatif_costs;
 pub mod workload;
 
 pub use bench::{BenchReport, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program};

@@ -228,3 +228,27 @@ fn whatif_keys_sweep_through_dotted_overrides() {
     let e = Scenario::from_str_at(&text, &path).unwrap_err().to_string();
     assert!(e.contains("straggler_jitter_pct"), "{e}");
 }
+
+#[test]
+fn cost_table_has_baseline_each_fault_and_all() {
+    use hpfsdp_sim::whatif_costs::whatif_costs;
+    let scenario =
+        load("slow_ranks = { \"13\" = 1.5 }\nstraggler_jitter_pct = 5\nseed = 3").unwrap();
+    let plans = ScenarioPlans::new(scenario);
+    let rows = whatif_costs(&plans, "hyperparallel", &profile(), &RunOptions::default()).unwrap();
+    let labels: Vec<&str> = rows.iter().map(|r| r.fault.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["baseline", "slow_ranks", "straggler_jitter_pct", "all"]
+    );
+    assert_eq!(rows[0].step_time_s, baseline().step_time_s());
+    assert_eq!(rows[0].delta_s, 0.0);
+    assert!(rows[1].delta_s > 0.0 && rows[1].delta_pct > 0.0);
+    assert_eq!(rows[1].critical_rank, 13);
+    // The `all` row is the scenario as written.
+    let all = run(
+        "slow_ranks = { \"13\" = 1.5 }\nstraggler_jitter_pct = 5\nseed = 3",
+        true,
+    );
+    assert_eq!(rows[3].step_time_s, all.step_time_s());
+}
