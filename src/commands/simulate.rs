@@ -147,7 +147,7 @@ fn render_whatif(rows: &[WhatIfCost]) -> String {
     for r in rows {
         t.row(vec![
             r.fault.clone(),
-            ms(r.step_time_s),
+            format!("{:.3} ms", r.step_time_s * 1e3),
             format!("{:+.3}", r.delta_s * 1e3),
             format!("{:+.2}%", r.delta_pct),
             r.critical_rank.to_string(),
