@@ -33,6 +33,8 @@ pub struct WhatIfModel {
     seed: u64,
     /// Ranks per machine (rank → machine).
     dies_per_machine: usize,
+    /// True when some machine's link factor is below 1.
+    any_degraded: bool,
 }
 
 fn tier_index(tier: Tier) -> usize {
@@ -68,7 +70,9 @@ impl WhatIfModel {
                 }
             }
         }
+        let any_degraded = link_factor.iter().flatten().any(|&f| f != 1.0);
         Some(Self {
+            any_degraded,
             compute_factor,
             link_factor,
             jitter_fraction: whatif.jitter_fraction,
@@ -115,14 +119,17 @@ impl WhatIfModel {
         1.0 + self.jitter_fraction * (2.0 * u - 1.0)
     }
 
-    /// True when some link is degraded (the engine skips [`Self::transfer_scale`] otherwise).
+    /// True when some link is degraded ([`Self::transfer_scale`] is 1 otherwise).
     pub fn has_degraded_links(&self) -> bool {
-        self.link_factor.iter().flatten().any(|&f| f != 1.0)
+        self.any_degraded
     }
 
     /// Factor on the transfer time of a collective phase on `tier` among `ranks`: the phase
     /// runs at the speed of its slowest member link.
     pub fn transfer_scale(&self, tier: Tier, ranks: &[usize]) -> f64 {
+        if !self.any_degraded {
+            return 1.0;
+        }
         let factors = &self.link_factor[tier_index(tier)];
         let slowest = ranks
             .iter()
