@@ -23,6 +23,7 @@ pub mod scenario_gate;
 pub mod strategy;
 pub mod topology;
 pub mod transition;
+pub mod whatif;
 
 pub use collective::CollectiveKind;
 pub use error::{PlanError, PlanResult};

@@ -437,6 +437,9 @@ pub struct ScenarioFile {
     /// `[gate]`: the CI gate's options (its verification twin).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gate: Option<crate::scenario_gate::GateSection>,
+    /// `[whatif]`: faults and heterogeneity to simulate (see [`crate::whatif`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub whatif: Option<crate::whatif::WhatIfSection>,
 }
 
 /// A loaded, validated scenario with its model and meshes.
@@ -1218,6 +1221,9 @@ impl Scenario {
         check_fsdp_numbers(&raw.fsdp, &src)?;
         check_optimizer_numbers(&raw.optimizer, dense_mesh.world_size(), &src)?;
         let overrides = parse_overrides(&raw, &src)?;
+        if let Some(w) = &raw.whatif {
+            w.validate(&topology, dense_mesh.world_size(), text, &file_label)?;
+        }
 
         Ok(Scenario {
             path: path.to_path_buf(),

@@ -189,6 +189,7 @@ fn main() {
             run("fsdp2", 32, 40, 23_000),
         ],
         device_memory_bytes: Some(64 << 30),
+        whatif: Vec::new(),
     };
     match write_sim_report(&dir, &report) {
         Ok(paths) => {

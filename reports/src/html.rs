@@ -42,6 +42,7 @@ pub fn sim_report_html(report: &SimReport) -> String {
     );
     let (headers, rows) = summary_table(report);
     body.push_str(&page::table(&headers, &rows));
+    whatif_section(&mut body, report);
 
     body.push_str("<h2>Exposed communication and traffic per tier</h2>\n");
     body.push_str(
@@ -79,6 +80,43 @@ pub fn sim_report_html(report: &SimReport) -> String {
 
     charts_section(&mut body, report);
     page::page(&format!("{} — hpfsdp simulation", report.scenario), &body)
+}
+
+/// Appends the what-if cost table (nothing when the scenario sets no `[whatif]` fault).
+fn whatif_section(body: &mut String, report: &SimReport) {
+    if report.whatif.is_empty() {
+        return;
+    }
+    body.push_str("<h2>What-if faults</h2>\n");
+    let _ = writeln!(
+        body,
+        "<p class=\"sub\">Step time of {} without any fault (baseline), with each \
+         <code>[whatif]</code> fault alone, then with all; delta against the baseline.</p>",
+        escape(
+            report
+                .runs
+                .first()
+                .map_or("the scenario's strategy", |r| &r.strategy)
+        )
+    );
+    let headers: Vec<String> = ["fault", "step (ms)", "delta (ms)", "delta", "critical rank"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let rows: Vec<Vec<String>> = report
+        .whatif
+        .iter()
+        .map(|w| {
+            vec![
+                w.fault.clone(),
+                units::ms(w.step_time_s),
+                format!("{:+.3}", w.delta_s * 1e3),
+                format!("{:+.2}%", w.delta_pct),
+                w.critical_rank.to_string(),
+            ]
+        })
+        .collect();
+    body.push_str(&page::table(&headers, &rows));
 }
 
 /// Appends the charts: step breakdown, tier traffic, memory with the device capacity, and

@@ -51,7 +51,7 @@ pub use csv::{summary_csv, timeline_csv};
 pub use html::sim_report_html;
 pub use model::{
     CollectiveRow, MemorySpread, OptimizerFigures, RankTimelineView, SimReport, SpanView,
-    StrategyRun, TierRow,
+    StrategyRun, TierRow, WhatIfCostRow,
 };
 pub use replay::{ReplayReport, write_replay_report};
 pub use table::{Section, Table, TableReport, Verdict};

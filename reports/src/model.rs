@@ -26,6 +26,25 @@ pub struct SimReport {
     /// on the memory chart when known.
     #[serde(default)]
     pub device_memory_bytes: Option<u64>,
+    /// What-if cost rows (baseline, each `[whatif]` fault alone, all); empty when the
+    /// scenario sets no fault.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub whatif: Vec<WhatIfCostRow>,
+}
+
+/// The step time with one what-if fault (or none, or all) of the scenario's strategy.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct WhatIfCostRow {
+    /// `baseline`, the fault's scenario key, or `all`.
+    pub fault: String,
+    /// Predicted step time, seconds.
+    pub step_time_s: f64,
+    /// Step time minus the baseline's, seconds.
+    pub delta_s: f64,
+    /// `delta_s` as a percentage of the baseline step time.
+    pub delta_pct: f64,
+    /// The rank that finished last.
+    pub critical_rank: usize,
 }
 
 /// The prediction for one strategy: step time, breakdown, traffic, memory and rank 0's timeline.

@@ -307,6 +307,7 @@ pub fn replay_trace_json(report: &ReplayReport) -> String {
             run(&format!("predicted ({})", report.hardware), true),
         ],
         device_memory_bytes: None,
+        whatif: Vec::new(),
     })
 }
 

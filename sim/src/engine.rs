@@ -85,6 +85,11 @@ pub fn simulate(
     profile: &HardwareProfile,
     options: &SimOptions,
 ) -> Result<SimResult, SimError> {
+    // What-if faults give units with identical programs different durations, which a shared
+    // prefix cannot represent: such runs are simulated unit by unit.
+    if workload.whatif.is_some() {
+        return simulate_unshared(workload, profile, options);
+    }
     match SharePlan::of(workload) {
         Some(plan) => fork::simulate_shared(workload, &plan, profile, options),
         None => simulate_unshared(workload, profile, options),
@@ -233,6 +238,8 @@ struct Gates<'a> {
 
 struct Engine<'a> {
     profile: &'a HardwareProfile,
+    /// What-if faults (crate::whatif), `None` when the run has none.
+    whatif: Option<&'a crate::whatif::WhatIfModel>,
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
     pending: HashMap<(u32, u32), u32>,
@@ -292,7 +299,7 @@ impl<'a> Engine<'a> {
     fn new(
         specs: &[UnitSpec<'a>],
         rank_unit: &[u32],
-        workload: &Workload,
+        workload: &'a Workload,
         profile: &'a HardwareProfile,
         options: &SimOptions,
     ) -> Result<Self, SimError> {
@@ -311,6 +318,7 @@ impl<'a> Engine<'a> {
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             profile,
+            whatif: workload.whatif.as_ref(),
             net: Network::new(units.len()),
             units,
             keys: table.keys,
@@ -383,7 +391,12 @@ impl<'a> Engine<'a> {
                 Payload::Compute(w) => (
                     ns(w.kernels as f64 * kernel_host_us * 1e-6),
                     Exec::Device {
-                        duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)),
+                        duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
+                            // what-if hook: slow rank x jitter (crate::whatif), keyed by the
+                            // op's index in the whole program.
+                            * workload.whatif.as_ref().map_or(1.0, |m| {
+                                m.compute_scale(program.rank, base + i)
+                            })),
                     },
                 ),
                 Payload::Copy(w) => (
@@ -714,11 +727,21 @@ impl<'a> Engine<'a> {
                 self.instances[inst as usize].aligned,
                 self.profile,
             );
-            let instance = &mut self.instances[inst as usize];
-            instance.phases = phases
+            // what-if hook: degraded links slow the phase to its slowest member link.
+            let ranks = &self.units[fu as usize].program.groups[first.group.index()].ranks;
+            let slow = |t| self.whatif.map_or(1.0, |m| m.transfer_scale(t, ranks));
+            let phases: Vec<_> = phases
                 .iter()
-                .map(|p| (p.tier, ns(p.cost.latency_s), ns(p.cost.transfer_s)))
+                .map(|p| {
+                    (
+                        p.tier,
+                        ns(p.cost.latency_s),
+                        ns(p.cost.transfer_s * slow(p.tier)),
+                    )
+                })
                 .collect();
+            self.instances[inst as usize].phases = phases;
+            let instance = &mut self.instances[inst as usize];
             for &(pu, pop) in &instance.arrivals {
                 self.units[pu as usize].spans[pop as usize].transfer_start_ns = Some(now);
             }

@@ -32,6 +32,8 @@ pub mod result;
 pub mod scenario_run;
 pub mod shape;
 pub mod share;
+pub mod whatif;
+pub mod whatif_costs;
 pub mod workload;
 
 pub use bench::{

@@ -172,13 +172,16 @@ pub fn prepare(
     let gen_err = |e: hpfsdp_plan::strategy::StrategyError| {
         SimError::Workload(format!("strategy '{strategy}': {e}"))
     };
-    let workload = if fold {
-        Workload::fold_templated(
+    let whatif = crate::whatif::WhatIfModel::for_scenario(&plans.scenario)?;
+    let salt = |r| whatif.as_ref().map_or(0, |m| m.fold_salt(r));
+    let mut workload = if fold {
+        Workload::fold_templated_salted(
             world_size,
             topology,
             |r| generator.template_key(r),
             |r| generator.groups(r).map_err(gen_err),
             |r| generator.program(r).map_err(gen_err),
+            salt,
         )?
     } else {
         // In parallel, in rank order; the first failing rank is the error.
@@ -189,6 +192,7 @@ pub fn prepare(
         let programs = programs.into_iter().collect::<Result<Vec<_>, _>>()?;
         Workload::unfolded(programs, topology)?
     };
+    workload.whatif = whatif;
     Ok(PreparedRun {
         strategy: if optimizer == default_optimizer {
             strategy.to_string()

@@ -2,6 +2,7 @@
 
 use crate::error::SimError;
 use crate::fold::{self, Classes, RankView, check_program};
+use crate::whatif::WhatIfModel;
 use hpfsdp_plan::Topology;
 use hpfsdp_plan::program::{Group, Payload, RankRange, StepProgram};
 use rayon::prelude::*;
@@ -30,6 +31,8 @@ pub struct Workload {
     pub rank_unit: Vec<u32>,
     /// True when some unit stands for more than one rank.
     pub folded: bool,
+    /// What-if faults applied by the engine (`None` = none; see [`crate::whatif`]).
+    pub whatif: Option<WhatIfModel>,
 }
 
 impl Workload {
@@ -108,6 +111,26 @@ impl Workload {
         G: Fn(usize) -> Result<Vec<Group>, SimError> + Sync,
         P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
     {
+        Self::fold_templated_salted(world_size, topology, template_key, groups, program, |_| 0)
+    }
+
+    /// [`Workload::fold_templated`] where `salt(rank)` is XORed into the rank's program
+    /// digest: ranks with different salts never fold together (what-if factors, see
+    /// [`WhatIfModel::fold_salt`]); a salt of 0 everywhere folds exactly as without it.
+    pub fn fold_templated_salted<K, G, P, S>(
+        world_size: usize,
+        topology: Topology,
+        template_key: K,
+        groups: G,
+        program: P,
+        salt: S,
+    ) -> Result<Self, SimError>
+    where
+        K: Fn(usize) -> u64 + Sync,
+        G: Fn(usize) -> Result<Vec<Group>, SimError> + Sync,
+        P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+        S: Fn(usize) -> u128 + Sync,
+    {
         check_world(world_size, &topology)?;
         // One program per template, from its first rank; kept, since the first rank of a
         // template is the smallest rank of its class unless the class merges templates whose
@@ -142,7 +165,7 @@ impl Workload {
         }
         let classes = fold::classes_of_views(world_size, &topology, |rank| {
             Ok(RankView {
-                ops_digest: templates[&keys[rank]].0,
+                ops_digest: templates[&keys[rank]].0 ^ salt(rank),
                 groups: Cow::Owned(groups(rank)?),
             })
         })?;
@@ -191,6 +214,7 @@ impl Workload {
             units,
             rank_unit: classes.rank_class,
             folded,
+            whatif: None,
         }
     }
 

@@ -11,6 +11,7 @@ use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{
     RunOptions, ScenarioPlans, SimJob, StrategyRun, hardware_dir_for, simulate_strategy,
 };
+use hpfsdp_sim::whatif_costs::{WhatIfCost, whatif_costs};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -47,6 +48,9 @@ struct JsonOut<'a> {
     hardware: &'a str,
     world_size: usize,
     results: &'a [StrategySummary],
+    /// What-if cost rows of the first strategy (absent without `[whatif]` faults).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    whatif: &'a [WhatIfCost],
 }
 
 /// Runs the command.
@@ -89,6 +93,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
     for s in &summaries {
         sanity::check_summary(s)?;
     }
+    let whatif = whatif_rows(&plans, &jobs, &profile, &options)?;
     let name = plans.scenario.file.name.clone();
     if args.json {
         let out = JsonOut {
@@ -96,10 +101,12 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
             hardware: &profile.name,
             world_size: summaries.first().map_or(0, |s| s.world_size),
             results: &summaries,
+            whatif: &whatif,
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", render_table(&plans, &profile, &summaries));
+        print!("{}", render_whatif(&whatif));
     }
     if let Some(dir) = &args.out {
         let report = SimReport {
@@ -113,6 +120,7 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
                 .map(|(s, r)| to_report_run(s, r))
                 .collect(),
             device_memory_bytes: Some(profile.device.hbm_capacity_bytes),
+            whatif: whatif.iter().map(report_row).collect(),
         };
         let written = hpfsdp_reports::write_sim_report(dir, &report)
             .with_context(|| format!("writing the report into {}", dir.display()))?;
@@ -160,6 +168,55 @@ fn check_flags(args: &SimulateArgs) -> Result<()> {
 
 /// `--optimizer` names besides the Muon baselines.
 const OPTIMIZER_FLAG_NAMES: &[&str] = &["hyperparallel", "adamw"];
+/// The what-if cost rows of the first job's strategy (empty without `[whatif]` faults).
+fn whatif_rows(
+    plans: &ScenarioPlans,
+    jobs: &[SimJob],
+    profile: &HardwareProfile,
+    options: &RunOptions,
+) -> Result<Vec<WhatIfCost>> {
+    let Some(job) = jobs.first() else {
+        return Ok(Vec::new());
+    };
+    let options = RunOptions {
+        optimizer: job.optimizer.clone(),
+        ..options.clone()
+    };
+    whatif_costs(plans, &job.strategy, profile, &options)
+        .with_context(|| format!("costing the [whatif] faults on strategy '{}'", job.strategy))
+}
+
+/// The what-if cost table for the terminal (empty text without rows).
+fn render_whatif(rows: &[WhatIfCost]) -> String {
+    if rows.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new(&["what-if", "step", "delta (ms)", "delta", "critical rank"]);
+    for r in rows {
+        t.row(vec![
+            r.fault.clone(),
+            format!("{:.3} ms", r.step_time_s * 1e3),
+            format!("{:+.3}", r.delta_s * 1e3),
+            format!("{:+.2}%", r.delta_pct),
+            r.critical_rank.to_string(),
+        ]);
+    }
+    format!(
+        "\nWhat-if faults (each alone against the baseline, then all):\n{}",
+        t.render()
+    )
+}
+
+/// A what-if row in the report model.
+fn report_row(r: &WhatIfCost) -> rm::WhatIfCostRow {
+    rm::WhatIfCostRow {
+        fault: r.fault.clone(),
+        step_time_s: r.step_time_s,
+        delta_s: r.delta_s,
+        delta_pct: r.delta_pct,
+        critical_rank: r.critical_rank,
+    }
+}
 
 /// Every strategy in `strategies` with the same optimizer choice.
 fn jobs_for(strategies: &[String], optimizer: &Option<String>) -> Vec<SimJob> {

@@ -157,5 +157,6 @@ pub fn sample() -> SimReport {
         world_size: 16,
         runs: vec![run("hyperparallel", 1.0), run("fsdp2<script>", 1.3)],
         device_memory_bytes: Some(4 << 30),
+        whatif: Vec::new(),
     }
 }
