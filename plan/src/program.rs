@@ -24,6 +24,7 @@ use crate::kernel::{KernelWork, MixId};
 use crate::model::DType;
 use crate::topology::Tier;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use thiserror::Error;
 
@@ -348,6 +349,15 @@ impl Payload {
     }
 }
 
+/// Dependencies of one op, stored inline up to four ids (the common case), so that building
+/// and dropping a program of millions of ops does not make one heap allocation per op.
+/// Serialises, compares and hashes exactly as the `Vec<OpId>` it replaces (a sequence).
+pub type OpDeps = SmallVec<[OpId; 4]>;
+
+/// Memory effects of one op, stored inline up to two (an alloc and a free), for the same reason
+/// as [`OpDeps`]; serialises, compares and hashes as a `Vec<MemoryEffect>`.
+pub type OpMemory = SmallVec<[MemoryEffect; 2]>;
+
 /// One op of a step program.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Op {
@@ -361,13 +371,13 @@ pub struct Op {
     /// What the op is for.
     pub category: Category,
     /// Ids of earlier ops that must finish before this one starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deps: Vec<OpId>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub deps: OpDeps,
     /// What the op does.
     pub payload: Payload,
     /// Memory allocated at start / freed at end.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub memory: Vec<MemoryEffect>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub memory: OpMemory,
 }
 
 /// A process group: sorted, distinct global ranks plus the mesh-axis label it was built from
@@ -794,7 +804,7 @@ impl ProgramBuilder {
         deps: &[OpId],
     ) -> OpId {
         let id = OpId(self.program.ops.len() as u32);
-        let mut deps = deps.to_vec();
+        let mut deps = OpDeps::from_slice(deps);
         deps.sort_unstable();
         deps.dedup();
         self.program.ops.push(Op {
@@ -804,7 +814,7 @@ impl ProgramBuilder {
             category,
             deps,
             payload,
-            memory: Vec::new(),
+            memory: OpMemory::new(),
         });
         id
     }
@@ -1103,7 +1113,7 @@ mod tests {
         let h = b.host(Category::Host, 5_000, &[c]);
         let p = b.build().unwrap();
         assert_eq!(p.ops.len(), 3);
-        assert_eq!(p.ops[c.index()].deps, vec![a]);
+        assert_eq!(p.ops[c.index()].deps.as_slice(), [a]);
         assert_eq!(p.ops[h.index()].stream, Stream::Host);
         let json = serde_json::to_string(&p).unwrap();
         let back: StepProgram = serde_json::from_str(&json).unwrap();

@@ -76,6 +76,7 @@ pub fn simulate_job(
         validation_mode: false,
         record_timeline: false,
         optimizer: job.optimizer.clone(),
+        all_ranks: false,
     };
     let label = match &job.optimizer {
         Some(o) => format!("{} with optimizer {o}", job.strategy),
