@@ -763,6 +763,8 @@ fn check_collective_bytes(
 pub struct ProgramBuilder {
     program: StepProgram,
     error: Option<ProgramError>,
+    /// Whether [`ProgramBuilder::name`] keeps names (see [`ProgramBuilder::set_names`]).
+    names: bool,
 }
 
 impl ProgramBuilder {
@@ -777,7 +779,22 @@ impl ProgramBuilder {
                 kernel_mixes: BTreeMap::new(),
             },
             error: None,
+            names: true,
         }
+    }
+
+    /// Keeps (`true`, the default) or drops op names: a program built only to be simulated
+    /// as one of many folded classes never shows its names, and formatting millions of them
+    /// is a large share of program generation. With names off, [`ProgramBuilder::name`] does
+    /// nothing and every op's name is `None`; nothing else changes.
+    pub fn set_names(&mut self, names: bool) {
+        self.names = names;
+    }
+
+    /// Whether op names are kept ([`ProgramBuilder::set_names`]); callers skip formatting
+    /// names that would be dropped.
+    pub fn names(&self) -> bool {
+        self.names
     }
 
     /// Interns a process group and returns its id.
@@ -938,6 +955,9 @@ impl ProgramBuilder {
 
     /// Names `op` for reports.
     pub fn name(&mut self, op: OpId, name: impl Into<String>) -> &mut Self {
+        if !self.names {
+            return self;
+        }
         let name = name.into();
         if let Some(o) = self.op_mut(op) {
             o.name = Some(name);

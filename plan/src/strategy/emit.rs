@@ -45,6 +45,19 @@ impl<'a> Emitter<'a> {
         }
     }
 
+    /// Keeps or drops op names ([`ProgramBuilder::set_names`]).
+    pub fn with_names(mut self, names: bool) -> Self {
+        self.b.set_names(names);
+        self
+    }
+
+    /// Names `op` with the micro-batch prefix, unless names are off.
+    fn name(&mut self, op: OpId, name: &str) {
+        if self.b.names() {
+            self.b.name(op, format!("{}{name}", self.mb_prefix));
+        }
+    }
+
     /// Sets the micro-batch name prefix.
     pub fn set_micro_batch(&mut self, m: u64) {
         self.mb_prefix = if self.ctx.opts.grad_accum_steps > 1 {
@@ -112,7 +125,7 @@ impl<'a> Emitter<'a> {
             },
             deps,
         );
-        self.b.name(op, format!("{}{name}", self.mb_prefix));
+        self.name(op, name);
         Some(op)
     }
 
@@ -140,7 +153,7 @@ impl<'a> Emitter<'a> {
         name: &str,
     ) -> OpId {
         let op = self.b.push(stream, category, Payload::Compute(work), deps);
-        self.b.name(op, format!("{}{name}", self.mb_prefix));
+        self.name(op, name);
         if stream == Stream::Compute {
             self.last_compute = Some(op);
         }
@@ -165,7 +178,7 @@ impl<'a> Emitter<'a> {
             }),
             deps,
         );
-        self.b.name(op, format!("{}{name}", self.mb_prefix));
+        self.name(op, name);
         if stream == Stream::Compute {
             self.last_compute = Some(op);
         }

@@ -672,13 +672,25 @@ impl ProgramGenerator {
 
     /// The full, validated step program of `rank`.
     pub fn program(&self, rank: usize) -> Result<StepProgram, StrategyError> {
+        self.generate(rank, true)
+    }
+
+    /// [`ProgramGenerator::program`] without op names (every name `None`): the same ops,
+    /// dependencies, payloads and memory effects, for programs that are only simulated
+    /// (folded classes other than rank 0's, whose names reports never show). Skipping the
+    /// names saves formatting millions of strings on large Muon jobs.
+    pub fn program_unnamed(&self, rank: usize) -> Result<StepProgram, StrategyError> {
+        self.generate(rank, false)
+    }
+
+    fn generate(&self, rank: usize, named: bool) -> Result<StepProgram, StrategyError> {
         self.check_rank(rank)?;
         let groups = self.ctx.groups(rank)?;
         let program = match self.ctx.opts.kind {
-            StrategyKind::HyperParallel => hyperparallel::generate(&self.ctx, rank, groups)?,
-            StrategyKind::Fsdp2 => fsdp2::generate(&self.ctx, rank, groups)?,
+            StrategyKind::HyperParallel => hyperparallel::generate(&self.ctx, rank, groups, named)?,
+            StrategyKind::Fsdp2 => fsdp2::generate(&self.ctx, rank, groups, named)?,
             StrategyKind::MegatronDdp => match &self.megatron {
-                Some(layout) => megatron::generate(&self.ctx, layout, rank, groups)?,
+                Some(layout) => megatron::generate(&self.ctx, layout, rank, groups, named)?,
                 None => unreachable_layout()?,
             },
         };
@@ -737,7 +749,7 @@ impl ProgramGenerator {
             let digests: Vec<Option<u64>> = first
                 .iter()
                 .map(|r| {
-                    r.and_then(|r| self.program(r).ok())
+                    r.and_then(|r| self.program_unnamed(r).ok())
                         .map(|p| class_part_digest(&p, schedule))
                 })
                 .collect();
@@ -769,7 +781,7 @@ impl ProgramGenerator {
     /// Optimizer-state bytes resident on `rank`: (Muon momentum, AdamW moments).
     pub fn optimizer_state_bytes(&self, rank: usize) -> Result<(u64, u64), StrategyError> {
         self.check_rank(rank)?;
-        let s = muon::schedule(&self.ctx, rank);
+        let s = muon::schedule(&self.ctx, rank, false);
         Ok((s.momentum_bytes, s.adamw_state_bytes))
     }
 

@@ -454,7 +454,8 @@ impl OptCtx {
     }
 
     /// The rank's schedule digest, cached per optimizer coordinate. The schedule hashed is
-    /// built with its names and kept for the rank's program ([`OptCtx::take_built`]).
+    /// built anonymous (names are not hashed) and kept for the rank's unnamed program
+    /// ([`OptCtx::take_built`]); a named program builds its own.
     fn digest(&self, ctx: &Ctx, rank: usize) -> u64 {
         let view = RankView::new(ctx, rank);
         let key = view.key(ctx);
@@ -464,7 +465,11 @@ impl OptCtx {
             return d;
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        let schedule = build(ctx, &view, Schedule::default());
+        let anonymous = Schedule {
+            anonymous: true,
+            ..Schedule::default()
+        };
+        let schedule = build(ctx, &view, anonymous);
         schedule.hash_without_names(&mut h);
         if self.strategy.owner_placement() {
             placement_signature(ctx, &view).hash(&mut h);
@@ -628,12 +633,22 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
         .collect()
 }
 
-/// The optimizer schedule of `rank` (empty for the placeholder AdamW).
-pub(crate) fn schedule(ctx: &Ctx, rank: usize) -> Schedule {
+/// The optimizer schedule of `rank` (empty for the placeholder AdamW), with op names when
+/// `named`. An unnamed schedule reuses the one [`OptCtx::digest`] built for exactly this
+/// rank, if any (one build per optimizer coordinate on folded jobs).
+pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
     let view = RankView::new(ctx, rank);
-    match ctx.opt.take_built(ctx, &view, rank) {
-        Some(s) => s,
-        None => build(ctx, &view, Schedule::default()),
+    let built = ctx.opt.take_built(ctx, &view, rank);
+    match built {
+        Some(s) if !named => s,
+        _ => build(
+            ctx,
+            &view,
+            Schedule {
+                anonymous: !named,
+                ..Schedule::default()
+            },
+        ),
     }
 }
 
