@@ -783,6 +783,12 @@ impl ProgramBuilder {
         }
     }
 
+    /// Reserves room for `additional` more ops (a capacity hint: a generator that knows the
+    /// size of similar programs avoids regrowing the op vector).
+    pub fn reserve_ops(&mut self, additional: usize) {
+        self.program.ops.reserve(additional);
+    }
+
     /// Keeps (`true`, the default) or drops op names: a program built only to be simulated
     /// as one of many folded classes never shows its names, and formatting millions of them
     /// is a large share of program generation. With names off, [`ProgramBuilder::name`] does

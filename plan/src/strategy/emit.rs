@@ -34,6 +34,7 @@ impl<'a> Emitter<'a> {
     /// A new emitter for `rank` with its group table.
     pub fn new(ctx: &'a Ctx, rank: usize, groups: Vec<(Group, Tier)>) -> Self {
         let mut b = ProgramBuilder::new(rank);
+        b.reserve_ops(ctx.ops_hint.load(std::sync::atomic::Ordering::Relaxed));
         let ids = groups.into_iter().map(|(g, t)| (b.group(g), t)).collect();
         Self {
             ctx,

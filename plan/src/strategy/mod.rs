@@ -354,6 +354,10 @@ pub(crate) struct Ctx {
     slot: [Option<usize>; GROUP_KINDS],
     /// The optimizer strategy's rank-independent data.
     pub opt: muon::OptCtx,
+    /// The most ops any program generated so far has had: new programs reserve that many
+    /// up front instead of growing (and copying) their op vector ~15 times. Capacity only;
+    /// program contents never depend on it.
+    pub ops_hint: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Ctx {
@@ -618,6 +622,7 @@ impl ProgramGenerator {
             families,
             slot,
             opt,
+            ops_hint: Default::default(),
         };
         let tokens_per_step = scenario.file.train.global_batch * scenario.file.train.seq_len;
         let model_flops_per_step = 3.0
@@ -694,6 +699,9 @@ impl ProgramGenerator {
                 None => unreachable_layout()?,
             },
         };
+        self.ctx
+            .ops_hint
+            .fetch_max(program.ops.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(program)
     }
 
