@@ -34,9 +34,9 @@ pub use mesh::{DeviceMesh, MeshAxis};
 pub use model::{DType, ExpertLayout, ModelConfig, ModelFamily, ModelIr, ModelOptions, ParamSpec};
 pub use placement::{Placement, ReduceOp};
 pub use program::{
-    Category, CollectiveOp, ComputeWork, CopyWork, Group, GroupId, MemTag, MemoryEffect, Op, OpId,
-    OpSpan, Payload, ProgramBuilder, ProgramError, RankRange, RankTimeline, ResidentMemory,
-    StepProgram, Stream, Timeline, TimelineKind, TimelineSource,
+    Category, CollectiveOp, ComputeWork, CopyWork, Group, GroupId, MemTag, MemoryEffect, Op,
+    OpDeps, OpId, OpMemory, OpSpan, Payload, ProgramBuilder, ProgramError, RankRange, RankTimeline,
+    ResidentMemory, StepProgram, Stream, Timeline, TimelineKind, TimelineSource,
 };
 pub use strategy::{ProgramGenerator, StrategyError, StrategyKind, StrategyOptions};
 pub use topology::{DeviceLocation, Tier, Topology};

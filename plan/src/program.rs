@@ -24,6 +24,7 @@ use crate::kernel::{KernelWork, MixId};
 use crate::model::DType;
 use crate::topology::Tier;
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use thiserror::Error;
 
@@ -348,6 +349,15 @@ impl Payload {
     }
 }
 
+/// Dependencies of one op, stored inline up to four ids (the common case), so that building
+/// and dropping a program of millions of ops does not make one heap allocation per op.
+/// Serialises, compares and hashes exactly as the `Vec<OpId>` it replaces (a sequence).
+pub type OpDeps = SmallVec<[OpId; 4]>;
+
+/// Memory effects of one op, stored inline up to two (an alloc and a free), for the same reason
+/// as [`OpDeps`]; serialises, compares and hashes as a `Vec<MemoryEffect>`.
+pub type OpMemory = SmallVec<[MemoryEffect; 2]>;
+
 /// One op of a step program.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Op {
@@ -361,13 +371,13 @@ pub struct Op {
     /// What the op is for.
     pub category: Category,
     /// Ids of earlier ops that must finish before this one starts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deps: Vec<OpId>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub deps: OpDeps,
     /// What the op does.
     pub payload: Payload,
     /// Memory allocated at start / freed at end.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub memory: Vec<MemoryEffect>,
+    #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
+    pub memory: OpMemory,
 }
 
 /// A process group: sorted, distinct global ranks plus the mesh-axis label it was built from
@@ -753,6 +763,8 @@ fn check_collective_bytes(
 pub struct ProgramBuilder {
     program: StepProgram,
     error: Option<ProgramError>,
+    /// Whether [`ProgramBuilder::name`] keeps names (see [`ProgramBuilder::set_names`]).
+    names: bool,
 }
 
 impl ProgramBuilder {
@@ -767,7 +779,28 @@ impl ProgramBuilder {
                 kernel_mixes: BTreeMap::new(),
             },
             error: None,
+            names: true,
         }
+    }
+
+    /// Reserves room for `additional` more ops (a capacity hint: a generator that knows the
+    /// size of similar programs avoids regrowing the op vector).
+    pub fn reserve_ops(&mut self, additional: usize) {
+        self.program.ops.reserve(additional);
+    }
+
+    /// Keeps (`true`, the default) or drops op names: a program built only to be simulated
+    /// as one of many folded classes never shows its names, and formatting millions of them
+    /// is a large share of program generation. With names off, [`ProgramBuilder::name`] does
+    /// nothing and every op's name is `None`; nothing else changes.
+    pub fn set_names(&mut self, names: bool) {
+        self.names = names;
+    }
+
+    /// Whether op names are kept ([`ProgramBuilder::set_names`]); callers skip formatting
+    /// names that would be dropped.
+    pub fn names(&self) -> bool {
+        self.names
     }
 
     /// Interns a process group and returns its id.
@@ -794,7 +827,7 @@ impl ProgramBuilder {
         deps: &[OpId],
     ) -> OpId {
         let id = OpId(self.program.ops.len() as u32);
-        let mut deps = deps.to_vec();
+        let mut deps = OpDeps::from_slice(deps);
         deps.sort_unstable();
         deps.dedup();
         self.program.ops.push(Op {
@@ -804,7 +837,7 @@ impl ProgramBuilder {
             category,
             deps,
             payload,
-            memory: Vec::new(),
+            memory: OpMemory::new(),
         });
         id
     }
@@ -928,6 +961,9 @@ impl ProgramBuilder {
 
     /// Names `op` for reports.
     pub fn name(&mut self, op: OpId, name: impl Into<String>) -> &mut Self {
+        if !self.names {
+            return self;
+        }
         let name = name.into();
         if let Some(o) = self.op_mut(op) {
             o.name = Some(name);
@@ -1103,7 +1139,7 @@ mod tests {
         let h = b.host(Category::Host, 5_000, &[c]);
         let p = b.build().unwrap();
         assert_eq!(p.ops.len(), 3);
-        assert_eq!(p.ops[c.index()].deps, vec![a]);
+        assert_eq!(p.ops[c.index()].deps.as_slice(), [a]);
         assert_eq!(p.ops[h.index()].stream, Stream::Host);
         let json = serde_json::to_string(&p).unwrap();
         let back: StepProgram = serde_json::from_str(&json).unwrap();

@@ -103,9 +103,50 @@ pub(crate) struct RankView<'a> {
     pub groups: Cow<'a, [Group]>,
 }
 
+/// A `Hasher` that streams its bytes into BLAKE3 through a small buffer: the same digest as
+/// collecting them all first ([`ByteSink`]), without holding megabytes per program.
+struct StreamSink {
+    buf: Vec<u8>,
+    hasher: blake3::Hasher,
+}
+
+/// Bytes buffered before they are fed to BLAKE3 (amortises its per-call cost).
+const STREAM_BUF_BYTES: usize = 64 * 1024;
+
+impl StreamSink {
+    fn new() -> Self {
+        Self {
+            buf: Vec::with_capacity(STREAM_BUF_BYTES),
+            hasher: blake3::Hasher::new(),
+        }
+    }
+
+    /// The digest of every byte written, as [`digest`] computes it.
+    fn digest(mut self) -> u128 {
+        self.hasher.update(&self.buf);
+        let h = self.hasher.finalize();
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&h.as_bytes()[..16]);
+        u128::from_le_bytes(b)
+    }
+}
+
+impl Hasher for StreamSink {
+    fn write(&mut self, bytes: &[u8]) {
+        self.buf.extend_from_slice(bytes);
+        if self.buf.len() >= STREAM_BUF_BYTES {
+            self.hasher.update(&self.buf);
+            self.buf.clear();
+        }
+    }
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
 /// Digest of a program's ops and resident memory (its groups and op names excluded).
 pub(crate) fn ops_digest(prog: &StepProgram) -> u128 {
-    let mut sink = ByteSink(Vec::new());
+    let mut sink = StreamSink::new();
     prog.ops.len().hash(&mut sink);
     for op in &prog.ops {
         op.id.hash(&mut sink);
@@ -116,7 +157,7 @@ pub(crate) fn ops_digest(prog: &StepProgram) -> u128 {
         op.memory.hash(&mut sink);
     }
     prog.resident.hash(&mut sink);
-    digest(&sink.0)
+    sink.digest()
 }
 
 /// Digests ranks `range`: hashes each rank's program digest with its groups relabeled to

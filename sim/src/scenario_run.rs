@@ -180,7 +180,16 @@ pub fn prepare(
             topology,
             |r| generator.template_key(r),
             |r| generator.groups(r).map_err(gen_err),
-            |r| generator.program(r).map_err(gen_err),
+            // Only rank 0's program keeps names (reports name spans from it); the others
+            // are generated without, which `fold_templated` would strip anyway.
+            |r| {
+                if r == 0 {
+                    generator.program(r)
+                } else {
+                    generator.program_unnamed(r)
+                }
+                .map_err(gen_err)
+            },
             salt,
         )?
     } else {

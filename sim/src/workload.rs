@@ -135,9 +135,9 @@ impl Workload {
         // One program per template, from its first rank; kept, since the first rank of a
         // template is the smallest rank of its class unless the class merges templates whose
         // programs turn out equal.
-        // In rank order: a key's first computation may build what the first rank of its
-        // template then reuses (the Muon schedule of its optimizer coordinate).
-        let keys: Vec<u64> = (0..world_size).map(&template_key).collect();
+        // In parallel (the Muon keys build one optimizer schedule per coordinate, which the
+        // template's program then reuses whichever rank built it); collected in rank order.
+        let keys: Vec<u64> = (0..world_size).into_par_iter().map(&template_key).collect();
         let mut firsts: Vec<usize> = Vec::new();
         let mut seen: HashSet<u64> = HashSet::new();
         for (rank, &key) in keys.iter().enumerate() {

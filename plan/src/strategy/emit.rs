@@ -34,6 +34,7 @@ impl<'a> Emitter<'a> {
     /// A new emitter for `rank` with its group table.
     pub fn new(ctx: &'a Ctx, rank: usize, groups: Vec<(Group, Tier)>) -> Self {
         let mut b = ProgramBuilder::new(rank);
+        b.reserve_ops(ctx.ops_hint.load(std::sync::atomic::Ordering::Relaxed));
         let ids = groups.into_iter().map(|(g, t)| (b.group(g), t)).collect();
         Self {
             ctx,
@@ -42,6 +43,19 @@ impl<'a> Emitter<'a> {
             last_compute: None,
             pending: Vec::new(),
             mb_prefix: String::new(),
+        }
+    }
+
+    /// Keeps or drops op names ([`ProgramBuilder::set_names`]).
+    pub fn with_names(mut self, names: bool) -> Self {
+        self.b.set_names(names);
+        self
+    }
+
+    /// Names `op` with the micro-batch prefix, unless names are off.
+    fn name(&mut self, op: OpId, name: &str) {
+        if self.b.names() {
+            self.b.name(op, format!("{}{name}", self.mb_prefix));
         }
     }
 
@@ -112,7 +126,7 @@ impl<'a> Emitter<'a> {
             },
             deps,
         );
-        self.b.name(op, format!("{}{name}", self.mb_prefix));
+        self.name(op, name);
         Some(op)
     }
 
@@ -140,7 +154,7 @@ impl<'a> Emitter<'a> {
         name: &str,
     ) -> OpId {
         let op = self.b.push(stream, category, Payload::Compute(work), deps);
-        self.b.name(op, format!("{}{name}", self.mb_prefix));
+        self.name(op, name);
         if stream == Stream::Compute {
             self.last_compute = Some(op);
         }
@@ -165,7 +179,7 @@ impl<'a> Emitter<'a> {
             }),
             deps,
         );
-        self.b.name(op, format!("{}{name}", self.mb_prefix));
+        self.name(op, name);
         if stream == Stream::Compute {
             self.last_compute = Some(op);
         }

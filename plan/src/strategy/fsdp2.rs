@@ -281,11 +281,12 @@ impl F2<'_> {
     }
 }
 
-/// Generates the FSDP2 program of `rank`.
+/// Generates the FSDP2 program of `rank` (op names kept when `named`).
 pub(crate) fn generate(
     ctx: &Ctx,
     rank: usize,
     groups: Vec<(Group, Tier)>,
+    named: bool,
 ) -> Result<StepProgram, StrategyError> {
     let o = &ctx.opts;
     let class = &ctx.classes[ctx.class_of(rank)];
@@ -319,7 +320,7 @@ pub(crate) fn generate(
     }
     let n = units.len();
     let mut f = F2 {
-        e: Emitter::new(ctx, rank, groups),
+        e: Emitter::new(ctx, rank, groups).with_names(named),
         units,
         ag: vec![Vec::new(); n],
         gathered: vec![false; n],
@@ -337,7 +338,7 @@ pub(crate) fn generate(
         .opt
         .strategy
         .is_muon()
-        .then(|| muon::schedule(ctx, rank));
+        .then(|| muon::schedule(ctx, rank, named));
     f.e.resident(
         MemTag::Optimizer,
         match &sched {

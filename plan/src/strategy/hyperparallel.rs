@@ -348,6 +348,7 @@ pub(crate) fn generate(
     ctx: &Ctx,
     rank: usize,
     groups: Vec<(Group, Tier)>,
+    named: bool,
 ) -> Result<StepProgram, StrategyError> {
     let o = &ctx.opts;
     let units = unit_infos(ctx, rank);
@@ -359,7 +360,7 @@ pub(crate) fn generate(
         stage_units[ctx.unit_stage[u]].push(u);
     }
     let mut hp = Hp {
-        e: Emitter::new(ctx, rank, groups),
+        e: Emitter::new(ctx, rank, groups).with_names(named),
         units,
         order,
         ag: vec![None; n],
@@ -378,7 +379,7 @@ pub(crate) fn generate(
         .opt
         .strategy
         .is_muon()
-        .then(|| muon::schedule(ctx, rank));
+        .then(|| muon::schedule(ctx, rank, named));
     hp.e.resident(
         MemTag::Optimizer,
         match &sched {

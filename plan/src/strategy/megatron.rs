@@ -149,10 +149,11 @@ pub(crate) fn generate(
     layout: &Layout,
     rank: usize,
     groups: Vec<(Group, Tier)>,
+    named: bool,
 ) -> Result<StepProgram, StrategyError> {
     let o = &ctx.opts;
     let (pd, gd) = (o.param_dtype, o.reduce_dtype);
-    let mut e = Emitter::new(ctx, rank, groups);
+    let mut e = Emitter::new(ctx, rank, groups).with_names(named);
     let grad_buffer: u64 = layout
         .buckets
         .iter()
@@ -171,7 +172,7 @@ pub(crate) fn generate(
         .opt
         .strategy
         .is_muon()
-        .then(|| muon::schedule(ctx, rank));
+        .then(|| muon::schedule(ctx, rank, named));
     e.resident(
         MemTag::Optimizer,
         shard_elems * 4

@@ -354,6 +354,10 @@ pub(crate) struct Ctx {
     slot: [Option<usize>; GROUP_KINDS],
     /// The optimizer strategy's rank-independent data.
     pub opt: muon::OptCtx,
+    /// The most ops any program generated so far has had: new programs reserve that many
+    /// up front instead of growing (and copying) their op vector ~15 times. Capacity only;
+    /// program contents never depend on it.
+    pub ops_hint: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Ctx {
@@ -618,6 +622,7 @@ impl ProgramGenerator {
             families,
             slot,
             opt,
+            ops_hint: Default::default(),
         };
         let tokens_per_step = scenario.file.train.global_batch * scenario.file.train.seq_len;
         let model_flops_per_step = 3.0
@@ -672,16 +677,31 @@ impl ProgramGenerator {
 
     /// The full, validated step program of `rank`.
     pub fn program(&self, rank: usize) -> Result<StepProgram, StrategyError> {
+        self.generate(rank, true)
+    }
+
+    /// [`ProgramGenerator::program`] without op names (every name `None`): the same ops,
+    /// dependencies, payloads and memory effects, for programs that are only simulated
+    /// (folded classes other than rank 0's, whose names reports never show). Skipping the
+    /// names saves formatting millions of strings on large Muon jobs.
+    pub fn program_unnamed(&self, rank: usize) -> Result<StepProgram, StrategyError> {
+        self.generate(rank, false)
+    }
+
+    fn generate(&self, rank: usize, named: bool) -> Result<StepProgram, StrategyError> {
         self.check_rank(rank)?;
         let groups = self.ctx.groups(rank)?;
         let program = match self.ctx.opts.kind {
-            StrategyKind::HyperParallel => hyperparallel::generate(&self.ctx, rank, groups)?,
-            StrategyKind::Fsdp2 => fsdp2::generate(&self.ctx, rank, groups)?,
+            StrategyKind::HyperParallel => hyperparallel::generate(&self.ctx, rank, groups, named)?,
+            StrategyKind::Fsdp2 => fsdp2::generate(&self.ctx, rank, groups, named)?,
             StrategyKind::MegatronDdp => match &self.megatron {
-                Some(layout) => megatron::generate(&self.ctx, layout, rank, groups)?,
+                Some(layout) => megatron::generate(&self.ctx, layout, rank, groups, named)?,
                 None => unreachable_layout()?,
             },
         };
+        self.ctx
+            .ops_hint
+            .fetch_max(program.ops.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(program)
     }
 
@@ -737,7 +757,7 @@ impl ProgramGenerator {
             let digests: Vec<Option<u64>> = first
                 .iter()
                 .map(|r| {
-                    r.and_then(|r| self.program(r).ok())
+                    r.and_then(|r| self.program_unnamed(r).ok())
                         .map(|p| class_part_digest(&p, schedule))
                 })
                 .collect();
@@ -769,7 +789,7 @@ impl ProgramGenerator {
     /// Optimizer-state bytes resident on `rank`: (Muon momentum, AdamW moments).
     pub fn optimizer_state_bytes(&self, rank: usize) -> Result<(u64, u64), StrategyError> {
         self.check_rank(rank)?;
-        let s = muon::schedule(&self.ctx, rank);
+        let s = muon::schedule(&self.ctx, rank, false);
         Ok((s.momentum_bytes, s.adamw_state_bytes))
     }
 

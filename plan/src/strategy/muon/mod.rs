@@ -454,7 +454,8 @@ impl OptCtx {
     }
 
     /// The rank's schedule digest, cached per optimizer coordinate. The schedule hashed is
-    /// built with its names and kept for the rank's program ([`OptCtx::take_built`]).
+    /// built anonymous (names are not hashed) and kept for the rank's unnamed program
+    /// ([`OptCtx::take_built`]); a named program builds its own.
     fn digest(&self, ctx: &Ctx, rank: usize) -> u64 {
         let view = RankView::new(ctx, rank);
         let key = view.key(ctx);
@@ -464,7 +465,11 @@ impl OptCtx {
             return d;
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        let schedule = build(ctx, &view, Schedule::default());
+        let anonymous = Schedule {
+            anonymous: true,
+            ..Schedule::default()
+        };
+        let schedule = build(ctx, &view, anonymous);
         schedule.hash_without_names(&mut h);
         if self.strategy.owner_placement() {
             placement_signature(ctx, &view).hash(&mut h);
@@ -481,14 +486,15 @@ impl OptCtx {
         d
     }
 
-    /// The schedule [`OptCtx::digest`] built for exactly `rank`, if it is still kept.
-    fn take_built(&self, ctx: &Ctx, view: &RankView, rank: usize) -> Option<Schedule> {
+    /// The anonymous schedule [`OptCtx::digest`] built for `view`'s optimizer coordinate, if
+    /// it is still kept (taken: a folded job generates one program per template). Any rank
+    /// of the coordinate may take it: the digest, cached per coordinate, already relies on
+    /// the coordinate determining the schedule up to names, and anonymous schedules have
+    /// none; so the result does not depend on which rank's key was computed first (keys are
+    /// computed in parallel).
+    fn take_built(&self, ctx: &Ctx, view: &RankView) -> Option<Schedule> {
         let mut built = self.built.lock().ok()?;
-        let key = view.key(ctx);
-        match built.get(&key) {
-            Some((r, _)) if *r == rank => built.remove(&key).map(|(_, s)| s),
-            _ => None,
-        }
+        built.remove(&view.key(ctx)).map(|(_, s)| s)
     }
 }
 
@@ -628,12 +634,26 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
         .collect()
 }
 
-/// The optimizer schedule of `rank` (empty for the placeholder AdamW).
-pub(crate) fn schedule(ctx: &Ctx, rank: usize) -> Schedule {
+/// The optimizer schedule of `rank` (empty for the placeholder AdamW), with op names when
+/// `named`. An unnamed schedule reuses the one [`OptCtx::digest`] built for the rank's
+/// optimizer coordinate, if any (one build per coordinate on folded jobs).
+pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
     let view = RankView::new(ctx, rank);
-    match ctx.opt.take_built(ctx, &view, rank) {
+    let built = if named {
+        None
+    } else {
+        ctx.opt.take_built(ctx, &view)
+    };
+    match built {
         Some(s) => s,
-        None => build(ctx, &view, Schedule::default()),
+        None => build(
+            ctx,
+            &view,
+            Schedule {
+                anonymous: !named,
+                ..Schedule::default()
+            },
+        ),
     }
 }
 
