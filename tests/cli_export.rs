@@ -3,6 +3,9 @@
 //! collectives as `COMM_COLL_NODE`s with `comm_type`, `comm_size` and `pg_name` that round-trip
 //! to the step program they came from; bad input exits 2.
 
+mod common;
+
+use common::{hpfsdp, text};
 use hpfsdp_export::et_def::attribute_proto::Value;
 use hpfsdp_export::et_def::{CollectiveCommType, NodeType};
 use hpfsdp_export::trace_file::read_trace;
@@ -11,23 +14,6 @@ use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
 use hpfsdp_sim::scenario_run::ScenarioPlans;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn hpfsdp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run hpfsdp")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 #[test]
 fn traces_round_trip_to_the_step_programs() {

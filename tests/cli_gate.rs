@@ -2,28 +2,13 @@
 //! in the copy fails the gate (exit 1) with a readable message, a JUnit failure and a Markdown
 //! summary; bad input exits 2 naming the fix; the shipped `hpfsdp.lock` passes.
 
+mod common;
+
+use common::{fresh_dir, hpfsdp, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn hpfsdp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run hpfsdp")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn temp_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hpfsdp-gate-{tag}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
+    let dir = fresh_dir("gate", tag);
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }

@@ -394,7 +394,10 @@ fn verify_refuses_scenarios_beyond_the_cpu_reference_budget() {
             .replace("dies_per_machine = 4", "dies_per_machine = 128")
             .replace("global_batch = 8", "global_batch = 128")
     });
-    assert_error(&hpfsdp(&["verify", &many_ranks]), &["128 ranks", "at most 64"]);
+    assert_error(
+        &hpfsdp(&["verify", &many_ranks]),
+        &["128 ranks", "at most 64"],
+    );
     let many_tokens = dense_fsdp4_with(&dir, "tokens.toml", |t| {
         t.replace("global_batch = 8", "global_batch = 4096")
     });

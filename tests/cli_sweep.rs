@@ -2,29 +2,13 @@
 //! reported with their error instead of aborting, sweep.csv / sweep.html written and identical
 //! for any `--jobs`, and bad input exiting 2 with a message naming the key.
 
+mod common;
+
+use common::{fresh_dir, hpfsdp, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn hpfsdp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run hpfsdp")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 fn out_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hpfsdp-sweep-{tag}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    fresh_dir("sweep", tag)
 }
 
 const SCENARIO: &str = "scenarios/verify/dense-fsdp4.toml";

@@ -2,29 +2,14 @@
 //! carry, the cost of each fault; `sweep` varies what-if keys; bad input exits 2 naming the
 //! file, line and key.
 
+mod common;
+
+use common::{fresh_dir, hpfsdp, text};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn hpfsdp(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
-        .args(args)
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")))
-        .output()
-        .expect("run hpfsdp")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Output;
 
 fn out_dir(tag: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("hpfsdp-whatif-{tag}-{}", std::process::id()));
-    std::fs::remove_dir_all(&dir).ok();
-    dir
+    fresh_dir("whatif", tag)
 }
 
 const SCENARIO: &str = "scenarios/fixtures/whatif-tiny.toml";

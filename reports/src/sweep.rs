@@ -159,8 +159,7 @@ pub fn sweep_html(report: &SweepReport) -> String {
                 r.step_time_s
                     .map_or("-".into(), |s| format!("{:.2} ms", s * 1e3)),
                 r.tokens_per_s.map_or("-".into(), |t| format!("{t:.0}")),
-                r.peak_memory_bytes
-                    .map_or("-".into(), crate::units::bytes),
+                r.peak_memory_bytes.map_or("-".into(), crate::units::bytes),
                 if r.pareto { "yes" } else { "" }.into(),
                 r.message.clone(),
             ]);
