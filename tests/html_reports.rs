@@ -1,5 +1,5 @@
 //! Every HTML report the CLI writes, rendered in headless Chromium: `simulate`, `verify`,
-//! `calibrate` and `replay` (`collbench` writes a CSV only). For each page the test checks
+//! `calibrate`, `replay` and `sweep` (`collbench` writes a CSV only). For each page the test checks
 //! that the browser logs no console message (the pages carry no script, so any message is an
 //! error: a blocked resource, a parse failure), that the key numbers of the command's `--json`
 //! output are in the rendered DOM, that no table is wider than a 1280-pixel window, that no
@@ -535,6 +535,49 @@ fn replay_report_renders_with_its_step_times() {
             &format!("{side} step (ms)"),
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sweep_report_renders_with_its_points() {
+    let Some(browser) = browser() else { return };
+    let dir = scratch("sweep");
+    let o = Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
+        .args([
+            "sweep",
+            "scenarios/verify/dense-fsdp4.toml",
+            "--vary",
+            "fsdp.prefetch_depth=0,1",
+            "--vary",
+            "train.micro_batch=1,3",
+            "--out",
+            dir.to_str().unwrap(),
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run hpfsdp sweep");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let dom = check_page(&browser, &dir.join("sweep.html"), "sweep");
+    // Every feasible point's tokens/s (as sweep.csv has it) is on the page, and the invalid
+    // points (micro batch 3 does not divide the global batch) are reported, not dropped.
+    let csv = std::fs::read_to_string(dir.join("sweep.csv")).expect("sweep.csv");
+    let mut feasible = 0;
+    for row in csv.lines().skip(1) {
+        let cells: Vec<&str> = row.split(',').collect();
+        if cells[4] == "ok" {
+            let tokens: f64 = cells[6].parse().expect("tokens_per_s");
+            assert_in_dom(&dom, &format!("{tokens:.0}"), "a point's tokens/s");
+            feasible += 1;
+        }
+    }
+    assert!(feasible >= 2, "{csv}");
+    assert!(dom.contains("invalid"), "the invalid points are not on the page");
+    assert!(dom.contains("best feasible point"), "no best point on the page");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -5,9 +5,6 @@
 use crate::page::{self, escape};
 use std::fmt::Write as _;
 
-/// Bytes per GiB: the Pareto chart's memory axis is in GiB, as every size in the reports.
-const GIB: f64 = (1u64 << 30) as f64;
-
 /// One simulated (or rejected) point of a sweep with one strategy.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SweepRow {
@@ -180,11 +177,11 @@ fn point_label(keys: &[String], r: &SweepRow) -> String {
 
 /// The scatter of tokens/s (y) vs peak memory (x) with the Pareto front, as inline SVG.
 fn pareto_svg(report: &SweepReport) -> String {
-    let (w, h, left, bottom, top, right) = (720.0, 420.0, 80.0, 50.0, 20.0, 20.0);
+    let (w, h, left, bottom, top, right) = (720.0, 420.0, 80.0, 50.0, 20.0, 44.0);
     let pts: Vec<(&SweepRow, f64, f64)> = report
         .rows
         .iter()
-        .filter_map(|r| Some((r, r.peak_memory_bytes? as f64 / GIB, r.tokens_per_s?)))
+        .filter_map(|r| Some((r, r.peak_memory_bytes? as f64, r.tokens_per_s?)))
         .collect();
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 {w} {h}\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n"
@@ -207,10 +204,11 @@ fn pareto_svg(report: &SweepReport) -> String {
         let f = i as f64 / 4.0;
         let _ = writeln!(
             svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{:.1}</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}</text>",
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{:.0}</text>",
             sx(f * max_x),
             h - bottom + 16.0,
-            f * max_x,
+            // Binary units chosen per tick, so small and large sweeps both read.
+            crate::units::bytes((f * max_x) as u64),
             left - 6.0,
             sy(f * max_y) + 4.0,
             f * max_y
@@ -218,7 +216,7 @@ fn pareto_svg(report: &SweepReport) -> String {
     }
     let _ = writeln!(
         svg,
-        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">peak memory per rank (GiB)</text><text x=\"16\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1})\">tokens/s</text>",
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">peak memory per rank</text><text x=\"16\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 16 {:.1})\">tokens/s</text>",
         (left + w - right) / 2.0,
         h - 12.0,
         (top + h - bottom) / 2.0,
@@ -255,10 +253,11 @@ fn pareto_svg(report: &SweepReport) -> String {
             sx(*x),
             sy(*y),
             escape(&format!(
-                "point {} {} {}: {y:.0} tokens/s, {x:.2} GiB",
+                "point {} {} {}: {y:.0} tokens/s, {}",
                 r.point,
                 point_label(&report.keys, r),
-                r.strategy
+                r.strategy,
+                crate::units::bytes(*x as u64)
             ))
         );
         if r.best {
