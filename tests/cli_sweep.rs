@@ -164,3 +164,17 @@ fn a_point_with_a_lint_error_is_reported_with_its_lint() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[cfg(not(feature = "mpi"))]
+#[test]
+fn under_mpi_without_mpi_support_names_the_rebuild() {
+    let o = hpfsdp(&[
+        "sweep",
+        SCENARIO,
+        "--vary",
+        "fsdp.prefetch_depth=0,1",
+        "--under-mpi",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--features mpi"), "{}", text(&o));
+}

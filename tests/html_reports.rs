@@ -576,8 +576,14 @@ fn sweep_report_renders_with_its_points() {
         }
     }
     assert!(feasible >= 2, "{csv}");
-    assert!(dom.contains("invalid"), "the invalid points are not on the page");
-    assert!(dom.contains("best feasible point"), "no best point on the page");
+    assert!(
+        dom.contains("invalid"),
+        "the invalid points are not on the page"
+    );
+    assert!(
+        dom.contains("best feasible point"),
+        "no best point on the page"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -17,4 +17,5 @@ pub mod scenario_figures;
 pub mod sim_summary;
 pub mod simulate;
 pub mod sweep;
+pub mod sweep_mpi;
 pub mod verify;

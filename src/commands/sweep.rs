@@ -7,6 +7,7 @@
 //! threads and collected in point order, so the files are identical for any `--jobs`.
 
 use crate::commands::scenario_figures::{RunFigures, plan_check, simulate_job};
+use crate::commands::sweep_mpi::MpiSpread;
 use anyhow::{Context, Result, bail};
 use hpfsdp_plan::overrides::{self, Override};
 use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
@@ -34,9 +35,13 @@ pub struct SweepArgs {
     /// Where to write sweep.csv and sweep.html.
     #[arg(long, value_name = "DIR", default_value = "reports/sweep")]
     pub out: PathBuf,
-    /// Points simulated at once (default: one per core).
+    /// Points simulated at once (default: one per core; per process under `--under-mpi`).
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
+    /// Spread the points over the ranks of an `mpirun` job (point i on rank i mod N; rank 0
+    /// writes the outputs, identical to a one-process sweep). Build with `--features mpi`.
+    #[arg(long)]
+    pub under_mpi: bool,
 }
 
 /// One point of the product: an override per varied key.
@@ -83,21 +88,39 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
             })
             .collect()
     };
-    let bar = progress(points.len() * jobs.len());
+    let spread = if args.under_mpi {
+        Some(MpiSpread::join()?)
+    } else {
+        None
+    };
+    let lead = spread.as_ref().is_none_or(|s| s.rank() == 0);
+    let mine: Vec<usize> = (0..points.len())
+        .filter(|&i| spread.as_ref().is_none_or(|s| s.owns(i)))
+        .collect();
+    let bar = if lead {
+        progress(mine.len() * jobs.len())
+    } else {
+        ProgressBar::hidden()
+    };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.jobs.unwrap_or(0))
         .build()
         .context("starting the worker threads")?;
     let rows: Vec<SweepRow> = pool.install(|| {
-        points
-            .par_iter()
-            .enumerate()
-            .flat_map_iter(|(i, p)| {
-                evaluate_point(&text, &args.scenario, i, p, &jobs, &profile, &bar)
+        mine.par_iter()
+            .flat_map_iter(|&i| {
+                evaluate_point(&text, &args.scenario, i, &points[i], &jobs, &profile, &bar)
             })
             .collect()
     });
     bar.finish_and_clear();
+    let rows = match &spread {
+        Some(s) => s.gather(&rows)?,
+        None => rows,
+    };
+    if !lead {
+        return Ok(ExitCode::SUCCESS);
+    }
     let report = SweepReport {
         scenario: base.file.name.clone(),
         hardware: profile.name.clone(),
