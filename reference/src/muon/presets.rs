@@ -303,104 +303,18 @@ impl MuonConfig {
     /// Applies `[optimizer.muon]` overrides to a preset. Every bad value is reported with its
     /// key. For `torch`, giving `matched_adamw_rms` selects `adjust_lr_fn="match_rms_adamw"`.
     pub fn resolve(preset: MuonPreset, o: &MuonOptions) -> MuonResult<MuonConfig> {
-        const S: &str = "optimizer.muon";
         let mut cfg = MuonConfig::preset(preset);
-        let finite_nonneg = |key: &'static str, v: f64| -> MuonResult<f64> {
-            if v.is_finite() && v >= 0.0 {
-                Ok(v)
-            } else {
-                Err(MuonError::config(
-                    S,
-                    key,
-                    format!("{v} is not a finite value >= 0"),
-                ))
-            }
-        };
         if let Some(lr) = o.lr {
             cfg.lr = finite_nonneg("lr", lr)?;
         }
         if let Some(wd) = o.weight_decay {
             cfg.weight_decay = finite_nonneg("weight_decay", wd)?;
         }
-        let coef = |key: &'static str, m: f64| -> MuonResult<f64> {
-            if m.is_finite() && (0.0..1.0).contains(&m) {
-                Ok(m)
-            } else {
-                Err(MuonError::config(
-                    S,
-                    key,
-                    format!("momentum coefficient {m} is outside [0, 1)"),
-                ))
-            }
-        };
-        if let Some(m) = &o.momentum {
-            cfg.momentum = match (m, cfg.momentum) {
-                (Momentum::One(m), MomentumForm::TwoCoefficient { .. }) => {
-                    let m = coef("momentum", *m)?;
-                    MomentumForm::TwoCoefficient { m1: m, m2: m }
-                }
-                (Momentum::Two([m1, m2]), MomentumForm::TwoCoefficient { .. }) => {
-                    MomentumForm::TwoCoefficient {
-                        m1: coef("momentum", *m1)?,
-                        m2: coef("momentum", *m2)?,
-                    }
-                }
-                (Momentum::One(m), MomentumForm::Ema { .. }) => MomentumForm::Ema {
-                    beta: coef("momentum", *m)?,
-                },
-                (Momentum::One(m), MomentumForm::HeavyBall { .. }) => MomentumForm::HeavyBall {
-                    mu: coef("momentum", *m)?,
-                },
-                (Momentum::Two(_), _) => {
-                    return Err(MuonError::config(
-                        S,
-                        "momentum",
-                        format!(
-                            "the two-coefficient form [m1, m2] exists only for the hyperparallel \
-                             and custom presets; preset {} takes one coefficient",
-                            preset.name()
-                        ),
-                    ));
-                }
-            };
-        }
+        resolve_momentum(&mut cfg, preset, o)?;
         if let Some(n) = o.nesterov {
             cfg.nesterov = n;
         }
-        if let Some(name) = &o.numerics {
-            let form = ElementwiseNumerics::parse(name).ok_or_else(|| {
-                let names: Vec<&str> = ElementwiseNumerics::ALL.iter().map(|v| v.name()).collect();
-                MuonError::config(
-                    S,
-                    "numerics",
-                    format!("unknown form \"{name}\"; use one of {}", names.join(", ")),
-                )
-            })?;
-            if form == ElementwiseNumerics::TorchCpuFma
-                && !matches!(cfg.momentum, MomentumForm::Ema { .. })
-            {
-                return Err(MuonError::config(
-                    S,
-                    "numerics",
-                    format!(
-                        "torch_cpu_fma describes torch's lerp_ momentum (presets torch and \
-                         keller-jordan); preset {} uses another momentum form: remove the key",
-                        preset.name()
-                    ),
-                ));
-            }
-            cfg.elementwise = form;
-        }
-        if let Some(name) = &o.ns_order {
-            cfg.ns.order = NsOpOrder::parse(name).ok_or_else(|| {
-                let names: Vec<&str> = NsOpOrder::ALL.iter().map(|v| v.name()).collect();
-                MuonError::config(
-                    S,
-                    "ns_order",
-                    format!("unknown order \"{name}\"; use one of {}", names.join(", ")),
-                )
-            })?;
-        }
+        resolve_numerics(&mut cfg, preset, o)?;
         if let Some(eps) = o.ns_epsilon {
             if !(eps.is_finite() && eps > 0.0 && (eps as f32) > 0.0) {
                 return Err(MuonError::config(
@@ -411,90 +325,210 @@ impl MuonConfig {
             }
             cfg.ns.epsilon = eps as f32;
         }
-        if let Some(rms) = o.matched_adamw_rms {
-            let rms = finite_nonneg("matched_adamw_rms", rms)?;
-            cfg.scale = match cfg.scale {
-                UpdateScale::MatchedRmsInUpdate { .. } => UpdateScale::MatchedRmsInUpdate { rms },
-                UpdateScale::MatchedRmsInLr { .. } | UpdateScale::ShapeInLr => {
-                    UpdateScale::MatchedRmsInLr { rms }
-                }
-                UpdateScale::ShapeInUpdate => {
-                    return Err(MuonError::config(
-                        S,
-                        "matched_adamw_rms",
-                        "the keller-jordan preset scales by max(1, m/n)^0.5 and has no RMS \
-                         matching; remove the key or use the hyperparallel or moonlight preset",
-                    ));
-                }
-            };
-        }
-        let steps = match o.ns_steps {
-            Some(0) => {
-                return Err(MuonError::config(S, "ns_steps", "0 steps; use 1 or more"));
-            }
-            Some(s) if s > MAX_NS_STEPS => {
-                return Err(MuonError::config(
-                    S,
-                    "ns_steps",
-                    format!("{s} steps; use at most {MAX_NS_STEPS}"),
-                ));
-            }
-            s => s,
-        };
-        match preset {
-            MuonPreset::Custom => {
-                let Some(list) = &o.coefficients else {
-                    return Err(MuonError::config(
-                        S,
-                        "coefficients",
-                        "preset custom needs coefficients = [[a, b, c], ...]",
-                    ));
-                };
-                if let Some((i, t)) = list
-                    .iter()
-                    .enumerate()
-                    .find(|(_, t)| t.iter().any(|x| !x.is_finite()))
-                {
-                    return Err(MuonError::config(
-                        S,
-                        "coefficients",
-                        format!("triple {i} {t:?} is not finite"),
-                    ));
-                }
-                let steps = steps.unwrap_or(list.len());
-                if steps > list.len() || list.is_empty() {
-                    return Err(MuonError::config(
-                        S,
-                        "coefficients",
-                        format!(
-                            "ns_steps={steps} exceeds the {} provided coefficient groups",
-                            list.len()
-                        ),
-                    ));
-                }
-                cfg.ns.coefficients = to_f32_triples(&list[..steps]);
-            }
-            _ => {
-                if o.coefficients.is_some() {
-                    return Err(MuonError::config(
-                        S,
-                        "coefficients",
-                        format!(
-                            "coefficients are only read with preset = \"custom\" (preset is {})",
-                            preset.name()
-                        ),
-                    ));
-                }
-                if let Some(steps) = steps {
-                    cfg.ns.coefficients = if preset == MuonPreset::HyperParallel {
-                        // HyperParallel slices the asym5 table: more than 5 steps still runs 5.
-                        to_f32_triples(&ASYM5_COEFFICIENTS[..steps.min(5)])
-                    } else {
-                        to_f32_triples(&vec![LEGACY_COEFFICIENTS; steps])
-                    };
-                }
-            }
-        }
+        resolve_scale(&mut cfg, o)?;
+        resolve_coefficients(&mut cfg, preset, o)?;
         Ok(cfg)
     }
+}
+
+/// The scenario section every Muon key error names.
+const S: &str = "optimizer.muon";
+
+/// `v` when finite and >= 0, else an error naming `[optimizer.muon] key`.
+fn finite_nonneg(key: &'static str, v: f64) -> MuonResult<f64> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(MuonError::config(
+            S,
+            key,
+            format!("{v} is not a finite value >= 0"),
+        ))
+    }
+}
+
+/// A momentum coefficient in [0, 1), else an error naming `[optimizer.muon] key`.
+fn coef(key: &'static str, m: f64) -> MuonResult<f64> {
+    if m.is_finite() && (0.0..1.0).contains(&m) {
+        Ok(m)
+    } else {
+        Err(MuonError::config(
+            S,
+            key,
+            format!("momentum coefficient {m} is outside [0, 1)"),
+        ))
+    }
+}
+
+/// `momentum`: one or two coefficients, in the preset's momentum form.
+fn resolve_momentum(cfg: &mut MuonConfig, preset: MuonPreset, o: &MuonOptions) -> MuonResult<()> {
+    if let Some(m) = &o.momentum {
+        cfg.momentum = match (m, cfg.momentum) {
+            (Momentum::One(m), MomentumForm::TwoCoefficient { .. }) => {
+                let m = coef("momentum", *m)?;
+                MomentumForm::TwoCoefficient { m1: m, m2: m }
+            }
+            (Momentum::Two([m1, m2]), MomentumForm::TwoCoefficient { .. }) => {
+                MomentumForm::TwoCoefficient {
+                    m1: coef("momentum", *m1)?,
+                    m2: coef("momentum", *m2)?,
+                }
+            }
+            (Momentum::One(m), MomentumForm::Ema { .. }) => MomentumForm::Ema {
+                beta: coef("momentum", *m)?,
+            },
+            (Momentum::One(m), MomentumForm::HeavyBall { .. }) => MomentumForm::HeavyBall {
+                mu: coef("momentum", *m)?,
+            },
+            (Momentum::Two(_), _) => {
+                return Err(MuonError::config(
+                    S,
+                    "momentum",
+                    format!(
+                        "the two-coefficient form [m1, m2] exists only for the hyperparallel \
+                         and custom presets; preset {} takes one coefficient",
+                        preset.name()
+                    ),
+                ));
+            }
+        };
+    }
+    Ok(())
+}
+
+/// `numerics` (element-wise rounding form) and `ns_order` (Newton-Schulz rounding order).
+fn resolve_numerics(cfg: &mut MuonConfig, preset: MuonPreset, o: &MuonOptions) -> MuonResult<()> {
+    if let Some(name) = &o.numerics {
+        let form = ElementwiseNumerics::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = ElementwiseNumerics::ALL.iter().map(|v| v.name()).collect();
+            MuonError::config(
+                S,
+                "numerics",
+                format!("unknown form \"{name}\"; use one of {}", names.join(", ")),
+            )
+        })?;
+        if form == ElementwiseNumerics::TorchCpuFma
+            && !matches!(cfg.momentum, MomentumForm::Ema { .. })
+        {
+            return Err(MuonError::config(
+                S,
+                "numerics",
+                format!(
+                    "torch_cpu_fma describes torch's lerp_ momentum (presets torch and \
+                     keller-jordan); preset {} uses another momentum form: remove the key",
+                    preset.name()
+                ),
+            ));
+        }
+        cfg.elementwise = form;
+    }
+    if let Some(name) = &o.ns_order {
+        cfg.ns.order = NsOpOrder::parse(name).ok_or_else(|| {
+            let names: Vec<&str> = NsOpOrder::ALL.iter().map(|v| v.name()).collect();
+            MuonError::config(
+                S,
+                "ns_order",
+                format!("unknown order \"{name}\"; use one of {}", names.join(", ")),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// `matched_adamw_rms`: the update-scale mode that matches AdamW's RMS.
+fn resolve_scale(cfg: &mut MuonConfig, o: &MuonOptions) -> MuonResult<()> {
+    if let Some(rms) = o.matched_adamw_rms {
+        let rms = finite_nonneg("matched_adamw_rms", rms)?;
+        cfg.scale = match cfg.scale {
+            UpdateScale::MatchedRmsInUpdate { .. } => UpdateScale::MatchedRmsInUpdate { rms },
+            UpdateScale::MatchedRmsInLr { .. } | UpdateScale::ShapeInLr => {
+                UpdateScale::MatchedRmsInLr { rms }
+            }
+            UpdateScale::ShapeInUpdate => {
+                return Err(MuonError::config(
+                    S,
+                    "matched_adamw_rms",
+                    "the keller-jordan preset scales by max(1, m/n)^0.5 and has no RMS \
+                     matching; remove the key or use the hyperparallel or moonlight preset",
+                ));
+            }
+        };
+    }
+    Ok(())
+}
+
+/// `ns_steps` and `coefficients`: the Newton-Schulz coefficient table (the custom list, or the preset's table sliced or repeated).
+fn resolve_coefficients(
+    cfg: &mut MuonConfig,
+    preset: MuonPreset,
+    o: &MuonOptions,
+) -> MuonResult<()> {
+    let steps = match o.ns_steps {
+        Some(0) => {
+            return Err(MuonError::config(S, "ns_steps", "0 steps; use 1 or more"));
+        }
+        Some(s) if s > MAX_NS_STEPS => {
+            return Err(MuonError::config(
+                S,
+                "ns_steps",
+                format!("{s} steps; use at most {MAX_NS_STEPS}"),
+            ));
+        }
+        s => s,
+    };
+    match preset {
+        MuonPreset::Custom => {
+            let Some(list) = &o.coefficients else {
+                return Err(MuonError::config(
+                    S,
+                    "coefficients",
+                    "preset custom needs coefficients = [[a, b, c], ...]",
+                ));
+            };
+            if let Some((i, t)) = list
+                .iter()
+                .enumerate()
+                .find(|(_, t)| t.iter().any(|x| !x.is_finite()))
+            {
+                return Err(MuonError::config(
+                    S,
+                    "coefficients",
+                    format!("triple {i} {t:?} is not finite"),
+                ));
+            }
+            let steps = steps.unwrap_or(list.len());
+            if steps > list.len() || list.is_empty() {
+                return Err(MuonError::config(
+                    S,
+                    "coefficients",
+                    format!(
+                        "ns_steps={steps} exceeds the {} provided coefficient groups",
+                        list.len()
+                    ),
+                ));
+            }
+            cfg.ns.coefficients = to_f32_triples(&list[..steps]);
+        }
+        _ => {
+            if o.coefficients.is_some() {
+                return Err(MuonError::config(
+                    S,
+                    "coefficients",
+                    format!(
+                        "coefficients are only read with preset = \"custom\" (preset is {})",
+                        preset.name()
+                    ),
+                ));
+            }
+            if let Some(steps) = steps {
+                cfg.ns.coefficients = if preset == MuonPreset::HyperParallel {
+                    // HyperParallel slices the asym5 table: more than 5 steps still runs 5.
+                    to_f32_triples(&ASYM5_COEFFICIENTS[..steps.min(5)])
+                } else {
+                    to_f32_triples(&vec![LEGACY_COEFFICIENTS; steps])
+                };
+            }
+        }
+    }
+    Ok(())
 }
