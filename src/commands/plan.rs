@@ -201,9 +201,63 @@ fn contract(c: &Option<Contract>) -> String {
     }
 }
 
+/// The whole `plan` text: header, parameter table, boundary contracts, communication groups
+/// and lint, each from its own function.
 fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
-    let (s, f, m) = (r.sharding, r.fsdp, r.muon);
-    let mut out = String::new();
+    let mut out = render_header(scenario, r);
+    out.push_str("PARAMETERS\n");
+    out.push_str(&parameter_table(scenario, r, all).render());
+    out.push_str("\nBOUNDARY CONTRACTS (plan axes; absent = replicate)\n");
+    out.push_str(&boundary_table(r.sharding).render());
+    out.push_str("\nCOMMUNICATION GROUPS\n");
+    out.push_str(&group_table(scenario, r.fsdp).render());
+    out.push_str(&lint_section(r));
+    out
+}
+
+/// Rows folded over layers: rows equal in every column but the layer column (index 1) become
+/// one row whose layer column lists the layer ranges.
+#[derive(Default)]
+struct FoldedRows {
+    rows: Vec<(Vec<String>, Vec<usize>)>,
+    index: BTreeMap<Vec<String>, usize>,
+}
+
+impl FoldedRows {
+    /// Adds `row` (its column 1 is filled in by [`FoldedRows::into_table`]) seen at `layer`.
+    fn add(&mut self, row: Vec<String>, layer: Option<usize>) {
+        let key: Vec<String> = row
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != 1)
+            .map(|(_, c)| c.clone())
+            .collect();
+        match self.index.get(&key) {
+            Some(&i) => self.rows[i].1.extend(layer),
+            None => {
+                self.index.insert(key, self.rows.len());
+                self.rows.push((row, layer.into_iter().collect()));
+            }
+        }
+    }
+
+    /// The rows in first-seen order with their layer ranges, into `table`.
+    fn into_table(self, mut table: Table) -> Table {
+        for (mut row, layers) in self.rows {
+            row[1] = if layers.is_empty() {
+                "-".into()
+            } else {
+                ranges(layers)
+            };
+            table.row(row);
+        }
+        table
+    }
+}
+
+/// Scenario, model, ranks, meshes, FSDP and optimizer summary lines and the plan digest.
+fn render_header(scenario: &Scenario, r: &PlanReport) -> String {
+    let (f, m) = (r.fsdp, r.muon);
     let mesh = |mesh: &hpfsdp_plan::DeviceMesh| {
         mesh.axes()
             .iter()
@@ -212,10 +266,10 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
             .join(" x ")
     };
     let t = &scenario.topology;
-    out.push_str(&format!(
+    let mut out = format!(
         "scenario   {} — {}\n",
         scenario.file.name, scenario.file.description
-    ));
+    );
     out.push_str(&format!(
         "model      {} ({}): {} params, {} active per token\n",
         r.model.name, r.model.architecture, r.model.total_params, r.model.active_params
@@ -251,21 +305,13 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
         m.replica_subgroup_summary()
     ));
     out.push_str(&format!("digest     {}\n\n", r.sharding_digest));
+    out
+}
 
-    // Parameter table, folded over layers and experts unless --all.
-    let mut table = Table::new(&[
-        "parameter",
-        "layers",
-        "role",
-        "boundary",
-        "placement",
-        "local shape (rank 0)",
-        "unit",
-        "optimizer",
-        "gather",
-    ]);
-    let mut folded: Vec<(Vec<String>, Vec<usize>)> = Vec::new();
-    let mut index: BTreeMap<Vec<String>, usize> = BTreeMap::new();
+/// One row per parameter (folded over layers and experts unless `all`): role, boundary,
+/// placement, rank 0's local shape, FSDP unit, optimizer route and whether Muon gathers it.
+fn parameter_table(scenario: &Scenario, r: &PlanReport, all: bool) -> Table {
+    let (s, f, m) = (r.sharding, r.fsdp, r.muon);
     let fsdp_by_name: BTreeMap<&str, usize> = f
         .params
         .iter()
@@ -278,6 +324,7 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
         .enumerate()
         .map(|(i, p)| (p.name.as_str(), i))
         .collect();
+    let mut folded = FoldedRows::default();
     for p in &s.params {
         let (fname, layer) = if all {
             (p.name.clone(), None)
@@ -308,50 +355,27 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
                 OptimizerRoute::Adamw => "adamw".into(),
             }),
             mp.map_or("-".into(), |x| {
-                if x.needs_gather {
-                    "yes".into()
-                } else {
-                    "no".into()
-                }
+                if x.needs_gather { "yes" } else { "no" }.into()
             }),
         ];
-        let key = row
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != 1)
-            .map(|(_, c)| c.clone())
-            .collect::<Vec<_>>();
-        match index.get(&key) {
-            Some(&i) => folded[i].1.extend(layer),
-            None => {
-                index.insert(key, folded.len());
-                folded.push((row, layer.into_iter().collect()));
-            }
-        }
+        folded.add(row, layer);
     }
-    for (mut row, layers) in folded {
-        row[1] = if layers.is_empty() {
-            "-".into()
-        } else {
-            ranges(layers)
-        };
-        table.row(row);
-    }
-    out.push_str("PARAMETERS\n");
-    out.push_str(&table.render());
-
-    // Boundary contracts, folded.
-    let mut bt = Table::new(&[
-        "boundary",
+    folded.into_table(Table::new(&[
+        "parameter",
         "layers",
-        "type",
-        "source",
-        "params",
-        "in_src -> in_dst",
-        "out_src -> out_dst",
-    ]);
-    let mut seen: BTreeMap<Vec<String>, usize> = BTreeMap::new();
-    let mut rows: Vec<(Vec<String>, Vec<usize>)> = Vec::new();
+        "role",
+        "boundary",
+        "placement",
+        "local shape (rank 0)",
+        "unit",
+        "optimizer",
+        "gather",
+    ]))
+}
+
+/// Boundary contracts (input and output placements at each module boundary), folded over layers.
+fn boundary_table(s: &ShardingPlan) -> Table {
+    let mut folded = FoldedRows::default();
     for b in &s.boundaries {
         let (name, layer) = fold_name(&b.module);
         let row = vec![
@@ -363,32 +387,22 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
             format!("{} -> {}", contract(&b.in_src), contract(&b.in_dst)),
             format!("{} -> {}", contract(&b.out_src), contract(&b.out_dst)),
         ];
-        let key: Vec<String> = row
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != 1)
-            .map(|(_, c)| c.clone())
-            .collect();
-        match seen.get(&key) {
-            Some(&i) => rows[i].1.extend(layer),
-            None => {
-                seen.insert(key, rows.len());
-                rows.push((row, layer.into_iter().collect()));
-            }
-        }
+        folded.add(row, layer);
     }
-    for (mut row, layers) in rows {
-        row[1] = if layers.is_empty() {
-            "-".into()
-        } else {
-            ranges(layers)
-        };
-        bt.row(row);
-    }
-    out.push_str("\nBOUNDARY CONTRACTS (plan axes; absent = replicate)\n");
-    out.push_str(&bt.render());
+    folded.into_table(Table::new(&[
+        "boundary",
+        "layers",
+        "type",
+        "source",
+        "params",
+        "in_src -> in_dst",
+        "out_src -> out_dst",
+    ]))
+}
 
-    // Communication groups per tier.
+/// Communication groups with more than one rank: FSDP groups, then TP/CP on the dense mesh and
+/// EP/ETP on the expert mesh, each with its tier and rank 0's members.
+fn group_table(scenario: &Scenario, f: &FsdpPlan) -> Table {
     let mut gt = Table::new(&["group", "axes", "ranks/group", "tier", "rank 0's group"]);
     let mut add = |label: &str, g: &GroupSpec| {
         if g.size > 1 {
@@ -416,19 +430,21 @@ fn render(scenario: &Scenario, r: &PlanReport, all: bool) -> String {
             &GroupSpec::along(&scenario.expert_mesh, topo, &[axis]),
         );
     }
-    out.push_str("\nCOMMUNICATION GROUPS\n");
-    out.push_str(&gt.render());
+    gt
+}
 
-    // Lint: the sharding plan's, then the Muon plan's (replica subgroups on the slow tier).
-    let lints: Vec<_> = s.lints.iter().chain(&m.lints).collect();
+/// The lint section: the sharding plan's findings, then the Muon plan's (replica subgroups on
+/// the slow tier), with the error and warning counts.
+fn lint_section(r: &PlanReport) -> String {
+    let lints: Vec<_> = r.sharding.lints.iter().chain(&r.muon.lints).collect();
     let errors = lints
         .iter()
         .filter(|l| l.severity == Severity::Error)
         .count();
-    out.push_str(&format!(
+    let mut out = format!(
         "\nLINT: {errors} error(s), {} warning(s)\n",
         lints.len() - errors
-    ));
+    );
     for l in lints {
         out.push_str(&format!("{l}\n"));
     }
