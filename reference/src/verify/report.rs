@@ -247,6 +247,39 @@ pub fn verify(spec: &VerifySpec) -> Result<VerifyReport, VerifyError> {
     verify_runs(spec, &prod, &val)
 }
 
+/// The production run's tensors assembled from the ranks, plus validation mode's, which every
+/// row compares bit for bit with production's.
+struct AssembledRuns {
+    prod_grads: super::compare::Assembled,
+    prod_params: super::compare::Assembled,
+    val_grads: super::compare::Assembled,
+    val_params: super::compare::Assembled,
+}
+
+impl AssembledRuns {
+    fn new(spec: &VerifySpec, prod: &DistRun, val: &DistRun) -> Result<Self, VerifyError> {
+        Ok(Self {
+            prod_grads: assemble(spec, prod, Which::Grads)?,
+            prod_params: assemble(spec, prod, Which::Params)?,
+            val_grads: assemble(spec, val, Which::Grads)?,
+            val_params: assemble(spec, val, Which::Params)?,
+        })
+    }
+
+    /// Whether `name`'s gradient and updated value are bitwise equal in both modes.
+    fn prod_val_bitwise(&self, name: &str) -> bool {
+        match (
+            self.prod_grads.tensors.get(name),
+            self.val_grads.tensors.get(name),
+            self.prod_params.tensors.get(name),
+            self.val_params.tensors.get(name),
+        ) {
+            (Ok(a), Ok(b), Ok(c), Ok(d)) => a.bit_eq(b) && c.bit_eq(d),
+            _ => false,
+        }
+    }
+}
+
 /// Compare distributed runs made on any backend (`prod` in production mode, `val` in
 /// validation mode) with the single device, which runs here.
 pub fn verify_runs(
@@ -255,151 +288,16 @@ pub fn verify_runs(
     val: &DistRun,
 ) -> Result<VerifyReport, VerifyError> {
     let single = run_single(spec)?;
-    let pg = assemble(spec, prod, Which::Grads)?;
-    let pp = assemble(spec, prod, Which::Params)?;
-    let vg = assemble(spec, val, Which::Grads)?;
-    let vp = assemble(spec, val, Which::Params)?;
-    let (pv_equal, pv_bad) = prod_val_equal(prod, val);
-    let grad_d = diff_sets(&pg.tensors, &single.grads);
-    let param_d = diff_sets(&pp.tensors, &single.params);
-    let bitwise_required = !spec.order_changing();
+    let runs = AssembledRuns::new(spec, prod, val)?;
     let grad_bound = grad_rel_bound(spec, tp_crossings(spec, prod));
+    let rows = param_rows(spec, prod, &runs, &single, grad_bound)?;
+    let mut checks = vec![
+        prod_val_check(spec, prod, val),
+        replica_check(&runs),
+        single_device_check(spec, &rows, grad_bound),
+        fsdp_count_check(spec, prod),
+    ];
     let mv = spec.muon.as_ref();
-    let first = match single.history.first() {
-        Some(s1) if spec.steps > 1 => {
-            let g1 = assemble_step(spec, prod, 0, Which::Grads)?;
-            let p1 = assemble_step(spec, prod, 0, Which::Params)?;
-            Some((
-                diff_sets(&g1.tensors, &s1.grads),
-                diff_sets(&p1.tensors, &s1.params),
-            ))
-        }
-        _ => None,
-    };
-    let mut rows = Vec::new();
-    for (k, ((name, g), (_, p))) in grad_d.iter().zip(&param_d).enumerate() {
-        let index = spec.fsdp.params.iter().position(|q| q.name == *name);
-        let route = match (mv, index) {
-            (Some(m), Some(i)) => m.route(i),
-            _ => Route::Adamw,
-        };
-        let first_step = first.as_ref().and_then(|(gs, ps)| {
-            Some(FirstStep {
-                grad: gs.get(k)?.1,
-                param: ps.get(k)?.1,
-            })
-        });
-        let step_bound = index.map_or(0.0, |i| param_step_bound(spec, i));
-        let pv = match (
-            pg.tensors.get(name),
-            vg.tensors.get(name),
-            pp.tensors.get(name),
-            vp.tensors.get(name),
-        ) {
-            (Ok(a), Ok(b), Ok(c), Ok(d)) => a.bit_eq(b) && c.bit_eq(d),
-            _ => false,
-        };
-        let (g1, p1) = first_step.map_or((*g, *p), |f| (f.grad, f.param));
-        let ok_single = if bitwise_required {
-            g.bitwise && p.bitwise && g1.bitwise && p1.bitwise
-        } else {
-            g1.rel_to_max <= grad_bound
-                && p1.max_abs <= step_bound
-                && p.max_abs <= step_bound * spec.steps as f64
-        };
-        let shape = single
-            .params
-            .get(name)
-            .map(|t| t.shape().to_vec())
-            .unwrap_or_default();
-        rows.push(ParamRow {
-            name: name.clone(),
-            shape,
-            placement: placement_text(spec, name),
-            route,
-            grad: *g,
-            param: *p,
-            first_step,
-            param_bound_per_step: (!bitwise_required).then_some(step_bound),
-            prod_val_bitwise: pv,
-            bitwise_required,
-            verdict: if ok_single && pv { "pass" } else { "FAIL" }.into(),
-        });
-    }
-    let mut checks = Vec::new();
-    checks.push(Check {
-        name: "production == validation (bitwise)".into(),
-        passed: pv_equal,
-        gating: true,
-        detail: if pv_equal {
-            format!(
-                "gradients, updated shards and losses equal on all {} ranks{}",
-                spec.world(),
-                if spec.steps > 1 {
-                    format!(" after each of {} steps", spec.steps)
-                } else {
-                    String::new()
-                }
-            )
-        } else {
-            format!("differs on {}", pv_bad.join(", "))
-        },
-    });
-    let mut rep_bad = pg.replica_mismatch.clone();
-    rep_bad.extend(pp.replica_mismatch.iter().cloned());
-    checks.push(Check {
-        name: "replicas agree".into(),
-        passed: rep_bad.is_empty(),
-        gating: true,
-        detail: if rep_bad.is_empty() {
-            "every element held by several ranks has the same bits on each".into()
-        } else {
-            format!("replicas differ for {}", rep_bad.join(", "))
-        },
-    });
-    let failing: Vec<&str> = rows
-        .iter()
-        .filter(|r| r.verdict != "pass")
-        .map(|r| r.name.as_str())
-        .collect();
-    checks.push(Check {
-        name: if bitwise_required {
-            "sharded == single device (bitwise)".into()
-        } else {
-            "sharded vs single device within the TP bound".into()
-        },
-        passed: failing.is_empty(),
-        gating: true,
-        detail: if bitwise_required {
-            format!(
-                "{} of {} parameters bitwise equal (gradients and updated values{})",
-                rows.len() - failing.len(),
-                rows.len(),
-                if spec.steps > 1 {
-                    format!(" after {} steps", spec.steps)
-                } else {
-                    String::new()
-                }
-            )
-        } else {
-            tp_detail(spec, &rows, grad_bound)
-        },
-    });
-    let (ag, rs, ar) = spec.fsdp.collective_counts();
-    let steps = spec.steps as u64;
-    let a = spec.grad_accum as u64 * steps;
-    let want = (ag as u64 * a, rs as u64 * a, ar as u64 * steps);
-    let c0 = prod.ranks[0].fsdp;
-    let got = (c0.all_gathers, c0.reduce_scatters, c0.all_reduces);
-    checks.push(Check {
-        name: "FSDP collectives match the plan".into(),
-        passed: got == want,
-        gating: true,
-        detail: format!(
-            "rank 0 issued {} all-gathers, {} reduce-scatters, {} fused all-reduces; the plan gives {} x {a}, {} x {a}, {} x {steps}",
-            got.0, got.1, got.2, ag, rs, ar
-        ),
-    });
     let muon = match mv {
         Some(m) => {
             let (summary, muon_checks) = muon_part(spec, m, prod, &single)?;
@@ -444,15 +342,172 @@ pub fn verify_runs(
         },
         dispatch_production: prod.stats(),
         dispatch_validation: val.stats(),
-        fsdp_rank0: c0,
+        fsdp_rank0: prod.ranks[0].fsdp,
         rows,
         checks,
-        digest: digest(&pp.tensors),
+        digest: digest(&runs.prod_params.tensors),
         single_device_digest: digest(&single.params),
         passed,
         notes: spec.notes.clone(),
         muon,
     })
+}
+
+/// One row per parameter: the production run against the single device (after the last step
+/// and, in a multi-step run, after the first), bitwise or within the TP bounds, and
+/// production against validation mode.
+fn param_rows(
+    spec: &VerifySpec,
+    prod: &DistRun,
+    runs: &AssembledRuns,
+    single: &super::harness::SingleRun,
+    grad_bound: f64,
+) -> Result<Vec<ParamRow>, VerifyError> {
+    let grad_d = diff_sets(&runs.prod_grads.tensors, &single.grads);
+    let param_d = diff_sets(&runs.prod_params.tensors, &single.params);
+    let bitwise_required = !spec.order_changing();
+    let first = match single.history.first() {
+        Some(s1) if spec.steps > 1 => {
+            let g1 = assemble_step(spec, prod, 0, Which::Grads)?;
+            let p1 = assemble_step(spec, prod, 0, Which::Params)?;
+            Some((
+                diff_sets(&g1.tensors, &s1.grads),
+                diff_sets(&p1.tensors, &s1.params),
+            ))
+        }
+        _ => None,
+    };
+    let mut rows = Vec::new();
+    for (k, ((name, g), (_, p))) in grad_d.iter().zip(&param_d).enumerate() {
+        let index = spec.fsdp.params.iter().position(|q| q.name == *name);
+        let route = match (spec.muon.as_ref(), index) {
+            (Some(m), Some(i)) => m.route(i),
+            _ => Route::Adamw,
+        };
+        let first_step = first.as_ref().and_then(|(gs, ps)| {
+            Some(FirstStep {
+                grad: gs.get(k)?.1,
+                param: ps.get(k)?.1,
+            })
+        });
+        let step_bound = index.map_or(0.0, |i| param_step_bound(spec, i));
+        let pv = runs.prod_val_bitwise(name);
+        let (g1, p1) = first_step.map_or((*g, *p), |f| (f.grad, f.param));
+        let ok_single = if bitwise_required {
+            g.bitwise && p.bitwise && g1.bitwise && p1.bitwise
+        } else {
+            g1.rel_to_max <= grad_bound
+                && p1.max_abs <= step_bound
+                && p.max_abs <= step_bound * spec.steps as f64
+        };
+        let shape = single
+            .params
+            .get(name)
+            .map(|t| t.shape().to_vec())
+            .unwrap_or_default();
+        rows.push(ParamRow {
+            name: name.clone(),
+            shape,
+            placement: placement_text(spec, name),
+            route,
+            grad: *g,
+            param: *p,
+            first_step,
+            param_bound_per_step: (!bitwise_required).then_some(step_bound),
+            prod_val_bitwise: pv,
+            bitwise_required,
+            verdict: if ok_single && pv { "pass" } else { "FAIL" }.into(),
+        });
+    }
+    Ok(rows)
+}
+
+/// Production and validation mode agree bit for bit on every rank (after every step).
+fn prod_val_check(spec: &VerifySpec, prod: &DistRun, val: &DistRun) -> Check {
+    let (pv_equal, pv_bad) = prod_val_equal(prod, val);
+    Check {
+        name: "production == validation (bitwise)".into(),
+        passed: pv_equal,
+        gating: true,
+        detail: if pv_equal {
+            format!(
+                "gradients, updated shards and losses equal on all {} ranks{}",
+                spec.world(),
+                if spec.steps > 1 {
+                    format!(" after each of {} steps", spec.steps)
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            format!("differs on {}", pv_bad.join(", "))
+        },
+    }
+}
+
+/// Every element held by several ranks has the same bits on each.
+fn replica_check(runs: &AssembledRuns) -> Check {
+    let mut rep_bad = runs.prod_grads.replica_mismatch.clone();
+    rep_bad.extend(runs.prod_params.replica_mismatch.iter().cloned());
+    Check {
+        name: "replicas agree".into(),
+        passed: rep_bad.is_empty(),
+        gating: true,
+        detail: if rep_bad.is_empty() {
+            "every element held by several ranks has the same bits on each".into()
+        } else {
+            format!("replicas differ for {}", rep_bad.join(", "))
+        },
+    }
+}
+
+/// The sharded run equals the single device: bitwise, or within the TP bound where TP changes
+/// the summation order.
+fn single_device_check(spec: &VerifySpec, rows: &[ParamRow], grad_bound: f64) -> Check {
+    let bitwise_required = !spec.order_changing();
+    let failing = rows.iter().filter(|r| r.verdict != "pass").count();
+    Check {
+        name: if bitwise_required {
+            "sharded == single device (bitwise)".into()
+        } else {
+            "sharded vs single device within the TP bound".into()
+        },
+        passed: failing == 0,
+        gating: true,
+        detail: if bitwise_required {
+            format!(
+                "{} of {} parameters bitwise equal (gradients and updated values{})",
+                rows.len() - failing,
+                rows.len(),
+                if spec.steps > 1 {
+                    format!(" after {} steps", spec.steps)
+                } else {
+                    String::new()
+                }
+            )
+        } else {
+            tp_detail(spec, rows, grad_bound)
+        },
+    }
+}
+
+/// Rank 0 issued exactly the FSDP collectives the plan gives per micro-batch and step.
+fn fsdp_count_check(spec: &VerifySpec, prod: &DistRun) -> Check {
+    let (ag, rs, ar) = spec.fsdp.collective_counts();
+    let steps = spec.steps as u64;
+    let a = spec.grad_accum as u64 * steps;
+    let want = (ag as u64 * a, rs as u64 * a, ar as u64 * steps);
+    let c0 = prod.ranks[0].fsdp;
+    let got = (c0.all_gathers, c0.reduce_scatters, c0.all_reduces);
+    Check {
+        name: "FSDP collectives match the plan".into(),
+        passed: got == want,
+        gating: true,
+        detail: format!(
+            "rank 0 issued {} all-gathers, {} reduce-scatters, {} fused all-reduces; the plan gives {} x {a}, {} x {a}, {} x {steps}",
+            got.0, got.1, got.2, ag, rs, ar
+        ),
+    }
 }
 
 /// The TP check's detail: worst gradient and parameter errors against their bounds, per
