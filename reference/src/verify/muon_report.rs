@@ -166,10 +166,49 @@ pub fn muon_part(
     prod: &DistRun,
     single: &SingleRun,
 ) -> Result<(MuonSummary, Vec<Check>), VerifyError> {
-    let muon_err =
-        |e: crate::muon::MuonError| VerifyError::Scenario(format!("distributed Muon: {e}"));
-    let mut checks = Vec::new();
-    // 1. Deduplicated == naive, every rank, every step.
+    let mut checks = vec![naive_check(spec, prod)];
+    let subgroups = replica_subgroups(mv);
+    checks.extend(own_gradient_checks(spec, mv, prod, &subgroups)?);
+    let (ranks, off) = measured_loads(mv, prod)?;
+    let ns_single = single.ns_matrices.first().copied().unwrap_or(0);
+    let summary = MuonSummary {
+        preset: mv.setup.cfg.preset.name().into(),
+        lr: mv.setup.cfg.lr,
+        ns_steps: mv.setup.cfg.ns.steps(),
+        steps: spec.steps,
+        routes: route_counts(mv),
+        replica_count: mv.setup.plan.replica_count,
+        replica_subgroups: subgroups,
+        batches: mv.setup.plan.batches.len(),
+        realigned_layouts: mv.realigned.len(),
+        ranks,
+        ns_single,
+        step_losses: step_losses(spec, prod),
+        single_step_losses: single.step_losses.clone(),
+    };
+    let (nd, nn) = summary.ns_totals();
+    let (md, mn) = summary.momentum_totals();
+    checks.push(check(
+        "Muon dedup figures match the plan",
+        off.is_empty() && prod.ranks.len() == summary.ranks.len(),
+        if off.is_empty() {
+            format!(
+                "NS matrices per step: {nd} (dedup) vs {nn} (naive) vs {ns_single} (single device); momentum {md} vs {mn} bytes over all ranks, as predicted per rank"
+            )
+        } else {
+            off.join("; ")
+        },
+    ));
+    Ok((summary, checks))
+}
+
+fn muon_err(e: crate::muon::MuonError) -> VerifyError {
+    VerifyError::Scenario(format!("distributed Muon: {e}"))
+}
+
+/// Check 1: the deduplicated engine equals naive distributed Muon (run beside it on the same
+/// real gradients) on every rank after every step.
+fn naive_check(spec: &VerifySpec, prod: &DistRun) -> Check {
     let mut bad = Vec::new();
     let mut missing = false;
     for (r, rank) in prod.ranks.iter().enumerate() {
@@ -183,7 +222,7 @@ pub fn muon_part(
             }
         }
     }
-    checks.push(check(
+    check(
         "Muon dedup == naive distributed Muon (bitwise)",
         bad.is_empty() && !missing,
         if missing {
@@ -195,11 +234,23 @@ pub fn muon_part(
                 spec.steps
             )
         } else {
-            format!("differs: {}", bad.into_iter().take(4).collect::<Vec<_>>().join(", "))
+            format!(
+                "differs: {}",
+                bad.into_iter().take(4).collect::<Vec<_>>().join(", ")
+            )
         },
-    ));
-    // 2. The sharded optimizer == single-device AdamW + Muon on the run's own gradients, and
-    //    replicas identical after every step.
+    )
+}
+
+/// Checks 2 and 3: the sharded optimizer equals single-device AdamW + Muon applied to the
+/// run's own assembled gradients, step by step, and replicas (and replica subgroups) hold the
+/// same bits after every step.
+fn own_gradient_checks(
+    spec: &VerifySpec,
+    mv: &MuonVerify,
+    prod: &DistRun,
+    subgroups: &[String],
+) -> Result<[Check; 2], VerifyError> {
     let mut own = mv.single_device();
     let mut params: ParamSet<f32> = spec
         .model
@@ -230,7 +281,7 @@ pub fn muon_part(
             }
         }
     }
-    checks.push(check(
+    let own_check = check(
         "Muon sharded == single-device Muon on the run's gradients (bitwise)",
         own_bad.is_empty(),
         if own_bad.is_empty() {
@@ -239,11 +290,13 @@ pub fn muon_part(
                 spec.steps
             )
         } else {
-            format!("differs: {}", own_bad.into_iter().take(4).collect::<Vec<_>>().join(", "))
+            format!(
+                "differs: {}",
+                own_bad.into_iter().take(4).collect::<Vec<_>>().join(", ")
+            )
         },
-    ));
-    let subgroups = replica_subgroups(mv);
-    checks.push(check(
+    );
+    let replica_check = check(
         "replicas and replica subgroups agree after every step",
         rep_bad.is_empty(),
         if rep_bad.is_empty() {
@@ -262,8 +315,16 @@ pub fn muon_part(
                 rep_bad.into_iter().take(4).collect::<Vec<_>>().join(", ")
             )
         },
-    ));
-    // 3. Measured dedup figures against the plan's prediction.
+    );
+    Ok([own_check, replica_check])
+}
+
+/// Each rank's measured deduplication figures of the first step, and the differences from the
+/// plan's per-rank prediction (or a load that changes between steps).
+fn measured_loads(
+    mv: &MuonVerify,
+    prod: &DistRun,
+) -> Result<(Vec<MuonRankLoad>, Vec<String>), VerifyError> {
     let predicted = mv.predicted().map_err(muon_err)?;
     let mut ranks = Vec::new();
     let mut off = Vec::new();
@@ -308,36 +369,7 @@ pub fn muon_part(
         }
         ranks.push(load);
     }
-    let ns_single = single.ns_matrices.first().copied().unwrap_or(0);
-    let summary = MuonSummary {
-        preset: mv.setup.cfg.preset.name().into(),
-        lr: mv.setup.cfg.lr,
-        ns_steps: mv.setup.cfg.ns.steps(),
-        steps: spec.steps,
-        routes: route_counts(mv),
-        replica_count: mv.setup.plan.replica_count,
-        replica_subgroups: subgroups,
-        batches: mv.setup.plan.batches.len(),
-        realigned_layouts: mv.realigned.len(),
-        ranks,
-        ns_single,
-        step_losses: step_losses(spec, prod),
-        single_step_losses: single.step_losses.clone(),
-    };
-    let (nd, nn) = summary.ns_totals();
-    let (md, mn) = summary.momentum_totals();
-    checks.push(check(
-        "Muon dedup figures match the plan",
-        off.is_empty() && prod.ranks.len() == summary.ranks.len(),
-        if off.is_empty() {
-            format!(
-                "NS matrices per step: {nd} (dedup) vs {nn} (naive) vs {ns_single} (single device); momentum {md} vs {mn} bytes over all ranks, as predicted per rank"
-            )
-        } else {
-            off.join("; ")
-        },
-    ));
-    Ok((summary, checks))
+    Ok((ranks, off))
 }
 
 /// `axis size/subgroup` of every replica axis of the Muon matrices, deduplicated.
