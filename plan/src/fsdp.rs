@@ -181,6 +181,47 @@ pub fn unit_name(param: &str) -> String {
 
 /// Builds the FSDP plan of a scenario from its sharding plan.
 pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
+    let groups = fsdp_groups(scenario);
+    let expert_parallel = scenario.file.mesh.ep > 1;
+    let mut units: Vec<FsdpUnit> = Vec::new();
+    let mut params = Vec::new();
+    for p in plan.params.iter().filter(|p| p.trainable) {
+        let unit = unit_index(&mut units, &unit_name(&p.name));
+        units[unit].params.push(p.name.clone());
+        let domain = if expert_parallel && p.role == Role::MoeExpert {
+            DataDomain::Expert
+        } else {
+            DataDomain::Dense
+        };
+        let shard_size = groups[&format!("{}.shard", domain_key(domain))].size as u64;
+        params.push(param_fsdp(scenario, plan, p, unit, domain, shard_size));
+    }
+    let all_reduces = fused_all_reduces(&units, &mut params, &groups, scenario.reduce_dtype);
+    let f = &scenario.file.fsdp;
+    FsdpPlan {
+        units,
+        params,
+        all_reduces,
+        groups,
+        param_dtype: scenario.param_dtype,
+        reduce_dtype: scenario.reduce_dtype,
+        reshard_after_forward: f.reshard_after_forward,
+        prefetch_depth: f.prefetch_depth,
+    }
+}
+
+/// `dense` or `expert`: the prefix of a domain's group names (`dense.shard`...).
+fn domain_key(domain: DataDomain) -> &'static str {
+    match domain {
+        DataDomain::Dense => "dense",
+        DataDomain::Expert => "expert",
+    }
+}
+
+/// The FSDP communication groups: dense shard (`dp_shard` x `cp`) and replicate groups, plus
+/// the expert ones (`edp_shard`, `edp_replicate`) only with expert parallelism (otherwise
+/// experts are dense params).
+fn fsdp_groups(scenario: &Scenario) -> BTreeMap<String, GroupSpec> {
     let topo = &scenario.topology;
     let mut groups = BTreeMap::new();
     groups.insert(
@@ -191,9 +232,7 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
         "dense.replicate".to_string(),
         GroupSpec::along(&scenario.dense_mesh, topo, &["dp_replicate"]),
     );
-    // Expert groups exist only with expert parallelism; otherwise experts are dense params.
-    let expert_parallel = scenario.file.mesh.ep > 1;
-    if expert_parallel {
+    if scenario.file.mesh.ep > 1 {
         groups.insert(
             "expert.shard".to_string(),
             GroupSpec::along(&scenario.expert_mesh, topo, &["edp_shard"]),
@@ -203,132 +242,135 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
             GroupSpec::along(&scenario.expert_mesh, topo, &["edp_replicate"]),
         );
     }
-    let pd = scenario.param_dtype;
-    let rd = scenario.reduce_dtype;
+    groups
+}
 
-    let mut units: Vec<FsdpUnit> = Vec::new();
-    let mut params = Vec::new();
-    let zero_coord = BTreeMap::new();
-    for p in plan.params.iter().filter(|p| p.trainable) {
-        let uname = unit_name(&p.name);
-        let unit = match units.iter().position(|u| u.name == uname) {
-            Some(i) => i,
-            None => {
-                let layer = uname
-                    .strip_prefix("model.layers.")
-                    .and_then(|s| s.parse().ok());
-                units.push(FsdpUnit {
-                    name: uname.clone(),
-                    layer,
-                    params: Vec::new(),
-                });
-                units.len() - 1
-            }
-        };
-        units[unit].params.push(p.name.clone());
-        let domain = if expert_parallel && p.role == Role::MoeExpert {
-            DataDomain::Expert
-        } else {
-            DataDomain::Dense
-        };
-        let key = match domain {
-            DataDomain::Dense => "dense",
-            DataDomain::Expert => "expert",
-        };
-        let shard = &groups[&format!("{key}.shard")];
-        let s = shard.size as u64;
-        // Per-expert weights: size the collectives by the owning EP rank's matrix (whole on
-        // `ep`, still split by expert TP), not by rank 0's empty share.
-        let plan_local = match p.ep_owner {
-            Some(owner) => plan.local_shape(p, &BTreeMap::from([("ep".to_string(), owner)])),
-            None => plan.local_shape(p, &zero_coord),
-        };
-        let shard_dim =
-            if plan_local.len() > 1 && plan_local[0] < s && plan_local[1].is_multiple_of(s) {
-                1
-            } else {
-                0
-            };
-        let n = plan_local
-            .first()
-            .copied()
-            .map_or(1, |_| plan_local[shard_dim]);
-        let rest: u64 = plan_local
-            .iter()
-            .enumerate()
-            .filter(|(d, _)| *d != shard_dim)
-            .map(|(_, v)| *v)
-            .product();
-        let chunk = n.div_ceil(s.max(1));
-        let padded = chunk * rest;
-        let mut local_shape = plan_local.clone();
-        if !local_shape.is_empty() {
-            local_shape[shard_dim] = chunk.min(n);
-        }
-        let copy_reason = if shard_dim != 0 {
-            Some("sharded on dim 1: staging all-gather buffer plus chunk/cat reorder".to_string())
-        } else if pd != scenario.master_dtype {
-            Some(format!(
-                "{:?} master cast to {:?} for communication creates a new input",
-                scenario.master_dtype, pd
-            ))
-        } else {
-            None
-        };
-        let (ag, rs) = if s > 1 {
-            let ag_in = padded * pd.bytes();
-            let rs_out = padded * rd.bytes();
-            (
-                CollectiveSize {
-                    bytes_in_per_rank: ag_in,
-                    bytes_out_per_rank: ag_in * s,
-                    aligned_512: (ag_in * s).is_multiple_of(512),
-                },
-                CollectiveSize {
-                    bytes_in_per_rank: rs_out * s,
-                    bytes_out_per_rank: rs_out,
-                    aligned_512: (rs_out * s).is_multiple_of(512),
-                },
-            )
-        } else {
-            let none = CollectiveSize {
-                bytes_in_per_rank: 0,
-                bytes_out_per_rank: 0,
-                aligned_512: true,
-            };
-            (none, none)
-        };
-        params.push(ParamFsdp {
-            name: p.name.clone(),
-            unit,
-            ep_owner: p.ep_owner,
-            domain,
-            plan_local_shape: plan_local,
-            shard_dim,
-            local_shape,
-            padded_shard_numel: padded,
-            zero_copy: copy_reason.is_none(),
-            copy_reason,
-            all_gather: ag,
-            reduce_scatter: rs,
-            ar_offset_elems: None,
-        });
+/// The index of the unit named `name`, appended (with its layer index) when new.
+fn unit_index(units: &mut Vec<FsdpUnit>, name: &str) -> usize {
+    if let Some(i) = units.iter().position(|u| u.name == name) {
+        return i;
     }
+    let layer = name
+        .strip_prefix("model.layers.")
+        .and_then(|s| s.parse().ok());
+    units.push(FsdpUnit {
+        name: name.to_string(),
+        layer,
+        params: Vec::new(),
+    });
+    units.len() - 1
+}
 
-    // Fused all-reduce buffers per (unit, domain) with replicas.
+/// One parameter's FSDP plan over a shard group of `shard_size` ranks: shard dimension, padded
+/// shard, copy reason and collective sizes.
+fn param_fsdp(
+    scenario: &Scenario,
+    plan: &ShardingPlan,
+    p: &crate::planner::ParamPlan,
+    unit: usize,
+    domain: DataDomain,
+    s: u64,
+) -> ParamFsdp {
+    let (pd, rd) = (scenario.param_dtype, scenario.reduce_dtype);
+    // Per-expert weights: size the collectives by the owning EP rank's matrix (whole on
+    // `ep`, still split by expert TP), not by rank 0's empty share.
+    let plan_local = match p.ep_owner {
+        Some(owner) => plan.local_shape(p, &BTreeMap::from([("ep".to_string(), owner)])),
+        None => plan.local_shape(p, &BTreeMap::new()),
+    };
+    let shard_dim = if plan_local.len() > 1 && plan_local[0] < s && plan_local[1].is_multiple_of(s)
+    {
+        1
+    } else {
+        0
+    };
+    let n = plan_local
+        .first()
+        .copied()
+        .map_or(1, |_| plan_local[shard_dim]);
+    let rest: u64 = plan_local
+        .iter()
+        .enumerate()
+        .filter(|(d, _)| *d != shard_dim)
+        .map(|(_, v)| *v)
+        .product();
+    let chunk = n.div_ceil(s.max(1));
+    let padded = chunk * rest;
+    let mut local_shape = plan_local.clone();
+    if !local_shape.is_empty() {
+        local_shape[shard_dim] = chunk.min(n);
+    }
+    let copy_reason = if shard_dim != 0 {
+        Some("sharded on dim 1: staging all-gather buffer plus chunk/cat reorder".to_string())
+    } else if pd != scenario.master_dtype {
+        Some(format!(
+            "{:?} master cast to {:?} for communication creates a new input",
+            scenario.master_dtype, pd
+        ))
+    } else {
+        None
+    };
+    let (ag, rs) = collective_sizes(padded, s, pd, rd);
+    ParamFsdp {
+        name: p.name.clone(),
+        unit,
+        ep_owner: p.ep_owner,
+        domain,
+        plan_local_shape: plan_local,
+        shard_dim,
+        local_shape,
+        padded_shard_numel: padded,
+        zero_copy: copy_reason.is_none(),
+        copy_reason,
+        all_gather: ag,
+        reduce_scatter: rs,
+        ar_offset_elems: None,
+    }
+}
+
+/// All-gather and reduce-scatter sizes of a padded shard of `padded` elements over `s` ranks
+/// (parameters in `pd`, gradients reduced in `rd`); zero without sharding.
+fn collective_sizes(padded: u64, s: u64, pd: DType, rd: DType) -> (CollectiveSize, CollectiveSize) {
+    if s <= 1 {
+        let none = CollectiveSize {
+            bytes_in_per_rank: 0,
+            bytes_out_per_rank: 0,
+            aligned_512: true,
+        };
+        return (none, none);
+    }
+    let ag_in = padded * pd.bytes();
+    let rs_out = padded * rd.bytes();
+    (
+        CollectiveSize {
+            bytes_in_per_rank: ag_in,
+            bytes_out_per_rank: ag_in * s,
+            aligned_512: (ag_in * s).is_multiple_of(512),
+        },
+        CollectiveSize {
+            bytes_in_per_rank: rs_out * s,
+            bytes_out_per_rank: rs_out,
+            aligned_512: (rs_out * s).is_multiple_of(512),
+        },
+    )
+}
+
+/// Fused all-reduce buffers per (unit, domain) with replicas: one per expert-parallel owner of
+/// per-expert weights, shared parameters (owner `None`) in their own; sets each parameter's
+/// offset in its buffer.
+fn fused_all_reduces(
+    units: &[FsdpUnit],
+    params: &mut [ParamFsdp],
+    groups: &BTreeMap<String, GroupSpec>,
+    rd: DType,
+) -> Vec<FusedAllReduce> {
     let mut all_reduces: Vec<FusedAllReduce> = Vec::new();
-    for (ui, _) in units.iter().enumerate() {
+    for ui in 0..units.len() {
         for domain in [DataDomain::Dense, DataDomain::Expert] {
-            let key = if domain == DataDomain::Dense {
-                "dense.replicate"
-            } else {
-                "expert.replicate"
-            };
-            if groups.get(key).is_none_or(|g| g.size <= 1) {
+            let key = format!("{}.replicate", domain_key(domain));
+            if groups.get(&key).is_none_or(|g| g.size <= 1) {
                 continue;
             }
-            // One buffer per expert-parallel owner of per-expert weights; shared parameters
-            // (owner `None`) form their own buffer.
             let mut owners: Vec<Option<usize>> = params
                 .iter()
                 .filter(|p| p.unit == ui && p.domain == domain)
@@ -360,17 +402,7 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
             }
         }
     }
-    let f = &scenario.file.fsdp;
-    FsdpPlan {
-        units,
-        params,
-        all_reduces,
-        groups,
-        param_dtype: pd,
-        reduce_dtype: rd,
-        reshard_after_forward: f.reshard_after_forward,
-        prefetch_depth: f.prefetch_depth,
-    }
+    all_reduces
 }
 
 impl FsdpPlan {
