@@ -567,15 +567,20 @@ fn apply_fields(
     }
 }
 
+/// Every parameter-level lint: coverage, shard divisibility, model compatibility.
 fn lint_params(
     model: &ModelIr,
     params: &[ParamPlan],
     input: &PlannerInput,
     lints: &mut Vec<LintIssue>,
 ) {
-    let axes = &input.axes;
-    let cfg = &model.config;
-    // Coverage.
+    lint_coverage(params, input, lints);
+    lint_shard_divisibility(params, input, lints);
+    lint_model_compatibility(model, input, lints);
+}
+
+/// Trainable parameters no boundary shards: errors (warnings with `plan.allow_uncovered`).
+fn lint_coverage(params: &[ParamPlan], input: &PlannerInput, lints: &mut Vec<LintIssue>) {
     for p in params
         .iter()
         .filter(|p| p.trainable && p.boundary.is_none())
@@ -599,7 +604,12 @@ fn lint_params(
             .param(&p.name),
         );
     }
-    // Shard divisibility.
+}
+
+/// Per sharded parameter: no partial placements, shard dims in range and dividing the axis
+/// size, and no TP split of fused gate/up expert weights.
+fn lint_shard_divisibility(params: &[ParamPlan], input: &PlannerInput, lints: &mut Vec<LintIssue>) {
+    let axes = &input.axes;
     for p in params.iter().filter(|p| p.boundary.is_some()) {
         let b = p.boundary.as_deref().unwrap_or("");
         for (axis, pl) in &p.placements {
@@ -665,7 +675,13 @@ fn lint_params(
             );
         }
     }
-    // Model compatibility.
+}
+
+/// The mesh against the model: heads divisible by TP, sequence by 2 x CP, experts by EP, EP
+/// only with routed experts; a note on tied embeddings.
+fn lint_model_compatibility(model: &ModelIr, input: &PlannerInput, lints: &mut Vec<LintIssue>) {
+    let axes = &input.axes;
+    let cfg = &model.config;
     let mut compat = |cond: bool, code: &str, axis: &str, msg: String, fix: String| {
         if cond {
             lints.push(LintIssue::error(code, msg, fix).axis(axis));
