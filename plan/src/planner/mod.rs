@@ -194,12 +194,44 @@ fn expert_index(fqn: &str) -> Option<usize> {
 /// Runs the six passes.
 pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
     let axes = &input.axes;
+    let mut lints = Vec::new();
+    // Pass 1: roles.
+    let mut params = classify_roles(model);
+    // Passes 2-3: grouping.
+    let to_group: Vec<(usize, &str, Role)> = params
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.role != Role::Skip)
+        .map(|(i, p)| (i, p.name.as_str(), p.role))
+        .collect();
+    let grouping = boundary::group(&to_group);
+    for (i, notes) in &grouping.notes {
+        params[*i].notes.extend(notes.iter().cloned());
+    }
+    // Pass 4: templates.
+    let mut boundaries = apply_templates(&grouping, &mut params, axes);
+    // Pass 5: overrides, then claims resolved and placements assigned.
+    let modules = all_modules(model);
+    let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
+    let explicit = merge_overrides(&mut boundaries, &modules, &param_names, input, &mut lints);
+    resolve_claims(&mut boundaries, &mut params, &explicit, &mut lints);
+    assign_placements(model, &boundaries, &mut params, axes);
+    // Pass 6: lint.
+    lint_params(model, &params, input, &mut lints);
+    ShardingPlan {
+        architecture: model.config.architecture.clone(),
+        axes: axes.clone(),
+        boundaries,
+        params,
+        lints,
+    }
+}
+
+/// Pass 1: every parameter's role (family rules first, then the defaults), with the reason.
+fn classify_roles(model: &ModelIr) -> Vec<ParamPlan> {
     let fam_rules = roles::family_rules(model.config.family);
     let defaults = roles::default_rules();
-    let mut lints = Vec::new();
-
-    // Pass 1: roles.
-    let mut params: Vec<ParamPlan> = model
+    model
         .params
         .iter()
         .map(|p| {
@@ -216,21 +248,16 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
                 notes: Vec::new(),
             }
         })
-        .collect();
+        .collect()
+}
 
-    // Passes 2-3: grouping.
-    let to_group: Vec<(usize, &str, Role)> = params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.role != Role::Skip)
-        .map(|(i, p)| (i, p.name.as_str(), p.role))
-        .collect();
-    let grouping = boundary::group(&to_group);
-    for (i, notes) in &grouping.notes {
-        params[*i].notes.extend(notes.iter().cloned());
-    }
-
-    // Pass 4: templates.
+/// Pass 4: one derived boundary per group with a template (contracts, flags and per-role
+/// placements); groups without one leave a note on their parameters.
+fn apply_templates(
+    grouping: &boundary::Grouping,
+    params: &mut [ParamPlan],
+    axes: &PlanAxes,
+) -> Vec<BoundarySpec> {
     let mut boundaries: Vec<BoundarySpec> = Vec::new();
     for g in &grouping.boundaries {
         if g.ty == BoundaryType::Unknown {
@@ -266,14 +293,18 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
             overrides: Vec::new(),
         });
     }
+    boundaries
+}
 
-    // Pass 5: overrides.
-    let modules = all_modules(model);
-    let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
-    let explicit = merge_overrides(&mut boundaries, &modules, &param_names, input, &mut lints);
-
-    // Resolve claims: deeper explicit declarations win over derived ancestors; two explicit
-    // claims are an error.
+/// Resolves parameters claimed by several boundaries: a deeper explicit declaration wins over
+/// derived ancestors (the parameter is dropped from them, with a note); two explicit claims are
+/// an error.
+fn resolve_claims(
+    boundaries: &mut [BoundarySpec],
+    params: &mut [ParamPlan],
+    explicit: &BTreeSet<(usize, String)>,
+    lints: &mut Vec<LintIssue>,
+) {
     let mut claims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
     for (bi, b) in boundaries.iter().enumerate() {
         for name in b.params.keys() {
@@ -319,8 +350,16 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
             ));
         }
     }
+}
 
-    // Assign placements to parameters.
+/// Gives every parameter its boundary's placements, and per-expert weights under expert
+/// parallelism their owning EP rank (experts split in contiguous chunks).
+fn assign_placements(
+    model: &ModelIr,
+    boundaries: &[BoundarySpec],
+    params: &mut [ParamPlan],
+    axes: &PlanAxes,
+) {
     let num_experts = model
         .config
         .moe
@@ -331,7 +370,7 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
         .enumerate()
         .map(|(i, p)| (p.name.clone(), i))
         .collect();
-    for b in &boundaries {
+    for b in boundaries {
         for (name, pl) in &b.params {
             if let Some(p) = index_of.get(name).map(|&i| &mut params[i]) {
                 p.boundary = Some(b.module.clone());
@@ -346,16 +385,6 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
                 }
             }
         }
-    }
-
-    // Pass 6: lint.
-    lint_params(model, &params, input, &mut lints);
-    ShardingPlan {
-        architecture: model.config.architecture.clone(),
-        axes: axes.clone(),
-        boundaries,
-        params,
-        lints,
     }
 }
 
