@@ -175,48 +175,24 @@ fn col_row_pair(
 
 /// The output layout of `op` on `inputs`, or why the inputs are refused.
 pub fn infer(op: &OpKind, inputs: &[Layout], mesh: &DeviceMesh) -> Result<Layout, String> {
-    let need = |n: usize| -> Result<(), String> {
-        if inputs.len() < n {
-            Err(format!(
-                "{} needs {n} inputs, got {}",
-                op.name(),
-                inputs.len()
-            ))
-        } else {
-            Ok(())
-        }
+    let arity = match op {
+        OpKind::CrossEntropy => 1,
+        OpKind::Embedding | OpKind::RmsNorm | OpKind::Add | OpKind::Linear => 2,
+        OpKind::Mla | OpKind::Moe => 2,
+        OpKind::SwiGlu | OpKind::MoeEp => 4,
+        OpKind::SelfAttention { .. } => 5,
     };
+    if inputs.len() < arity {
+        return Err(format!(
+            "{} needs {arity} inputs, got {}",
+            op.name(),
+            inputs.len()
+        ));
+    }
     match op {
-        OpKind::Embedding => {
-            need(2)?;
-            let (ids, w) = (&inputs[0], &inputs[1]);
-            rank_of("weight", w, 2)?;
-            complete("weight", w, mesh)?;
-            let mut out = Vec::new();
-            for a in 0..mesh.ndim() {
-                out.push(match &w.placements[a] {
-                    Placement::Shard { dim: 0 } => Placement::partial_sum(),
-                    Placement::Shard { dim: 1 } => Placement::shard(1),
-                    Placement::Replicate => ids.placements[a].clone(),
-                    other => return Err(format!("weight placement {other} is not supported")),
-                });
-            }
-            Ok(act(ids.global_shape[0], w.global_shape[1], out))
-        }
-        OpKind::RmsNorm => {
-            need(2)?;
-            let (x, w) = (&inputs[0], &inputs[1]);
-            rank_of("input", x, 2)?;
-            complete("input", x, mesh)?;
-            not_sharded_on("input", x, 1, mesh)?;
-            replicated("weight", w, mesh)?;
-            if w.global_shape.last() != x.global_shape.last() {
-                return Err(format!("weight {w} does not match the rows of input {x}"));
-            }
-            Ok(x.clone())
-        }
+        OpKind::Embedding => embedding_rule(&inputs[0], &inputs[1], mesh),
+        OpKind::RmsNorm => rms_norm_rule(&inputs[0], &inputs[1], mesh),
         OpKind::Add => {
-            need(2)?;
             if inputs[0] != inputs[1] {
                 return Err(format!(
                     "element-wise operands have different layouts: {} vs {}",
@@ -226,7 +202,6 @@ pub fn infer(op: &OpKind, inputs: &[Layout], mesh: &DeviceMesh) -> Result<Layout
             Ok(inputs[0].clone())
         }
         OpKind::SelfAttention { heads, kv_heads } => {
-            need(5)?;
             for (i, n) in inputs.iter().enumerate().skip(5) {
                 replicated(if i == 5 { "q_norm" } else { "k_norm" }, n, mesh)?;
             }
@@ -242,96 +217,17 @@ pub fn infer(op: &OpKind, inputs: &[Layout], mesh: &DeviceMesh) -> Result<Layout
                 &[("heads", *heads), ("kv heads", *kv_heads)],
             )
         }
-        OpKind::SwiGlu => {
-            need(4)?;
-            col_row_pair(
-                &inputs[0],
-                &[("gate_proj", &inputs[1]), ("up_proj", &inputs[2])],
-                &inputs[3],
-                mesh,
-                &[],
-            )
-        }
-        OpKind::Mla | OpKind::Moe => {
-            need(2)?;
-            let x = &inputs[0];
-            rank_of("input", x, 2)?;
-            complete("input", x, mesh)?;
-            not_sharded_on("input", x, 1, mesh)?;
-            not_sharded_on("input", x, 0, mesh)?;
-            for w in &inputs[1..] {
-                replicated("weight", w, mesh)?;
-            }
-            Ok(x.clone())
-        }
-        OpKind::MoeEp => {
-            need(4)?;
-            let x = &inputs[0];
-            rank_of("input", x, 2)?;
-            complete("input", x, mesh)?;
-            not_sharded_on("input", x, 1, mesh)?;
-            replicated("router", &inputs[1], mesh)?;
-            let ep = mesh
-                .axis_index("ep")
-                .ok_or_else(|| "the plan mesh has no 'ep' axis".to_string())?;
-            if !x.placements[ep].is_replicate() {
-                return Err(format!(
-                    "tokens {x} must be Replicate on 'ep' (local-map region)"
-                ));
-            }
-            for (name, w) in [("gate_up_proj", &inputs[2]), ("down_proj", &inputs[3])] {
-                for a in 0..mesh.ndim() {
-                    let ok = if a == ep {
-                        shards(w, a, 0)
-                    } else {
-                        w.placements[a].is_replicate()
-                    };
-                    if !ok {
-                        return Err(format!(
-                            "expert weight {name} {w} must be S(0) on 'ep' and Replicate elsewhere \
-                             (axis '{}' has {})",
-                            axis_name(mesh, a),
-                            w.placements[a]
-                        ));
-                    }
-                }
-            }
-            Ok(x.clone())
-        }
-        OpKind::Linear => {
-            need(2)?;
-            let (x, w) = (&inputs[0], &inputs[1]);
-            rank_of("input", x, 2)?;
-            rank_of("weight", w, 2)?;
-            complete("input", x, mesh)?;
-            complete("weight", w, mesh)?;
-            let mut out = Vec::new();
-            for a in 0..mesh.ndim() {
-                let (xc, wc) = (shards(x, a, 1), shards(w, a, 1));
-                if xc != wc {
-                    return Err(format!(
-                        "Contracting dimensions must have same layout: input {x} vs weight {w} on axis '{}'",
-                        axis_name(mesh, a)
-                    ));
-                }
-                out.push(if xc {
-                    Placement::partial_sum()
-                } else if shards(w, a, 0) {
-                    if shards(x, a, 0) {
-                        return Err(format!(
-                            "input {x} and weight {w} both shard on axis '{}'",
-                            axis_name(mesh, a)
-                        ));
-                    }
-                    Placement::shard(1)
-                } else {
-                    x.placements[a].clone()
-                });
-            }
-            Ok(act(x.global_shape[0], w.global_shape[0], out))
-        }
+        OpKind::SwiGlu => col_row_pair(
+            &inputs[0],
+            &[("gate_proj", &inputs[1]), ("up_proj", &inputs[2])],
+            &inputs[3],
+            mesh,
+            &[],
+        ),
+        OpKind::Mla | OpKind::Moe => replicated_block_rule(&inputs[0], &inputs[1..], mesh),
+        OpKind::MoeEp => moe_ep_rule(inputs, mesh),
+        OpKind::Linear => linear_rule(&inputs[0], &inputs[1], mesh),
         OpKind::CrossEntropy => {
-            need(1)?;
             rank_of("logits", &inputs[0], 2)?;
             replicated("logits", &inputs[0], mesh)?;
             Ok(Layout {
@@ -340,6 +236,122 @@ pub fn infer(op: &OpKind, inputs: &[Layout], mesh: &DeviceMesh) -> Result<Layout
             })
         }
     }
+}
+
+/// Embedding lookup: a row-sharded table gives partial sums, a column-sharded one column
+/// shards, a replicated one follows the ids.
+fn embedding_rule(ids: &Layout, w: &Layout, mesh: &DeviceMesh) -> Result<Layout, String> {
+    rank_of("weight", w, 2)?;
+    complete("weight", w, mesh)?;
+    let mut out = Vec::new();
+    for a in 0..mesh.ndim() {
+        out.push(match &w.placements[a] {
+            Placement::Shard { dim: 0 } => Placement::partial_sum(),
+            Placement::Shard { dim: 1 } => Placement::shard(1),
+            Placement::Replicate => ids.placements[a].clone(),
+            other => return Err(format!("weight placement {other} is not supported")),
+        });
+    }
+    Ok(act(ids.global_shape[0], w.global_shape[1], out))
+}
+
+/// RMSNorm: the normalized (last) dimension must be whole and the weight replicated; the
+/// output keeps the input's layout.
+fn rms_norm_rule(x: &Layout, w: &Layout, mesh: &DeviceMesh) -> Result<Layout, String> {
+    rank_of("input", x, 2)?;
+    complete("input", x, mesh)?;
+    not_sharded_on("input", x, 1, mesh)?;
+    replicated("weight", w, mesh)?;
+    if w.global_shape.last() != x.global_shape.last() {
+        return Err(format!("weight {w} does not match the rows of input {x}"));
+    }
+    Ok(x.clone())
+}
+
+/// Blocks run whole on every rank (MLA attention, MoE without expert parallelism): tokens
+/// unsharded, every weight replicated.
+fn replicated_block_rule(
+    x: &Layout,
+    weights: &[Layout],
+    mesh: &DeviceMesh,
+) -> Result<Layout, String> {
+    rank_of("input", x, 2)?;
+    complete("input", x, mesh)?;
+    not_sharded_on("input", x, 1, mesh)?;
+    not_sharded_on("input", x, 0, mesh)?;
+    for w in weights {
+        replicated("weight", w, mesh)?;
+    }
+    Ok(x.clone())
+}
+
+/// MoE with expert parallelism (a local-map region): tokens Replicate on `ep`, the router
+/// replicated, expert weights S(0) on `ep` and Replicate elsewhere.
+fn moe_ep_rule(inputs: &[Layout], mesh: &DeviceMesh) -> Result<Layout, String> {
+    let x = &inputs[0];
+    rank_of("input", x, 2)?;
+    complete("input", x, mesh)?;
+    not_sharded_on("input", x, 1, mesh)?;
+    replicated("router", &inputs[1], mesh)?;
+    let ep = mesh
+        .axis_index("ep")
+        .ok_or_else(|| "the plan mesh has no 'ep' axis".to_string())?;
+    if !x.placements[ep].is_replicate() {
+        return Err(format!(
+            "tokens {x} must be Replicate on 'ep' (local-map region)"
+        ));
+    }
+    for (name, w) in [("gate_up_proj", &inputs[2]), ("down_proj", &inputs[3])] {
+        for a in 0..mesh.ndim() {
+            let ok = if a == ep {
+                shards(w, a, 0)
+            } else {
+                w.placements[a].is_replicate()
+            };
+            if !ok {
+                return Err(format!(
+                    "expert weight {name} {w} must be S(0) on 'ep' and Replicate elsewhere \
+                     (axis '{}' has {})",
+                    axis_name(mesh, a),
+                    w.placements[a]
+                ));
+            }
+        }
+    }
+    Ok(x.clone())
+}
+
+/// `x @ w^T` per mesh axis: both sharded on the contracting dimension gives partial sums, a
+/// row-sharded weight column-shards the output, otherwise the input's placement carries over.
+fn linear_rule(x: &Layout, w: &Layout, mesh: &DeviceMesh) -> Result<Layout, String> {
+    rank_of("input", x, 2)?;
+    rank_of("weight", w, 2)?;
+    complete("input", x, mesh)?;
+    complete("weight", w, mesh)?;
+    let mut out = Vec::new();
+    for a in 0..mesh.ndim() {
+        let (xc, wc) = (shards(x, a, 1), shards(w, a, 1));
+        if xc != wc {
+            return Err(format!(
+                "Contracting dimensions must have same layout: input {x} vs weight {w} on axis '{}'",
+                axis_name(mesh, a)
+            ));
+        }
+        out.push(if xc {
+            Placement::partial_sum()
+        } else if shards(w, a, 0) {
+            if shards(x, a, 0) {
+                return Err(format!(
+                    "input {x} and weight {w} both shard on axis '{}'",
+                    axis_name(mesh, a)
+                ));
+            }
+            Placement::shard(1)
+        } else {
+            x.placements[a].clone()
+        });
+    }
+    Ok(act(x.global_shape[0], w.global_shape[0], out))
 }
 
 /// Rule results cached by (op, input layouts), as DTensor dispatch caches sharding
