@@ -261,14 +261,38 @@ impl DistributedMuon {
         params: &mut ParamSet<f32>,
         report: &mut StepReport,
     ) -> MuonResult<()> {
-        let rank = self.rank;
         let d0 = self.domain(members[0])?.clone();
-        let axes = d0.shard_axes.len();
+        let holdings = self.fused_gather(comm, &d0, members, inputs, report)?;
+        let mut by_owner: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+        for &i in members {
+            let owner = batch.shard_owner.get(&i).ok_or_else(|| {
+                MuonError::plan(format!("{}: no shard owner", self.routed[i].name))
+            })?;
+            by_owner.entry(owner.clone()).or_default().push(i);
+        }
+        let my_coord = d0.shard_coord(self.rank);
+        let mine: Vec<usize> = by_owner.get(&my_coord).cloned().unwrap_or_default();
+        let updates = self.owner_ns(&d0, members, &mine, &holdings, report)?;
+        let bufs = self.relay(comm, &d0, &by_owner, &mine, &updates, report)?;
+        self.slice_apply(&by_owner, &bufs, params)
+    }
+
+    /// Step 1: one fused bf16 all-gather per shard axis (each member padded to the largest
+    /// holding in the domain): every rank ends with every piece of its domain, per member in
+    /// the order of [`ParamDomain::holding_ranks`].
+    fn fused_gather(
+        &self,
+        comm: &dyn Collective,
+        d0: &ParamDomain,
+        members: &[usize],
+        inputs: &BTreeMap<usize, Vec<f32>>,
+        report: &mut StepReport,
+    ) -> MuonResult<Vec<Vec<Vec<f32>>>> {
+        let rank = self.rank;
         let domain_ranks = d0.shard_domain(rank);
-        // 1. Fused all-gather per shard axis: every rank ends with every piece of its domain.
         let mut holdings: Vec<Vec<Vec<f32>>> =
             members.iter().map(|i| vec![inputs[i].clone()]).collect();
-        for k in 0..axes {
+        for k in 0..d0.shard_axes.len() {
             let group = d0.shard_group(rank, k)?;
             let mut pad = Vec::with_capacity(members.len());
             for &i in members {
@@ -313,19 +337,22 @@ impl DistributedMuon {
             }
             holdings = next;
         }
-        // 2. The shard owner of each member assembles it; batched NS over the owned ones.
-        let my_coord = d0.shard_coord(rank);
-        let mut by_owner: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
-        for &i in members {
-            let owner = batch.shard_owner.get(&i).ok_or_else(|| {
-                MuonError::plan(format!("{}: no shard owner", self.routed[i].name))
-            })?;
-            by_owner.entry(owner.clone()).or_default().push(i);
-        }
-        let mine: Vec<usize> = by_owner.get(&my_coord).cloned().unwrap_or_default();
-        let order = d0.holding_ranks(rank, axes);
+        Ok(holdings)
+    }
+
+    /// Step 2: this rank assembles the members it owns (`mine`) from the gathered pieces and
+    /// runs one batched Newton-Schulz over them; the updates in `mine`'s order.
+    fn owner_ns(
+        &self,
+        d0: &ParamDomain,
+        members: &[usize],
+        mine: &[usize],
+        holdings: &[Vec<Vec<f32>>],
+        report: &mut StepReport,
+    ) -> MuonResult<Vec<Vec<f32>>> {
+        let order = d0.holding_ranks(self.rank, d0.shard_axes.len());
         let mut fulls = Vec::with_capacity(mine.len());
-        for &i in &mine {
+        for &i in mine {
             let m = members.iter().position(|&x| x == i).unwrap_or(0);
             let d = self.domain(i)?;
             let mut full = vec![0.0f32; d.numel()];
@@ -337,7 +364,7 @@ impl DistributedMuon {
             fulls.push(full);
         }
         let mut stacks = Vec::new();
-        for &i in &mine {
+        for &i in mine {
             stacks.push(MatrixStack::of_local(&self.routed[i].shape, self.core(i)?)?);
         }
         let jobs: Vec<OrthoJob<'_>> = mine
@@ -354,7 +381,24 @@ impl DistributedMuon {
             .collect();
         let out = orthogonalize(&self.cfg, &jobs, NsKernel::Batched)?;
         report.ns_matrices += out.ns_matrices;
-        // 3. Relay broadcast, one shard axis at a time.
+        Ok(out.updates)
+    }
+
+    /// Step 3: relay broadcast, one shard axis at a time: every owner coordinate aligned with
+    /// this rank on the later axes broadcasts its packed bf16 updates (all issued, then
+    /// waited); returns every owner's packed buffer.
+    fn relay(
+        &self,
+        comm: &dyn Collective,
+        d0: &ParamDomain,
+        by_owner: &BTreeMap<Vec<usize>, Vec<usize>>,
+        mine: &[usize],
+        updates: &[Vec<f32>],
+        report: &mut StepReport,
+    ) -> MuonResult<BTreeMap<Vec<usize>, Vec<bf16>>> {
+        let rank = self.rank;
+        let axes = d0.shard_axes.len();
+        let my_coord = d0.shard_coord(rank);
         let len_of = |ms: &[usize]| -> MuonResult<usize> {
             ms.iter()
                 .map(|&i| Ok(padded_elems(self.domain(i)?.numel(), 2)))
@@ -363,7 +407,7 @@ impl DistributedMuon {
         let mut bufs: BTreeMap<Vec<usize>, Vec<bf16>> = BTreeMap::new();
         if !mine.is_empty() {
             let mut packed = Vec::new();
-            for (&i, u) in mine.iter().zip(&out.updates) {
+            for (&i, u) in mine.iter().zip(updates) {
                 let start = packed.len();
                 packed.extend(to_bf16(u));
                 packed.resize(start + padded_elems(self.domain(i)?.numel(), 2), bf16::ZERO);
@@ -373,7 +417,7 @@ impl DistributedMuon {
         for k in 0..axes {
             let group = d0.shard_group(rank, k)?;
             let mut handles = Vec::new();
-            for (coord, ms) in &by_owner {
+            for (coord, ms) in by_owner {
                 if (k + 1..axes).all(|j| my_coord[j] == coord[j]) {
                     let root = d0.shard_neighbor(rank, k, coord[k]);
                     let buf = match bufs.remove(coord) {
@@ -392,8 +436,18 @@ impl DistributedMuon {
                 bufs.insert(coord, h.wait_vec()?);
             }
         }
-        // 4. Every rank slices its piece of every member and applies it.
-        for (coord, ms) in &by_owner {
+        Ok(bufs)
+    }
+
+    /// Step 4: every rank slices its piece of every member out of the relayed buffers and
+    /// applies it with the member's learning-rate pattern.
+    fn slice_apply(
+        &self,
+        by_owner: &BTreeMap<Vec<usize>, Vec<usize>>,
+        bufs: &BTreeMap<Vec<usize>, Vec<bf16>>,
+        params: &mut ParamSet<f32>,
+    ) -> MuonResult<()> {
+        for (coord, ms) in by_owner {
             let buf = bufs.get(coord).ok_or_else(|| {
                 MuonError::plan(format!("relay of owner {coord:?} did not arrive"))
             })?;
@@ -401,7 +455,7 @@ impl DistributedMuon {
             for &i in ms {
                 let d = self.domain(i)?;
                 let n = d.numel();
-                let idx = d.local_indices(rank);
+                let idx = d.local_indices(self.rank);
                 let local: Vec<f32> = idx.iter().map(|&g| buf[at + g].to_f32()).collect();
                 at += padded_elems(n, 2);
                 let (r, c) = self.core(i)?;
