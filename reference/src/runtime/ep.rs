@@ -117,7 +117,7 @@ impl EpMoe {
         Ok(self.experts / ep.size())
     }
 
-    /// Forward on this rank's tokens `x` `[T, H]`.
+    /// Forward on this rank's tokens `x` `[T, H]`: route, dispatch, expert compute, combine.
     pub fn forward(
         &self,
         comm: &dyn Collective,
@@ -125,11 +125,64 @@ impl EpMoe {
         w: EpWeights<'_>,
         x: &Tensor<f32>,
     ) -> RtResult<(Tensor<f32>, EpMoeCache)> {
-        let (router, gate_up, down) = (w.router, w.gate_up, w.down);
         let (tokens, hidden) = x.dims2("moe_ep")?;
-        let (inter, el, p) = (self.intermediate, self.local_experts(ep)?, ep.size());
-        gate_up.expect_shape("moe_ep gate_up_proj", &[el, 2 * inter, hidden])?;
-        down.expect_shape("moe_ep down_proj", &[el, hidden, inter])?;
+        let (inter, el) = (self.intermediate, self.local_experts(ep)?);
+        w.gate_up
+            .expect_shape("moe_ep gate_up_proj", &[el, 2 * inter, hidden])?;
+        w.down
+            .expect_shape("moe_ep down_proj", &[el, hidden, inter])?;
+        let route = self.route(x, w.router)?;
+        let (mut blocks, send_rows, recv_rows) = self.dispatch(comm, ep, x, &route.routed)?;
+        let back = self.expert_forward(w, &mut blocks, ep.size())?;
+        let rows = Rows {
+            send: send_rows,
+            recv: recv_rows,
+            hidden,
+        };
+        let ret = wire::all_to_all_v(
+            comm,
+            &ep.group,
+            back,
+            &rows.recv_elems(),
+            &rows.send_elems(),
+            self.wire,
+        )?;
+        let mut outs = vec![Vec::new(); self.experts];
+        let mut at = 0;
+        for (e, tokens_e) in route.routed.iter().enumerate() {
+            let n = tokens_e.len() * hidden;
+            outs[e] = ret[at..at + n].to_vec();
+            at += n;
+        }
+        let mut y = Tensor::zeros(&[tokens, hidden]);
+        for e in 0..self.experts {
+            for (row, (&t, &w)) in route.routed[e].iter().zip(&route.route_w[e]).enumerate() {
+                let src = &outs[e][row * hidden..(row + 1) * hidden];
+                for (o, &h) in y.row_mut(t).iter_mut().zip(src) {
+                    *o = w.mul_add(h, *o);
+                }
+            }
+        }
+        Ok((
+            y,
+            EpMoeCache {
+                x: x.clone(),
+                probs: route.probs,
+                selected: route.selected,
+                routed: route.routed,
+                route_w: route.route_w,
+                outs,
+                blocks,
+                send_rows: rows.send,
+                recv_rows: rows.recv,
+            },
+        ))
+    }
+
+    /// Router softmax, top-k (lowest index wins ties) and optional renormalisation: the tokens
+    /// and weights routed to each expert, in token order.
+    fn route(&self, x: &Tensor<f32>, router: &Tensor<f32>) -> RtResult<Routing> {
+        let (tokens, _) = x.dims2("moe_ep")?;
         let mut probs = matmul_nt(x, router)?;
         for t in 0..tokens {
             softmax_in_place(probs.row_mut(t));
@@ -156,7 +209,26 @@ impl EpMoe {
                 route_w[e].push(w[slot]);
             }
         }
-        // Token counts per (destination member, local expert), exchanged as f32 (exact).
+        Ok(Routing {
+            probs,
+            selected,
+            routed,
+            route_w,
+        })
+    }
+
+    /// Token exchange: counts per (destination member, local expert) exchanged as f32 (exact),
+    /// then the routed rows all-to-all-v; the received rows split into (local expert, source)
+    /// blocks. Returns the blocks and the rows sent to / received from each member.
+    fn dispatch(
+        &self,
+        comm: &dyn Collective,
+        ep: &MyGroup,
+        x: &Tensor<f32>,
+        routed: &[Vec<usize>],
+    ) -> RtResult<(Vec<Vec<Block>>, Vec<usize>, Vec<usize>)> {
+        let (_, hidden) = x.dims2("moe_ep")?;
+        let (el, p) = (self.local_experts(ep)?, ep.size());
         let counts: Vec<f32> = (0..self.experts).map(|e| routed[e].len() as f32).collect();
         let recv_counts = comm.all_to_all_vec(&ep.group, counts)?;
         let recv_n: Vec<Vec<usize>> = (0..p)
@@ -167,7 +239,7 @@ impl EpMoe {
             .collect();
         let recv_rows: Vec<usize> = recv_n.iter().map(|r| r.iter().sum()).collect();
         let mut send = Vec::with_capacity(send_rows.iter().sum::<usize>() * hidden);
-        for tokens_e in &routed {
+        for tokens_e in routed {
             for &t in tokens_e {
                 send.extend_from_slice(x.row(t));
             }
@@ -181,7 +253,6 @@ impl EpMoe {
             &scale(&recv_rows),
             self.wire,
         )?;
-        // Expert compute per (local expert, source) block.
         let mut blocks: Vec<Vec<Block>> = vec![vec![Block::default(); p]; el];
         let mut at = 0;
         for (s, row) in recv_n.iter().enumerate() {
@@ -194,11 +265,23 @@ impl EpMoe {
                 at += n * hidden;
             }
         }
-        let mut back = Vec::with_capacity(recv.len());
-        let mut outs_local: Vec<Vec<Vec<f32>>> = vec![vec![Vec::new(); p]; el];
+        Ok((blocks, send_rows, recv_rows))
+    }
+
+    /// Expert SwiGLU on every (local expert, source) block, keeping the activations in the
+    /// blocks; the outputs packed by source, then local expert (the combine's send order).
+    fn expert_forward(
+        &self,
+        w: EpWeights<'_>,
+        blocks: &mut [Vec<Block>],
+        p: usize,
+    ) -> RtResult<Vec<f32>> {
+        let inter = self.intermediate;
+        let mut outs_local: Vec<Vec<Vec<f32>>> = vec![vec![Vec::new(); p]; blocks.len()];
         for (l, per_src) in blocks.iter_mut().enumerate() {
-            let gu_w = expert_matrix(gate_up, l)?;
-            let down_w = expert_matrix(down, l)?;
+            let gu_w = expert_matrix(w.gate_up, l)?;
+            let down_w = expert_matrix(w.down, l)?;
+            let hidden = w.down.shape()[1];
             for (s, b) in per_src.iter_mut().enumerate() {
                 if b.n == 0 {
                     continue;
@@ -219,52 +302,17 @@ impl EpMoe {
                 outs_local[l][s] = out;
             }
         }
+        let mut back = Vec::new();
         for s in 0..p {
             for outs in &outs_local {
                 back.extend_from_slice(&outs[s]);
             }
         }
-        let ret = wire::all_to_all_v(
-            comm,
-            &ep.group,
-            back,
-            &scale(&recv_rows),
-            &scale(&send_rows),
-            self.wire,
-        )?;
-        let mut outs = vec![Vec::new(); self.experts];
-        let mut at = 0;
-        for (e, tokens_e) in routed.iter().enumerate() {
-            let n = tokens_e.len() * hidden;
-            outs[e] = ret[at..at + n].to_vec();
-            at += n;
-        }
-        let mut y = Tensor::zeros(&[tokens, hidden]);
-        for e in 0..self.experts {
-            for (row, (&t, &w)) in routed[e].iter().zip(&route_w[e]).enumerate() {
-                let src = &outs[e][row * hidden..(row + 1) * hidden];
-                for (o, &h) in y.row_mut(t).iter_mut().zip(src) {
-                    *o = w.mul_add(h, *o);
-                }
-            }
-        }
-        Ok((
-            y,
-            EpMoeCache {
-                x: x.clone(),
-                probs,
-                selected,
-                routed,
-                route_w,
-                outs,
-                blocks,
-                send_rows,
-                recv_rows,
-            },
-        ))
+        Ok(back)
     }
 
-    /// Backward from `dy` `[T, H]`.
+    /// Backward from `dy` `[T, H]`: combine, token exchange, expert backward, token exchange
+    /// back, router.
     pub fn backward(
         &self,
         comm: &dyn Collective,
@@ -273,15 +321,9 @@ impl EpMoe {
         cache: &EpMoeCache,
         dy: &Tensor<f32>,
     ) -> RtResult<EpMoeGrads> {
-        let (router, gate_up, down) = (w.router, w.gate_up, w.down);
         let (tokens, hidden) = cache.x.dims2("moe_ep backward")?;
         dy.expect_shape("moe_ep backward", &[tokens, hidden])?;
-        let (inter, el, p, e_count) = (
-            self.intermediate,
-            self.local_experts(ep)?,
-            ep.size(),
-            self.experts,
-        );
+        let e_count = self.experts;
         let mut dw = Tensor::zeros(&[tokens, e_count]);
         let mut send = Vec::new();
         for e in 0..e_count {
@@ -300,10 +342,51 @@ impl EpMoe {
             &scale(&cache.recv_rows),
             self.wire,
         )?;
+        let (dgate_up, ddown, back) = self.expert_backward(ep, w, cache, &recv)?;
+        let ret = wire::all_to_all_v(
+            comm,
+            &ep.group,
+            back,
+            &scale(&cache.recv_rows),
+            &scale(&cache.send_rows),
+            self.wire,
+        )?;
+        let mut dx = Tensor::zeros(&[tokens, hidden]);
+        let mut at = 0;
+        for e in 0..e_count {
+            for &t in &cache.routed[e] {
+                for (o, &v) in dx.row_mut(t).iter_mut().zip(&ret[at..at + hidden]) {
+                    *o += v;
+                }
+                at += hidden;
+            }
+        }
+        let dlogits = self.router_backward(cache, &dw)?;
+        let drouter = matmul_tn(&dlogits, &cache.x)?;
+        let dx = dx.add(&matmul(&dlogits, w.router)?)?;
+        Ok(EpMoeGrads {
+            dx,
+            drouter,
+            dgate_up,
+            ddown,
+        })
+    }
+
+    /// Expert backward on the received output gradients `recv` (ordered by source, then local
+    /// expert): the expert weight gradients (summed over sources in source order) and the input
+    /// gradients packed in the same order for the return exchange.
+    fn expert_backward(
+        &self,
+        ep: &MyGroup,
+        w: EpWeights<'_>,
+        cache: &EpMoeCache,
+        recv: &[f32],
+    ) -> RtResult<(Tensor<f32>, Tensor<f32>, Vec<f32>)> {
+        let (_, hidden) = cache.x.dims2("moe_ep backward")?;
+        let (inter, el, p) = (self.intermediate, self.local_experts(ep)?, ep.size());
         let mut dgate_up = Tensor::zeros(&[el, 2 * inter, hidden]);
         let mut ddown = Tensor::zeros(&[el, hidden, inter]);
         let mut dx_local: Vec<Vec<Vec<f32>>> = vec![vec![Vec::new(); p]; el];
-        // Received rows are ordered by source, then local expert.
         let mut offsets = vec![vec![0usize; el]; p];
         let mut at = 0;
         for (s, off) in offsets.iter_mut().enumerate() {
@@ -313,8 +396,8 @@ impl EpMoe {
             }
         }
         for l in 0..el {
-            let gu_w = expert_matrix(gate_up, l)?;
-            let down_w = expert_matrix(down, l)?;
+            let gu_w = expert_matrix(w.gate_up, l)?;
+            let down_w = expert_matrix(w.down, l)?;
             let (mut acc_gu, mut acc_dd) = (None, None);
             for s in 0..p {
                 let b = &cache.blocks[l][s];
@@ -362,25 +445,14 @@ impl EpMoe {
                 back.extend_from_slice(&per[s]);
             }
         }
-        let ret = wire::all_to_all_v(
-            comm,
-            &ep.group,
-            back,
-            &scale(&cache.recv_rows),
-            &scale(&cache.send_rows),
-            self.wire,
-        )?;
-        let mut dx = Tensor::zeros(&[tokens, hidden]);
-        let mut at = 0;
-        for e in 0..e_count {
-            for &t in &cache.routed[e] {
-                for (o, &v) in dx.row_mut(t).iter_mut().zip(&ret[at..at + hidden]) {
-                    *o += v;
-                }
-                at += hidden;
-            }
-        }
-        // Router: through the top-k renormalisation and the softmax (as `Moe::backward`).
+        Ok((dgate_up, ddown, back))
+    }
+
+    /// Router logits gradient through the top-k renormalisation and the softmax (as
+    /// `Moe::backward`), from the gradient `dw` of each token's routing weights.
+    fn router_backward(&self, cache: &EpMoeCache, dw: &Tensor<f32>) -> RtResult<Tensor<f32>> {
+        let (tokens, _) = cache.x.dims2("moe_ep backward")?;
+        let e_count = self.experts;
         let mut dlogits = Tensor::zeros(&[tokens, e_count]);
         let mut dp = vec![0.0f32; e_count];
         for t in 0..tokens {
@@ -405,13 +477,31 @@ impl EpMoe {
             }
             softmax_backward_row(pr, &dp, dlogits.row_mut(t));
         }
-        let drouter = matmul_tn(&dlogits, &cache.x)?;
-        let dx = dx.add(&matmul(&dlogits, router)?)?;
-        Ok(EpMoeGrads {
-            dx,
-            drouter,
-            dgate_up,
-            ddown,
-        })
+        Ok(dlogits)
+    }
+}
+
+/// The router's decisions for one micro-batch: probabilities, each token's selected experts,
+/// and per expert the tokens routed to it with their weights.
+struct Routing {
+    probs: Tensor<f32>,
+    selected: Vec<Vec<usize>>,
+    routed: Vec<Vec<usize>>,
+    route_w: Vec<Vec<f32>>,
+}
+
+/// Rows sent to and received from each EP member, and the row width.
+struct Rows {
+    send: Vec<usize>,
+    recv: Vec<usize>,
+    hidden: usize,
+}
+
+impl Rows {
+    fn send_elems(&self) -> Vec<usize> {
+        self.send.iter().map(|r| r * self.hidden).collect()
+    }
+    fn recv_elems(&self) -> Vec<usize> {
+        self.recv.iter().map(|r| r * self.hidden).collect()
     }
 }
