@@ -515,14 +515,47 @@ impl<'c> Executor<'c> {
         let a = format!("{p}.self_attn");
         let mut grads: Vec<(String, Tensor<f32>)> = Vec::new();
         // out = h + mlp(norm2(h))
-        let (dmlp_in, g) = match &bc.mlp {
+        let (dmlp_in, g) = self.mlp_bwd(&m, &bc.mlp, &bc.mlp_in, dx.clone())?;
+        grads.extend(g);
+        let n2 = format!("{p}.post_attention_layernorm");
+        let (dn2, gw2) = self.norm_bwd(&n2, dmlp_in, &bc.n2, &bc.n2_in)?;
+        let dh = self.bwd_add(&dx, &dn2)?;
+        // h = x + attn(norm1(x))
+        let names = self.attn_names(&a);
+        let (dattn_in, g) = self.attn_bwd(&a, &bc.attn, &bc.attn_in, dh.clone())?;
+        if g.len() != names.len() {
+            return Err(RuntimeError::plan(format!(
+                "{a}: {} gradients for {} parameters",
+                g.len(),
+                names.len()
+            )));
+        }
+        grads.extend(names.into_iter().zip(g));
+        let n1 = format!("{p}.input_layernorm");
+        let (dn1, gw1) = self.norm_bwd(&n1, dattn_in, &bc.n1, &bc.n1_in)?;
+        let dx = self.bwd_add(&dh, &dn1)?;
+        grads.push((format!("{n1}.weight"), gw1));
+        grads.push((format!("{n2}.weight"), gw2));
+        Ok((grads, dx))
+    }
+
+    /// Backward of the MLP block `m` (dense SwiGLU, MoE, or MoE with expert parallelism) from
+    /// `dx`: the input gradient and the named weight gradients.
+    fn mlp_bwd(
+        &mut self,
+        m: &str,
+        mlp: &MlpC,
+        mlp_in: &Meta,
+        dx: DTensor,
+    ) -> RtResult<(DTensor, UnitGrads)> {
+        Ok(match mlp {
             MlpC::Dense(c) => {
                 let nm: Vec<String> = ["gate_proj.weight", "up_proj.weight", "down_proj.weight"]
                     .iter()
                     .map(|n| format!("{m}.{n}"))
                     .collect();
                 let n2 = nm.clone();
-                let (d, g) = self.module_bwd(&m, dx.clone(), &bc.mlp_in, move |dy, f| {
+                let (d, g) = self.module_bwd(&m, dx, mlp_in, move |dy, f| {
                     let ps = SwiGluParams {
                         gate: f.full(&n2[0])?,
                         up: f.full(&n2[1])?,
@@ -546,7 +579,7 @@ impl<'c> Executor<'c> {
                     intermediate: cfg.intermediate,
                     norm_topk_prob: cfg.norm_topk_prob,
                 };
-                let (d, g) = self.module_bwd(&m, dx.clone(), &bc.mlp_in, move |dy, f| {
+                let (d, g) = self.module_bwd(&m, dx, mlp_in, move |dy, f| {
                     let ps = MoeParams {
                         router: f.full(&n2[0])?,
                         gate_up: f.full(&n2[1])?,
@@ -573,7 +606,7 @@ impl<'c> Executor<'c> {
                     norm_topk_prob: cfg.norm_topk_prob,
                     wire: self.ctx.act_dtype,
                 };
-                let (d, g) = self.module_bwd(&m, dx.clone(), &bc.mlp_in, move |dy, f| {
+                let (d, g) = self.module_bwd(&m, dx, mlp_in, move |dy, f| {
                     let g = moe.backward(
                         comm,
                         &ep,
@@ -589,17 +622,22 @@ impl<'c> Executor<'c> {
                 })?;
                 (d, nm.into_iter().zip(g).collect())
             }
-        };
-        grads.extend(g);
-        let n2 = format!("{p}.post_attention_layernorm");
-        let (dn2, gw2) = self.norm_bwd(&n2, dmlp_in, &bc.n2, &bc.n2_in)?;
-        let dh = self.bwd_add(&dx, &dn2)?;
-        // h = x + attn(norm1(x))
-        let names = self.attn_names(&a);
-        let (dattn_in, g) = match &bc.attn {
+        })
+    }
+
+    /// Backward of the attention block `a` (GQA or MLA) from `dh`: the input gradient and the
+    /// weight gradients in [`Self::attn_names`] order.
+    fn attn_bwd(
+        &mut self,
+        a: &str,
+        attn: &AttnC,
+        attn_in: &Meta,
+        dh: DTensor,
+    ) -> RtResult<(DTensor, Vec<Tensor<f32>>)> {
+        Ok(match attn {
             AttnC::Gqa(c) => {
-                let (cfg, a2) = (self.config, a.clone());
-                self.module_bwd(&a, dh.clone(), &bc.attn_in, move |dy, f| {
+                let (cfg, a2) = (self.config, a.to_owned());
+                self.module_bwd(&a, dh, attn_in, move |dy, f| {
                     let me = GqaView { config: cfg };
                     let att = me.gqa(f, &a2)?;
                     let g = att.backward(me.params(f, &a2)?, c, dy)?;
@@ -613,8 +651,8 @@ impl<'c> Executor<'c> {
             AttnC::Mla(c) => {
                 let mla = self.mla()?;
                 let lora = self.config.mla.is_some_and(|m| m.q_lora_rank.is_some());
-                let a2 = a.clone();
-                self.module_bwd(&a, dh.clone(), &bc.attn_in, move |dy, f| {
+                let a2 = a.to_owned();
+                self.module_bwd(&a, dh, attn_in, move |dy, f| {
                     let g = mla.backward(mla_params_of(f, &a2, lora)?, c, dy)?;
                     let mut v = Vec::new();
                     if lora {
@@ -634,21 +672,7 @@ impl<'c> Executor<'c> {
                     Ok((g.dx, v))
                 })?
             }
-        };
-        if g.len() != names.len() {
-            return Err(RuntimeError::plan(format!(
-                "{a}: {} gradients for {} parameters",
-                g.len(),
-                names.len()
-            )));
-        }
-        grads.extend(names.into_iter().zip(g));
-        let n1 = format!("{p}.input_layernorm");
-        let (dn1, gw1) = self.norm_bwd(&n1, dattn_in, &bc.n1, &bc.n1_in)?;
-        let dx = self.bwd_add(&dh, &dn1)?;
-        grads.push((format!("{n1}.weight"), gw1));
-        grads.push((format!("{n2}.weight"), gw2));
-        Ok((grads, dx))
+        })
     }
 
     fn norm_bwd(
