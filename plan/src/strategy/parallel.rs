@@ -343,10 +343,6 @@ pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
 /// Bytes per exchanged token count: counts travel as f32, exact for any realistic count.
 const COUNT_WIRE_BYTES: u64 = 4;
 
-/// Bytes per routed copy of the expert-index exchange: one int64 expert id per copy
-/// (`topk_indices` are int64, exchanged as a `[copies, 1]` tensor).
-const EXPERT_INDEX_WIRE_BYTES: u64 = 8;
-
 /// The expert-parallel exchanges of a MoE layer at its token `dispatch` (after the router) or
 /// `combine` (before the weighted sum), as the runtime issues them: the dispatch first
 /// exchanges the token count of every (destination rank, local expert) pair with a fixed
@@ -358,21 +354,20 @@ const EXPERT_INDEX_WIRE_BYTES: u64 = 8;
 /// Eager PyTorch reads the counts back to the host to size the all-to-all-v (`.tolist()`), so
 /// the counts exchange carries `host_sync`: the host waits for it before issuing more work.
 ///
-/// After the tokens, the dispatch sends every routed copy's global expert id with a third,
-/// forward-only all-to-all-v (HyperParallel `ep_utils.ep_routed_forward`, step 3: a second
-/// `ep_all_to_all` of `dispatched_expert_indices`, which the receiving rank needs to regroup
-/// the copies by local expert; the ids carry no gradient, so backward has no twin).
+/// Not modelled (the verified reference executor does not issue it, and `hpfsdp verify`
+/// requires the program to equal its collective trace): HyperParallel exchanges only
+/// `ep_size` per-rank counts (`bincount` of the destination ranks) and therefore sends every
+/// routed copy's int64 expert id with a third, forward-only all-to-all-v
+/// (`ep_utils.ep_routed_forward`, step 3). Modelling it needs the reference's MoE dispatch
+/// to follow the same scheme.
 pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
     if d.ep <= 1 {
         return Vec::new();
     }
     let module = module.strip_prefix("model.").unwrap_or(module);
-    let copies = d.dispatch_tokens() * d.top_k.max(1);
-    let busiest = |bytes_per_copy: u64| {
-        ((copies * bytes_per_copy) as f64 * d.routed_imbalance.max(1.0)).round() as u64
-    };
-    let token_bytes = busiest(d.hidden * d.act_wire_bytes);
-    let mut out = Vec::with_capacity(3);
+    let balanced = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
+    let token_bytes = (balanced as f64 * d.routed_imbalance.max(1.0)).round() as u64;
+    let mut out = Vec::with_capacity(2);
     if what == "dispatch" {
         out.push(ParColl {
             name: format!("{module}.{what}.counts.ep"),
@@ -391,17 +386,6 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
         wire_dtype: None,
         host_sync: false,
     });
-    if what == "dispatch" {
-        out.push(ParColl {
-            name: format!("{module}.{what}.indices.ep"),
-            axis: ParAxis::Ep,
-            fwd: Some(all_to_all_v(busiest(EXPERT_INDEX_WIRE_BYTES))),
-            bwd: None,
-            // Raw int64 ids: no reduction, the byte count is the whole wire cost.
-            wire_dtype: None,
-            host_sync: false,
-        });
-    }
     out
 }
 
@@ -480,7 +464,7 @@ mod tests {
             ..d
         };
         let dispatch = ep_exchange("model.layers.0.mlp", "dispatch", &ep);
-        assert_eq!(dispatch.len(), 3, "count exchange, tokens, then expert ids");
+        assert_eq!(dispatch.len(), 2, "count exchange, then tokens");
         let counts = dispatch[0].fwd.unwrap();
         assert_eq!(
             (counts.kind, counts.input_bytes),
@@ -490,14 +474,6 @@ mod tests {
         assert_eq!(dispatch[0].wire_dtype, Some(DType::F32));
         assert_eq!(dispatch[1].fwd.unwrap().kind, CollectiveKind::AllToAllV);
         assert_eq!(dispatch[1].bwd.unwrap().kind, CollectiveKind::AllToAllV);
-        // The expert ids follow the tokens forward only: one int64 per routed copy
-        // (32 sequence-parallel tokens per rank x top-2 copies).
-        let ids = dispatch[2].fwd.unwrap();
-        assert_eq!(
-            (ids.kind, ids.input_bytes),
-            (CollectiveKind::AllToAllV, 32 * 2 * 8)
-        );
-        assert!(dispatch[2].bwd.is_none() && !dispatch[2].host_sync);
         let combine = ep_exchange("model.layers.0.mlp", "combine", &ep);
         assert_eq!(combine.len(), 1);
         assert_eq!(combine[0].fwd.unwrap().kind, CollectiveKind::AllToAllV);
