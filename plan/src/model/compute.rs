@@ -95,8 +95,8 @@ pub enum OpShape {
 ///
 /// | recipe | fwd kernels | fwd bytes/elem | bwd kernels | bwd bytes/elem | eager code |
 /// | --- | --- | --- | --- | --- | --- |
-/// | RmsNorm | 8 | 36 | 12 | 76 | `x.float()`, `pow`, `mean`, `+eps`, `rsqrt`, `mul`, `.to(bf16)`, `weight *` (HF `Qwen3RMSNorm`) |
-/// | Rope | 10 | 20 | 10 | 20 | per q and k: `x*cos`, `neg`, `cat` (rotate_half), `*sin`, `add` |
+/// | RmsNorm | 8 | 36 | 16 | 92 | `x.float()`, `pow`, `mean`, `+eps`, `rsqrt`, `mul`, `.to(bf16)`, `weight *` (HF `Qwen3RMSNorm`); backward per [`RMSNORM_BWD_KERNELS`] |
+/// | Rope | 10 | 20 | 18 | 30 | per q and k: `x*cos`, `neg`, `cat` (rotate_half), `*sin`, `add`; backward per [`ROPE_BWD_KERNELS`] |
 /// | SwiGlu | 2 | 10 | 3 | 18 | `silu(gate)`, `* up` |
 /// | Residual | 1 | 6 | 1 | 6 | `a + b`; backward accumulates the two gradient branches |
 /// | Embedding | 1 | 4 | 2 | 6 | `index_select`; backward zero-fill + `embedding_dense_backward` |
@@ -105,11 +105,28 @@ pub enum OpShape {
 /// | RouterSoftmaxTopk | 6 | 18 | 6 | 26 | `.float()`, `softmax`, `topk`, `sum`, `div`, `.to(bf16)` |
 /// | TokenPermute | 3 | 4 | 2 | 6 | `argsort` of expert ids, `histc` counts, `index_select` of tokens |
 /// | ExpertCombine | 3 | 10 | 4 | 20 | unpermute `index_select`, `* routing weights`, `sum` over top-k |
+/// | EpDispatch | 11 | 4 | 3 | 7 | HyperParallel `ep_routed_forward` before the exchange: `arange`, `repeat_interleave`, `div`, `mul`, `add`, `argsort`, three index gathers, `bincount`; after the index exchange `- expert_offset` |
+/// | EpRegroup | 4 | 4 | 2 | 8 | HyperParallel `_local_swiglu_expert_forward`: `argsort`, gather, `bincount`, `cumsum` (the grouped GEMM's group list) |
+/// | EpCombine | 5 | 10 | 6 | 16 | HyperParallel `ep_routed_forward` after the combine: weight gather, `mul`, `zeros`, index gather, `index_add_` |
 ///
 /// Bytes: bf16 = 2, fp32 = 4 per element, each kernel reads its inputs and writes its output
 /// once (reductions to one value per token count only their read). Linear layers launch 1
 /// GEMM forward and 2 backward (dX, dW); attention 1 fused kernel each way (flash backward
 /// does ~2.5x the forward FLOPs: 5 matmuls against 2, Dao 2023, FlashAttention-2 section 3.1).
+///
+/// Backward counts follow PyTorch's autograd formulas (`tools/autograd/derivatives.yaml`,
+/// `torch/csrc/autograd/FunctionsManual.cpp`): every node launches its formula's kernels, a
+/// broadcast operand's gradient adds a `sum_to` reduction, a tensor used twice adds one
+/// accumulation `add` per extra use, `slice_backward` allocates zeros and copies into them,
+/// an index gather's backward is `zeros` + `index_put_(accumulate=True)`.
+///
+/// The `Ep*` recipes are the expert-parallel (TP-extend-EP) path of HyperParallel
+/// (`hyper_models/components/distributed/ep_utils.py`, `ep_routed_forward` and
+/// `_local_swiglu_expert_forward` with the grouped GEMM): they replace `TokenPermute` and
+/// `ExpertCombine` when `ep > 1` (see `crate::strategy::kernels`). The grouped-GEMM path is
+/// the one the measured runs took: the per-expert loop of the same file launches at least four
+/// kernels forward and eight backward per local expert (32 on a rank of experiment A), more
+/// than the measured per-layer total.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EagerRecipe {
@@ -133,7 +150,28 @@ pub enum EagerRecipe {
     TokenPermute,
     /// Expert outputs back to token order, weighted and summed.
     ExpertCombine,
+    /// Expert-parallel dispatch bookkeeping on the token owner (HyperParallel
+    /// `ep_routed_forward`: source indices, destination ranks, sort, gathers, counts).
+    EpDispatch,
+    /// Received routed copies regrouped by local expert for the grouped GEMM.
+    EpRegroup,
+    /// Expert-parallel combine on the token owner: weighted `index_add_` back to tokens.
+    EpCombine,
 }
+
+/// RMSNorm backward kernels (`Qwen3RMSNorm` forward `w * (x.float() * rsqrt(mean(x.float()^2)
+/// + eps)).to(bf16)`), per autograd formula: `weight *` 3 (`grad * w`, `grad * y`, `sum_to`
+/// the weight), `.to(bf16)` 1 cast, `x * rsqrt` 3 (two products, `sum_to` the per-row factor),
+/// `rsqrt` 3 (`result.pow(3)`, `-0.5 * grad`, product), `+ eps` 0, `mean` 1 (expand / n),
+/// `pow(2)` 3 (`pow_backward`: `self.pow(1)` copy, `* 2`, `grad *`), the two uses of
+/// `x.float()` 1 `add`, `.float()` 1 cast.
+pub const RMSNORM_BWD_KERNELS: u32 = 16;
+
+/// Rotary embedding backward kernels for q and k (HF `apply_rotary_pos_emb`, `q * cos +
+/// rotate_half(q) * sin` with `rotate_half = cat(-x[..., d/2:], x[..., :d/2])`), per tensor:
+/// `grad * cos`, `grad * sin`, `neg`, two `slice_backward` (zeros + copy each), and two `add`s
+/// accumulating the three uses of the input: 9, so 18 for q and k.
+pub const ROPE_BWD_KERNELS: u32 = 18;
 
 impl EagerRecipe {
     /// Forward (kernels, HBM bytes per element).
@@ -149,14 +187,17 @@ impl EagerRecipe {
             EagerRecipe::RouterSoftmaxTopk => (6, 18.0),
             EagerRecipe::TokenPermute => (3, 4.0),
             EagerRecipe::ExpertCombine => (3, 10.0),
+            EagerRecipe::EpDispatch => (11, 4.0),
+            EagerRecipe::EpRegroup => (4, 4.0),
+            EagerRecipe::EpCombine => (5, 10.0),
         }
     }
 
     /// Backward (kernels, HBM bytes per element).
     pub fn bwd(self) -> (u32, f64) {
         match self {
-            EagerRecipe::RmsNorm => (12, 76.0),
-            EagerRecipe::Rope => (10, 20.0),
+            EagerRecipe::RmsNorm => (RMSNORM_BWD_KERNELS, 92.0),
+            EagerRecipe::Rope => (ROPE_BWD_KERNELS, 30.0),
             EagerRecipe::SwiGlu => (3, 18.0),
             EagerRecipe::Residual => (1, 6.0),
             EagerRecipe::Embedding => (2, 6.0),
@@ -165,6 +206,9 @@ impl EagerRecipe {
             EagerRecipe::RouterSoftmaxTopk => (6, 26.0),
             EagerRecipe::TokenPermute => (2, 6.0),
             EagerRecipe::ExpertCombine => (4, 20.0),
+            EagerRecipe::EpDispatch => (3, 7.0),
+            EagerRecipe::EpRegroup => (2, 8.0),
+            EagerRecipe::EpCombine => (6, 16.0),
         }
     }
 }
@@ -551,5 +595,39 @@ mod tests {
         assert_eq!(avg_causal_context(4096, Some(2048)), 1536.25);
         assert_eq!(avg_causal_context(1, None), 1.0);
         assert_eq!(avg_causal_context(0, None), 0.0);
+    }
+
+    /// The backward recipes are the sums of their autograd nodes' kernels (the node list is
+    /// the derivation in the constants' docs; changing one without the other fails here).
+    #[test]
+    fn norm_and_rope_backward_counts_sum_their_autograd_nodes() {
+        // (node, kernels): derivatives.yaml / FunctionsManual.cpp formulas.
+        let rmsnorm: [(&str, u32); 8] = [
+            ("weight * y: grad*y, sum_to(weight), grad*weight", 3),
+            (".to(bf16): cast back", 1),
+            ("x * r: grad*r, grad*x, sum_to(r)", 3),
+            ("rsqrt: result.pow(3), -0.5*grad, product", 3),
+            ("mean: expand / n", 1),
+            ("pow(2): self.pow(1), *2, grad*", 3),
+            ("x.float() used twice: add", 1),
+            (".float(): cast back", 1),
+        ];
+        let rope_per_tensor: [(&str, u32); 6] = [
+            ("x * cos: grad*cos", 1),
+            ("rotate_half(x) * sin: grad*sin", 1),
+            ("neg", 1),
+            ("slice_backward x2: zeros + copy", 2),
+            ("slice_backward x1: zeros + copy", 2),
+            ("three uses of x: two adds", 2),
+        ];
+        let sum = |n: &[(&str, u32)]| n.iter().map(|(_, k)| k).sum::<u32>();
+        assert_eq!(sum(&rmsnorm), RMSNORM_BWD_KERNELS);
+        assert_eq!(EagerRecipe::RmsNorm.bwd().0, RMSNORM_BWD_KERNELS);
+        assert_eq!(2 * sum(&rope_per_tensor), ROPE_BWD_KERNELS);
+        assert_eq!(EagerRecipe::Rope.bwd().0, ROPE_BWD_KERNELS);
+        // Backward moves more bytes than forward for both (more passes over the data).
+        for r in [EagerRecipe::RmsNorm, EagerRecipe::Rope] {
+            assert!(r.bwd().1 > r.fwd().1, "{r:?}");
+        }
     }
 }

@@ -15,7 +15,9 @@ mod hf;
 mod ir;
 mod params;
 
-pub use compute::{ACT_BYTES, EagerRecipe, OpShape, avg_causal_context};
+pub use compute::{
+    ACT_BYTES, EagerRecipe, OpShape, RMSNORM_BWD_KERNELS, ROPE_BWD_KERNELS, avg_causal_context,
+};
 
 /// Element type of a parameter or buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -280,7 +280,12 @@ impl<'a, 'c> Hp<'a, 'c> {
         (first, last)
     }
 
-    fn settle_prev(&mut self, last_mb: bool) {
+    /// Settles the previous unit's reduce-scatters: per parameter the post-reduction
+    /// division, and from the second micro-batch on the accumulation into the gradient held
+    /// so far (hyper-parallel `TorchHSDPParamV2.apply_reduced_grad`: `grad += reduced_grad`
+    /// once `sharded_param.grad` exists; into `reduce_partial_output` when the all-reduce is
+    /// deferred), one kernel each.
+    fn settle_prev(&mut self, last_mb: bool, accumulate: bool) {
         let rd = self.e.ctx.opts.reduce_dtype;
         let prev = std::mem::take(&mut self.prev_rs);
         for (pi, rs) in prev {
@@ -289,15 +294,17 @@ impl<'a, 'c> Hp<'a, 'c> {
             let out = grad_out(p, self.units[u].placed[pi]);
             let elems = out / rd.bytes();
             // Division (last micro-batch) or accumulation into the partial output: read and
-            // write the shard, plus the partial output when accumulating.
+            // write the shard, plus the partial output when accumulating; after the first
+            // micro-batch the add into the held gradient reads two shards and writes one.
             let hbm = if last_mb { 2 * out } else { 3 * out };
+            let (add_kernels, add_hbm) = if accumulate { (1, 3 * out) } else { (0, 0) };
             self.e.compute(
                 Stream::Compute,
                 Category::FsdpRs,
                 ComputeWork {
-                    flops: elems,
-                    hbm_bytes: hbm,
-                    kernels: 1,
+                    flops: elems * (1 + add_kernels as u64),
+                    hbm_bytes: hbm + add_hbm,
+                    kernels: 1 + add_kernels,
                     mix: None,
                 },
                 &[rs],
@@ -447,7 +454,7 @@ pub(crate) fn generate(
                     hp.gathered[u] = false;
                 }
                 // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
-                hp.settle_prev(last_mb);
+                hp.settle_prev(last_mb, m > 0);
                 // Step 3: this unit's reduce-scatters.
                 let deps = hp.e.issue_point();
                 let rd = o.reduce_dtype;
@@ -504,7 +511,7 @@ pub(crate) fn generate(
             }
         }
         // Root callback: wait the last reduce-scatters, issue the last all-reduce.
-        hp.settle_prev(last_mb);
+        hp.settle_prev(last_mb, m > 0);
         if last_mb {
             hp.all_reduce_prev();
         }

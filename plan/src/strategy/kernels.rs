@@ -85,6 +85,17 @@ impl KernelCtx {
         }
     }
 
+    /// The recipe an op runs on this rank's path: with expert parallelism the token permutation
+    /// and the combine are HyperParallel's `ep_routed_forward` bookkeeping
+    /// ([`EagerRecipe::EpDispatch`], [`EagerRecipe::EpCombine`]); everything else as given.
+    pub fn path_recipe(&self, recipe: EagerRecipe) -> EagerRecipe {
+        match recipe {
+            EagerRecipe::TokenPermute if self.ep > 1 => EagerRecipe::EpDispatch,
+            EagerRecipe::ExpertCombine if self.ep > 1 => EagerRecipe::EpCombine,
+            r => r,
+        }
+    }
+
     fn gemm_rows(&self) -> u64 {
         (self.micro_batch * self.seq_len / self.cp).max(1)
     }
@@ -141,7 +152,7 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
                 c.rank_tokens * width as f64
             };
             let flops = op.fwd_flops_per_token * c.rank_tokens * routed_scale(c, routed);
-            memory_bound(recipe, elems, flops, c.act_bytes)
+            memory_bound(c.path_recipe(recipe), elems, flops, c.act_bytes)
         }
         OpShape::Opaque => {
             let flops = (op.fwd_flops_per_token * c.rank_tokens).round() as u64;
@@ -197,7 +208,8 @@ fn memory_bound(
     )
 }
 
-/// Router: gate GEMM on the rank's tokens, softmax/top-k over the experts, token permute.
+/// Router: gate GEMM on the rank's tokens, softmax/top-k over the experts, token permute
+/// (with expert parallelism the dispatch bookkeeping, [`KernelCtx::path_recipe`]).
 fn router(
     c: &KernelCtx,
     hidden: u64,
@@ -213,7 +225,7 @@ fn router(
         c.act_bytes,
     );
     let (pf, pb) = memory_bound(
-        EagerRecipe::TokenPermute,
+        c.path_recipe(EagerRecipe::TokenPermute),
         c.rank_tokens * (top_k * hidden) as f64,
         0.0,
         c.act_bytes,
@@ -276,12 +288,14 @@ fn experts(c: &KernelCtx, input: u64, output: u64) -> (Vec<KernelWork>, Vec<Kern
 /// torchtitan expert parallelism: `generate_permute_indices` then the inverse index). Nothing
 /// with one local expert or without expert parallelism (the router's token permutation
 /// already orders them). Returns the regroup's forward and backward, then the restore's:
-/// the regroup runs the [`EagerRecipe::TokenPermute`] kernels over the copies (sort indices,
-/// per-expert counts for the GEMM's group list, the gather), the restore one scatter each way.
+/// the regroup runs the [`EagerRecipe::EpRegroup`] kernels over the copies (HyperParallel
+/// `_local_swiglu_expert_forward`: `argsort` of the local expert ids, the gather, `bincount`
+/// and the `cumsum` group list of the grouped GEMM), the restore one `index_put` each way
+/// (`output[token_order] = sorted_output`; its backward gathers).
 fn ep_regroup(c: &KernelCtx) -> Option<[KernelWork; 4]> {
     let r = c.routed.filter(|r| c.ep > 1 && r.local_experts > 1)?;
     let elems = r.busiest_copies * c.hidden as f64;
-    let (mut rf, mut rb) = memory_bound(EagerRecipe::TokenPermute, elems, 0.0, c.act_bytes);
+    let (mut rf, mut rb) = memory_bound(EagerRecipe::EpRegroup, elems, 0.0, c.act_bytes);
     // The restore reads and writes every copy once each way.
     let bytes = (elems * 2.0 * c.act_bytes as f64).round() as u64;
     Some([
@@ -415,7 +429,7 @@ mod tests {
             }),
             &ctx(1),
         );
-        assert_eq!((f[0].count, b[0].count), (8, 12));
+        assert_eq!((f[0].count, b[0].count), (8, 16));
         assert_eq!(f[0].hbm_bytes, (8192.0 * 2048.0 * 36.0) as u64);
         assert_eq!(f[0].class, KernelClass::MemoryBound);
     }
@@ -488,7 +502,7 @@ mod tests {
         // mirrors it.
         let c = with_ep(4, 128);
         let (f, b) = op_kernels(&shape(2048, 1536), &c);
-        assert_eq!((f.len(), f[0].count, gemm(&f[1])), (2, 3, true));
+        assert_eq!((f.len(), f[0].count, gemm(&f[1])), (2, 4, true));
         assert_eq!((b.len(), b[2].count, gemm(&b[0])), (3, 2, true));
         let (f, b) = op_kernels(&shape(768, 2048), &c);
         assert_eq!((f.len(), gemm(&f[0]), f[1].count), (2, true, 1));
@@ -500,5 +514,41 @@ mod tests {
             let (f, b) = op_kernels(&shape(2048, 1536), &c);
             assert_eq!((f.len(), b.len()), (1, 2));
         }
+    }
+
+    #[test]
+    fn expert_parallel_runs_hyperparallel_dispatch_and_combine_bookkeeping() {
+        // HyperParallel `ep_routed_forward` (ep > 1): the router's permutation becomes the
+        // dispatch bookkeeping (11 kernels forward, 3 backward), the combine its weighted
+        // `index_add_` (5 forward, 6 backward); without expert parallelism the HF-style
+        // permutation and combine stay (3/2 and 3/4).
+        let with_ep = |ep: u64| KernelCtx {
+            ep,
+            routed: Some(busiest_rank_load(2048.0, 128, 8, ep, 1.0)),
+            ..ctx(4)
+        };
+        let router = op(OpShape::Router {
+            hidden: 2048,
+            experts: 128,
+            top_k: 8,
+        });
+        let combine = op(OpShape::MemoryBound {
+            recipe: EagerRecipe::ExpertCombine,
+            width: 8 * 2048,
+            routed: false,
+        });
+        let counts = |ws: &[KernelWork]| ws.iter().map(|w| w.count).collect::<Vec<_>>();
+        let (f, b) = op_kernels(&router, &with_ep(4));
+        // Gate GEMM, softmax/top-k, dispatch; backward in reverse.
+        assert_eq!((counts(&f), counts(&b)), (vec![1, 6, 11], vec![3, 6, 1, 1]));
+        let (f, b) = op_kernels(&router, &with_ep(1));
+        assert_eq!((counts(&f), counts(&b)), (vec![1, 6, 3], vec![2, 6, 1, 1]));
+        let (f, b) = op_kernels(&combine, &with_ep(4));
+        assert_eq!((counts(&f), counts(&b)), (vec![5], vec![6]));
+        let (f, b) = op_kernels(&combine, &with_ep(1));
+        assert_eq!((counts(&f), counts(&b)), (vec![3], vec![4]));
+        // The dispatch gathers every routed copy once (4 bytes per bf16 element: read + write).
+        let (f, _) = op_kernels(&router, &with_ep(4));
+        assert_eq!(f[2].hbm_bytes, (2048.0 * 8.0 * 2048.0 * 4.0) as u64);
     }
 }

@@ -353,6 +353,13 @@ const COUNT_WIRE_BYTES: u64 = 4;
 /// imbalance (expected maximum over EP ranks under top-k routing, times `routing_skew`).
 /// Eager PyTorch reads the counts back to the host to size the all-to-all-v (`.tolist()`), so
 /// the counts exchange carries `host_sync`: the host waits for it before issuing more work.
+///
+/// Not modelled (the verified reference executor does not issue it, and `hpfsdp verify`
+/// requires the program to equal its collective trace): HyperParallel exchanges only
+/// `ep_size` per-rank counts (`bincount` of the destination ranks) and therefore sends every
+/// routed copy's int64 expert id with a third, forward-only all-to-all-v
+/// (`ep_utils.ep_routed_forward`, step 3). Modelling it needs the reference's MoE dispatch
+/// to follow the same scheme.
 pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
     if d.ep <= 1 {
         return Vec::new();
@@ -472,6 +479,7 @@ mod tests {
         assert_eq!(combine[0].fwd.unwrap().kind, CollectiveKind::AllToAllV);
         // The host reads the counts back before sizing the token exchange; nothing else syncs.
         assert!(dispatch[0].host_sync && !dispatch[1].host_sync && !combine[0].host_sync);
+        assert_eq!(combine[0].bwd.unwrap().kind, CollectiveKind::AllToAllV);
         // The busiest rank's token exchange grows with the routing imbalance.
         let skewed = ParDims {
             routed_imbalance: 1.25,

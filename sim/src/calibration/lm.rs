@@ -197,6 +197,44 @@ pub fn minimise<E>(
     })
 }
 
+/// [`minimise`] from each of `starts` in turn, keeping the lowest final cost (the earliest
+/// start on a tie). The residual functions of a calibration are not convex (a constant can
+/// buy one experiment's missing time at another's expense), so one start can stop in a local
+/// minimum; a fixed list of starts keeps the result deterministic. `cost_start` is the first
+/// start's; iterations and evaluations add up over all starts.
+pub fn minimise_multistart<E>(
+    starts: &[Vec<f64>],
+    lo: &[f64],
+    hi: &[f64],
+    options: &LmOptions,
+    mut f: impl FnMut(&[f64]) -> Result<Vec<f64>, E>,
+) -> Result<LmOutcome, E> {
+    let mut best: Option<LmOutcome> = None;
+    let (mut iterations, mut evaluations, mut cost_start) = (0, 0, None);
+    for x0 in starts {
+        let out = minimise(x0, lo, hi, options, &mut f)?;
+        iterations += out.iterations;
+        evaluations += out.evaluations;
+        cost_start.get_or_insert(out.cost_start);
+        if best.as_ref().is_none_or(|b| out.cost < b.cost) {
+            best = Some(out);
+        }
+    }
+    let mut best = best.unwrap_or(LmOutcome {
+        x: Vec::new(),
+        residuals: Vec::new(),
+        cost_start: 0.0,
+        cost: 0.0,
+        iterations: 0,
+        evaluations: 0,
+        unidentified: Vec::new(),
+    });
+    best.cost_start = cost_start.unwrap_or(best.cost_start);
+    best.iterations = iterations;
+    best.evaluations = evaluations;
+    Ok(best)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,5 +292,27 @@ mod tests {
         assert!((out.x[0] - 1.0).abs() < 1e-6);
         assert_eq!(out.x[1], 0.7);
         assert!(out.unidentified[1] && !out.unidentified[0]);
+    }
+
+    #[test]
+    fn a_second_start_escapes_a_local_minimum() {
+        // r1 = (x - 1)(x - 4), r2 = 0.1 (x - 4): a local minimum near x = 1 (cost ~0.045)
+        // and the global one at x = 4 (cost 0) in the box [0, 5].
+        let f = |x: &[f64]| Ok::<_, ()>(vec![(x[0] - 1.0) * (x[0] - 4.0), 0.1 * (x[0] - 4.0)]);
+        let options = LmOptions::default();
+        let (lo, hi) = ([0.0], [5.0]);
+        let one = minimise(&[0.0], &lo, &hi, &options, f).unwrap();
+        assert!(one.cost > 0.01 && one.x[0] < 2.0, "{one:?}");
+        let both = minimise_multistart(&[vec![0.0], vec![2.5]], &lo, &hi, &options, f).unwrap();
+        assert!(
+            both.cost < 1e-8 && (both.x[0] - 4.0).abs() < 1e-3,
+            "{both:?}"
+        );
+        // The first start's cost is reported as the start; the work of both starts counts.
+        assert_eq!(both.cost_start, one.cost_start);
+        assert!(both.evaluations > one.evaluations);
+        // Same starts, same answer.
+        let again = minimise_multistart(&[vec![0.0], vec![2.5]], &lo, &hi, &options, f).unwrap();
+        assert_eq!(again.x, both.x);
     }
 }
