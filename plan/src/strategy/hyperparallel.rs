@@ -301,12 +301,7 @@ impl<'a, 'c> Hp<'a, 'c> {
     /// owner order, carrying all of that owner's matrices of the unit. Costed as a broadcast
     /// of the same bytes (HCCL's A3 reduce is a reduce-scatter then a gather to the root,
     /// `sim/src/cost.rs`). Returns (parameter, op) for each placed parameter.
-    fn matrixfsdp_owner_reduces(
-        &mut self,
-        u: usize,
-        m: u64,
-        deps: &[OpId],
-    ) -> Vec<(usize, OpId)> {
+    fn matrixfsdp_owner_reduces(&mut self, u: usize, m: u64, deps: &[OpId]) -> Vec<(usize, OpId)> {
         let rd = self.e.ctx.opts.reduce_dtype;
         let mut by_owner: std::collections::BTreeMap<(usize, usize), Vec<usize>> =
             std::collections::BTreeMap::new();
