@@ -569,8 +569,9 @@ mod tests {
     }
 
     /// NCCL on an NVSwitch node (ring tier): a large broadcast is a pipelined chain that
-    /// approaches `n / B`, less than 1.2x the all-gather of the same bytes (8/7 for p = 8),
-    /// not the 2x of HCCL's scatter + all-gather.
+    /// approaches `n / B`: between the all-gather of the same bytes times p/(p-1) = 8/7 and
+    /// 1.5x it (the chain's fill, `(p-2)/k`, with the latency-optimal chunk count), well
+    /// below the 2x of HCCL's scatter + all-gather.
     #[test]
     fn nccl_ring_broadcast_is_pipelined() {
         let p = HardwareProfile::builtin("nvidia-h100-hgx").unwrap();
@@ -581,7 +582,7 @@ mod tests {
         let ag = collective_phases(CollectiveKind::AllGather, &shape, n / 8, n, true, &p);
         let ratio = bc[0].cost.transfer_s / ag[0].cost.transfer_s;
         assert!(
-            ratio > 8.0 / 7.0 && ratio < 1.2,
+            ratio > 8.0 / 7.0 && ratio < 1.5,
             "broadcast / all-gather = {ratio}"
         );
     }
