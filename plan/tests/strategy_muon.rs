@@ -1010,3 +1010,38 @@ fn matrixfsdp_reduces_once_per_owner() {
     assert_eq!(dm_all, 168);
     assert!(mf_all < dm_all, "{mf_all} per-owner reduces");
 }
+
+/// HyperParallel relays per NS memory batch, not once per assignment
+/// (`_process_shard_params` at 3ad2a77): on the dense MatrixFSDP comparison, rank 0's program
+/// issues exactly the plan's per-memory-batch relay broadcasts, with their bytes (their order
+/// against NS and gathers is checked by `at_most_one_batch_in_flight`).
+#[test]
+fn relays_follow_the_memory_batches() {
+    let x = load("paper/muon-vs-matrixfsdp.toml");
+    let m = build_muon_plan(&x.s, &x.p, &x.f);
+    let g = gen_with(
+        &x,
+        StrategyKind::HyperParallel,
+        OptimizerStrategy::HyperParallelMuon,
+    );
+    let p = g.program(0).unwrap();
+    let relays: Vec<u64> = p
+        .ops
+        .iter()
+        .filter(|o| o.name.as_deref().is_some_and(|n| n.contains(".relay.")))
+        .filter_map(|o| o.payload.as_collective().map(|c| c.input_bytes))
+        .collect();
+    let planned: Vec<u64> = m
+        .batches
+        .iter()
+        .flat_map(|b| b.memory_relays.iter().flatten().map(|r| r.1))
+        .collect();
+    assert!(m.batches.iter().all(|b| b.memory_batches.len() > 1));
+    assert_eq!(relays.len(), planned.len());
+    assert_eq!(relays.iter().sum::<u64>(), planned.iter().sum::<u64>());
+    assert!(
+        relays.len() > 16,
+        "{} relays: one set per assignment",
+        relays.len()
+    );
+}
