@@ -148,8 +148,10 @@ pub struct MuonBatch {
     /// `for sub_batch in safe_batches:` gather, NS, then `_fused_broadcast_and_apply`): per
     /// NS memory batch, (axis, bytes) per broadcast of rank 0's view, one per compute
     /// coordinate owning a matrix of that memory batch, each carrying that owner's packed
-    /// bf16 updates (512-B padded per matrix). Empty on the local path.
-    #[serde(default)]
+    /// bf16 updates (512-B padded per matrix). Empty on the local path. Derived from
+    /// `memory_batches` and `shard_owner`, so it is left out of the serialized plan (and of
+    /// its digest).
+    #[serde(skip)]
     pub memory_relays: Vec<Vec<(String, u64)>>,
     /// Replica broadcasts: (axis, bytes) per hop.
     pub replica_broadcasts: Vec<(String, u64)>,
