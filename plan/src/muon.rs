@@ -140,8 +140,19 @@ pub struct MuonBatch {
     pub replica_owner: BTreeMap<usize, Vec<usize>>,
     /// Fused all-gather output bytes per rank, per memory batch and shard axis (bf16, 512-B padded).
     pub gather_bytes: Vec<Vec<(String, u64)>>,
-    /// Relay broadcasts: (axis, bytes) per broadcast issued by rank 0's view.
+    /// Relay bytes of the whole assignment: (axis, bytes) per compute coordinate relayed in
+    /// rank 0's view, summed over the memory batches. The runtime does not send them as one
+    /// broadcast per coordinate: see [`MuonBatch::memory_relays`].
     pub relay_broadcasts: Vec<(String, u64)>,
+    /// The relay broadcasts as HyperParallel issues them (`_process_shard_params` at 3ad2a77:
+    /// `for sub_batch in safe_batches:` gather, NS, then `_fused_broadcast_and_apply`): per
+    /// NS memory batch, (axis, bytes) per broadcast of rank 0's view, one per compute
+    /// coordinate owning a matrix of that memory batch, each carrying that owner's packed
+    /// bf16 updates (512-B padded per matrix). Empty on the local path. Derived from
+    /// `memory_batches` and `shard_owner`, so it is left out of the serialized plan (and of
+    /// its digest).
+    #[serde(skip)]
+    pub memory_relays: Vec<Vec<(String, u64)>>,
     /// Replica broadcasts: (axis, bytes) per hop.
     pub replica_broadcasts: Vec<(String, u64)>,
     /// Expert-parallel coordinate holding every parameter of the batch (`None`: every rank).
@@ -575,7 +586,7 @@ fn make_batch(
             replica_broadcasts.push((a.clone(), local_bytes));
         }
     }
-    let (shard_owner, memory_batches, gather_bytes, relay) = if shard_path {
+    let (shard_owner, memory_batches, gather_bytes, relay, memory_relays) = if shard_path {
         let sizes: Vec<usize> = first.shard_axes.iter().map(|a| a.size).collect();
         // Shard owners are balanced inside each replica owner's subset (notes 6.5: each
         // rank keeps only its replica coordinate's `owned_records`, and the shard-domain
@@ -605,27 +616,36 @@ fn make_batch(
             }
             gathers.push(per_axis);
         }
-        // Relay: per shard dim, one broadcast per compute coordinate aligned with rank 0 on later dims.
-        let mut relay = Vec::new();
-        let mut by_coord: BTreeMap<Vec<usize>, u64> = BTreeMap::new();
-        // Rank 0's view: only the records of its replica coordinate (all zeros) are relayed
-        // in its shard group.
-        for (i, c) in &owners {
-            if replica_owner
-                .get(i)
-                .is_none_or(|r| r.iter().all(|&x| x == 0))
-            {
-                *by_coord.entry(c.clone()).or_default() += pad(params[*i].numel());
-            }
-        }
-        for (d, a) in first.shard_axes.iter().enumerate() {
-            for (coord, bytes) in &by_coord {
-                if coord[d + 1..].iter().all(|&x| x == 0) {
-                    relay.push((a.axis.clone(), *bytes));
+        // Relay: per shard dim, one broadcast per compute coordinate aligned with rank 0 on
+        // later dims (rank 0's view: only the records of its replica coordinate, all zeros,
+        // are relayed in its shard group); per memory batch as the runtime issues them, and
+        // summed over the assignment.
+        let relay_of = |members: &mut dyn Iterator<Item = usize>| {
+            let mut by_coord: BTreeMap<Vec<usize>, u64> = BTreeMap::new();
+            for i in members {
+                let rank0 = replica_owner
+                    .get(&i)
+                    .is_none_or(|r: &Vec<usize>| r.iter().all(|&x| x == 0));
+                if let (true, Some(c)) = (rank0, owners.get(&i)) {
+                    *by_coord.entry(c.clone()).or_default() += pad(params[i].numel());
                 }
             }
-        }
-        (owners, mem, gathers, relay)
+            let mut relay = Vec::new();
+            for (d, a) in first.shard_axes.iter().enumerate() {
+                for (coord, bytes) in &by_coord {
+                    if coord[d + 1..].iter().all(|&x| x == 0) {
+                        relay.push((a.axis.clone(), *bytes));
+                    }
+                }
+            }
+            relay
+        };
+        let relay = relay_of(&mut owners.keys().copied());
+        let per_mem = mem
+            .iter()
+            .map(|mb| relay_of(&mut mb.iter().copied()))
+            .collect();
+        (owners, mem, gathers, relay, per_mem)
     } else {
         let mut by_shape: BTreeMap<(u64, u64), Vec<(usize, u64)>> = BTreeMap::new();
         for &(i, n) in &records {
@@ -638,7 +658,7 @@ fn make_batch(
             .values()
             .flat_map(|v| split_memory_batches(v, NS_BATCH_NUMEL, 1))
             .collect();
-        (BTreeMap::new(), mem, Vec::new(), Vec::new())
+        (BTreeMap::new(), mem, Vec::new(), Vec::new(), Vec::new())
     };
     MuonBatch {
         domain: domain.to_string(),
@@ -650,6 +670,7 @@ fn make_batch(
         replica_owner,
         gather_bytes,
         relay_broadcasts: relay,
+        memory_relays,
         replica_broadcasts,
         ep_owner: None,
         slot: 0,

@@ -561,6 +561,17 @@ fn exp_b_muon_batches_by_hand() {
     assert_eq!(per.len(), 16);
     assert!(per.values().all(|&n| n == 15), "{per:?}");
     assert_eq!(big.relay_broadcasts.len(), 16);
+    // The runtime relays per NS memory batch (HyperParallel `_process_shard_params`):
+    // one broadcast per coordinate owning a matrix of that memory batch, the same bytes in
+    // total as the assignment's per-coordinate sums.
+    assert_eq!(big.memory_relays.len(), big.memory_batches.len());
+    for (mb, relays) in big.memory_batches.iter().zip(&big.memory_relays) {
+        let coords: BTreeSet<&Vec<usize>> = mb.iter().map(|i| &big.shard_owner[i]).collect();
+        assert_eq!(relays.len(), coords.len());
+    }
+    let per_mem: u64 = big.memory_relays.iter().flatten().map(|r| r.1).sum();
+    let whole: u64 = big.relay_broadcasts.iter().map(|r| r.1).sum();
+    assert_eq!(per_mem, whole);
 }
 
 #[test]

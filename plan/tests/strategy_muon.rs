@@ -462,9 +462,14 @@ fn replica_subgroups_key_errors() {
     assert!(Scenario::from_str_at(&ok, &path).is_ok());
 }
 
-/// The pipeline: the gathers of NS batch j+1 are issued before the NS of batch j and after the
-/// NS of batch j-1; a batch's replica broadcasts land before the broadcasts of the batch after
-/// next are issued.
+/// The shard path runs each NS memory batch to the end before the next starts, as
+/// HyperParallel's `_process_shard_params` (3ad2a77) does: `for sub_batch in safe_batches:`
+/// gather, NS, then `_fused_broadcast_and_apply(sub_batch)` (relay broadcasts, then the
+/// apply, which waits for them). So batch j's relay broadcasts come after its last NS and
+/// wait on it; its apply comes after them; the gathers of batch j+1 come after that apply
+/// and wait on the compute stream for it (no prefetch: the shard group's stream waits for
+/// the compute issued before a collective). Only the replica broadcasts stay in flight: a
+/// batch's replica broadcasts land before the broadcasts of the batch after next are issued.
 #[test]
 fn at_most_one_batch_in_flight() {
     let x = load("paper/exp-b.toml");
@@ -474,57 +479,79 @@ fn at_most_one_batch_in_flight() {
         OptimizerStrategy::HyperParallelMuon,
     );
     let p = g.program(0).unwrap();
-    // Units (b, m) in issue order of their first gather.
-    let unit_of = |n: &str| -> Option<(String, bool)> {
+    // Units "b.m" in issue order of their first gather, with their ops' positions.
+    let unit_of = |n: &str| -> Option<(String, String)> {
         let rest = n.strip_prefix("muon.b")?;
         let (b, rest) = rest.split_once(".m")?;
         let (m, what) = rest.split_once('.')?;
-        let is_ag = what.starts_with("ag");
-        (is_ag || is_ns(n)).then(|| (format!("{b}.{m}"), is_ag))
+        Some((format!("{b}.{m}"), what.to_string()))
     };
     let mut order: Vec<String> = Vec::new();
-    let mut first_ag: HashMap<String, usize> = HashMap::new();
-    let mut ns_pos: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut pos: HashMap<(String, &str), Vec<usize>> = HashMap::new();
     for (i, o) in p.ops.iter().enumerate() {
-        if let Some((u, ag)) = unit_of(o.name.as_deref().unwrap_or("")) {
-            if ag {
-                if !first_ag.contains_key(&u) {
-                    order.push(u.clone());
-                }
-                first_ag.entry(u).or_insert(i);
-            } else {
-                ns_pos.entry(u).or_default().push(i);
-            }
-        }
-    }
-    assert_eq!(order.len(), 10, "fused-gather NS batches on exp-b");
-    let mut checked = 0;
-    for j in 0..order.len() {
-        let Some(ns) = ns_pos.get(&order[j]) else {
+        let n = o.name.as_deref().unwrap_or("");
+        let Some((u, what)) = unit_of(n) else {
             continue;
         };
-        let (first_ns, last_ns) = (ns[0], *ns.last().unwrap());
-        // Prefetch stays inside a slot: a slot's relay broadcast and apply come between its
-        // last NS batch and the next slot's first gather.
-        let slot = |u: &str| u.split('.').next().unwrap_or("").to_string();
-        if let Some(next) = order.get(j + 1).filter(|n| slot(n) == slot(&order[j])) {
+        let kind = if what.starts_with("ag") {
+            if !order.contains(&u) {
+                order.push(u.clone());
+            }
+            "ag"
+        } else if what.starts_with("relay") {
+            "relay"
+        } else if what == "apply" {
+            "apply"
+        } else if is_ns(n) {
+            "ns"
+        } else {
+            continue;
+        };
+        pos.entry((u, kind)).or_default().push(i);
+    }
+    assert_eq!(order.len(), 10, "fused-gather NS batches on exp-b");
+    let get = |u: &str, k: &str| pos.get(&(u.to_string(), k)).cloned().unwrap_or_default();
+    let mut checked = 0;
+    for j in 0..order.len() {
+        let (ns, relay, apply) = (
+            get(&order[j], "ns"),
+            get(&order[j], "relay"),
+            get(&order[j], "apply"),
+        );
+        assert_eq!(apply.len(), 1, "one apply per memory batch {}", order[j]);
+        assert!(
+            !relay.is_empty(),
+            "relay broadcasts of memory batch {}",
+            order[j]
+        );
+        let (first_relay, last_relay) = (relay[0], *relay.last().unwrap());
+        if let Some(&last_ns) = ns.last() {
+            assert!(first_relay > last_ns, "relay of {} before its NS", order[j]);
             assert!(
-                first_ag[next] < first_ns,
-                "gathers of {next} overlap NS of {}",
+                p.ops[first_relay].deps.iter().any(|d| d.index() >= last_ns),
+                "relay of {} does not wait for its NS",
+                order[j]
+            );
+            checked += 1;
+        }
+        assert!(
+            apply[0] > last_relay,
+            "apply of {} before its relay",
+            order[j]
+        );
+        if let Some(next) = order.get(j + 1) {
+            let first_ag = get(next, "ag")[0];
+            assert!(
+                first_ag > apply[0],
+                "gathers of {next} before the apply of {}",
+                order[j]
+            );
+            assert!(
+                p.ops[first_ag].deps.iter().any(|d| d.index() >= apply[0]),
+                "gathers of {next} do not wait for the apply of {}",
                 order[j]
             );
         }
-        if let Some(after) = order.get(j + 2) {
-            assert!(
-                first_ag[after] > last_ns,
-                "gathers of {after} before NS of {}",
-                order[j]
-            );
-            // And they wait on the compute stream for an op issued after that NS.
-            let ag = &p.ops[first_ag[after]];
-            assert!(ag.deps.iter().any(|d| d.index() >= last_ns), "{after}");
-        }
-        checked += 1;
     }
     assert!(checked >= 4, "rank 0 runs NS in {checked} batches");
 
@@ -920,4 +947,101 @@ fn moonlight_orthogonalizes_only_the_partition_overlap() {
     );
     assert!(total >= single, "some matrix is orthogonalized nowhere");
     assert!(total < single * g.world_size() as u64);
+}
+
+/// MatrixFSDP reduces a unit's gradients once per owner rank (`reduce_owner_rank_chunks_1d_async`
+/// with the default `owner_broadcast` backend): per layer, one reduce per distinct owner,
+/// named by owner, carrying together the whole fp32 gradients of every matrix that owner
+/// holds (the layer's seven matrices in total); DMuon keeps one reduce per matrix.
+#[test]
+fn matrixfsdp_reduces_once_per_owner() {
+    let x = load("paper/muon-vs-matrixfsdp.toml");
+    let m = build_muon_plan(&x.s, &x.p, &x.f);
+    let layer = "layers.5.";
+    let grad_bytes: u64 = m
+        .params
+        .iter()
+        .filter(|p| p.route == OptimizerRoute::Muon && p.name.contains(layer))
+        .map(|p| p.numel() * 4)
+        .sum();
+    let reduces = |o: OptimizerStrategy| -> Vec<(String, u64)> {
+        let g = gen_with(&x, StrategyKind::HyperParallel, o);
+        let p = g.program(0).unwrap();
+        p.ops
+            .iter()
+            .filter_map(|op| {
+                let n = op.name.as_deref()?;
+                let c = op.payload.as_collective()?;
+                (n.contains(layer) && n.contains(".reduce")).then(|| (n.to_string(), c.input_bytes))
+            })
+            .collect()
+    };
+    let mf = reduces(OptimizerStrategy::MatrixFsdp);
+    let dm = reduces(OptimizerStrategy::DMuon);
+    assert_eq!(dm.len(), 7, "{dm:?}");
+    assert!(!mf.is_empty() && mf.len() <= 7, "{mf:?}");
+    // Unit-level names "<unit>.reduce.o<owner>", one per owner.
+    let owners: HashSet<usize> = mf
+        .iter()
+        .map(|(n, _)| {
+            let (unit, owner) = n.rsplit_once(".reduce.o").expect(n);
+            assert!(!unit.contains("proj"), "{n}: a per-matrix reduce");
+            owner.parse::<usize>().expect(n)
+        })
+        .collect();
+    assert_eq!(owners.len(), mf.len(), "one reduce per owner: {mf:?}");
+    assert!(owners.iter().all(|&o| o < 16));
+    assert_eq!(mf.iter().map(|x| x.1).sum::<u64>(), grad_bytes);
+    assert_eq!(dm.iter().map(|x| x.1).sum::<u64>(), grad_bytes);
+    // Over the whole model some owner holds two matrices of one layer (greedy balance over
+    // 168 matrices and 16 owners), so there are fewer reduces than placed matrices.
+    let count = |o: OptimizerStrategy| {
+        let g = gen_with(&x, StrategyKind::HyperParallel, o);
+        let p = g.program(0).unwrap();
+        p.ops
+            .iter()
+            .filter(|op| op.name.as_deref().is_some_and(|n| n.contains(".reduce")))
+            .count()
+    };
+    let (mf_all, dm_all) = (
+        count(OptimizerStrategy::MatrixFsdp),
+        count(OptimizerStrategy::DMuon),
+    );
+    assert_eq!(dm_all, 168);
+    assert!(mf_all < dm_all, "{mf_all} per-owner reduces");
+}
+
+/// HyperParallel relays per NS memory batch, not once per assignment
+/// (`_process_shard_params` at 3ad2a77): on the dense MatrixFSDP comparison, rank 0's program
+/// issues exactly the plan's per-memory-batch relay broadcasts, with their bytes (their order
+/// against NS and gathers is checked by `at_most_one_batch_in_flight`).
+#[test]
+fn relays_follow_the_memory_batches() {
+    let x = load("paper/muon-vs-matrixfsdp.toml");
+    let m = build_muon_plan(&x.s, &x.p, &x.f);
+    let g = gen_with(
+        &x,
+        StrategyKind::HyperParallel,
+        OptimizerStrategy::HyperParallelMuon,
+    );
+    let p = g.program(0).unwrap();
+    let relays: Vec<u64> = p
+        .ops
+        .iter()
+        .filter(|o| o.name.as_deref().is_some_and(|n| n.contains(".relay.")))
+        .filter_map(|o| o.payload.as_collective().map(|c| c.input_bytes))
+        .collect();
+    let planned: Vec<u64> = m
+        .batches
+        .iter()
+        .flat_map(|b| b.memory_relays.iter().flatten().map(|r| r.1))
+        .collect();
+    assert!(m.batches.iter().all(|b| b.memory_batches.len() > 1));
+    assert_eq!(relays.len(), planned.len());
+    assert_eq!(relays.iter().sum::<u64>(), planned.iter().sum::<u64>());
+    assert!(
+        relays.len() > 16,
+        "{} relays: one set per assignment",
+        relays.len()
+    );
 }

@@ -281,7 +281,8 @@ fn a_corrupted_muon_step_is_caught() {
         c.detail.contains("rank 1, communicator")
             && c.detail.contains("call #2: the trace has broadcast")
             && c.detail.contains("from group position 3 (trace #")
-            && c.detail.contains("from group position 1 (muon.b0.relay.")
+            && c.detail
+                .contains("from group position 1 (muon.b0.m0.relay.")
             && c.detail.contains("of 4 ranks differ"),
         "{}",
         c.detail

@@ -114,11 +114,28 @@ pub fn all_to_all(p: usize, n_bytes: f64, link: &Link) -> PhaseCost {
     all_gather(p, n_bytes, link)
 }
 
-/// Broadcast of `n` bytes. Ring tiers use a **pipelined chain** with `k` chunks,
-/// `(p - 2 + k)(alpha + n / (k B))`, where `k = round(sqrt((p - 2) n / (B alpha)))` clamped to
-/// `[1, 65536]` minimises the time (`k = 1` gives HCCL's unpipelined ring `(p-1)(alpha + n/B)`
-/// for `p = 2`, large `k` approaches `n / B`). Mesh tiers use scatter + all-gather:
-/// `2 alpha + 2 (p-1)/p n / B`.
+/// Broadcast of `n` bytes, per the collective library of the tier's algorithm.
+///
+/// - **Mesh tiers (HCCL inside an Ascend server): scatter, then all-gather**,
+///   `2 alpha + 2 (p-1)/p n / B`: twice the bandwidth term of an all-gather of the same `n`.
+///   Source facts: HCCL's broadcast selector for A3 (`BroadCastOperator::SelectAlgfor91093`,
+///   `broadcast_operator.cc`) runs large broadcasts inside one server with
+///   `BroadCastRingFor91093Executor`, whose `KernelRun` is "level0 scatter" (single or double
+///   ring), the inter-server broadcast (skipped on one server), then "level0 allgather"
+///   (`MultiRingAllGather`); its fallback `BroadCastComm` forces `NHR` on A3, whose broadcast
+///   is also scatter + all-gather (HCCL docs, notes `backends-hardware.md` 6.3:
+///   NHR/NB broadcast `2 ceil(lg p) alpha + 2 (p-1)/p n beta`; Mesh broadcast
+///   `2 alpha + 2 n beta / p` per link). Both phases move `(p-1)/p n` through every rank's
+///   links at the all-gather rate (the scatter's root sends `(p-1)/p n`, the all-gather every
+///   rank), so an owner-to-all broadcast costs twice the all-gather of the same bytes, and an
+///   all-to-one reduce the same (`CollReduceRingFor91093Executor`: level0 reduce-scatter,
+///   then level0 gather to the root), which is why a reduce is costed as a broadcast.
+/// - **Ring tiers (NCCL rings, MPI): pipelined chain** with `k` chunks,
+///   `(p - 2 + k)(alpha + n / (k B))`, where `k = round(sqrt((p - 2) n / (B alpha)))` clamped
+///   to `[1, 65536]` minimises the time (`k = 1` gives HCCL's unpipelined ring
+///   `(p-1)(alpha + n/B)` for `p = 2`, large `k` approaches `n / B`: nccl-tests count a
+///   broadcast's bus bandwidth with factor 1, notes 6.4, and NCCL's ring broadcast forwards
+///   chunks down the ring, so a large broadcast runs at about the link rate, not half of it).
 pub fn broadcast(p: usize, n_bytes: f64, link: &Link) -> PhaseCost {
     if p <= 1 {
         return PhaseCost::default();
@@ -528,6 +545,45 @@ mod tests {
                 &p
             )
             .is_empty()
+        );
+    }
+
+    /// HCCL on A3 (mesh tier inside one machine): a broadcast is a scatter then an all-gather
+    /// (`BroadCastRingFor91093Executor`), so its transfer is twice an all-gather's of the same
+    /// bytes, and two alphas; a pipelined-chain broadcast there would halve the Muon relay and
+    /// owner-publication costs.
+    #[test]
+    fn a3_broadcast_is_scatter_plus_all_gather() {
+        let p = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        let topo = p.topology_for(16);
+        let shape = GroupShape::of(&(0..16).collect::<Vec<_>>(), &topo);
+        let n: u64 = 996 << 20;
+        let bc = collective_phases(CollectiveKind::Broadcast, &shape, n, n, true, &p);
+        let ag = collective_phases(CollectiveKind::AllGather, &shape, n / 16, n, true, &p);
+        assert_eq!((bc.len(), ag.len()), (1, 1));
+        close(bc[0].cost.transfer_s, 2.0 * ag[0].cost.transfer_s);
+        close(bc[0].cost.latency_s, 2.0 * ag[0].cost.latency_s);
+        // The owner's bytes leave at the all-gather rate, twice: 2 (p-1)/p n / B_eff.
+        let bw = p.tiers.intra_machine.effective_bandwidth_bytes_per_s(16);
+        close(bc[0].cost.transfer_s, 2.0 * 15.0 / 16.0 * n as f64 / bw);
+    }
+
+    /// NCCL on an NVSwitch node (ring tier): a large broadcast is a pipelined chain that
+    /// approaches `n / B`: between the all-gather of the same bytes times p/(p-1) = 8/7 and
+    /// 1.5x it (the chain's fill, `(p-2)/k`, with the latency-optimal chunk count), well
+    /// below the 2x of HCCL's scatter + all-gather.
+    #[test]
+    fn nccl_ring_broadcast_is_pipelined() {
+        let p = HardwareProfile::builtin("nvidia-h100-hgx").unwrap();
+        let topo = p.topology_for(8);
+        let shape = GroupShape::of(&(0..8).collect::<Vec<_>>(), &topo);
+        let n: u64 = 1 << 30;
+        let bc = collective_phases(CollectiveKind::Broadcast, &shape, n, n, true, &p);
+        let ag = collective_phases(CollectiveKind::AllGather, &shape, n / 8, n, true, &p);
+        let ratio = bc[0].cost.transfer_s / ag[0].cost.transfer_s;
+        assert!(
+            ratio > 8.0 / 7.0 && ratio < 1.5,
+            "broadcast / all-gather = {ratio}"
         );
     }
 }

@@ -28,9 +28,11 @@
 //!   whole bf16 matrix (on a recomputed stage DMuon publishes twice: a prefetched publication
 //!   for the recompute forward, then an unprefetchable one after it, see
 //!   `Hp::dmuon_backward_after_recompute`) and its reduce-scatter a
-//!   reduce of the whole gradient to the owner, costed as a broadcast of the same bytes (a
-//!   pipelined ring/tree reduce moves the same bytes per link as a pipelined broadcast; the
-//!   program IR has no reduce kind). The owner holds the full master parameter and receives
+//!   reduce of the whole gradient to the owner, costed as a broadcast of the same bytes (the
+//!   program IR has no reduce kind; HCCL's A3 reduce and broadcast both move `2 (p-1)/p n`
+//!   per rank, `sim/src/cost.rs`). DMuon reduces per matrix; MatrixFSDP, as its
+//!   `reduce_owner_rank_chunks_1d_async` does, once per owner rank of the unit
+//!   (`Hp::matrixfsdp_owner_reduces`). The owner holds the full master parameter and receives
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
@@ -50,6 +52,8 @@ struct UnitInfo<'a> {
     params: Vec<&'a ParamFsdp>,
     /// Owner placement of each (DMuon / MatrixFSDP): `Some(true)` on the owner.
     placed: Vec<Option<bool>>,
+    /// Owner position of each placed parameter in its FSDP shard group.
+    owners: Vec<Option<usize>>,
     /// Master-parameter elements resident on this rank.
     master_elems: u64,
     /// Bytes of the gathered (unsharded, local) parameters.
@@ -73,6 +77,11 @@ fn domain_groups(d: DataDomain) -> (GroupKind, GroupKind) {
         DataDomain::Dense => (GroupKind::DenseShard, GroupKind::DenseReplicate),
         DataDomain::Expert => (GroupKind::ExpertShard, GroupKind::ExpertReplicate),
     }
+}
+
+/// Whether the optimizer strategy is MatrixFSDP (its backward reduces per owner rank).
+fn reduces_per_owner(ctx: &Ctx) -> bool {
+    ctx.opt.strategy == OptimizerStrategy::MatrixFsdp
 }
 
 fn sharded(p: &ParamFsdp) -> bool {
@@ -107,6 +116,10 @@ fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
                 .iter()
                 .map(|&i| pos.and_then(|pos| muon::placed_owner(ctx, i as usize, pos)))
                 .collect();
+            let owners: Vec<Option<usize>> = idx
+                .iter()
+                .map(|&i| pos.and(ctx.opt.placed.get(i as usize).copied().flatten()))
+                .collect();
             let master_elems = idx
                 .iter()
                 .zip(&placed)
@@ -138,6 +151,7 @@ fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
                 shard_elems: params.iter().map(|p| p.padded_shard_numel).sum(),
                 params,
                 placed,
+                owners,
                 master_elems,
             }
         })
@@ -278,6 +292,63 @@ impl<'a, 'c> Hp<'a, 'c> {
             stage.full_act_bytes + stage.saved_bytes,
         );
         (first, last)
+    }
+
+    /// MatrixFSDP's backward reduction of unit `u`'s placed parameters as its code runs it
+    /// with the default `owner_broadcast` backend (`runtime/collectives.py`
+    /// `reduce_owner_rank_chunks_1d_async`): the unit's gradients are packed owner by owner
+    /// and **one `dist.reduce` per owner rank with a non-empty chunk** is issued, in ascending
+    /// owner order, carrying all of that owner's matrices of the unit. Costed as a broadcast
+    /// of the same bytes (HCCL's A3 reduce is a reduce-scatter then a gather to the root,
+    /// `sim/src/cost.rs`). Returns (parameter, op) for each placed parameter.
+    fn matrixfsdp_owner_reduces(&mut self, u: usize, m: u64, deps: &[OpId]) -> Vec<(usize, OpId)> {
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let mut by_owner: std::collections::BTreeMap<(usize, usize), Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (pi, p) in self.units[u].params.iter().enumerate() {
+            if let (true, Some(owner)) = (sharded(p), self.units[u].owners[pi]) {
+                let d = Ctx::domain_index(p.domain);
+                by_owner.entry((d, owner)).or_default().push(pi);
+            }
+        }
+        let unit = short(&self.e.ctx.fsdp.units[u].name).to_string();
+        let mut out = Vec::new();
+        for ((_, owner), pis) in by_owner {
+            let params: Vec<&ParamFsdp> = pis.iter().map(|&pi| self.units[u].params[pi]).collect();
+            let full: u64 = params
+                .iter()
+                .map(|p| p.reduce_scatter.bytes_in_per_rank)
+                .sum();
+            let spec = CollSpec {
+                kind: crate::CollectiveKind::Broadcast,
+                input_bytes: full,
+                output_bytes: full,
+            };
+            let (shard, _) = domain_groups(params[0].domain);
+            let name = format!("{unit}.reduce.o{owner}");
+            let Some(op) = self.e.collective(
+                Stream::ReduceScatter,
+                Category::FsdpRs,
+                shard,
+                spec,
+                rd,
+                true,
+                deps,
+                &name,
+            ) else {
+                continue;
+            };
+            if m == 0 {
+                let kept: u64 = pis
+                    .iter()
+                    .map(|&pi| grad_out(self.units[u].params[pi], self.units[u].placed[pi]))
+                    .sum();
+                self.e.alloc(op, MemTag::Grads, kept);
+            }
+            self.e.free(op, MemTag::Grads, full);
+            out.extend(pis.into_iter().map(|pi| (pi, op)));
+        }
+        out
     }
 
     /// Settles the previous unit's reduce-scatters: per parameter the post-reduction
@@ -459,8 +530,9 @@ pub(crate) fn generate(
                 let deps = hp.e.issue_point();
                 let rd = o.reduce_dtype;
                 let mut rs_ops = Vec::new();
+                let per_owner = reduces_per_owner(ctx);
                 for (pi, p) in hp.units[u].params.iter().enumerate() {
-                    if !sharded(p) {
+                    if !sharded(p) || (per_owner && hp.units[u].placed[pi].is_some()) {
                         continue;
                     }
                     let (shard, _) = domain_groups(p.domain);
@@ -501,6 +573,9 @@ pub(crate) fn generate(
                         hp.e.free(op, MemTag::Grads, spec.input_bytes);
                         rs_ops.push((pi, op));
                     }
+                }
+                if per_owner {
+                    rs_ops.extend(hp.matrixfsdp_owner_reduces(u, m, &deps));
                 }
                 // Step 4: the previous unit's fused all-reduce (last micro-batch only).
                 if last_mb {

@@ -175,8 +175,9 @@ fn plan_dtype_name(d: PlanDType) -> &'static str {
 }
 
 /// Root positions of the Muon program's broadcasts, read from their op names: the
-/// `hyperparallel` Muon strategy names a relay broadcast `muon.b{slot}.relay.{axis}.c{coord}`
-/// and a replica broadcast hop `muon.b{slot}.rb.{axis}.s{coord}.k{chunk}`, where `coord` is
+/// `hyperparallel` Muon strategy names a relay broadcast of NS memory batch `u`
+/// `muon.b{slot}.m{u}.relay.{axis}.c{coord}` (`muon.b{slot}.relay...` without the memory
+/// batch is read the same way) and a replica broadcast hop `muon.b{slot}.rb.{axis}.s{coord}.k{chunk}`, where `coord` is
 /// the source's owner coordinate over the batch's shard (relay) or replicate (replica) axes,
 /// `_`-separated, in the order of the Muon plan's axes. The root of the hop along axis `d`
 /// is the rank at coordinate `coord[d]` of that axis's (sub)group, i.e. at position
@@ -208,7 +209,15 @@ impl ProgramRoots {
 
     /// The root position in its group of the broadcast named `op_name`.
     pub fn root_position(&self, op_name: &str) -> Option<usize> {
-        let parts: Vec<&str> = op_name.split('.').collect();
+        let mut parts: Vec<&str> = op_name.split('.').collect();
+        // The memory-batch segment `m{u}` of a relay name carries no root.
+        if parts
+            .get(2)
+            .and_then(|p| p.strip_prefix('m'))
+            .is_some_and(|u| !u.is_empty() && u.bytes().all(|b| b.is_ascii_digit()))
+        {
+            parts.remove(2);
+        }
         if parts.len() < 5 || parts[0] != "muon" {
             return None;
         }
@@ -594,6 +603,7 @@ mod tests {
             slots: [(0, (vec!["dp_shard".to_string()], Vec::new()))].into(),
         };
         assert_eq!(roots.root_position("muon.b0.relay.dp_shard.c1"), Some(1));
+        assert_eq!(roots.root_position("muon.b0.m3.relay.dp_shard.c1"), Some(1));
         assert_eq!(roots.root_position("muon.b0.relay.tp.c1"), None);
         assert_eq!(roots.root_position("muon.b3.relay.dp_shard.c1"), None);
         assert_eq!(roots.root_position("layers.0.ag"), None);

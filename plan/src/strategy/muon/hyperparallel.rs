@@ -1,5 +1,7 @@
 //! HyperParallel's layout-driven distributed Muon (notes `hyper-parallel.md` 6.4-6.7, 8.1;
-//! paper §6, Algorithm "One distributed Muon step").
+//! paper §6, Algorithm "One distributed Muon step"; the shard path as HyperParallel's
+//! `_process_shard_params` runs it at commit 3ad2a77, the revision whose `min_batch_size`
+//! the plan's memory batches follow).
 //!
 //! Per execution slot of the Muon plan (descending size; a slot holds one batch for every
 //! rank, or one per expert-parallel coordinate for per-expert weights), on every rank
@@ -8,38 +10,48 @@
 //!    coordinate (coordinate modulo the subgroup size `R_s`) are processed; their momentum
 //!    is the only Muon state the rank keeps (1/R_s of the one-copy-per-replica state).
 //! 2. **Momentum** on the local shards of those parameters (one foreach op).
-//! 3. Per NS memory batch (the plan's 2^29 / shard-size split, restricted to the owned
-//!    parameters): **shard path** — one fused bf16 all-gather per shard axis in axis order,
-//!    each segment padded to 512 bytes (6.4 "fused gather"); the shard owner (balanced inside
-//!    its replica subset) runs **batched NS** per core shape on the full matrices; the
-//!    **local path** (no shard axis cuts the matrix plane, e.g. experts sharded on `E`) runs
-//!    batched NS on the rank's local matrices with no communication.
-//! 4. **Relay broadcast** (6.4): per shard dim `d`, one broadcast per compute coordinate
-//!    aligned with the rank on dims `> d` (8.1: once per assignment, after its memory
-//!    batches), each dim waited before the next; then **slice and apply** on the local shards.
-//! 5. **Replica broadcast** (6.5): per source coordinate of the subgroup, buffers of at most
+//! 3. Per NS memory batch (the plan's 2^29 / shard-size split with `min_batch_size = S`,
+//!    restricted to the owned parameters), in order, each finished before the next starts:
+//!    - **shard path** (`_process_shard_params`: `for sub_batch in safe_batches:
+//!      _gather_and_compute_shard_updates(sub_batch)` then
+//!      `_fused_broadcast_and_apply(sub_batch)`): one fused bf16 all-gather per shard axis
+//!      in axis order, each segment padded to 512 bytes (6.4 "fused gather"); the shard
+//!      owner (balanced over the whole assignment, inside its replica subset) runs **batched
+//!      NS** per core shape on the full matrices; then the sub-batch's **relay broadcast**
+//!      (6.4 `_batched_relay_broadcast`): per shard dim `d`, one async broadcast per compute
+//!      coordinate owning a matrix of the sub-batch and aligned with the rank on dims `> d`,
+//!      all waited before dim `d + 1`; then **slice and apply** of the sub-batch on the local
+//!      shards (`_foreach_mul_` / `_foreach_add_`), which waits for the relay;
+//!    - **local path** (no shard axis cuts the matrix plane, e.g. experts sharded on `E`):
+//!      batched NS on the rank's local matrices with no communication; one apply after the
+//!      batch's last NS.
+//! 4. **Replica broadcast** (6.5): per source coordinate of the subgroup, buffers of at most
 //!    512 MiB (512-byte aligned segments), sent hop by hop over the replicate dims (a rank
 //!    joins dim `d` when it matches the source on later dims; every hop but the last is
 //!    waited). The last hop stays in flight: after the next batch flushes, the oldest batch
 //!    is landed (unpacked), so at most one batch is in flight (`_max_inflight_batches = 1`);
-//!    a final drain lands the last one.
+//!    a final drain lands the last one. This is the pipelining of the paper's Fig. "Batched
+//!    orthogonalization and pipelining": the replica broadcast runs on the replicate process
+//!    group's stream, beneath the next batch's compute.
 //!
-//! Pipelining (paper Fig. "Batched orthogonalization and pipelining"): the gathers of the
-//! next NS memory batch are issued before the current batch's NS, so they overlap it; they
-//! depend on the compute op issued before them, so they never run ahead of the previous
-//! NS: at most one batch of gathers in flight. "Next" and "current" are positions in the
-//! rank-independent sequence of (slot, memory batch) steps, not in the rank's own non-empty
-//! batches: every member of a communicator then issues its collectives in the same order
-//! (a rank-dependent prefetch point once put a dense shard group's gather before a relay
-//! broadcast on some members and after it on others, on exp-d).
+//! No prefetch on the shard path: every collective of the optimizer step is issued from the
+//! compute stream on the shard process group, so its communication stream first waits for
+//! the compute issued before it (c10d `syncStreams`, [`Dep::Issue`]), and the relay's
+//! `work.wait()` makes the apply wait for the relay. The next sub-batch's gather is issued
+//! after that apply (source order above), so gather, NS, relay and apply of consecutive
+//! sub-batches run one after the other; only the replica broadcast overlaps compute. (An
+//! earlier model issued the next sub-batch's gather before the current NS and relayed once
+//! per assignment after all its NS; the source does neither.) Ops follow a
+//! rank-independent sequence of (slot, memory batch) steps, so every member of a
+//! communicator issues its collectives in the same order.
 //!
 //! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
 //! doing the same work get identical programs and fold in the simulator.
 
 use super::schedule::{Dep, Schedule};
 use super::{
-    NsImpl, OptParam, RankView, adamw_units, apply, capped_calls, fused_calls, local_matrices,
-    local_shard_elems, momentum, ns_ops, pad512_bf16,
+    NsCall, NsImpl, OptParam, RankView, adamw_units, apply, capped_calls, fused_calls,
+    local_matrices, local_shard_elems, momentum, ns_ops, pad512_bf16,
 };
 use crate::CollectiveKind;
 use crate::muon::NS_BATCH_NUMEL;
@@ -207,9 +219,8 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     // Steps: every NS memory batch position of every slot, in slot order, whether or not the
     // rank takes part in it. Every op has a rank-independent position (step, phase), and a
     // rank emits an op on a communicator exactly when its fellow members do, so all members
-    // of a communicator issue the same sequence. (The prefetch point of a gather is the step
-    // before its own, never "the rank's previous non-empty step", which depends on the EP
-    // coordinate and on replica ownership in other domains.)
+    // of a communicator issue the same sequence (whatever the EP coordinate and the replica
+    // ownership in other domains).
     let flat: Vec<(usize, usize)> = oc
         .slots
         .iter()
@@ -257,54 +268,48 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     let mut k = 0usize;
     for (slot, x) in oc.slots.iter().enumerate() {
         for _ in 0..x.steps {
-            // Issue the gathers of this NS batch (if not yet) and of the next one.
+            // This NS batch's gathers only: the previous sub-batch's apply is already issued,
+            // so they wait for it ([`Dep::Issue`]); nothing is prefetched.
             issue(&mut s, k, &mut unit_gather);
-            if flat.get(k + 1).is_some_and(|&(next, _)| next == slot) {
-                issue(&mut s, k + 1, &mut unit_gather);
-            }
             let step = k;
             k += 1;
             let Some((b, u, members)) = unit(step) else {
                 continue;
             };
-            let plan_b = &oc.plan.batches[b.index];
             let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
             let (gather, buf) = unit_gather[step];
             let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
-            let calls = if b.shard_path {
-                // The owner's gathered matrices, per core shape, in NS calls under
-                // 2^29 / S whole-matrix elements each (`_gather_and_compute_shard_updates`).
-                let mine: Vec<((u64, u64), u64, u64)> = members
-                    .iter()
-                    .filter_map(|&i| {
-                        let p = &oc.params[i];
-                        let mine = plan_b.shard_owner.get(&i) == Some(&view.shard_coord(p));
-                        mine.then_some((p.core?, p.matrices, p.numel))
-                    })
-                    .collect();
-                let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
-                capped_calls(&mine, cap)
-            } else {
-                fused_calls(members.iter().filter_map(|&i| {
-                    let p = &oc.params[i];
-                    Some((p.core?, local_matrices(ctx, p, view)))
-                }))
-            };
+            let calls = unit_ns_calls(ctx, view, b, members);
             let ns = ns_ops(ctx, &mut s, &prefix, calls, &deps, NsImpl::Bf16);
             if let Some(&last) = ns.last().or(gather.as_ref()) {
                 s.free(last, MemTag::Buffers, buf);
+            }
+            if b.shard_path {
+                // `_fused_broadcast_and_apply(sub_batch)`: the sub-batch's relay, then its
+                // slice-and-apply on the local shards.
+                let relay = relay_broadcast(ctx, view, &mut s, b, u, members);
+                let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
+                let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
+                deps.push(Dep::Issue);
+                let name = s.name(|| format!("muon.b{slot}.m{u}.apply"));
+                let op = apply(ctx, &mut s, name, elems, members.len() as u32, deps);
+                s.free(op, MemTag::Buffers, relay.1);
             }
         }
         let Some(b) = &batches[slot] else {
             continue;
         };
-        let relay = relay_broadcast(ctx, view, &mut s, b);
-        if !b.owned.is_empty() {
+        if !b.shard_path && !b.owned.is_empty() {
             let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
-            let deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
             let name = s.name(|| format!("muon.b{slot}.apply"));
-            let op = apply(ctx, &mut s, name, elems, b.owned.len() as u32, deps);
-            s.free(op, MemTag::Buffers, relay.1);
+            apply(
+                ctx,
+                &mut s,
+                name,
+                elems,
+                b.owned.len() as u32,
+                vec![Dep::Issue],
+            );
         }
         // Replica broadcast of the updated local parameters; land the previous batch.
         let flush = replica_broadcast(&mut s, ctx, view, b, master);
@@ -321,13 +326,50 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     s
 }
 
-/// The relay broadcasts of a shard-path batch, dim by dim (each dim waits for the previous
-/// one); returns (ops, buffer bytes).
-fn relay_broadcast(ctx: &Ctx, view: &RankView, s: &mut Schedule, b: &RankBatch) -> (Vec<u32>, u64) {
+/// The NS calls of one memory batch on this rank: on the shard path the matrices it owns in
+/// the shard group, per core shape, in calls under 2^29 / S whole-matrix elements each
+/// (`_gather_and_compute_shard_updates`); on the local path its local matrices, per core
+/// shape.
+fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -> Vec<NsCall> {
+    let oc = &ctx.opt;
+    if b.shard_path {
+        let plan_b = &oc.plan.batches[b.index];
+        let mine: Vec<((u64, u64), u64, u64)> = members
+            .iter()
+            .filter_map(|&i| {
+                let p = &oc.params[i];
+                let mine = plan_b.shard_owner.get(&i) == Some(&view.shard_coord(p));
+                mine.then_some((p.core?, p.matrices, p.numel))
+            })
+            .collect();
+        let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
+        capped_calls(&mine, cap)
+    } else {
+        fused_calls(members.iter().filter_map(|&i| {
+            let p = &oc.params[i];
+            Some((p.core?, local_matrices(ctx, p, view)))
+        }))
+    }
+}
+
+/// The relay broadcasts of NS memory batch `u` of a shard-path batch (`members`: its owned
+/// parameters), dim by dim, each dim waited before the next (`_batched_relay_broadcast`: one
+/// async broadcast per compute coordinate that owns a matrix of the sub-batch and is
+/// aligned with the rank on later dims, each carrying that owner's packed bf16 updates,
+/// 512-B padded per matrix). The broadcasts of one dim share the shard process group's
+/// stream, so they run one after the other. Returns (ops, buffer bytes).
+fn relay_broadcast(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    b: &RankBatch,
+    u: usize,
+    members: &[usize],
+) -> (Vec<u32>, u64) {
     let oc = &ctx.opt;
     let mut relay: Vec<u32> = Vec::new();
     let mut relay_buf = 0;
-    let Some(&f) = b.owned.first().filter(|_| b.shard_path) else {
+    let Some(&f) = members.first().filter(|_| b.shard_path) else {
         return (relay, relay_buf);
     };
     let plan_b = &oc.plan.batches[b.index];
@@ -335,7 +377,7 @@ fn relay_broadcast(ctx: &Ctx, view: &RankView, s: &mut Schedule, b: &RankBatch) 
     let mine = view.shard_coord(first);
     // Bytes of every compute coordinate, in lexicographic coordinate order.
     let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
-    for i in &b.owned {
+    for i in members {
         if let Some(c) = plan_b.shard_owner.get(i) {
             *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
         }
@@ -351,7 +393,12 @@ fn relay_broadcast(ctx: &Ctx, view: &RankView, s: &mut Schedule, b: &RankBatch) 
             deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
             let name = s.name(|| {
                 let label: Vec<String> = c.iter().map(|x| x.to_string()).collect();
-                format!("muon.b{}.relay.{}.c{}", b.slot, a.name, label.join("_"))
+                format!(
+                    "muon.b{}.m{u}.relay.{}.c{}",
+                    b.slot,
+                    a.name,
+                    label.join("_")
+                )
             });
             if let Some(op) = s.coll(
                 name,

@@ -8,9 +8,27 @@
 //! - **Owner traffic in the model path** (paper: "the ordinary backward reduction delivers
 //!   the full Muon input to the owner", "owner-segment point-to-point collectives"): the
 //!   **FSDP part** keeps FSDP's schedule but its collectives carry the owner-shaped shards
-//!   (see `strategy::hyperparallel`): the parameter all-gather becomes an owner-to-all
-//!   broadcast of the whole matrix and the backward reduce-scatter a reduce of the whole
-//!   gradient to the owner.
+//!   (see `strategy::hyperparallel`), as MatrixFSDP's runtime does with its default
+//!   `matrix_collective_backend = "owner_broadcast"` (`matrix_fsdp/api.py`):
+//!   - **publication**: the unit's all-gather becomes `broadcast_rank_segments_1d_into_async`
+//!     (`runtime/collectives.py`), one async `dist.broadcast` of each owner's whole-matrix
+//!     segment from its owner, on the unit's process group. On Ascend that is HCCL's
+//!     broadcast, a scatter then an all-gather (`sim/src/cost.rs`), so a publication moves
+//!     twice the bytes an all-gather of the unit would. The other paths do not apply here:
+//!     the "custom" owner-segment P2P kernels and the uneven all-gather need NCCL
+//!     (`_supports_uneven_all_gather` checks for the `nccl` backend), and the padded
+//!     `matrix_all_gather` (every rank's empty shard padded to the largest owner's, `p` times
+//!     the bytes) is taken only when some parameter of the unit is not whole on one owner,
+//!     while MatrixFSDP packs non-matrix tensors into tail owners (paper appendix table);
+//!   - **prefetch**: `prefetch_forward` / `prefetch_backward` skip only the custom backend
+//!     (`owner_segment_prefetch_skip_reason` is `None` for `owner_broadcast`), so
+//!     publications are prefetched like FSDP all-gathers;
+//!   - **recompute**: `_pre_forward` returns at once inside a backward graph task while the
+//!     unit is unsharded (`checkpoint_recompute_pre_forward`): one publication feeds both the
+//!     recompute and the backward (unlike DMuon);
+//!   - **reduction**: `reduce_owner_rank_chunks_1d_async` issues one `dist.reduce` per owner
+//!     rank with a non-empty chunk of the unit, costed as a broadcast of the same bytes
+//!     (HCCL's A3 reduce is a reduce-scatter then a gather).
 //! - **Communication-free optimizer step** (paper Table: "None in the optimizer step"): the
 //!   owner runs momentum, NS and the update on its whole matrices; the momentum lives only
 //!   there.
