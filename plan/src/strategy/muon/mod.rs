@@ -264,6 +264,9 @@ pub struct OptCtx {
     pub(crate) placed: Vec<Option<usize>>,
     /// Slots of the FSDP shard group per domain (dense, expert) in the group table.
     pub(crate) fsdp_shard_slot: [Option<usize>; 2],
+    /// Indices of the AdamW-routed parameters ([`adamw_routed_units`] walks these instead of
+    /// every parameter: on exp-d most parameters are Muon-routed experts).
+    pub(crate) adamw_params: Vec<usize>,
     digests: Arc<Mutex<HashMap<Vec<usize>, u64>>>,
     /// Named schedules built for a digest, per optimizer coordinate, with the rank they were
     /// built for: the program of that rank takes it instead of building it again (one
@@ -348,6 +351,7 @@ impl OptCtx {
             params: Vec::new(),
             placed: Vec::new(),
             fsdp_shard_slot: [None, None],
+            adamw_params: Vec::new(),
             digests: Arc::new(Mutex::new(HashMap::new())),
             built: Arc::new(Mutex::new(HashMap::new())),
         };
@@ -430,6 +434,9 @@ impl OptCtx {
             slot.steps = slot.steps.max(b.memory_batches.len());
         }
         ctx.plan = muon;
+        ctx.adamw_params = (0..ctx.params.len())
+            .filter(|&i| ctx.params[i].route == OptimizerRoute::Adamw)
+            .collect();
         for (d, (shard, mesh)) in [("dp_shard", 0usize), ("edp_shard", 1usize)]
             .into_iter()
             .enumerate()
@@ -711,6 +718,26 @@ pub(crate) fn adamw_units(
             e.1 += 1;
         }
     }
+    emit_adamw_units(ctx, s, per_unit);
+}
+
+/// [`adamw_units`] without extra parameters: AdamW on the AdamW-routed parameters the rank
+/// holds, found from [`OptCtx::adamw_params`] instead of a walk over every parameter.
+pub(crate) fn adamw_routed_units(ctx: &Ctx, view: &RankView, s: &mut Schedule) {
+    let mut per_unit: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
+    for &i in &ctx.opt.adamw_params {
+        let p = &ctx.opt.params[i];
+        if p.held_by(view.class) {
+            let e = per_unit.entry(p.unit).or_default();
+            e.0 += p.local_elems;
+            e.1 += 1;
+        }
+    }
+    emit_adamw_units(ctx, s, per_unit);
+}
+
+/// One AdamW op per FSDP unit of `per_unit` ((elements, tensors) by unit), in unit order.
+fn emit_adamw_units(ctx: &Ctx, s: &mut Schedule, per_unit: BTreeMap<usize, (u64, u32)>) {
     for (u, (elems, tensors)) in per_unit {
         s.adamw_state_bytes += elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM;
         let name = &ctx.fsdp.units[u].name;
