@@ -101,12 +101,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                 if b.ep_owner.is_some_and(|o| o != view.class) {
                     return None;
                 }
-                let held: Vec<usize> = b
-                    .params
-                    .iter()
-                    .copied()
-                    .filter(|&i| oc.params[i].held_by(view.class))
-                    .collect();
+                let held: Vec<usize> = oc.held(index, view.class);
                 let &first = held.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
                 let owned: Vec<usize> = held

@@ -267,6 +267,9 @@ pub struct OptCtx {
     /// Indices of the AdamW-routed parameters ([`adamw_routed_units`] walks these instead of
     /// every parameter: on exp-d most parameters are Muon-routed experts).
     pub(crate) adamw_params: Vec<usize>,
+    /// Per plan batch, per EP class: the batch's parameters the class holds, in batch order
+    /// (built on first use; [`OptCtx::held`]).
+    held: std::sync::OnceLock<Vec<Vec<Vec<usize>>>>,
     digests: Arc<Mutex<HashMap<Vec<usize>, u64>>>,
     /// Named schedules built for a digest, per optimizer coordinate, with the rank they were
     /// built for: the program of that rank takes it instead of building it again (one
@@ -352,6 +355,7 @@ impl OptCtx {
             placed: Vec::new(),
             fsdp_shard_slot: [None, None],
             adamw_params: Vec::new(),
+            held: std::sync::OnceLock::new(),
             digests: Arc::new(Mutex::new(HashMap::new())),
             built: Arc::new(Mutex::new(HashMap::new())),
         };
@@ -458,6 +462,44 @@ impl OptCtx {
             ctx.placed = owner_placement(&ctx, strategy, fsdp);
         }
         Ok(ctx)
+    }
+
+    /// The parameters of plan batch `batch` that EP class `class` holds, in batch order:
+    /// looked up in a table built once instead of filtered per schedule build (an all-rank
+    /// batch lists every class's per-expert weights).
+    pub(crate) fn held(&self, batch: usize, class: usize) -> Vec<usize> {
+        let table = self.held.get_or_init(|| {
+            let classes = self
+                .params
+                .iter()
+                .filter_map(|p| p.ep_owner)
+                .max()
+                .map_or(1, |m| m + 1);
+            self.plan
+                .batches
+                .iter()
+                .map(|b| {
+                    (0..classes)
+                        .map(|c| {
+                            b.params
+                                .iter()
+                                .copied()
+                                .filter(|&i| self.params[i].held_by(c))
+                                .collect()
+                        })
+                        .collect()
+                })
+                .collect()
+        });
+        match table.get(batch).and_then(|b| b.get(class)) {
+            Some(held) => held.clone(),
+            None => self.plan.batches[batch]
+                .params
+                .iter()
+                .copied()
+                .filter(|&i| self.params[i].held_by(class))
+                .collect(),
+        }
     }
 
     /// The rank's schedule digest, cached per optimizer coordinate. The schedule hashed is
