@@ -175,15 +175,6 @@ pub fn prepare(
     let whatif = crate::whatif::WhatIfModel::for_scenario(&plans.scenario)?;
     let salt = |r| whatif.as_ref().map_or(0, |m| m.fold_salt(r));
     let mut workload = if fold {
-        // Every distinct optimizer schedule built once, in parallel (the class signatures
-        // first, on this thread: they are shared by every key); the keys are then lookups.
-        let _ = generator.template_key(0);
-        generator
-            .schedule_representatives()
-            .par_iter()
-            .for_each(|&r| {
-                let _ = generator.template_key(r);
-            });
         Workload::fold_templated_salted(
             world_size,
             topology,

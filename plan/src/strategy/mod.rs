@@ -828,22 +828,6 @@ impl ProgramGenerator {
         h.finish()
     }
 
-    /// The first rank (in rank order) of every distinct optimizer-schedule coordinate, for
-    /// the Muon strategies (empty otherwise). Computing [`ProgramGenerator::template_key`]
-    /// for these ranks first, in parallel, builds every distinct schedule once on some
-    /// thread; the keys of all ranks are then cache hits. (Ranks far apart often share a
-    /// coordinate, so threads walking rank ranges would otherwise build the same schedules
-    /// at the same time.)
-    pub fn schedule_representatives(&self) -> Vec<usize> {
-        if !self.ctx.opt.strategy.is_muon() {
-            return Vec::new();
-        }
-        let mut seen = std::collections::HashSet::new();
-        (0..self.world_size)
-            .filter(|&r| seen.insert(muon::coordinate(&self.ctx, r)))
-            .collect()
-    }
-
     /// The template signature of every expert-parallel class: classes whose programs differ
     /// only in names (per-expert weights: the same shapes on every EP coordinate) share one,
     /// so their ranks can fold. It is the digest of the first rank's program outside the

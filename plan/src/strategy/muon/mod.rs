@@ -719,12 +719,6 @@ fn build(ctx: &Ctx, view: &RankView, s: Schedule) -> Schedule {
     }
 }
 
-/// The optimizer coordinate of `rank`: ranks with equal coordinates have the same schedule
-/// ([`OptCtx`] caches one digest and one schedule per coordinate).
-pub(crate) fn coordinate(ctx: &Ctx, rank: usize) -> Vec<usize> {
-    RankView::new(ctx, rank).key(ctx)
-}
-
 /// Hash of the rank's optimizer schedule (0 for the placeholder AdamW, whose ops do not
 /// depend on the rank beyond its class).
 pub(crate) fn template_digest(ctx: &Ctx, rank: usize) -> u64 {
