@@ -28,6 +28,9 @@ use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use thiserror::Error;
 
+mod ops;
+pub use ops::{OpIter, OpSeq, OpSlice, PrefixCheck, SharedOps};
+
 /// Index of an op inside its [`StepProgram`] (equal to its position in `ops`).
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, Default,
@@ -427,8 +430,9 @@ pub struct StepProgram {
     /// Memory resident when the step starts.
     #[serde(default)]
     pub resident: Vec<ResidentMemory>,
-    /// Ops in host issue order.
-    pub ops: Vec<Op>,
+    /// Ops in host issue order (possibly starting with a prefix shared with other programs,
+    /// see [`OpSeq`]).
+    pub ops: OpSeq,
     /// Kernel mixes referenced by compute ops ([`ComputeWork::mix`]), by content id.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub kernel_mixes: BTreeMap<MixId, Vec<KernelWork>>,
@@ -587,6 +591,18 @@ pub enum ProgramError {
         /// Ops built so far.
         len: usize,
     },
+    /// A resident-memory position passed to the builder that does not exist.
+    #[error(
+        "rank {rank}: builder was asked to grow resident entry {index}, but only {len} are declared"
+    )]
+    UnknownResident {
+        /// Program rank.
+        rank: usize,
+        /// The position asked for.
+        index: usize,
+        /// Entries declared so far.
+        len: usize,
+    },
 }
 
 fn abbreviate(ranks: &[usize]) -> Vec<usize> {
@@ -633,7 +649,50 @@ impl StepProgram {
         for r in &self.resident {
             live[r.tag.index()] = live[r.tag.index()].saturating_add(r.bytes);
         }
-        for (index, op) in self.ops.iter().enumerate() {
+        // A shared prefix validated once where it was built is skipped when its conditions
+        // hold here; otherwise every op is checked (which names the fault).
+        let start = match self.ops.shared().and_then(|s| s.check.as_ref()) {
+            Some(check) if self.prefix_holds(check, &live) => {
+                for (t, l) in live.iter_mut().enumerate() {
+                    *l = *l + check.alloc_bytes[t] - check.free_bytes[t];
+                }
+                self.ops.prefix_len()
+            }
+            _ => 0,
+        };
+        self.validate_ops(start, &mut live)
+    }
+
+    /// Whether a validated prefix's ops are also valid in this program: the groups it uses
+    /// have the same sizes, its kernel mixes are in the table, and the resident bytes `live`
+    /// cover its frees without the allocations overflowing.
+    fn prefix_holds(&self, check: &PrefixCheck, live: &[u64; MemTag::ALL.len()]) -> bool {
+        let memory = (0..live.len()).all(|t| {
+            live[t] >= check.need_bytes[t]
+                && live[t]
+                    .checked_add(check.alloc_bytes[t])
+                    .is_some_and(|top| top >= check.free_bytes[t])
+        });
+        memory
+            && check
+                .group_sizes
+                .iter()
+                .all(|&(g, size)| self.groups.get(g as usize).map(Group::size) == Some(size))
+            && check
+                .mixes
+                .iter()
+                .all(|m| self.kernel_mixes.contains_key(m))
+    }
+
+    /// Validates ops `start..` given the live bytes per tag before op `start`.
+    fn validate_ops(
+        &self,
+        start: usize,
+        live: &mut [u64; MemTag::ALL.len()],
+    ) -> Result<(), ProgramError> {
+        let rank = self.rank;
+        for (index, op) in self.ops.iter_from(start).enumerate() {
+            let index = start + index;
             if op.id.index() != index {
                 return Err(ProgramError::IdMismatch {
                     rank,
@@ -667,6 +726,53 @@ impl StepProgram {
             }
         }
         Ok(())
+    }
+
+    /// Validates the program's ops as a prefix that other programs will share: per-op
+    /// checks as [`StepProgram::validate`] does, and the memory, group and kernel-mix
+    /// conditions under which they hold in another program ([`PrefixCheck`]). `None` when
+    /// an op is malformed here.
+    fn prefix_check(&self) -> Option<PrefixCheck> {
+        let mut check = PrefixCheck::default();
+        // Net bytes (allocated minus freed) so far per tag, and the deepest deficit.
+        let mut net = [0i128; MemTag::ALL.len()];
+        let mut need = [0i128; MemTag::ALL.len()];
+        let mut groups = std::collections::BTreeMap::new();
+        let mut mixes = std::collections::BTreeSet::new();
+        for (index, op) in self.ops.iter().enumerate() {
+            if op.id.index() != index
+                || op.deps.iter().any(|d| d.0 >= op.id.0)
+                || self.validate_payload(op).is_err()
+            {
+                return None;
+            }
+            match &op.payload {
+                Payload::Collective(c) => {
+                    groups.insert(c.group.0, self.groups[c.group.index()].size());
+                }
+                Payload::Compute(ComputeWork { mix: Some(id), .. }) => {
+                    mixes.insert(*id);
+                }
+                _ => {}
+            }
+            for m in &op.memory {
+                let t = m.tag.index();
+                net[t] += i128::from(m.alloc_bytes);
+                check.alloc_bytes[t] = check.alloc_bytes[t].checked_add(m.alloc_bytes)?;
+            }
+            for m in &op.memory {
+                let t = m.tag.index();
+                net[t] -= i128::from(m.free_bytes);
+                need[t] = need[t].max(-net[t]);
+                check.free_bytes[t] = check.free_bytes[t].checked_add(m.free_bytes)?;
+            }
+        }
+        for (t, n) in need.iter().enumerate() {
+            check.need_bytes[t] = u64::try_from(*n).ok()?;
+        }
+        check.group_sizes = groups.into_iter().collect();
+        check.mixes = mixes.into_iter().collect();
+        Some(check)
     }
 
     fn validate_payload(&self, op: &Op) -> Result<(), ProgramError> {
@@ -775,7 +881,7 @@ impl ProgramBuilder {
                 rank,
                 groups: Vec::new(),
                 resident: Vec::new(),
-                ops: Vec::new(),
+                ops: OpSeq::new(),
                 kernel_mixes: BTreeMap::new(),
             },
             error: None,
@@ -969,6 +1075,47 @@ impl ProgramBuilder {
             o.name = Some(name);
         }
         self
+    }
+
+    /// Freezes the ops emitted so far into a prefix that clones of this builder share
+    /// ([`OpSeq::freeze`]): they are validated once here, and every program built from a
+    /// clone stores only its own later ops. Returns the prefix.
+    pub fn freeze_prefix(&mut self) -> std::sync::Arc<SharedOps> {
+        let check = self.program.prefix_check();
+        self.program.ops.freeze(check)
+    }
+
+    /// Moves the program to `rank` with the group table `groups` (interned in order, as
+    /// [`ProgramBuilder::group`] does) and returns the id of each group. Used to build
+    /// another rank's program on a shared prefix whose collectives refer to the same slots:
+    /// the caller checks that the ids are the ones the prefix was built with.
+    pub fn rebase(&mut self, rank: usize, groups: Vec<Group>) -> Vec<GroupId> {
+        self.program.rank = rank;
+        self.program.groups.clear();
+        groups.into_iter().map(|g| self.group(g)).collect()
+    }
+
+    /// Adds `bytes` to the resident entry at position `index` (in declaration order), for a
+    /// generator that declares an entry before it knows all of its bytes. Out of range: an
+    /// error at [`ProgramBuilder::build`].
+    pub fn add_resident(&mut self, index: usize, bytes: u64) -> &mut Self {
+        let rank = self.program.rank;
+        match self.program.resident.get_mut(index) {
+            Some(r) => r.bytes = r.bytes.saturating_add(bytes),
+            None => {
+                self.error.get_or_insert(ProgramError::UnknownResident {
+                    rank,
+                    index,
+                    len: self.program.resident.len(),
+                });
+            }
+        }
+        self
+    }
+
+    /// Number of resident entries declared so far.
+    pub fn resident_len(&self) -> usize {
+        self.program.resident.len()
     }
 
     /// Number of ops so far.

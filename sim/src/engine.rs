@@ -345,7 +345,7 @@ impl<'a> Engine<'a> {
     ) -> Result<UnitRt<'a>, SimError> {
         let program = spec.program;
         let (base, end) = (spec.base, spec.end);
-        let ops_of = &program.ops[base..end];
+        let ops_of = program.ops.slice(base..end);
         let n = ops_of.len();
         // Communicators of the local groups.
         let mut group_key = Vec::with_capacity(program.groups.len());

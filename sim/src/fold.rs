@@ -19,10 +19,11 @@
 use crate::error::SimError;
 use crate::shape::GroupShape;
 use hpfsdp_plan::Topology;
-use hpfsdp_plan::program::{Group, StepProgram};
+use hpfsdp_plan::program::{Group, Op, SharedOps, StepProgram};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
 
 /// The partition of ranks into equivalence classes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +106,7 @@ pub(crate) struct RankView<'a> {
 
 /// A `Hasher` that streams its bytes into BLAKE3 through a small buffer: the same digest as
 /// collecting them all first ([`ByteSink`]), without holding megabytes per program.
+#[derive(Clone)]
 struct StreamSink {
     buf: Vec<u8>,
     hasher: blake3::Hasher,
@@ -146,18 +148,58 @@ impl Hasher for StreamSink {
 
 /// Digest of a program's ops and resident memory (its groups and op names excluded).
 pub(crate) fn ops_digest(prog: &StepProgram) -> u128 {
-    let mut sink = StreamSink::new();
-    prog.ops.len().hash(&mut sink);
-    for op in &prog.ops {
-        op.id.hash(&mut sink);
-        op.stream.hash(&mut sink);
-        op.category.hash(&mut sink);
-        op.deps.hash(&mut sink);
-        op.payload.hash(&mut sink);
-        op.memory.hash(&mut sink);
+    ops_digest_with(prog, None)
+}
+
+/// Hashes one op's fields that folding compares (everything but its name).
+fn hash_op(op: &Op, sink: &mut StreamSink) {
+    op.id.hash(sink);
+    op.stream.hash(sink);
+    op.category.hash(sink);
+    op.deps.hash(sink);
+    op.payload.hash(sink);
+    op.memory.hash(sink);
+}
+
+/// [`ops_digest`], hashing a shared op prefix ([`hpfsdp_plan::program::OpSeq`]) once per
+/// job: `prefixes` keeps the BLAKE3 state after each prefix it has seen, and a program on
+/// that prefix hashes only its own ops from there. The bytes hashed are the same as for a
+/// program holding all its ops itself (ops in order, then their count and the resident
+/// memory), so equal programs get equal digests however their ops are stored.
+pub(crate) fn ops_digest_with(prog: &StepProgram, prefixes: Option<&PrefixDigests>) -> u128 {
+    let (mut sink, start) = match (prefixes, prog.ops.shared()) {
+        (Some(cache), Some(shared)) => (cache.after(shared), prog.ops.prefix_len()),
+        _ => (StreamSink::new(), 0),
+    };
+    for op in prog.ops.iter_from(start) {
+        hash_op(op, &mut sink);
     }
+    prog.ops.len().hash(&mut sink);
     prog.resident.hash(&mut sink);
     sink.digest()
+}
+
+/// BLAKE3 states after hashing shared op prefixes, one per prefix (by address; the prefix
+/// is kept alive with its state, so an address is never reused while cached).
+#[derive(Default)]
+pub(crate) struct PrefixDigests {
+    states: Mutex<HashMap<usize, (Arc<SharedOps>, StreamSink)>>,
+}
+
+impl PrefixDigests {
+    /// The state after hashing `shared`'s ops (computed on first use).
+    fn after(&self, shared: &Arc<SharedOps>) -> StreamSink {
+        let key = Arc::as_ptr(shared) as usize;
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, sink) = states.entry(key).or_insert_with(|| {
+            let mut sink = StreamSink::new();
+            for op in &shared.ops {
+                hash_op(op, &mut sink);
+            }
+            (shared.clone(), sink)
+        });
+        sink.clone()
+    }
 }
 
 /// Digests ranks `range`: hashes each rank's program digest with its groups relabeled to

@@ -274,7 +274,7 @@ fn empty_program() -> hpfsdp_plan::program::StepProgram {
         rank: 0,
         groups: Vec::new(),
         resident: Vec::new(),
-        ops: Vec::new(),
+        ops: Default::default(),
         kernel_mixes: Default::default(),
     }
 }

@@ -181,12 +181,13 @@ pub fn prepare(
             |r| generator.template_key(r),
             |r| generator.groups(r).map_err(gen_err),
             // Only rank 0's program keeps names (reports name spans from it); the others
-            // are generated without, which `fold_templated` would strip anyway.
+            // are generated without, which `fold_templated` would strip anyway, on the
+            // model path they share with ranks of the same model key.
             |r| {
                 if r == 0 {
                     generator.program(r)
                 } else {
-                    generator.program_unnamed(r)
+                    generator.program_shared(r)
                 }
                 .map_err(gen_err)
             },

@@ -27,8 +27,9 @@
 
 use crate::shape::GroupShape;
 use crate::workload::Workload;
-use hpfsdp_plan::program::{MemTag, Op, StepProgram};
+use hpfsdp_plan::program::{MemTag, Op, SharedOps, StepProgram};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// How a workload's units share their prefix (see the module documentation).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,12 +55,46 @@ fn same_op(a: &Op, b: &Op) -> bool {
         && a.memory == b.memory
 }
 
-fn common_prefix(a: &StepProgram, b: &StepProgram) -> usize {
-    a.ops
-        .iter()
-        .zip(&b.ops)
-        .take_while(|(x, y)| same_op(x, y))
-        .count()
+/// Number of leading ops `a` and `b` have in common from op `start` on (ops before `start`
+/// are known to agree).
+fn common_from(a: &StepProgram, b: &StepProgram, start: usize) -> usize {
+    start
+        + a.ops
+            .iter_from(start)
+            .zip(b.ops.iter_from(start))
+            .take_while(|(x, y)| same_op(x, y))
+            .count()
+}
+
+/// Common-prefix lengths of `first` with each of `programs`. A shared op prefix
+/// ([`hpfsdp_plan::program::OpSeq`]) is compared with `first` once, however many programs
+/// are built on it; each program then compares only its own ops.
+fn common_prefixes<'a>(
+    first: &StepProgram,
+    programs: impl Iterator<Item = &'a StepProgram>,
+) -> Vec<usize> {
+    let mut by_prefix: HashMap<*const SharedOps, usize> = HashMap::new();
+    programs
+        .map(|p| match p.ops.shared() {
+            Some(shared) => {
+                let len = shared.ops.len();
+                let known = *by_prefix.entry(Arc::as_ptr(shared)).or_insert_with(|| {
+                    first
+                        .ops
+                        .iter()
+                        .zip(&shared.ops)
+                        .take_while(|(x, y)| same_op(x, y))
+                        .count()
+                });
+                if known < len {
+                    known
+                } else {
+                    common_from(first, p, len)
+                }
+            }
+            None => common_from(first, p, 0),
+        })
+        .collect()
 }
 
 /// Dense ids for keys, in order of first appearance.
@@ -77,23 +112,21 @@ impl SharePlan {
             return None;
         }
         let first = &units[0].program;
-        let prefix_len = units
-            .iter()
-            .map(|u| common_prefix(first, &u.program))
+        let prefix_len = common_prefixes(first, units.iter().map(|u| &u.program))
+            .into_iter()
             .min()?;
         if prefix_len == 0 {
             return None;
         }
-        let prefix = &first.ops[..prefix_len];
+        let prefix = || first.ops.iter().take(prefix_len);
         // Group slots the prefix uses, and tags it frees.
-        let mut used: Vec<usize> = prefix
-            .iter()
+        let mut used: Vec<usize> = prefix()
             .filter_map(|o| o.payload.as_collective().map(|c| c.group.index()))
             .collect();
         used.sort_unstable();
         used.dedup();
         let mut freed = [false; MemTag::ALL.len()];
-        for o in prefix {
+        for o in prefix() {
             for m in o.memory.iter().filter(|m| m.free_bytes > 0) {
                 freed[m.tag.index()] = true;
             }
@@ -115,7 +148,7 @@ impl SharePlan {
         let mut free_root = vec![false; nblocks];
         for (u, unit) in units.iter().enumerate() {
             let b = colour[u] as usize;
-            for op in &unit.program.ops[prefix_len..] {
+            for op in unit.program.ops.iter_from(prefix_len) {
                 if op.deps.is_empty() {
                     free_root[b] = true;
                 }

@@ -4,10 +4,12 @@ use crate::error::SimError;
 use crate::fold::{self, Classes, RankView, check_program};
 use crate::whatif::WhatIfModel;
 use hpfsdp_plan::Topology;
-use hpfsdp_plan::program::{Group, Payload, RankRange, StepProgram};
+use hpfsdp_plan::program::{Group, Op, Payload, RankRange, SharedOps, StepProgram};
+use hpfsdp_plan::topology::Tier;
 use rayon::prelude::*;
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 /// One simulated rank: a representative program standing for one or more identical ranks.
 #[derive(Debug, Clone, PartialEq)]
@@ -147,6 +149,9 @@ impl Workload {
         }
         // Generated in parallel, kept in rank order; the first failing template (in rank
         // order) is the error, whatever the number of threads.
+        // Programs built on a shared prefix hash it once (and validate it once, see
+        // `StepProgram::validate`).
+        let prefixes = fold::PrefixDigests::default();
         let generated: Vec<Result<(u128, StepProgram), SimError>> = firsts
             .par_iter()
             .map(|&rank| {
@@ -155,9 +160,10 @@ impl Workload {
                 if rank != 0 {
                     strip_names(&mut p);
                 }
-                Ok((fold::ops_digest(&p), p))
+                Ok((fold::ops_digest_with(&p, Some(&prefixes)), p))
             })
             .collect();
+        drop(prefixes);
         let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
         for (rank, g) in firsts.into_iter().zip(generated) {
             let (digest, p) = g?;
@@ -169,6 +175,7 @@ impl Workload {
                 groups: Cow::Owned(groups(rank)?),
             })
         })?;
+        let mut tier_checks = TierChecks::default();
         let reps = classes
             .members
             .iter()
@@ -186,7 +193,7 @@ impl Workload {
                         p
                     }
                 };
-                check_tiers(&p, &topology)?;
+                tier_checks.check(&p, &topology)?;
                 Ok(p)
             })
             .collect::<Result<Vec<_>, SimError>>()?;
@@ -225,10 +232,50 @@ impl Workload {
 }
 
 /// Drops a program's op names: labels for reports, which name spans from rank 0's program
-/// only; on a job of hundreds of templates they are the bulk of its small allocations.
+/// only; on a job of hundreds of templates they are the bulk of its small allocations. A
+/// program without names is left as it is (a shared op prefix stays shared).
 fn strip_names(p: &mut StepProgram) {
+    if p.ops.iter().all(|op| op.name.is_none()) {
+        return;
+    }
     for op in &mut p.ops {
         op.name = None;
+    }
+}
+
+/// [`check_tiers`] that checks a shared op prefix once per group-tier table: the prefix's
+/// collectives agree with a program's topology tiers whenever they agreed for another
+/// program on the same prefix with the same tier per group.
+#[derive(Default)]
+struct TierChecks {
+    passed: HashSet<(usize, Vec<Tier>)>,
+    /// Prefixes seen, kept alive so that their addresses stay unique.
+    prefixes: Vec<Arc<SharedOps>>,
+}
+
+impl TierChecks {
+    fn check(&mut self, program: &StepProgram, topology: &Topology) -> Result<(), SimError> {
+        let Some(shared) = program.ops.shared() else {
+            return check_tiers(program, topology);
+        };
+        let tiers: Vec<Tier> = program
+            .groups
+            .iter()
+            .map(|g| topology.tier_of(&g.ranks))
+            .collect();
+        let key = (Arc::as_ptr(shared) as usize, tiers);
+        if !self.passed.contains(&key) {
+            // The whole program: a fault in the prefix is reported as without sharing.
+            check_tiers(program, topology)?;
+            self.prefixes.push(shared.clone());
+            self.passed.insert(key);
+            return Ok(());
+        }
+        check_ops_tiers(
+            program,
+            program.ops.iter_from(program.ops.prefix_len()),
+            &key.1,
+        )
     }
 }
 
@@ -255,7 +302,16 @@ fn check_tiers(program: &StepProgram, topology: &Topology) -> Result<(), SimErro
         .iter()
         .map(|g| topology.tier_of(&g.ranks))
         .collect();
-    for op in &program.ops {
+    check_ops_tiers(program, program.ops.iter(), &tiers)
+}
+
+/// [`check_tiers`] on the ops `ops` of `program`, with the tier of every group.
+fn check_ops_tiers<'a>(
+    program: &StepProgram,
+    ops: impl Iterator<Item = &'a Op>,
+    tiers: &[Tier],
+) -> Result<(), SimError> {
+    for op in ops {
         if let Payload::Collective(c) = &op.payload {
             let actual = tiers[c.group.index()];
             if c.tier != actual {

@@ -18,6 +18,7 @@ use crate::program::{
 use crate::topology::Tier;
 
 /// Builds one rank's program.
+#[derive(Clone)]
 pub(crate) struct Emitter<'a> {
     pub ctx: &'a Ctx,
     pub b: ProgramBuilder,
@@ -472,4 +473,116 @@ pub(crate) fn backward_with_recompute(
         e.free(last, MemTag::Activations, stage.saved_bytes);
         (first, last)
     }
+}
+
+/// A program emitted up to its optimizer schedule (the **model path**: forward, backward and
+/// gradient reduction), with what lowering the schedule needs. Programs of ranks with the
+/// same model path share it: the path is emitted once, its ops frozen into a shared prefix
+/// ([`ProgramBuilder::freeze_prefix`]), and every rank's schedule appended to a copy
+/// ([`finish_schedule`]).
+#[derive(Clone)]
+pub(crate) struct ModelPath<'a> {
+    /// The emitter after the model path.
+    pub e: Emitter<'a>,
+    /// Ops the schedule's first ops wait for.
+    pub ready: Vec<OpId>,
+    /// Gradient bytes the schedule's last op frees (`None`: the strategy frees none there).
+    pub grads_freed: Option<u64>,
+    /// Resident optimizer-state bytes other than the schedule's (declared with them, as the
+    /// last resident entry, by [`finish_schedule`]).
+    pub optimizer_base_bytes: u64,
+}
+
+impl<'a> ModelPath<'a> {
+    /// Moves the path to `rank` with its group table (`None` when the table does not intern
+    /// to the same slots and tiers, so the path's collectives would name other groups).
+    pub fn rebase(mut self, rank: usize, groups: Vec<(Group, Tier)>) -> Option<Self> {
+        let tiers: Vec<Tier> = groups.iter().map(|(_, t)| *t).collect();
+        let ids = self
+            .e
+            .b
+            .rebase(rank, groups.into_iter().map(|(g, _)| g).collect());
+        let same = ids.len() == self.e.ids.len()
+            && ids
+                .iter()
+                .zip(&tiers)
+                .zip(&self.e.ids)
+                .all(|((id, t), (old_id, old_t))| id == old_id && t == old_t);
+        same.then_some(self)
+    }
+}
+
+/// A [`ModelPath`] whose ops are frozen into a shared prefix, held without the strategy
+/// context (a generator caches one per model key): [`FrozenPath::thaw`] gives each rank a
+/// copy that shares the prefix and appends its own ops.
+#[derive(Clone)]
+pub(crate) struct FrozenPath {
+    b: ProgramBuilder,
+    ids: Vec<(GroupId, Tier)>,
+    last_compute: Option<OpId>,
+    pending: Vec<OpId>,
+    mb_prefix: String,
+    ready: Vec<OpId>,
+    grads_freed: Option<u64>,
+    optimizer_base_bytes: u64,
+}
+
+impl ModelPath<'_> {
+    /// Freezes the path's ops into a shared prefix (validated once, see
+    /// [`ProgramBuilder::freeze_prefix`]).
+    pub fn freeze(self) -> FrozenPath {
+        let mut b = self.e.b;
+        b.freeze_prefix();
+        FrozenPath {
+            b,
+            ids: self.e.ids,
+            last_compute: self.e.last_compute,
+            pending: self.e.pending,
+            mb_prefix: self.e.mb_prefix,
+            ready: self.ready,
+            grads_freed: self.grads_freed,
+            optimizer_base_bytes: self.optimizer_base_bytes,
+        }
+    }
+}
+
+impl FrozenPath {
+    /// A copy of the path on `ctx` (the context it was emitted with) that shares its ops;
+    /// `reserve_ops` is room for the ops the copy will append.
+    pub fn thaw<'a>(&self, ctx: &'a Ctx, reserve_ops: usize) -> ModelPath<'a> {
+        let mut b = self.b.clone();
+        b.reserve_ops(reserve_ops);
+        ModelPath {
+            e: Emitter {
+                ctx,
+                b,
+                ids: self.ids.clone(),
+                last_compute: self.last_compute,
+                pending: self.pending.clone(),
+                mb_prefix: self.mb_prefix.clone(),
+            },
+            ready: self.ready.clone(),
+            grads_freed: self.grads_freed,
+            optimizer_base_bytes: self.optimizer_base_bytes,
+        }
+    }
+}
+
+/// Appends the optimizer schedule `sched` to a model path and builds the program: the
+/// resident optimizer state (base plus the schedule's momentum and AdamW moments), the
+/// schedule's ops after `ready`, and the gradient free on its last op.
+pub(crate) fn finish_schedule(
+    mut path: ModelPath<'_>,
+    sched: &super::muon::schedule::Schedule,
+) -> Result<StepProgram, super::StrategyError> {
+    path.e.resident(
+        MemTag::Optimizer,
+        path.optimizer_base_bytes + sched.momentum_bytes + sched.adamw_state_bytes,
+    );
+    if let Some(last) = super::muon::schedule::lower(&mut path.e, sched, &path.ready)
+        && let Some(grads) = path.grads_freed
+    {
+        path.e.free(last, MemTag::Grads, grads);
+    }
+    path.e.build()
 }

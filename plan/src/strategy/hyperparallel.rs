@@ -37,7 +37,7 @@
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
 use super::compute::Stage;
-use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::emit::{self, Emitter, backward_with_recompute, forward_activations};
 use super::muon::{self, OptimizerStrategy, RankView};
 use super::optimizer::optimizer_step;
 use super::parallel::CollSpec;
@@ -428,6 +428,70 @@ pub(crate) fn generate(
     groups: Vec<(Group, Tier)>,
     named: bool,
 ) -> Result<StepProgram, StrategyError> {
+    let hp = emit_model(ctx, rank, groups, named);
+    if ctx.opt.strategy.is_muon() {
+        let sched = muon::schedule(ctx, rank, named);
+        return emit::finish_schedule(hp.into_path(), &sched);
+    }
+    adamw_tail(hp)
+}
+
+/// `rank`'s model path without names (everything before the optimizer schedule), for
+/// programs built on a shared prefix ([`emit::ModelPath`]); Muon strategies only.
+pub(crate) fn model_path<'c>(
+    ctx: &'c Ctx,
+    rank: usize,
+    groups: Vec<(Group, Tier)>,
+) -> emit::ModelPath<'c> {
+    emit_model(ctx, rank, groups, false).into_path()
+}
+
+impl<'c> Hp<'_, 'c> {
+    /// The model path for the Muon schedule: it waits for the last compute op and frees
+    /// every unit's reduced gradients.
+    fn into_path(self) -> emit::ModelPath<'c> {
+        let grads: u64 = self.units.iter().map(|u| u.grad_out_bytes).sum();
+        emit::ModelPath {
+            ready: self.e.issue_point(),
+            e: self.e,
+            grads_freed: Some(grads),
+            optimizer_base_bytes: 0,
+        }
+    }
+}
+
+/// The placeholder AdamW step per unit after the model path.
+fn adamw_tail(mut hp: Hp<'_, '_>) -> Result<StepProgram, StrategyError> {
+    let ctx = hp.e.ctx;
+    let o = &ctx.opts;
+    for &u in &hp.order.clone() {
+        let info = &hp.units[u];
+        if info.params.is_empty() {
+            continue;
+        }
+        let name = short(&ctx.fsdp.units[u].name).to_string();
+        let (elems, tensors, out) = (
+            info.shard_elems,
+            info.params.len() as u32,
+            info.grad_out_bytes,
+        );
+        let deps = hp.e.issue_point();
+        let op = optimizer_step(&mut hp.e, &name, elems, tensors, o.reduce_dtype, &deps);
+        hp.e.free(op, MemTag::Grads, out);
+    }
+    hp.e.build()
+}
+
+/// Emits `rank`'s program up to its optimizer step: resident memory (the optimizer state
+/// only for the placeholder AdamW; a Muon schedule declares its own), every micro-batch's
+/// forward and backward with the four-step post-backward pipeline, and the replica
+/// all-reduce division.
+fn emit_model<'a, 'c: 'a>(
+    ctx: &'c Ctx,
+    rank: usize,
+    groups: Vec<(Group, Tier)>,
+    named: bool,
+) -> Hp<'a, 'c> {
     let o = &ctx.opts;
     let units = unit_infos(ctx, rank);
     let n = units.len();
@@ -453,18 +517,12 @@ pub(crate) fn generate(
     let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
     let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
     hp.e.resident(MemTag::Params, master_elems * o.master_dtype.bytes());
-    let sched = ctx
-        .opt
-        .strategy
-        .is_muon()
-        .then(|| muon::schedule(ctx, rank, named));
-    hp.e.resident(
-        MemTag::Optimizer,
-        match &sched {
-            Some(s) => s.momentum_bytes + s.adamw_state_bytes,
-            None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
-        },
-    );
+    if !ctx.opt.strategy.is_muon() {
+        hp.e.resident(
+            MemTag::Optimizer,
+            shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+        );
+    }
 
     let d = o.prefetch_depth;
     let m_steps = o.grad_accum_steps;
@@ -624,31 +682,9 @@ pub(crate) fn generate(
         }
     }
 
-    // Optimizer: the optimizer strategy's schedule, or the placeholder AdamW per unit.
+    // The optimizer step comes after: the optimizer strategy's schedule, or the placeholder
+    // AdamW per unit.
     hp.e.set_micro_batch(0);
     hp.e.mb_prefix.clear();
-    if let Some(sched) = &sched {
-        let ready = hp.e.issue_point();
-        let grads: u64 = hp.units.iter().map(|u| u.grad_out_bytes).sum();
-        if let Some(last) = muon::schedule::lower(&mut hp.e, sched, &ready) {
-            hp.e.free(last, MemTag::Grads, grads);
-        }
-        return hp.e.build();
-    }
-    for &u in &hp.order.clone() {
-        let info = &hp.units[u];
-        if info.params.is_empty() {
-            continue;
-        }
-        let name = short(&ctx.fsdp.units[u].name).to_string();
-        let (elems, tensors, out) = (
-            info.shard_elems,
-            info.params.len() as u32,
-            info.grad_out_bytes,
-        );
-        let deps = hp.e.issue_point();
-        let op = optimizer_step(&mut hp.e, &name, elems, tensors, o.reduce_dtype, &deps);
-        hp.e.free(op, MemTag::Grads, out);
-    }
-    hp.e.build()
+    hp
 }

@@ -36,6 +36,7 @@ use crate::scenario::Scenario;
 use crate::topology::{Tier, Topology};
 use compute::Stage;
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use thiserror::Error;
 
@@ -434,6 +435,43 @@ pub struct ProgramGenerator {
     megatron: Option<megatron::Layout>,
     /// Per expert-parallel class, the class's template signature (computed on first use).
     class_signatures: std::sync::OnceLock<Vec<u64>>,
+    /// Frozen model paths by model key ([`ProgramGenerator::program_shared`]).
+    paths: PathCache,
+}
+
+/// One frozen model path per model key, built by the first rank that asks for it.
+#[derive(Default)]
+struct PathCache {
+    paths: std::sync::Mutex<HashMap<u64, PathCell>>,
+    /// The most ops a shared program appended to its model path: a capacity hint, as
+    /// [`Ctx::ops_hint`] (program contents never depend on it).
+    tail_hint: std::sync::atomic::AtomicUsize,
+}
+
+/// A model path being built or built (`None`: it could not be, the rank's program is then
+/// generated whole, which reports the error).
+type PathCell = std::sync::Arc<std::sync::OnceLock<Option<emit::FrozenPath>>>;
+
+impl PathCache {
+    /// The cell of `key`, created empty on first use.
+    fn cell(&self, key: u64) -> PathCell {
+        let mut paths = self.paths.lock().unwrap_or_else(|e| e.into_inner());
+        paths.entry(key).or_default().clone()
+    }
+}
+
+impl Clone for PathCache {
+    /// A clone starts with no paths (they are a cache).
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl std::fmt::Debug for PathCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.paths.lock().map_or(0, |p| p.len());
+        write!(f, "PathCache({n} model paths)")
+    }
 }
 
 /// Digest of the part of a program its expert-parallel class decides, with op names left
@@ -641,6 +679,7 @@ impl ProgramGenerator {
             model_flops_per_step,
             megatron,
             class_signatures: std::sync::OnceLock::new(),
+            paths: PathCache::default(),
         })
     }
 
@@ -686,6 +725,67 @@ impl ProgramGenerator {
     /// names saves formatting millions of strings on large Muon jobs.
     pub fn program_unnamed(&self, rank: usize) -> Result<StepProgram, StrategyError> {
         self.generate(rank, false)
+    }
+
+    /// [`ProgramGenerator::program_unnamed`], built on a **shared model path**: ranks with
+    /// the same [`ProgramGenerator::model_key`] have the same ops before their optimizer
+    /// schedule, so the first such rank emits that path once, freezes it into a prefix
+    /// shared by all of them ([`crate::program::OpSeq`]) and validated once, and every
+    /// rank appends only its own schedule. The program equals `program_unnamed(rank)` op for
+    /// op (a test checks this); strategies without a model key (AdamW, owner placement,
+    /// FSDP strategies other than hyperparallel) generate the whole program.
+    pub fn program_shared(&self, rank: usize) -> Result<StepProgram, StrategyError> {
+        self.check_rank(rank)?;
+        let Some(key) = self.model_key(rank) else {
+            return self.generate(rank, false);
+        };
+        let cell = self.paths.cell(key);
+        let frozen = cell.get_or_init(|| {
+            let groups = self.ctx.groups(rank).ok()?;
+            Some(hyperparallel::model_path(&self.ctx, rank, groups).freeze())
+        });
+        let Some(frozen) = frozen else {
+            return self.generate(rank, false);
+        };
+        let hint = self
+            .paths
+            .tail_hint
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let groups = self.ctx.groups(rank)?;
+        let Some(path) = frozen.thaw(&self.ctx, hint).rebase(rank, groups) else {
+            return self.generate(rank, false);
+        };
+        let sched = muon::schedule(&self.ctx, rank, false);
+        let program = emit::finish_schedule(path, &sched)?;
+        self.paths.tail_hint.fetch_max(
+            program.ops.tail().len(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        Ok(program)
+    }
+
+    /// A key such that ranks with equal keys have identical model paths (every op before
+    /// the optimizer schedule, names left out), or `None` when programs are not split
+    /// there: the rank's expert-parallel class (which parameters it holds) and the tier of
+    /// each of its groups (collectives carry their tier). Only the hyperparallel strategy
+    /// with a Muon optimizer strategy that keeps FSDP placement has one: AdamW programs fold
+    /// whole, and owner placement (DMuon, MatrixFSDP) changes the model path per rank.
+    pub fn model_key(&self, rank: usize) -> Option<u64> {
+        let opt = self.ctx.opt.strategy;
+        if self.ctx.opts.kind != StrategyKind::HyperParallel
+            || !opt.is_muon()
+            || opt.owner_placement()
+            || rank >= self.world_size
+        {
+            return None;
+        }
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.ctx.class_of(rank).hash(&mut h);
+        for f in &self.ctx.families {
+            let ranks = self.ctx.group_ranks(f, rank);
+            self.ctx.topology.tier_of(&ranks).hash(&mut h);
+        }
+        Some(h.finish())
     }
 
     fn generate(&self, rank: usize, named: bool) -> Result<StepProgram, StrategyError> {

@@ -15,7 +15,9 @@
 
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
-use super::{NsImpl, RankView, adamw_units, apply, fused_calls, local_matrices, momentum, ns_ops};
+use super::{
+    NsImpl, RankView, adamw_routed_units, apply, fused_calls, local_matrices, momentum, ns_ops,
+};
 use crate::CollectiveKind;
 use crate::model::DType;
 use crate::muon::{NS_BATCH_NUMEL, OptimizerRoute};
@@ -29,7 +31,7 @@ type GroupKey = (Vec<String>, (u64, u64));
 /// The FlexShard schedule of one rank.
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    adamw_units(ctx, view, &mut s, |_, _| false);
+    adamw_routed_units(ctx, view, &mut s);
     // Plan batch order (descending size), held Muon parameters.
     let mut local = Vec::new();
     let mut groups: BTreeMap<GroupKey, Vec<usize>> = BTreeMap::new();

@@ -50,14 +50,14 @@
 
 use super::schedule::{Dep, Schedule};
 use super::{
-    NsCall, NsImpl, OptParam, RankView, adamw_units, apply, capped_calls, fused_calls,
+    NsCall, NsImpl, OptParam, RankView, adamw_routed_units, apply, capped_calls, fused_calls,
     local_matrices, local_shard_elems, momentum, ns_ops, pad512_bf16,
 };
 use crate::CollectiveKind;
 use crate::muon::NS_BATCH_NUMEL;
 use crate::program::{MemTag, Stream};
 use crate::strategy::Ctx;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// Stream of the replica-domain broadcasts (the replicate process group's stream).
 pub const REPLICA_STREAM: Stream = Stream::Aux(0);
@@ -113,12 +113,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                 if b.ep_owner.is_some_and(|o| o != view.class) {
                     return None;
                 }
-                let held: Vec<usize> = b
-                    .params
-                    .iter()
-                    .copied()
-                    .filter(|&i| oc.params[i].held_by(view.class))
-                    .collect();
+                let held: Vec<usize> = oc.held(index, view.class);
                 let &first = held.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
                 let owned: Vec<usize> = held
@@ -206,7 +201,7 @@ fn gathers(
 /// The HyperParallel Muon schedule of one rank.
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    adamw_units(ctx, view, &mut s, |_, _| false);
+    adamw_routed_units(ctx, view, &mut s);
     let grad_bytes = ctx.opts.reduce_dtype.bytes();
     let master = ctx.opts.master_dtype.bytes();
     let batches = rank_batches(ctx, view);
@@ -442,16 +437,16 @@ fn replica_broadcast(
     let mut last_hops = Vec::new();
     let mut received = 0;
     let mut first_op: Option<u32> = None;
+    // Bytes each replica owner sources, in one pass over the held parameters.
+    let mut by_src: HashMap<&[usize], u64> = HashMap::new();
+    for &i in &b.held {
+        if let Some(owner) = plan_b.replica_owner.get(&i) {
+            let elems = local_shard_elems(ctx, &ctx.opt.params[i], view);
+            *by_src.entry(owner.as_slice()).or_default() += (elems * master).div_ceil(512) * 512;
+        }
+    }
     for src in grid(&sizes) {
-        let bytes: u64 = b
-            .held
-            .iter()
-            .filter(|&&i| plan_b.replica_owner.get(&i) == Some(&src))
-            .map(|&i| {
-                let elems = local_shard_elems(ctx, &ctx.opt.params[i], view);
-                (elems * master).div_ceil(512) * 512
-            })
-            .sum();
+        let bytes: u64 = by_src.get(src.as_slice()).copied().unwrap_or(0);
         let chunks = bytes.div_ceil(REPLICA_BROADCAST_MAX_BYTES);
         let label = s.name(|| {
             let c: Vec<String> = src.iter().map(|x| x.to_string()).collect();

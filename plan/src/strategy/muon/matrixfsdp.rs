@@ -41,7 +41,7 @@
 
 use super::schedule::Schedule;
 use super::{
-    NsImpl, RankView, adamw_units, apply, dmuon, local_matrices, momentum, naive, ns_ops,
+    NsImpl, RankView, adamw_routed_units, apply, dmuon, local_matrices, momentum, naive, ns_ops,
     per_param_calls,
 };
 use crate::muon::OptimizerRoute;
@@ -50,7 +50,7 @@ use crate::strategy::Ctx;
 /// The MatrixFSDP optimizer schedule of one rank.
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    adamw_units(ctx, view, &mut s, |_, _| false);
+    adamw_routed_units(ctx, view, &mut s);
     // Per-matrix `torch.optim.Muon` (calibration README, "Setups of the distributed-Muon
     // comparisons": per-matrix torch.optim.Muon with fixed NS coefficients): one bf16 NS
     // call per matrix, no shape batching.

@@ -264,6 +264,12 @@ pub struct OptCtx {
     pub(crate) placed: Vec<Option<usize>>,
     /// Slots of the FSDP shard group per domain (dense, expert) in the group table.
     pub(crate) fsdp_shard_slot: [Option<usize>; 2],
+    /// Indices of the AdamW-routed parameters ([`adamw_routed_units`] walks these instead of
+    /// every parameter: on exp-d most parameters are Muon-routed experts).
+    pub(crate) adamw_params: Vec<usize>,
+    /// Per plan batch, per EP class: the batch's parameters the class holds, in batch order
+    /// (built on first use; [`OptCtx::held`]).
+    held: std::sync::OnceLock<Vec<Vec<Vec<usize>>>>,
     digests: Arc<Mutex<HashMap<Vec<usize>, u64>>>,
     /// Named schedules built for a digest, per optimizer coordinate, with the rank they were
     /// built for: the program of that rank takes it instead of building it again (one
@@ -348,6 +354,8 @@ impl OptCtx {
             params: Vec::new(),
             placed: Vec::new(),
             fsdp_shard_slot: [None, None],
+            adamw_params: Vec::new(),
+            held: std::sync::OnceLock::new(),
             digests: Arc::new(Mutex::new(HashMap::new())),
             built: Arc::new(Mutex::new(HashMap::new())),
         };
@@ -430,6 +438,9 @@ impl OptCtx {
             slot.steps = slot.steps.max(b.memory_batches.len());
         }
         ctx.plan = muon;
+        ctx.adamw_params = (0..ctx.params.len())
+            .filter(|&i| ctx.params[i].route == OptimizerRoute::Adamw)
+            .collect();
         for (d, (shard, mesh)) in [("dp_shard", 0usize), ("edp_shard", 1usize)]
             .into_iter()
             .enumerate()
@@ -451,6 +462,44 @@ impl OptCtx {
             ctx.placed = owner_placement(&ctx, strategy, fsdp);
         }
         Ok(ctx)
+    }
+
+    /// The parameters of plan batch `batch` that EP class `class` holds, in batch order:
+    /// looked up in a table built once instead of filtered per schedule build (an all-rank
+    /// batch lists every class's per-expert weights).
+    pub(crate) fn held(&self, batch: usize, class: usize) -> Vec<usize> {
+        let table = self.held.get_or_init(|| {
+            let classes = self
+                .params
+                .iter()
+                .filter_map(|p| p.ep_owner)
+                .max()
+                .map_or(1, |m| m + 1);
+            self.plan
+                .batches
+                .iter()
+                .map(|b| {
+                    (0..classes)
+                        .map(|c| {
+                            b.params
+                                .iter()
+                                .copied()
+                                .filter(|&i| self.params[i].held_by(c))
+                                .collect()
+                        })
+                        .collect()
+                })
+                .collect()
+        });
+        match table.get(batch).and_then(|b| b.get(class)) {
+            Some(held) => held.clone(),
+            None => self.plan.batches[batch]
+                .params
+                .iter()
+                .copied()
+                .filter(|&i| self.params[i].held_by(class))
+                .collect(),
+        }
     }
 
     /// The rank's schedule digest, cached per optimizer coordinate. The schedule hashed is
@@ -711,6 +760,26 @@ pub(crate) fn adamw_units(
             e.1 += 1;
         }
     }
+    emit_adamw_units(ctx, s, per_unit);
+}
+
+/// [`adamw_units`] without extra parameters: AdamW on the AdamW-routed parameters the rank
+/// holds, found from [`OptCtx::adamw_params`] instead of a walk over every parameter.
+pub(crate) fn adamw_routed_units(ctx: &Ctx, view: &RankView, s: &mut Schedule) {
+    let mut per_unit: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
+    for &i in &ctx.opt.adamw_params {
+        let p = &ctx.opt.params[i];
+        if p.held_by(view.class) {
+            let e = per_unit.entry(p.unit).or_default();
+            e.0 += p.local_elems;
+            e.1 += 1;
+        }
+    }
+    emit_adamw_units(ctx, s, per_unit);
+}
+
+/// One AdamW op per FSDP unit of `per_unit` ((elements, tensors) by unit), in unit order.
+fn emit_adamw_units(ctx: &Ctx, s: &mut Schedule, per_unit: BTreeMap<usize, (u64, u32)>) {
     for (u, (elems, tensors)) in per_unit {
         s.adamw_state_bytes += elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM;
         let name = &ctx.fsdp.units[u].name;

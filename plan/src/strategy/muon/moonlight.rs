@@ -16,7 +16,7 @@
 
 use super::schedule::{Dep, Schedule};
 use super::{
-    NsImpl, RankView, adamw_units, apply, local_matrices, momentum, ns_ops, per_param_calls,
+    NsImpl, RankView, adamw_routed_units, apply, local_matrices, momentum, ns_ops, per_param_calls,
     unpadded_gathers,
 };
 use crate::muon::OptimizerRoute;
@@ -33,7 +33,7 @@ pub fn bucket_elems(dp: u64) -> u64 {
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     let gb = ctx.opts.reduce_dtype.bytes();
-    adamw_units(ctx, view, &mut s, |_, _| false);
+    adamw_routed_units(ctx, view, &mut s);
     // Buckets per sharding domain (same shard axes), reverse model order.
     let mut domains: BTreeMap<Vec<(String, usize)>, Vec<Vec<usize>>> = BTreeMap::new();
     for i in (0..oc.params.len()).rev() {

@@ -11,7 +11,8 @@
 
 use super::schedule::{Dep, Schedule};
 use super::{
-    NsImpl, RankView, adamw_units, apply, momentum, ns_ops, per_param_calls, unpadded_gathers,
+    NsImpl, RankView, adamw_routed_units, apply, momentum, ns_ops, per_param_calls,
+    unpadded_gathers,
 };
 use crate::muon::OptimizerRoute;
 use crate::program::MemTag;
@@ -48,7 +49,7 @@ pub(crate) fn gather_everywhere(ctx: &Ctx, s: &mut Schedule, params: &[usize]) {
 /// The naive schedule of one rank.
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    adamw_units(ctx, view, &mut s, |_, _| false);
+    adamw_routed_units(ctx, view, &mut s);
     let muon: Vec<usize> = (0..oc.params.len())
         .filter(|&i| oc.params[i].route == OptimizerRoute::Muon && oc.params[i].held_by(view.class))
         .collect();

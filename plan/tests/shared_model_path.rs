@@ -1,0 +1,125 @@
+//! Programs built on a shared model path (`ProgramGenerator::program_shared`) equal the
+//! programs generated whole (`program_unnamed`) on every rank, for every FSDP strategy and
+//! optimizer strategy of the verify miniatures (with Muon) and `mini-exp-d`; on the Muon
+//! hyperparallel programs the model path really is shared (one prefix per model key, the
+//! same `Arc` on every rank of the key); the result does not depend on which rank builds a
+//! path first.
+
+use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
+use hpfsdp_plan::planner::{ShardingPlan, plan};
+use hpfsdp_plan::program::{Category, StepProgram};
+use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+struct Plans {
+    s: Scenario,
+    p: ShardingPlan,
+    f: FsdpPlan,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
+}
+
+fn plans_of(s: Scenario) -> Plans {
+    let p = plan(&s.model, &s.planner_input());
+    assert!(!p.has_errors(), "{:?}", p.lints);
+    let f = build_fsdp_plan(&s, &p);
+    Plans { s, p, f }
+}
+
+/// A verify miniature with its optimizer switched to Muon + AdamW.
+fn verify_muon(rel: &str) -> Plans {
+    let path = root().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("kind = \"adamw\""), "{rel}");
+    let text = text.replacen("kind = \"adamw\"", "kind = \"muon+adamw\"", 1);
+    plans_of(Scenario::from_str_at(&text, &path).unwrap_or_else(|e| panic!("{rel}: {e}")))
+}
+
+fn all_plans() -> Vec<Plans> {
+    let mut all: Vec<Plans> = [
+        "verify/dense-hsdp2x4.toml",
+        "verify/moe-ep2-fsdp2.toml",
+        "verify/dense-tp2-fsdp2.toml",
+        "verify/mla-hsdp2x2.toml",
+        "verify/uneven-fsdp3.toml",
+    ]
+    .iter()
+    .map(|rel| verify_muon(rel))
+    .collect();
+    let at = root().join("fixtures/mini-exp-d.toml");
+    all.push(plans_of(
+        Scenario::load(&at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")),
+    ));
+    all
+}
+
+#[test]
+fn shared_programs_equal_whole_programs() {
+    let mut split = 0;
+    for x in &all_plans() {
+        let name = &x.s.file.name;
+        for kind in StrategyKind::ALL {
+            for o in OptimizerStrategy::ALL {
+                let Ok(g) = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o) else {
+                    continue;
+                };
+                let mut prefixes = HashMap::new();
+                for rank in 0..g.world_size() {
+                    let shared = g.program_shared(rank).unwrap();
+                    let whole = g.program_unnamed(rank).unwrap();
+                    assert_eq!(shared, whole, "{name} {kind} {o} rank {rank}");
+                    assert_eq!(shared.ops.to_vec(), whole.ops.to_vec());
+                    let Some(key) = g.model_key(rank) else {
+                        assert!(shared.ops.shared().is_none(), "{name} {kind} {o}");
+                        continue;
+                    };
+                    // The prefix is the model path: no optimizer-schedule op in it, and the
+                    // same allocation on every rank of the key.
+                    let prefix = shared.ops.shared().expect("a model key shares its path");
+                    assert!(!prefix.ops.is_empty());
+                    assert!(
+                        prefix.check.is_some(),
+                        "{name} {kind} {o}: prefix validated"
+                    );
+                    let first = prefixes.entry(key).or_insert_with(|| prefix.clone());
+                    assert!(Arc::ptr_eq(first, prefix), "{name} {kind} {o} rank {rank}");
+                    split += 1;
+                }
+            }
+        }
+    }
+    assert!(split > 0, "some programs were built on a shared model path");
+}
+
+/// Which rank builds a model path first does not change any program.
+#[test]
+fn shared_programs_do_not_depend_on_generation_order() {
+    let x = plans_of(Scenario::load(&root().join("fixtures/mini-exp-d.toml")).unwrap());
+    let kind = StrategyKind::HyperParallel;
+    let o = OptimizerStrategy::HyperParallelMuon;
+    let forward = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o).unwrap();
+    let backward = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o).unwrap();
+    let w = forward.world_size();
+    let a: Vec<StepProgram> = (0..w).map(|r| forward.program_shared(r).unwrap()).collect();
+    let mut b: Vec<StepProgram> = (0..w)
+        .rev()
+        .map(|r| backward.program_shared(r).unwrap())
+        .collect();
+    b.reverse();
+    assert_eq!(a, b);
+    // The optimizer tail is each rank's own: it starts with the first optimizer op.
+    let p = &a[w - 1];
+    let prefix_len = p.ops.prefix_len();
+    assert!(prefix_len > 0 && prefix_len < p.ops.len());
+    assert!(
+        p.ops
+            .iter()
+            .take(prefix_len)
+            .all(|op| op.category != Category::Optimizer)
+    );
+}
