@@ -19,8 +19,13 @@
 //! representative rendezvouses with the representatives of the classes in its group,
 //! assuming symmetric peers behave as it does.
 //!
-//! Time is integer nanoseconds; events are ordered by `(time, sequence number)` in a binary
-//! heap, so runs are deterministic and byte-identical.
+//! Time is integer nanoseconds; events are ordered by `(time, sequence number)` in a monotone
+//! radix heap ([`queue`]), so runs are deterministic and byte-identical.
+//!
+//! Layout for speed: the read-only per-op tables (reverse dependencies, memory effects) are
+//! shared by units of the same shape ([`statics`]), pending rendezvous are looked up per
+//! communicator without hashing ([`pending`]), and nothing is allocated per event except
+//! a collective's phase list.
 
 use crate::cost::{collective_phases, compute_work_s, copy_s};
 use crate::error::SimError;
@@ -35,9 +40,17 @@ use hpfsdp_plan::Tier;
 use hpfsdp_plan::program::{CollectiveOp, OpSpan, Payload, StepProgram, Stream};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 mod fork;
+mod pending;
+mod queue;
+mod statics;
+
+use pending::Pending;
+use queue::EventQueue;
+use statics::{StaticsInterner, UnitStatics};
+use std::sync::Arc;
 
 /// Switches of one simulation run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -195,8 +208,8 @@ struct UnitRt<'a> {
     program: &'a StepProgram,
     base: usize,
     ops: Vec<OpRt>,
-    dep_offsets: Vec<usize>,
-    dependents: Vec<u32>,
+    /// Reverse dependencies and memory effects, shared by units of the same shape.
+    statics: Arc<UnitStatics>,
     spans: Vec<OpSpan>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
@@ -242,10 +255,10 @@ struct Engine<'a> {
     whatif: Option<&'a crate::whatif::WhatIfModel>,
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
-    pending: HashMap<(u32, u32), u32>,
+    pending: Pending,
     instances: Vec<Instance>,
     net: Network,
-    heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    heap: EventQueue<Event>,
     seq: u64,
     events: u64,
     /// Time of the last event processed.
@@ -308,23 +321,31 @@ impl<'a> Engine<'a> {
             ids: HashMap::new(),
             keys: Vec::new(),
         };
+        let mut interner = StaticsInterner::default();
         let units = specs
             .iter()
             .map(|spec| {
                 Self::unit(
-                    *spec, rank_unit, workload, &mut table, profile, costs, options,
+                    *spec,
+                    rank_unit,
+                    workload,
+                    (&mut table, &mut interner),
+                    profile,
+                    costs,
+                    options,
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let keys_len = table.keys.len();
         Ok(Self {
             profile,
             whatif: workload.whatif.as_ref(),
             net: Network::new(units.len()),
             units,
             keys: table.keys,
-            pending: HashMap::new(),
+            pending: Pending::new(keys_len),
             instances: Vec::new(),
-            heap: BinaryHeap::new(),
+            heap: EventQueue::new(),
             seq: 0,
             events: 0,
             now: 0,
@@ -338,7 +359,7 @@ impl<'a> Engine<'a> {
         spec: UnitSpec<'a>,
         rank_unit: &[u32],
         workload: &Workload,
-        table: &mut KeyTable,
+        (table, interner): (&mut KeyTable, &mut StaticsInterner),
         profile: &HardwareProfile,
         (kernel_host_us, coll_host_ns): (f64, u64),
         options: &SimOptions,
@@ -346,7 +367,6 @@ impl<'a> Engine<'a> {
         let program = spec.program;
         let (base, end) = (spec.base, spec.end);
         let ops_of = &program.ops[base..end];
-        let n = ops_of.len();
         // Communicators of the local groups.
         let mut group_key = Vec::with_capacity(program.groups.len());
         let mut group_shape = Vec::with_capacity(program.groups.len());
@@ -371,7 +391,7 @@ impl<'a> Engine<'a> {
         // Streams, in order of first use.
         let mut stream_ids: Vec<Stream> = Vec::new();
         let mut streams: Vec<StreamRt> = Vec::new();
-        let mut ops = Vec::with_capacity(n);
+        let mut ops = Vec::with_capacity(ops_of.len());
         for (i, op) in ops_of.iter().enumerate() {
             let stream = if op.stream == Stream::Host {
                 HOST
@@ -437,31 +457,11 @@ impl<'a> Engine<'a> {
                 HOST
             )));
         }
-        // Reverse dependency lists (CSR), local indices; dependencies before `base` are done.
-        let mut counts = vec![0usize; n + 1];
-        for op in ops_of {
-            for d in op.deps.iter().filter(|d| d.index() >= base) {
-                counts[d.index() - base + 1] += 1;
-            }
-        }
-        for i in 0..n {
-            counts[i + 1] += counts[i];
-        }
-        let mut fill = counts.clone();
-        let mut dependents = vec![0u32; counts[n]];
-        for (i, op) in ops_of.iter().enumerate() {
-            for d in op.deps.iter().filter(|d| d.index() >= base) {
-                let d = d.index() - base;
-                dependents[fill[d]] = i as u32;
-                fill[d] += 1;
-            }
-        }
         Ok(UnitRt {
             program,
             base,
             ops,
-            dep_offsets: counts,
-            dependents,
+            statics: interner.intern(UnitStatics::of(ops_of, base)),
             spans: ops_of
                 .iter()
                 .map(|o| OpSpan {
@@ -554,8 +554,7 @@ impl<'a> Engine<'a> {
                     return; // resumed by finish_op when the last dependency ends
                 }
                 unit.spans[op].start_ns = now;
-                let base = unit.base;
-                unit.mem.on_start(now, &unit.program.ops[base + op].memory);
+                unit.mem.alloc(now, unit.statics.allocs(op));
                 now + duration_ns
             }
             _ => now + st.host_ns,
@@ -606,8 +605,7 @@ impl<'a> Engine<'a> {
         }
         s.busy = true;
         unit.spans[op].start_ns = now;
-        let base = unit.base;
-        unit.mem.on_start(now, &unit.program.ops[base + op].memory);
+        unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
             Exec::Device { duration_ns } => {
                 self.push(
@@ -638,17 +636,16 @@ impl<'a> Engine<'a> {
     fn finish_op(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         unit.ops[op].done = true;
-        let base = unit.base;
-        unit.mem.on_end(now, &unit.program.ops[base + op].memory);
+        unit.mem.free(now, unit.statics.frees(op));
         if let Some(g) = &self.gates
-            && g.gates[u][base + op]
+            && g.gates[u][unit.base + op]
         {
             self.fork = true;
         }
-        let (a, b) = (unit.dep_offsets[op], unit.dep_offsets[op + 1]);
-        for i in a..b {
+        // Indexed, not iterated: the loop body needs `self` mutably.
+        for j in 0..unit.statics.dependents(op).len() {
             let unit = &mut self.units[u];
-            let d = unit.dependents[i] as usize;
+            let d = unit.statics.dependents(op)[j] as usize;
             unit.ops[d].deps_left -= 1;
             if unit.ops[d].deps_left == 0 {
                 let stream = unit.ops[d].stream;

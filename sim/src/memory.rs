@@ -41,6 +41,26 @@ pub struct MemoryReport {
 
 const TAGS: usize = MemTag::ALL.len();
 
+/// Bytes of one tag allocated or freed by an op, in the compact form the engine keeps for its
+/// inner loop (the tag as its [`MemTag::index`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TagDelta {
+    /// Bytes allocated or freed.
+    pub bytes: u64,
+    /// [`MemTag::index`] of the tag.
+    pub tag: u8,
+}
+
+impl TagDelta {
+    /// `bytes` of `tag`.
+    pub fn new(tag: MemTag, bytes: u64) -> Self {
+        Self {
+            bytes,
+            tag: tag.index() as u8,
+        }
+    }
+}
+
 /// Tracks live bytes of one simulated rank while the engine runs.
 #[derive(Debug, Clone)]
 pub struct MemoryTracker {
@@ -100,6 +120,37 @@ impl MemoryTracker {
         if changed {
             self.observe(time_ns);
         }
+    }
+
+    /// Applies allocations at `time_ns` given as [`TagDelta`]s (an op's non-zero
+    /// `alloc_bytes`, in order): the same as [`MemoryTracker::on_start`] with those effects.
+    #[inline]
+    pub fn alloc(&mut self, time_ns: u64, allocs: &[TagDelta]) {
+        if allocs.is_empty() {
+            return;
+        }
+        for a in allocs {
+            let slot = &mut self.live[a.tag as usize];
+            *slot = slot.saturating_add(a.bytes);
+            self.total = self.total.saturating_add(a.bytes);
+        }
+        self.observe(time_ns);
+    }
+
+    /// Applies frees at `time_ns` given as [`TagDelta`]s (an op's non-zero `free_bytes`, in
+    /// order): the same as [`MemoryTracker::on_end`] with those effects.
+    #[inline]
+    pub fn free(&mut self, time_ns: u64, frees: &[TagDelta]) {
+        if frees.is_empty() {
+            return;
+        }
+        for f in frees {
+            let slot = &mut self.live[f.tag as usize];
+            let freed = f.bytes.min(*slot);
+            *slot -= freed;
+            self.total = self.total.saturating_sub(freed);
+        }
+        self.observe(time_ns);
     }
 
     fn observe(&mut self, time_ns: u64) {
@@ -261,5 +312,27 @@ mod tests {
         );
         let times: Vec<_> = r.series.iter().map(|s| (s.time_ns, s.live_bytes)).collect();
         assert_eq!(times, vec![(0, 10), (100, 50), (200, 55), (300, 55)]);
+
+        // The compact form gives the same figures.
+        let compact = |effects: &[MemoryEffect], f: fn(&MemoryEffect) -> u64| -> Vec<TagDelta> {
+            effects
+                .iter()
+                .filter(|e| f(e) > 0)
+                .map(|e| TagDelta::new(e.tag, f(e)))
+                .collect()
+        };
+        let mut c = MemoryTracker::new(
+            &[ResidentMemory {
+                tag: MemTag::Params,
+                bytes: 10,
+            }],
+            true,
+        );
+        c.alloc(100, &compact(&ag, |e| e.alloc_bytes));
+        c.alloc(200, &compact(&act, |e| e.alloc_bytes));
+        c.free(300, &compact(&act, |e| e.free_bytes));
+        c.alloc(300, &compact(&ag, |e| e.alloc_bytes));
+        c.free(400, &[]);
+        assert_eq!(c.report(), r);
     }
 }

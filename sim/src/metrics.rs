@@ -153,16 +153,17 @@ pub fn breakdown(
     }
     let exposed_comm_ns: u64 = exposed_by_op_category.iter().sum();
 
+    // Ops per category in one pass (not one scan of all ops per category).
+    let mut members_of: Vec<Vec<usize>> = vec![Vec::new(); Category::ALL.len()];
+    for i in 0..spans.len() {
+        members_of[category_index(program.ops[i].category)].push(i);
+    }
     let by_category = Category::ALL
         .iter()
+        .zip(&members_of)
         .enumerate()
-        .filter_map(|(ci, &cat)| {
-            let members: Vec<usize> = (0..spans.len())
-                .filter(|&i| program.ops[i].category == cat)
-                .collect();
-            if members.is_empty() {
-                return None;
-            }
+        .filter(|(_, (_, members))| !members.is_empty())
+        .map(|(ci, (&cat, members))| {
             let busy_ns = union_ns(
                 members
                     .iter()
@@ -176,7 +177,7 @@ pub fn breakdown(
                     .map(|&i| (spans[i].start_ns, spans[i].end_ns))
                     .collect(),
             );
-            Some(CategoryTime {
+            CategoryTime {
                 category: cat,
                 ops: members.len() as u64,
                 busy_ns,
@@ -188,7 +189,7 @@ pub fn breakdown(
                     .min()
                     .unwrap_or(0),
                 last_end_ns: members.iter().map(|&i| spans[i].end_ns).max().unwrap_or(0),
-            })
+            }
         })
         .collect();
 
