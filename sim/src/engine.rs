@@ -169,9 +169,18 @@ const HOST: u16 = u16::MAX;
 
 #[derive(Debug, Clone, Copy)]
 enum Exec {
-    Device { duration_ns: u64 },
-    Collective { slot: u32, c: CollectiveOp },
-    Host { duration_ns: u64 },
+    Device {
+        duration_ns: u64,
+    },
+    /// `coll`: index into the unit's [`UnitStatics::collective`] table (kept out of the
+    /// per-op state so that it stays small).
+    Collective {
+        slot: u32,
+        coll: u32,
+    },
+    Host {
+        duration_ns: u64,
+    },
 }
 
 /// Everything the engine touches per op, in one place for cache locality.
@@ -392,6 +401,7 @@ impl<'a> Engine<'a> {
         let mut stream_ids: Vec<Stream> = Vec::new();
         let mut streams: Vec<StreamRt> = Vec::new();
         let mut ops = Vec::with_capacity(ops_of.len());
+        let mut collectives = 0u32;
         for (i, op) in ops_of.iter().enumerate() {
             let stream = if op.stream == Stream::Host {
                 HOST
@@ -425,13 +435,16 @@ impl<'a> Engine<'a> {
                         duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
                     },
                 ),
-                Payload::Collective(c) => (
-                    coll_host_ns,
-                    Exec::Collective {
-                        slot: group_slot[c.group.index()],
-                        c: *c,
-                    },
-                ),
+                Payload::Collective(c) => {
+                    collectives += 1;
+                    (
+                        coll_host_ns,
+                        Exec::Collective {
+                            slot: group_slot[c.group.index()],
+                            coll: collectives - 1,
+                        },
+                    )
+                }
                 Payload::Host { duration_ns } => (
                     *duration_ns,
                     Exec::Host {
@@ -617,7 +630,10 @@ impl<'a> Engine<'a> {
                 );
                 Ok(())
             }
-            Exec::Collective { c, .. } => self.arrive(u, op, c, now),
+            Exec::Collective { coll, .. } => {
+                let c = *unit.statics.collective(coll);
+                self.arrive(u, op, c, now)
+            }
             Exec::Host { .. } => Ok(()),
         }
     }
@@ -663,7 +679,7 @@ impl<'a> Engine<'a> {
 
     fn collective_of(&self, u: usize, op: usize) -> Option<CollectiveOp> {
         match self.units[u].ops[op].exec {
-            Exec::Collective { c, .. } => Some(c),
+            Exec::Collective { coll, .. } => Some(*self.units[u].statics.collective(coll)),
             _ => None,
         }
     }

@@ -1,5 +1,5 @@
 //! The read-only per-op tables the event loop consults on every op start and end: reverse
-//! dependencies and memory effects, in flat arrays (CSR) with local op indices.
+//! dependencies, memory effects and collectives, in flat arrays (CSR) with local op indices.
 //!
 //! Units whose programs have the same shape (every rank of an unfolded SPMD job, most classes
 //! of a folded one) get the *same* table: [`StaticsInterner`] hands out one shared copy per
@@ -7,7 +7,7 @@
 //! copy per unit would be a cache miss on nearly every op; a shared one stays in cache.
 
 use crate::memory::TagDelta;
-use hpfsdp_plan::program::Op;
+use hpfsdp_plan::program::{CollectiveOp, Op, Payload};
 use std::collections::HashSet;
 use std::sync::Arc;
 
@@ -26,6 +26,8 @@ pub(super) struct UnitStatics {
     /// Same for the bytes freed at the end.
     free_offsets: Vec<u32>,
     frees: Vec<TagDelta>,
+    /// The collectives of the ops, in op order (the engine's per-op state holds an index).
+    collectives: Vec<CollectiveOp>,
 }
 
 impl UnitStatics {
@@ -52,7 +54,15 @@ impl UnitStatics {
         }
         let (alloc_offsets, allocs) = csr(ops, |e| e.alloc_bytes);
         let (free_offsets, frees) = csr(ops, |e| e.free_bytes);
+        let collectives = ops
+            .iter()
+            .filter_map(|op| match &op.payload {
+                Payload::Collective(c) => Some(*c),
+                _ => None,
+            })
+            .collect();
         Self {
+            collectives,
             dep_offsets: counts,
             dependents,
             alloc_offsets,
@@ -74,6 +84,12 @@ impl UnitStatics {
     pub(super) fn allocs(&self, op: usize) -> &[TagDelta] {
         let (a, b) = (self.alloc_offsets[op], self.alloc_offsets[op + 1]);
         &self.allocs[a as usize..b as usize]
+    }
+
+    /// The `k`-th collective of the ops (in op order).
+    #[inline]
+    pub(super) fn collective(&self, k: u32) -> &CollectiveOp {
+        &self.collectives[k as usize]
     }
 
     /// Bytes local op `op` frees when it ends.
