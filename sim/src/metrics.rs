@@ -104,21 +104,10 @@ pub fn breakdown(
             Payload::Host { .. } => Class::Host,
         })
         .collect();
-    let intervals = |want: &dyn Fn(usize) -> bool| -> Vec<(u64, u64)> {
-        spans
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| want(*i))
-            .map(|(_, s)| (s.start_ns, s.end_ns))
-            .collect()
-    };
-    let compute_ns = union_ns(intervals(&|i| classes[i] == Class::Compute));
-    let copy_ns = union_ns(intervals(&|i| classes[i] == Class::Copy));
-    let comm_ns = union_ns(intervals(&|i| classes[i] == Class::Comm));
-    let device_ns = union_ns(intervals(&|i| classes[i] != Class::Host));
-
-    // Sweep for exposed communication, charged to the earliest-started active collective.
-    let mut points: Vec<(u64, bool, usize)> = Vec::new(); // (time, is_start, op)
+    // One sweep over the start and end points gives the unions (the measure of the time a
+    // class has at least one op running) and the exposed communication, charged to the
+    // earliest-started active collective.
+    let mut points: Vec<(u64, bool, usize)> = Vec::with_capacity(2 * spans.len()); // (time, is_start, op)
     for (i, s) in spans.iter().enumerate() {
         if classes[i] != Class::Host && s.end_ns > s.start_ns {
             points.push((s.end_ns, false, i));
@@ -127,7 +116,8 @@ pub fn breakdown(
     }
     points.sort_unstable();
     let mut exposed_by_op_category = vec![0u64; Category::ALL.len()];
-    let mut cover = 0usize;
+    let (mut compute_ns, mut copy_ns, mut comm_ns, mut device_ns) = (0u64, 0u64, 0u64, 0u64);
+    let (mut computing, mut copying) = (0usize, 0usize);
     let mut active: BTreeSet<(u64, usize)> = BTreeSet::new();
     let mut k = 0;
     while k < points.len() {
@@ -141,14 +131,25 @@ pub fn breakdown(
                 (Class::Comm, false) => {
                     active.remove(&(spans[i].start_ns, i));
                 }
-                (_, true) => cover += 1,
-                (_, false) => cover -= 1,
+                (Class::Compute, true) => computing += 1,
+                (Class::Compute, false) => computing -= 1,
+                (_, true) => copying += 1,
+                (_, false) => copying -= 1,
             }
             k += 1;
         }
-        if let (Some(&(next, _, _)), 0, Some(&(_, i))) = (points.get(k), cover, active.first()) {
+        let Some(&(next, _, _)) = points.get(k) else {
+            break;
+        };
+        let d = next - t;
+        compute_ns += if computing > 0 { d } else { 0 };
+        copy_ns += if copying > 0 { d } else { 0 };
+        comm_ns += if active.is_empty() { 0 } else { d };
+        let covered = computing + copying > 0;
+        device_ns += if covered || !active.is_empty() { d } else { 0 };
+        if let (false, Some(&(_, i))) = (covered, active.first()) {
             let cat = program.ops[i].category;
-            exposed_by_op_category[category_index(cat)] += next - t;
+            exposed_by_op_category[category_index(cat)] += d;
         }
     }
     let exposed_comm_ns: u64 = exposed_by_op_category.iter().sum();

@@ -124,16 +124,28 @@ fn csr(
 #[derive(Debug, Default)]
 pub(super) struct StaticsInterner {
     seen: HashSet<Arc<UnitStatics>>,
+    /// The copy handed out last: consecutive units usually share a shape, and comparing
+    /// with it is cheaper than hashing the tables.
+    last: Option<Arc<UnitStatics>>,
 }
 
 impl StaticsInterner {
     /// The shared copy of `statics` (the first one with its content).
     pub(super) fn intern(&mut self, statics: UnitStatics) -> Arc<UnitStatics> {
-        if let Some(s) = self.seen.get(&statics) {
-            return Arc::clone(s);
+        if let Some(last) = &self.last
+            && **last == statics
+        {
+            return Arc::clone(last);
         }
-        let s = Arc::new(statics);
-        self.seen.insert(Arc::clone(&s));
+        let s = match self.seen.get(&statics) {
+            Some(s) => Arc::clone(s),
+            None => {
+                let s = Arc::new(statics);
+                self.seen.insert(Arc::clone(&s));
+                s
+            }
+        };
+        self.last = Some(Arc::clone(&s));
         s
     }
 }
@@ -178,7 +190,12 @@ mod tests {
         let a = interner.intern(s);
         let b = interner.intern(UnitStatics::of(&program(1, 100).ops, 0));
         let c = interner.intern(UnitStatics::of(&program(2, 7).ops, 0));
+        let d = interner.intern(UnitStatics::of(&program(3, 100).ops, 0));
         assert!(Arc::ptr_eq(&a, &b), "same shape on another rank is shared");
         assert!(!Arc::ptr_eq(&a, &c), "different bytes are not");
+        assert!(
+            Arc::ptr_eq(&a, &d),
+            "nor lost when another shape came in between"
+        );
     }
 }
