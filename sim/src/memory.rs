@@ -130,11 +130,13 @@ impl MemoryTracker {
             return;
         }
         for a in allocs {
-            let slot = &mut self.live[a.tag as usize];
-            *slot = slot.saturating_add(a.bytes);
+            let t = a.tag as usize;
+            self.live[t] = self.live[t].saturating_add(a.bytes);
             self.total = self.total.saturating_add(a.bytes);
+            // Only the tags allocated can reach a new peak of their own.
+            self.peak_by_tag[t] = self.peak_by_tag[t].max(self.live[t]);
         }
-        self.observe(time_ns);
+        self.observe_total(time_ns);
     }
 
     /// Applies frees at `time_ns` given as [`TagDelta`]s (an op's non-zero `free_bytes`, in
@@ -150,17 +152,25 @@ impl MemoryTracker {
             *slot -= freed;
             self.total = self.total.saturating_sub(freed);
         }
-        self.observe(time_ns);
+        // Frees lower tags: no tag reaches a new peak of its own.
+        self.observe_total(time_ns);
     }
 
     fn observe(&mut self, time_ns: u64) {
+        for (p, l) in self.peak_by_tag.iter_mut().zip(self.live) {
+            *p = (*p).max(l);
+        }
+        self.observe_total(time_ns);
+    }
+
+    /// Peak and series after a change; every tag's own peak is up to date already (every
+    /// change keeps `peak_by_tag >= live` per tag).
+    #[inline]
+    fn observe_total(&mut self, time_ns: u64) {
         if self.total > self.peak || (self.peak == 0 && time_ns == 0) {
             self.peak = self.total;
             self.peak_time_ns = time_ns;
             self.at_peak = self.live;
-        }
-        for (p, l) in self.peak_by_tag.iter_mut().zip(self.live) {
-            *p = (*p).max(l);
         }
         if let Some(series) = &mut self.series {
             match series.last_mut() {

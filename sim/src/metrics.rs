@@ -107,14 +107,28 @@ pub fn breakdown(
     // One sweep over the start and end points gives the unions (the measure of the time a
     // class has at least one op running) and the exposed communication, charged to the
     // earliest-started active collective.
-    let mut points: Vec<(u64, bool, usize)> = Vec::with_capacity(2 * spans.len()); // (time, is_start, op)
+    // Points as (time, is_start, op), packed into one integer that sorts the same way.
+    let point = |time: u64, is_start: bool, op: usize| {
+        (u128::from(time) << 64) | (u128::from(is_start) << 32) | op as u128
+    };
+    let mut packed: Vec<u128> = Vec::with_capacity(2 * spans.len());
     for (i, s) in spans.iter().enumerate() {
         if classes[i] != Class::Host && s.end_ns > s.start_ns {
-            points.push((s.end_ns, false, i));
-            points.push((s.start_ns, true, i));
+            packed.push(point(s.end_ns, false, i));
+            packed.push(point(s.start_ns, true, i));
         }
     }
-    points.sort_unstable();
+    packed.sort_unstable();
+    let points: Vec<(u64, bool, usize)> = packed
+        .iter()
+        .map(|&p| {
+            (
+                (p >> 64) as u64,
+                (p >> 32) & 1 == 1,
+                (p & 0xFFFF_FFFF) as usize,
+            )
+        })
+        .collect();
     let mut exposed_by_op_category = vec![0u64; Category::ALL.len()];
     let (mut compute_ns, mut copy_ns, mut comm_ns, mut device_ns) = (0u64, 0u64, 0u64, 0u64);
     let (mut computing, mut copying) = (0usize, 0usize);
