@@ -196,9 +196,10 @@ struct OpRt {
     done: bool,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct StreamRt {
-    queue: Vec<u32>,
+    /// The stream's local ops in issue order (shared by units of the same shape).
+    queue: Arc<[u32]>,
     head: usize,
     busy: bool,
 }
@@ -399,7 +400,7 @@ impl<'a> Engine<'a> {
         }
         // Streams, in order of first use.
         let mut stream_ids: Vec<Stream> = Vec::new();
-        let mut streams: Vec<StreamRt> = Vec::new();
+        let mut queues: Vec<Vec<u32>> = Vec::new();
         let mut ops = Vec::with_capacity(ops_of.len());
         let mut collectives = 0u32;
         for (i, op) in ops_of.iter().enumerate() {
@@ -410,11 +411,11 @@ impl<'a> Engine<'a> {
                     Some(s) => s,
                     None => {
                         stream_ids.push(op.stream);
-                        streams.push(StreamRt::default());
+                        queues.push(Vec::new());
                         stream_ids.len() - 1
                     }
                 };
-                streams[s].queue.push(i as u32);
+                queues[s].push(i as u32);
                 s as u16
             };
             let (host_ns, exec) = match &op.payload {
@@ -462,19 +463,29 @@ impl<'a> Engine<'a> {
                 done: false,
             });
         }
-        if streams.len() >= HOST as usize {
+        if queues.len() >= HOST as usize {
             return Err(SimError::Workload(format!(
                 "rank {} uses {} streams; at most {} are supported",
                 program.rank,
-                streams.len(),
+                queues.len(),
                 HOST
             )));
         }
+        let statics = interner.intern(UnitStatics::of(ops_of, base, queues));
+        let streams = statics
+            .queues()
+            .iter()
+            .map(|q| StreamRt {
+                queue: Arc::clone(q),
+                head: 0,
+                busy: false,
+            })
+            .collect();
         Ok(UnitRt {
             program,
             base,
             ops,
-            statics: interner.intern(UnitStatics::of(ops_of, base)),
+            statics,
             spans: ops_of
                 .iter()
                 .map(|o| OpSpan {

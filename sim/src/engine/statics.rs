@@ -1,5 +1,6 @@
 //! The read-only per-op tables the event loop consults on every op start and end: reverse
-//! dependencies, memory effects and collectives, in flat arrays (CSR) with local op indices.
+//! dependencies, memory effects, collectives and stream queues, in flat arrays (CSR) with
+//! local op indices.
 //!
 //! Units whose programs have the same shape (every rank of an unfolded SPMD job, most classes
 //! of a folded one) get the *same* table: [`StaticsInterner`] hands out one shared copy per
@@ -28,11 +29,14 @@ pub(super) struct UnitStatics {
     frees: Vec<TagDelta>,
     /// The collectives of the ops, in op order (the engine's per-op state holds an index).
     collectives: Vec<CollectiveOp>,
+    /// Per device stream (in order of first use): its local ops in issue order.
+    queues: Vec<Arc<[u32]>>,
 }
 
 impl UnitStatics {
-    /// The tables of `ops` (program ops `base..base + ops.len()`).
-    pub(super) fn of(ops: &[Op], base: usize) -> Self {
+    /// The tables of `ops` (program ops `base..base + ops.len()`) whose device streams run
+    /// `queues` (local ops per stream, in issue order).
+    pub(super) fn of(ops: &[Op], base: usize, queues: Vec<Vec<u32>>) -> Self {
         let n = ops.len();
         let mut counts = vec![0u32; n + 1];
         for op in ops {
@@ -63,6 +67,7 @@ impl UnitStatics {
             .collect();
         Self {
             collectives,
+            queues: queues.into_iter().map(Arc::from).collect(),
             dep_offsets: counts,
             dependents,
             alloc_offsets,
@@ -84,6 +89,11 @@ impl UnitStatics {
     pub(super) fn allocs(&self, op: usize) -> &[TagDelta] {
         let (a, b) = (self.alloc_offsets[op], self.alloc_offsets[op + 1]);
         &self.allocs[a as usize..b as usize]
+    }
+
+    /// Per device stream: its local ops in issue order.
+    pub(super) fn queues(&self) -> &[Arc<[u32]>] {
+        &self.queues
     }
 
     /// The `k`-th collective of the ops (in op order).
@@ -174,7 +184,7 @@ mod tests {
     #[test]
     fn tables_and_sharing() {
         let p = program(0, 100);
-        let s = UnitStatics::of(&p.ops, 0);
+        let s = UnitStatics::of(&p.ops, 0, vec![]);
         assert_eq!(s.dependents(0), &[1, 2]);
         assert_eq!(s.dependents(1), &[2]);
         assert!(s.dependents(2).is_empty());
@@ -182,15 +192,15 @@ mod tests {
         assert!(s.allocs(1).is_empty() && s.frees(0).is_empty());
         assert_eq!(s.frees(1), &[TagDelta::new(MemTag::Activations, 100)]);
         // From base 1: op 0 is done and gone from the tables.
-        let tail = UnitStatics::of(&p.ops[1..], 1);
+        let tail = UnitStatics::of(&p.ops[1..], 1, vec![]);
         assert_eq!(tail.dependents(0), &[1]);
         assert_eq!(tail.frees(0), &[TagDelta::new(MemTag::Activations, 100)]);
 
         let mut interner = StaticsInterner::default();
         let a = interner.intern(s);
-        let b = interner.intern(UnitStatics::of(&program(1, 100).ops, 0));
-        let c = interner.intern(UnitStatics::of(&program(2, 7).ops, 0));
-        let d = interner.intern(UnitStatics::of(&program(3, 100).ops, 0));
+        let b = interner.intern(UnitStatics::of(&program(1, 100).ops, 0, vec![]));
+        let c = interner.intern(UnitStatics::of(&program(2, 7).ops, 0, vec![]));
+        let d = interner.intern(UnitStatics::of(&program(3, 100).ops, 0, vec![]));
         assert!(Arc::ptr_eq(&a, &b), "same shape on another rank is shared");
         assert!(!Arc::ptr_eq(&a, &c), "different bytes are not");
         assert!(
