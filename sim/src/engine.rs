@@ -510,6 +510,7 @@ impl<'a> Engine<'a> {
         })
     }
 
+    #[inline]
     fn push(&mut self, time: u64, event: Event) {
         self.seq += 1;
         self.heap.push(Reverse((time, self.seq, event)));

@@ -10,12 +10,13 @@
 use crate::memory::TagDelta;
 use hpfsdp_plan::program::{CollectiveOp, Op, Payload};
 use std::collections::HashSet;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 /// Reverse dependencies and memory effects of the ops `base..` of one program, indexed by
 /// local op (`local = index - base`); dependencies on ops before `base` are left out (they
 /// are done).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct UnitStatics {
     /// `dependents[dep_offsets[i]..dep_offsets[i + 1]]`: local ops that depend on local op `i`.
     dep_offsets: Vec<u32>,
@@ -107,6 +108,36 @@ impl UnitStatics {
     pub(super) fn frees(&self, op: usize) -> &[TagDelta] {
         let (a, b) = (self.free_offsets[op], self.free_offsets[op + 1]);
         &self.frees[a as usize..b as usize]
+    }
+}
+
+/// Hashes the lengths and a sample of at most [`HASH_SAMPLE`] evenly spaced entries of each
+/// table: equal tables hash equally (the sample is a function of the content), and interning
+/// thousands of programs of tens of thousands of ops does not hash every entry.
+impl Hash for UnitStatics {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        sample(&self.dep_offsets, state);
+        sample(&self.dependents, state);
+        sample(&self.alloc_offsets, state);
+        sample(&self.allocs, state);
+        sample(&self.free_offsets, state);
+        sample(&self.frees, state);
+        sample(&self.collectives, state);
+        self.queues.len().hash(state);
+        for q in &self.queues {
+            sample(q, state);
+        }
+    }
+}
+
+/// Entries of a table [`UnitStatics`]'s hash looks at.
+const HASH_SAMPLE: usize = 64;
+
+fn sample<T: Hash, H: Hasher>(items: &[T], state: &mut H) {
+    items.len().hash(state);
+    let step = items.len().div_ceil(HASH_SAMPLE).max(1);
+    for item in items.iter().step_by(step) {
+        item.hash(state);
     }
 }
 
