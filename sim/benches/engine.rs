@@ -19,7 +19,8 @@ use hpfsdp_sim::{HardwareProfile, SyntheticConfig, Workload, synthetic_program};
 use std::path::Path;
 use std::time::Instant;
 
-/// Simulates `workload` unshared `reps` times; prints the best wall and CPU event rates.
+/// Simulates `workload` unshared `reps` times without timeline and memory series; prints the
+/// best wall and CPU event rates.
 fn time_unshared(
     name: &str,
     workload: &Workload,
@@ -31,11 +32,23 @@ fn time_unshared(
         record_memory_series: false,
         ..SimOptions::default()
     };
+    time_with(name, workload, profile, reps, &options)
+}
+
+/// Simulates `workload` unshared with `options` `reps` times; prints the best wall and CPU
+/// event rates.
+fn time_with(
+    name: &str,
+    workload: &Workload,
+    profile: &HardwareProfile,
+    reps: usize,
+    options: &SimOptions,
+) -> Result<(), Box<dyn std::error::Error>> {
     let (mut best, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
     let mut events = 0;
     for _ in 0..reps.max(1) {
         let (t, cpu) = (Instant::now(), cpu_seconds());
-        let r = simulate_unshared(workload, profile, &options)?;
+        let r = simulate_unshared(workload, profile, options)?;
         best = best.min(t.elapsed().as_secs_f64());
         best_cpu = best_cpu.min(cpu_seconds() - cpu);
         events = r.events_processed;
@@ -71,6 +84,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect::<Result<Vec<_>, _>>()?;
         let workload = Workload::unfolded(programs, topology)?;
         time_unshared(&cfg.name, &workload, &profile, reps)?;
+        if cfg.world_size() == 768 {
+            // As `hpfsdp bench` runs it: timeline, memory series and every rank's breakdown.
+            let name = format!("{}, with timeline and memory series", cfg.name);
+            time_with(&name, &workload, &profile, reps, &SimOptions::default())?;
+        }
     }
     let exp_c = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scenarios/paper/exp-c.toml");
     let exp_c = Scenario::load(&exp_c)?;

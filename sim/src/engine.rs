@@ -22,10 +22,11 @@
 //! Time is integer nanoseconds; events are ordered by `(time, sequence number)` in a monotone
 //! radix heap ([`queue`]), so runs are deterministic and byte-identical.
 //!
-//! Layout for speed: the read-only per-op tables (reverse dependencies, memory effects) are
-//! shared by units of the same shape ([`statics`]), pending rendezvous are looked up per
-//! communicator without hashing ([`pending`]), and nothing is allocated per event except
-//! a collective's phase list.
+//! Layout for speed: the read-only per-op tables (reverse dependencies, memory effects,
+//! collectives, stream queues) are shared by units of the same shape ([`statics`]), the
+//! per-op runtime state is 40 bytes, pending rendezvous are looked up per communicator
+//! without hashing ([`pending`]), and nothing is allocated per event except a collective
+//! instance's arrival and phase lists.
 
 use crate::cost::{collective_phases, compute_work_s, copy_s};
 use crate::error::SimError;
@@ -218,7 +219,8 @@ struct UnitRt<'a> {
     program: &'a StepProgram,
     base: usize,
     ops: Vec<OpRt>,
-    /// Reverse dependencies and memory effects, shared by units of the same shape.
+    /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
+    /// of the same shape.
     statics: Arc<UnitStatics>,
     spans: Vec<OpSpan>,
     stream_ids: Vec<Stream>,
@@ -304,6 +306,112 @@ impl KeyTable {
     }
 }
 
+/// Communicators of a unit's groups ([`unit_groups`]).
+struct UnitGroups {
+    /// Per local group: communicator key.
+    key: Vec<u32>,
+    /// Per local group: shape on the topology.
+    shape: Vec<GroupShape>,
+    /// Per local group: launch-order counter slot (groups on one communicator share one).
+    slot: Vec<u32>,
+    /// Number of slots.
+    slots: usize,
+}
+
+/// The communicators of `program`'s groups: (label, size, units of its ranks) interned in
+/// `table`.
+fn unit_groups(
+    program: &StepProgram,
+    rank_unit: &[u32],
+    workload: &Workload,
+    table: &mut KeyTable,
+) -> UnitGroups {
+    let n = program.groups.len();
+    let (mut key, mut shape, mut slot) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut slot_keys: Vec<u32> = Vec::new();
+    for g in &program.groups {
+        let mut members: Vec<u32> = g.ranks.iter().map(|&r| rank_unit[r]).collect();
+        members.sort_unstable();
+        members.dedup();
+        let id = table.id(&g.label, g.ranks.len(), members);
+        key.push(id);
+        shape.push(GroupShape::of(&g.ranks, &workload.topology));
+        let s = match slot_keys.iter().position(|&s| s == id) {
+            Some(s) => s,
+            None => {
+                slot_keys.push(id);
+                slot_keys.len() - 1
+            }
+        };
+        slot.push(s as u32);
+    }
+    UnitGroups {
+        key,
+        shape,
+        slot,
+        slots: slot_keys.len(),
+    }
+}
+
+/// Where an op sits, for [`op_exec`]: its program, its index in it, the launch-order slot of
+/// each group, and the count of collectives before it (advanced for a collective).
+struct OpPlace<'p> {
+    program: &'p StepProgram,
+    index: usize,
+    group_slot: &'p [u32],
+    collectives: &'p mut u32,
+}
+
+/// An op's host launch cost and what it does on the device, in nanoseconds.
+fn op_exec(
+    payload: &Payload,
+    place: OpPlace<'_>,
+    workload: &Workload,
+    profile: &HardwareProfile,
+    (kernel_host_us, coll_host_ns): (f64, u64),
+) -> (u64, Exec) {
+    let program = place.program;
+    match payload {
+        Payload::Compute(w) => (
+            ns(w.kernels as f64 * kernel_host_us * 1e-6),
+            Exec::Device {
+                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
+                    // what-if hook: slow rank x jitter (crate::whatif), keyed by the
+                    // op's index in the whole program.
+                    * workload.whatif.as_ref().map_or(1.0, |m| {
+                        m.compute_scale(program.rank, place.index)
+                    })),
+            },
+        ),
+        Payload::Copy(w) => (
+            ns(w.kernels as f64 * kernel_host_us * 1e-6),
+            Exec::Device {
+                duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+            },
+        ),
+        Payload::Collective(c) => {
+            *place.collectives += 1;
+            (
+                coll_host_ns,
+                Exec::Collective {
+                    slot: place.group_slot[c.group.index()],
+                    coll: *place.collectives - 1,
+                },
+            )
+        }
+        Payload::Host { duration_ns } => (
+            *duration_ns,
+            Exec::Host {
+                duration_ns: *duration_ns,
+            },
+        ),
+    }
+}
+
 /// Host launch cost of one kernel and of one collective (validation mode included).
 fn launch_costs(profile: &HardwareProfile, options: &SimOptions) -> (f64, u64) {
     let cal = &profile.calibration;
@@ -371,33 +479,18 @@ impl<'a> Engine<'a> {
         workload: &Workload,
         (table, interner): (&mut KeyTable, &mut StaticsInterner),
         profile: &HardwareProfile,
-        (kernel_host_us, coll_host_ns): (f64, u64),
+        costs: (f64, u64),
         options: &SimOptions,
     ) -> Result<UnitRt<'a>, SimError> {
         let program = spec.program;
         let (base, end) = (spec.base, spec.end);
         let ops_of = &program.ops[base..end];
-        // Communicators of the local groups.
-        let mut group_key = Vec::with_capacity(program.groups.len());
-        let mut group_shape = Vec::with_capacity(program.groups.len());
-        let mut group_slot = Vec::with_capacity(program.groups.len());
-        let mut slot_keys: Vec<u32> = Vec::new();
-        for g in &program.groups {
-            let mut members: Vec<u32> = g.ranks.iter().map(|&r| rank_unit[r]).collect();
-            members.sort_unstable();
-            members.dedup();
-            let id = table.id(&g.label, g.ranks.len(), members);
-            group_key.push(id);
-            group_shape.push(GroupShape::of(&g.ranks, &workload.topology));
-            let slot = match slot_keys.iter().position(|&s| s == id) {
-                Some(s) => s,
-                None => {
-                    slot_keys.push(id);
-                    slot_keys.len() - 1
-                }
-            };
-            group_slot.push(slot as u32);
-        }
+        let UnitGroups {
+            key: group_key,
+            shape: group_shape,
+            slot: group_slot,
+            slots,
+        } = unit_groups(program, rank_unit, workload, table);
         // Streams, in order of first use.
         let mut stream_ids: Vec<Stream> = Vec::new();
         let mut queues: Vec<Vec<u32>> = Vec::new();
@@ -418,41 +511,18 @@ impl<'a> Engine<'a> {
                 queues[s].push(i as u32);
                 s as u16
             };
-            let (host_ns, exec) = match &op.payload {
-                Payload::Compute(w) => (
-                    ns(w.kernels as f64 * kernel_host_us * 1e-6),
-                    Exec::Device {
-                        duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
-                            // what-if hook: slow rank x jitter (crate::whatif), keyed by the
-                            // op's index in the whole program.
-                            * workload.whatif.as_ref().map_or(1.0, |m| {
-                                m.compute_scale(program.rank, base + i)
-                            })),
-                    },
-                ),
-                Payload::Copy(w) => (
-                    ns(w.kernels as f64 * kernel_host_us * 1e-6),
-                    Exec::Device {
-                        duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
-                    },
-                ),
-                Payload::Collective(c) => {
-                    collectives += 1;
-                    (
-                        coll_host_ns,
-                        Exec::Collective {
-                            slot: group_slot[c.group.index()],
-                            coll: collectives - 1,
-                        },
-                    )
-                }
-                Payload::Host { duration_ns } => (
-                    *duration_ns,
-                    Exec::Host {
-                        duration_ns: *duration_ns,
-                    },
-                ),
-            };
+            let (host_ns, exec) = op_exec(
+                &op.payload,
+                OpPlace {
+                    program,
+                    index: base + i,
+                    group_slot: &group_slot,
+                    collectives: &mut collectives,
+                },
+                workload,
+                profile,
+                costs,
+            );
             ops.push(OpRt {
                 host_ns,
                 exec,
@@ -505,7 +575,7 @@ impl<'a> Engine<'a> {
             group_key,
             group_shape,
             group_slot,
-            seq: vec![0; slot_keys.len()],
+            seq: vec![0; slots],
             mem: MemoryTracker::new(&program.resident, options.record_memory_series),
         })
     }
