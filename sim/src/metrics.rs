@@ -353,4 +353,119 @@ mod tests {
         assert_eq!((ag.exposed_comm_ns, rs.exposed_comm_ns), (50, 60));
         assert_eq!((ag.busy_ns, rs.busy_ns), (120, 140));
     }
+
+    /// Every figure against a nanosecond-by-nanosecond count on random spans (host ops,
+    /// zero-length ops and ties included).
+    #[test]
+    fn sweep_matches_a_brute_force_count() {
+        let mut b = ProgramBuilder::new(0);
+        let g = b.group(Group::new("dp", vec![0, 1]).unwrap());
+        let w = ComputeWork {
+            flops: 1,
+            hbm_bytes: 1,
+            kernels: 1,
+            mix: None,
+        };
+        let coll = CollectiveOp {
+            kind: CollectiveKind::AllReduce,
+            group: g,
+            tier: Tier::IntraMachine,
+            input_bytes: 8,
+            output_bytes: 8,
+            dtype: DType::Bf16,
+            aligned_512: true,
+        };
+        let comm_cats = [Category::FsdpAg, Category::FsdpRs, Category::Optimizer];
+        for i in 0..60 {
+            match i % 5 {
+                0 | 1 => {
+                    b.compute_on(Stream::Compute, Category::ALL[i % 4], w, &[]);
+                }
+                2 => {
+                    b.copy(Stream::Copy, 64, &[]);
+                }
+                3 => {
+                    b.collective(Stream::AllGather, comm_cats[i % 3], coll, &[]);
+                }
+                _ => {
+                    b.host(Category::Host, 5, &[]);
+                }
+            }
+        }
+        let p = b.build().unwrap();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rand = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..20 {
+            let spans: Vec<OpSpan> = (0..p.ops.len())
+                .map(|i| {
+                    let start = rand(200);
+                    OpSpan {
+                        op: OpId(i as u32),
+                        start_ns: start,
+                        end_ns: start + rand(4) * rand(30),
+                        launched_ns: None,
+                        transfer_start_ns: None,
+                    }
+                })
+                .collect();
+            let bd = breakdown(&p, &spans, 300, 0);
+            let class = |i: usize| match p.ops[i].payload {
+                Payload::Compute(_) => Class::Compute,
+                Payload::Copy(_) => Class::Copy,
+                Payload::Collective(_) => Class::Comm,
+                Payload::Host { .. } => Class::Host,
+            };
+            let runs = |i: usize, t: u64| spans[i].start_ns <= t && t < spans[i].end_ns;
+            let count = |want: &dyn Fn(usize) -> bool| {
+                (0..300u64)
+                    .filter(|&t| (0..spans.len()).any(|i| want(i) && runs(i, t)))
+                    .count() as u64
+            };
+            assert_eq!(bd.compute_ns, count(&|i| class(i) == Class::Compute));
+            assert_eq!(bd.copy_ns, count(&|i| class(i) == Class::Copy));
+            assert_eq!(bd.comm_ns, count(&|i| class(i) == Class::Comm));
+            let device = count(&|i| class(i) != Class::Host);
+            assert_eq!(bd.idle_ns, 300 - device);
+            let mut exposed = vec![0u64; Category::ALL.len()];
+            for t in 0..300u64 {
+                let covered = (0..spans.len())
+                    .any(|i| matches!(class(i), Class::Compute | Class::Copy) && runs(i, t));
+                let first = (0..spans.len())
+                    .filter(|&i| class(i) == Class::Comm && runs(i, t))
+                    .min_by_key(|&i| (spans[i].start_ns, i));
+                if let (false, Some(i)) = (covered, first) {
+                    exposed[category_index(p.ops[i].category)] += 1;
+                }
+            }
+            assert_eq!(bd.exposed_comm_ns, exposed.iter().sum::<u64>());
+            for ct in &bd.by_category {
+                let c = ct.category;
+                let members: Vec<usize> = (0..spans.len())
+                    .filter(|&i| p.ops[i].category == c)
+                    .collect();
+                assert_eq!(ct.ops, members.len() as u64);
+                assert_eq!(ct.busy_ns, count(&|i| p.ops[i].category == c), "{c:?}");
+                let comm = count(&|i| p.ops[i].category == c && class(i) == Class::Comm);
+                assert_eq!(ct.comm_busy_ns, comm, "{c:?}");
+                assert_eq!(ct.exposed_comm_ns, exposed[category_index(c)], "{c:?}");
+                let first = members.iter().map(|&i| spans[i].start_ns).min();
+                let last = members.iter().map(|&i| spans[i].end_ns).max();
+                assert_eq!(
+                    (Some(ct.first_start_ns), Some(ct.last_end_ns)),
+                    (first, last)
+                );
+            }
+            let listed = bd.by_category.len();
+            let present = Category::ALL
+                .iter()
+                .filter(|&&c| p.ops.iter().any(|o| o.category == c))
+                .count();
+            assert_eq!(listed, present);
+        }
+    }
 }
