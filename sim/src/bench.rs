@@ -476,8 +476,8 @@ pub fn log_log_slope(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
-/// The standard benchmark: the synthetic 768-rank step folded and unfolded (the engine's
-/// event rate on 768 units), then, when `exp_d` is given, exp-d with AdamW and with its
+/// The standard benchmark: the synthetic 768-rank step folded and unfolded and the 1,024-rank
+/// one unfolded (the engine's event rate on 768 and 1,024 units), then, when `exp_d` is given, exp-d with AdamW and with its
 /// distributed Muon, exp-d x4 replicas (3,072 ranks) and x131 (100,608 ranks) with Muon; the
 /// Muon/AdamW ratios and the scaling exponent close it. Without `exp_d`, the synthetic step
 /// at 100,608 ranks.
@@ -488,6 +488,12 @@ pub fn bench_suite(
     let mut reports = vec![
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, true)?,
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
+        // The "unfolded > 3 M events/s up to 1,024 ranks": 64 replicas x 16 shards.
+        bench_synthetic(
+            &SyntheticConfig::qwen3_like("1,024 ranks (64 x 16), 48 layers", 64, 16, 48),
+            profile,
+            false,
+        )?,
     ];
     let Some(d) = exp_d else {
         reports.push(bench_synthetic(

@@ -19,8 +19,14 @@
 //! representative rendezvouses with the representatives of the classes in its group,
 //! assuming symmetric peers behave as it does.
 //!
-//! Time is integer nanoseconds; events are ordered by `(time, sequence number)` in a binary
-//! heap, so runs are deterministic and byte-identical.
+//! Time is integer nanoseconds; events are ordered by `(time, sequence number)` in a monotone
+//! radix heap ([`queue`]), so runs are deterministic and byte-identical.
+//!
+//! Layout for speed: the read-only per-op tables (reverse dependencies, memory effects,
+//! collectives, stream queues) are shared by units of the same shape ([`statics`]), the
+//! per-op runtime state is 40 bytes, pending rendezvous are looked up per communicator
+//! without hashing ([`pending`]), and nothing is allocated per event except a collective
+//! instance's arrival and phase lists.
 
 use crate::cost::{collective_phases, compute_work_s, copy_s};
 use crate::error::SimError;
@@ -35,9 +41,17 @@ use hpfsdp_plan::Tier;
 use hpfsdp_plan::program::{CollectiveOp, OpSpan, Payload, StepProgram, Stream};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::HashMap;
 
 mod fork;
+mod pending;
+mod queue;
+mod statics;
+
+use pending::Pending;
+use queue::EventQueue;
+use statics::{StaticsInterner, UnitStatics};
+use std::sync::Arc;
 
 /// Switches of one simulation run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -156,9 +170,18 @@ const HOST: u16 = u16::MAX;
 
 #[derive(Debug, Clone, Copy)]
 enum Exec {
-    Device { duration_ns: u64 },
-    Collective { slot: u32, c: CollectiveOp },
-    Host { duration_ns: u64 },
+    Device {
+        duration_ns: u64,
+    },
+    /// `coll`: index into the unit's [`UnitStatics::collective`] table (kept out of the
+    /// per-op state so that it stays small).
+    Collective {
+        slot: u32,
+        coll: u32,
+    },
+    Host {
+        duration_ns: u64,
+    },
 }
 
 /// Everything the engine touches per op, in one place for cache locality.
@@ -174,9 +197,10 @@ struct OpRt {
     done: bool,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct StreamRt {
-    queue: Vec<u32>,
+    /// The stream's local ops in issue order (shared by units of the same shape).
+    queue: Arc<[u32]>,
     head: usize,
     busy: bool,
 }
@@ -195,8 +219,9 @@ struct UnitRt<'a> {
     program: &'a StepProgram,
     base: usize,
     ops: Vec<OpRt>,
-    dep_offsets: Vec<usize>,
-    dependents: Vec<u32>,
+    /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
+    /// of the same shape.
+    statics: Arc<UnitStatics>,
     spans: Vec<OpSpan>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
@@ -242,10 +267,10 @@ struct Engine<'a> {
     whatif: Option<&'a crate::whatif::WhatIfModel>,
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
-    pending: HashMap<(u32, u32), u32>,
+    pending: Pending,
     instances: Vec<Instance>,
     net: Network,
-    heap: BinaryHeap<Reverse<(u64, u64, Event)>>,
+    heap: EventQueue<Event>,
     seq: u64,
     events: u64,
     /// Time of the last event processed.
@@ -281,6 +306,112 @@ impl KeyTable {
     }
 }
 
+/// Communicators of a unit's groups ([`unit_groups`]).
+struct UnitGroups {
+    /// Per local group: communicator key.
+    key: Vec<u32>,
+    /// Per local group: shape on the topology.
+    shape: Vec<GroupShape>,
+    /// Per local group: launch-order counter slot (groups on one communicator share one).
+    slot: Vec<u32>,
+    /// Number of slots.
+    slots: usize,
+}
+
+/// The communicators of `program`'s groups: (label, size, units of its ranks) interned in
+/// `table`.
+fn unit_groups(
+    program: &StepProgram,
+    rank_unit: &[u32],
+    workload: &Workload,
+    table: &mut KeyTable,
+) -> UnitGroups {
+    let n = program.groups.len();
+    let (mut key, mut shape, mut slot) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    let mut slot_keys: Vec<u32> = Vec::new();
+    for g in &program.groups {
+        let mut members: Vec<u32> = g.ranks.iter().map(|&r| rank_unit[r]).collect();
+        members.sort_unstable();
+        members.dedup();
+        let id = table.id(&g.label, g.ranks.len(), members);
+        key.push(id);
+        shape.push(GroupShape::of(&g.ranks, &workload.topology));
+        let s = match slot_keys.iter().position(|&s| s == id) {
+            Some(s) => s,
+            None => {
+                slot_keys.push(id);
+                slot_keys.len() - 1
+            }
+        };
+        slot.push(s as u32);
+    }
+    UnitGroups {
+        key,
+        shape,
+        slot,
+        slots: slot_keys.len(),
+    }
+}
+
+/// Where an op sits, for [`op_exec`]: its program, its index in it, the launch-order slot of
+/// each group, and the count of collectives before it (advanced for a collective).
+struct OpPlace<'p> {
+    program: &'p StepProgram,
+    index: usize,
+    group_slot: &'p [u32],
+    collectives: &'p mut u32,
+}
+
+/// An op's host launch cost and what it does on the device, in nanoseconds.
+fn op_exec(
+    payload: &Payload,
+    place: OpPlace<'_>,
+    workload: &Workload,
+    profile: &HardwareProfile,
+    (kernel_host_us, coll_host_ns): (f64, u64),
+) -> (u64, Exec) {
+    let program = place.program;
+    match payload {
+        Payload::Compute(w) => (
+            ns(w.kernels as f64 * kernel_host_us * 1e-6),
+            Exec::Device {
+                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
+                    // what-if hook: slow rank x jitter (crate::whatif), keyed by the
+                    // op's index in the whole program.
+                    * workload.whatif.as_ref().map_or(1.0, |m| {
+                        m.compute_scale(program.rank, place.index)
+                    })),
+            },
+        ),
+        Payload::Copy(w) => (
+            ns(w.kernels as f64 * kernel_host_us * 1e-6),
+            Exec::Device {
+                duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+            },
+        ),
+        Payload::Collective(c) => {
+            *place.collectives += 1;
+            (
+                coll_host_ns,
+                Exec::Collective {
+                    slot: place.group_slot[c.group.index()],
+                    coll: *place.collectives - 1,
+                },
+            )
+        }
+        Payload::Host { duration_ns } => (
+            *duration_ns,
+            Exec::Host {
+                duration_ns: *duration_ns,
+            },
+        ),
+    }
+}
+
 /// Host launch cost of one kernel and of one collective (validation mode included).
 fn launch_costs(profile: &HardwareProfile, options: &SimOptions) -> (f64, u64) {
     let cal = &profile.calibration;
@@ -308,23 +439,31 @@ impl<'a> Engine<'a> {
             ids: HashMap::new(),
             keys: Vec::new(),
         };
+        let mut interner = StaticsInterner::default();
         let units = specs
             .iter()
             .map(|spec| {
                 Self::unit(
-                    *spec, rank_unit, workload, &mut table, profile, costs, options,
+                    *spec,
+                    rank_unit,
+                    workload,
+                    (&mut table, &mut interner),
+                    profile,
+                    costs,
+                    options,
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let keys_len = table.keys.len();
         Ok(Self {
             profile,
             whatif: workload.whatif.as_ref(),
             net: Network::new(units.len()),
             units,
             keys: table.keys,
-            pending: HashMap::new(),
+            pending: Pending::new(keys_len),
             instances: Vec::new(),
-            heap: BinaryHeap::new(),
+            heap: EventQueue::new(),
             seq: 0,
             events: 0,
             now: 0,
@@ -338,40 +477,25 @@ impl<'a> Engine<'a> {
         spec: UnitSpec<'a>,
         rank_unit: &[u32],
         workload: &Workload,
-        table: &mut KeyTable,
+        (table, interner): (&mut KeyTable, &mut StaticsInterner),
         profile: &HardwareProfile,
-        (kernel_host_us, coll_host_ns): (f64, u64),
+        costs: (f64, u64),
         options: &SimOptions,
     ) -> Result<UnitRt<'a>, SimError> {
         let program = spec.program;
         let (base, end) = (spec.base, spec.end);
         let ops_of = program.ops.slice(base..end);
-        let n = ops_of.len();
-        // Communicators of the local groups.
-        let mut group_key = Vec::with_capacity(program.groups.len());
-        let mut group_shape = Vec::with_capacity(program.groups.len());
-        let mut group_slot = Vec::with_capacity(program.groups.len());
-        let mut slot_keys: Vec<u32> = Vec::new();
-        for g in &program.groups {
-            let mut members: Vec<u32> = g.ranks.iter().map(|&r| rank_unit[r]).collect();
-            members.sort_unstable();
-            members.dedup();
-            let id = table.id(&g.label, g.ranks.len(), members);
-            group_key.push(id);
-            group_shape.push(GroupShape::of(&g.ranks, &workload.topology));
-            let slot = match slot_keys.iter().position(|&s| s == id) {
-                Some(s) => s,
-                None => {
-                    slot_keys.push(id);
-                    slot_keys.len() - 1
-                }
-            };
-            group_slot.push(slot as u32);
-        }
+        let UnitGroups {
+            key: group_key,
+            shape: group_shape,
+            slot: group_slot,
+            slots,
+        } = unit_groups(program, rank_unit, workload, table);
         // Streams, in order of first use.
         let mut stream_ids: Vec<Stream> = Vec::new();
-        let mut streams: Vec<StreamRt> = Vec::new();
-        let mut ops = Vec::with_capacity(n);
+        let mut queues: Vec<Vec<u32>> = Vec::new();
+        let mut ops = Vec::with_capacity(ops_of.len());
+        let mut collectives = 0u32;
         for (i, op) in ops_of.iter().enumerate() {
             let stream = if op.stream == Stream::Host {
                 HOST
@@ -380,45 +504,25 @@ impl<'a> Engine<'a> {
                     Some(s) => s,
                     None => {
                         stream_ids.push(op.stream);
-                        streams.push(StreamRt::default());
+                        queues.push(Vec::new());
                         stream_ids.len() - 1
                     }
                 };
-                streams[s].queue.push(i as u32);
+                queues[s].push(i as u32);
                 s as u16
             };
-            let (host_ns, exec) = match &op.payload {
-                Payload::Compute(w) => (
-                    ns(w.kernels as f64 * kernel_host_us * 1e-6),
-                    Exec::Device {
-                        duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
-                            // what-if hook: slow rank x jitter (crate::whatif), keyed by the
-                            // op's index in the whole program.
-                            * workload.whatif.as_ref().map_or(1.0, |m| {
-                                m.compute_scale(program.rank, base + i)
-                            })),
-                    },
-                ),
-                Payload::Copy(w) => (
-                    ns(w.kernels as f64 * kernel_host_us * 1e-6),
-                    Exec::Device {
-                        duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
-                    },
-                ),
-                Payload::Collective(c) => (
-                    coll_host_ns,
-                    Exec::Collective {
-                        slot: group_slot[c.group.index()],
-                        c: *c,
-                    },
-                ),
-                Payload::Host { duration_ns } => (
-                    *duration_ns,
-                    Exec::Host {
-                        duration_ns: *duration_ns,
-                    },
-                ),
-            };
+            let (host_ns, exec) = op_exec(
+                &op.payload,
+                OpPlace {
+                    program,
+                    index: base + i,
+                    group_slot: &group_slot,
+                    collectives: &mut collectives,
+                },
+                workload,
+                profile,
+                costs,
+            );
             ops.push(OpRt {
                 host_ns,
                 exec,
@@ -429,39 +533,29 @@ impl<'a> Engine<'a> {
                 done: false,
             });
         }
-        if streams.len() >= HOST as usize {
+        if queues.len() >= HOST as usize {
             return Err(SimError::Workload(format!(
                 "rank {} uses {} streams; at most {} are supported",
                 program.rank,
-                streams.len(),
+                queues.len(),
                 HOST
             )));
         }
-        // Reverse dependency lists (CSR), local indices; dependencies before `base` are done.
-        let mut counts = vec![0usize; n + 1];
-        for op in ops_of {
-            for d in op.deps.iter().filter(|d| d.index() >= base) {
-                counts[d.index() - base + 1] += 1;
-            }
-        }
-        for i in 0..n {
-            counts[i + 1] += counts[i];
-        }
-        let mut fill = counts.clone();
-        let mut dependents = vec![0u32; counts[n]];
-        for (i, op) in ops_of.iter().enumerate() {
-            for d in op.deps.iter().filter(|d| d.index() >= base) {
-                let d = d.index() - base;
-                dependents[fill[d]] = i as u32;
-                fill[d] += 1;
-            }
-        }
+        let statics = interner.intern(UnitStatics::of(ops_of, base, queues));
+        let streams = statics
+            .queues()
+            .iter()
+            .map(|q| StreamRt {
+                queue: Arc::clone(q),
+                head: 0,
+                busy: false,
+            })
+            .collect();
         Ok(UnitRt {
             program,
             base,
             ops,
-            dep_offsets: counts,
-            dependents,
+            statics,
             spans: ops_of
                 .iter()
                 .map(|o| OpSpan {
@@ -481,11 +575,12 @@ impl<'a> Engine<'a> {
             group_key,
             group_shape,
             group_slot,
-            seq: vec![0; slot_keys.len()],
+            seq: vec![0; slots],
             mem: MemoryTracker::new(&program.resident, options.record_memory_series),
         })
     }
 
+    #[inline]
     fn push(&mut self, time: u64, event: Event) {
         self.seq += 1;
         self.heap.push(Reverse((time, self.seq, event)));
@@ -554,8 +649,7 @@ impl<'a> Engine<'a> {
                     return; // resumed by finish_op when the last dependency ends
                 }
                 unit.spans[op].start_ns = now;
-                let base = unit.base;
-                unit.mem.on_start(now, &unit.program.ops[base + op].memory);
+                unit.mem.alloc(now, unit.statics.allocs(op));
                 now + duration_ns
             }
             _ => now + st.host_ns,
@@ -606,8 +700,7 @@ impl<'a> Engine<'a> {
         }
         s.busy = true;
         unit.spans[op].start_ns = now;
-        let base = unit.base;
-        unit.mem.on_start(now, &unit.program.ops[base + op].memory);
+        unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
             Exec::Device { duration_ns } => {
                 self.push(
@@ -619,7 +712,10 @@ impl<'a> Engine<'a> {
                 );
                 Ok(())
             }
-            Exec::Collective { c, .. } => self.arrive(u, op, c, now),
+            Exec::Collective { coll, .. } => {
+                let c = *unit.statics.collective(coll);
+                self.arrive(u, op, c, now)
+            }
             Exec::Host { .. } => Ok(()),
         }
     }
@@ -638,17 +734,16 @@ impl<'a> Engine<'a> {
     fn finish_op(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         unit.ops[op].done = true;
-        let base = unit.base;
-        unit.mem.on_end(now, &unit.program.ops[base + op].memory);
+        unit.mem.free(now, unit.statics.frees(op));
         if let Some(g) = &self.gates
-            && g.gates[u][base + op]
+            && g.gates[u][unit.base + op]
         {
             self.fork = true;
         }
-        let (a, b) = (unit.dep_offsets[op], unit.dep_offsets[op + 1]);
-        for i in a..b {
+        // Indexed, not iterated: the loop body needs `self` mutably.
+        for j in 0..unit.statics.dependents(op).len() {
             let unit = &mut self.units[u];
-            let d = unit.dependents[i] as usize;
+            let d = unit.statics.dependents(op)[j] as usize;
             unit.ops[d].deps_left -= 1;
             if unit.ops[d].deps_left == 0 {
                 let stream = unit.ops[d].stream;
@@ -666,7 +761,7 @@ impl<'a> Engine<'a> {
 
     fn collective_of(&self, u: usize, op: usize) -> Option<CollectiveOp> {
         match self.units[u].ops[op].exec {
-            Exec::Collective { c, .. } => Some(c),
+            Exec::Collective { coll, .. } => Some(*self.units[u].statics.collective(coll)),
             _ => None,
         }
     }

@@ -41,6 +41,26 @@ pub struct MemoryReport {
 
 const TAGS: usize = MemTag::ALL.len();
 
+/// Bytes of one tag allocated or freed by an op, in the compact form the engine keeps for its
+/// inner loop (the tag as its [`MemTag::index`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TagDelta {
+    /// Bytes allocated or freed.
+    pub bytes: u64,
+    /// [`MemTag::index`] of the tag.
+    pub tag: u8,
+}
+
+impl TagDelta {
+    /// `bytes` of `tag`.
+    pub fn new(tag: MemTag, bytes: u64) -> Self {
+        Self {
+            bytes,
+            tag: tag.index() as u8,
+        }
+    }
+}
+
 /// Tracks live bytes of one simulated rank while the engine runs.
 #[derive(Debug, Clone)]
 pub struct MemoryTracker {
@@ -102,14 +122,55 @@ impl MemoryTracker {
         }
     }
 
+    /// Applies allocations at `time_ns` given as [`TagDelta`]s (an op's non-zero
+    /// `alloc_bytes`, in order): the same as [`MemoryTracker::on_start`] with those effects.
+    #[inline]
+    pub fn alloc(&mut self, time_ns: u64, allocs: &[TagDelta]) {
+        if allocs.is_empty() {
+            return;
+        }
+        for a in allocs {
+            let t = a.tag as usize;
+            self.live[t] = self.live[t].saturating_add(a.bytes);
+            self.total = self.total.saturating_add(a.bytes);
+            // Only the tags allocated can reach a new peak of their own.
+            self.peak_by_tag[t] = self.peak_by_tag[t].max(self.live[t]);
+        }
+        self.observe_total(time_ns);
+    }
+
+    /// Applies frees at `time_ns` given as [`TagDelta`]s (an op's non-zero `free_bytes`, in
+    /// order): the same as [`MemoryTracker::on_end`] with those effects.
+    #[inline]
+    pub fn free(&mut self, time_ns: u64, frees: &[TagDelta]) {
+        if frees.is_empty() {
+            return;
+        }
+        for f in frees {
+            let slot = &mut self.live[f.tag as usize];
+            let freed = f.bytes.min(*slot);
+            *slot -= freed;
+            self.total = self.total.saturating_sub(freed);
+        }
+        // Frees lower tags: no tag reaches a new peak of its own.
+        self.observe_total(time_ns);
+    }
+
     fn observe(&mut self, time_ns: u64) {
+        for (p, l) in self.peak_by_tag.iter_mut().zip(self.live) {
+            *p = (*p).max(l);
+        }
+        self.observe_total(time_ns);
+    }
+
+    /// Peak and series after a change; every tag's own peak is up to date already (every
+    /// change keeps `peak_by_tag >= live` per tag).
+    #[inline]
+    fn observe_total(&mut self, time_ns: u64) {
         if self.total > self.peak || (self.peak == 0 && time_ns == 0) {
             self.peak = self.total;
             self.peak_time_ns = time_ns;
             self.at_peak = self.live;
-        }
-        for (p, l) in self.peak_by_tag.iter_mut().zip(self.live) {
-            *p = (*p).max(l);
         }
         if let Some(series) = &mut self.series {
             match series.last_mut() {
@@ -261,5 +322,27 @@ mod tests {
         );
         let times: Vec<_> = r.series.iter().map(|s| (s.time_ns, s.live_bytes)).collect();
         assert_eq!(times, vec![(0, 10), (100, 50), (200, 55), (300, 55)]);
+
+        // The compact form gives the same figures.
+        let compact = |effects: &[MemoryEffect], f: fn(&MemoryEffect) -> u64| -> Vec<TagDelta> {
+            effects
+                .iter()
+                .filter(|e| f(e) > 0)
+                .map(|e| TagDelta::new(e.tag, f(e)))
+                .collect()
+        };
+        let mut c = MemoryTracker::new(
+            &[ResidentMemory {
+                tag: MemTag::Params,
+                bytes: 10,
+            }],
+            true,
+        );
+        c.alloc(100, &compact(&ag, |e| e.alloc_bytes));
+        c.alloc(200, &compact(&act, |e| e.alloc_bytes));
+        c.free(300, &compact(&act, |e| e.free_bytes));
+        c.alloc(300, &compact(&ag, |e| e.alloc_bytes));
+        c.free(400, &[]);
+        assert_eq!(c.report(), r);
     }
 }

@@ -94,8 +94,8 @@ pub fn breakdown(
     step_ns: u64,
     host_busy_ns: u64,
 ) -> Breakdown {
-    let classes: Vec<Class> = program
-        .ops
+    let ops = program.ops.slice(0..spans.len().min(program.ops.len()));
+    let classes: Vec<Class> = ops
         .iter()
         .map(|o| match o.payload {
             Payload::Compute(_) => Class::Compute,
@@ -104,107 +104,159 @@ pub fn breakdown(
             Payload::Host { .. } => Class::Host,
         })
         .collect();
-    let intervals = |want: &dyn Fn(usize) -> bool| -> Vec<(u64, u64)> {
-        spans
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| want(*i))
-            .map(|(_, s)| (s.start_ns, s.end_ns))
-            .collect()
-    };
-    let compute_ns = union_ns(intervals(&|i| classes[i] == Class::Compute));
-    let copy_ns = union_ns(intervals(&|i| classes[i] == Class::Copy));
-    let comm_ns = union_ns(intervals(&|i| classes[i] == Class::Comm));
-    let device_ns = union_ns(intervals(&|i| classes[i] != Class::Host));
+    let cats: Vec<u8> = ops
+        .iter()
+        .map(|o| category_index(o.category) as u8)
+        .collect();
+    let sweep = Sweep::run(&classes, &cats, spans);
+    let exposed_comm_ns: u64 = sweep.exposed_by_category.iter().sum();
 
-    // Sweep for exposed communication, charged to the earliest-started active collective.
-    let mut points: Vec<(u64, bool, usize)> = Vec::new(); // (time, is_start, op)
-    for (i, s) in spans.iter().enumerate() {
-        if classes[i] != Class::Host && s.end_ns > s.start_ns {
-            points.push((s.end_ns, false, i));
-            points.push((s.start_ns, true, i));
-        }
+    // Counts, first starts and last ends per category in one pass.
+    let n_cat = Category::ALL.len();
+    let mut count = vec![0u64; n_cat];
+    let mut first_start = vec![u64::MAX; n_cat];
+    let mut last_end = vec![0u64; n_cat];
+    for (&c, s) in cats.iter().zip(spans) {
+        let c = c as usize;
+        count[c] += 1;
+        first_start[c] = first_start[c].min(s.start_ns);
+        last_end[c] = last_end[c].max(s.end_ns);
     }
-    points.sort_unstable();
-    let mut exposed_by_op_category = vec![0u64; Category::ALL.len()];
-    let mut cover = 0usize;
-    let mut active: BTreeSet<(u64, usize)> = BTreeSet::new();
-    let mut k = 0;
-    while k < points.len() {
-        let t = points[k].0;
-        while k < points.len() && points[k].0 == t {
-            let (_, is_start, i) = points[k];
-            match (classes[i], is_start) {
-                (Class::Comm, true) => {
-                    active.insert((spans[i].start_ns, i));
-                }
-                (Class::Comm, false) => {
-                    active.remove(&(spans[i].start_ns, i));
-                }
-                (_, true) => cover += 1,
-                (_, false) => cover -= 1,
-            }
-            k += 1;
-        }
-        if let (Some(&(next, _, _)), 0, Some(&(_, i))) = (points.get(k), cover, active.first()) {
-            let cat = program.ops[i].category;
-            exposed_by_op_category[category_index(cat)] += next - t;
-        }
-    }
-    let exposed_comm_ns: u64 = exposed_by_op_category.iter().sum();
-
     let by_category = Category::ALL
         .iter()
         .enumerate()
-        .filter_map(|(ci, &cat)| {
-            let members: Vec<usize> = (0..spans.len())
-                .filter(|&i| program.ops[i].category == cat)
-                .collect();
-            if members.is_empty() {
-                return None;
-            }
-            let busy_ns = union_ns(
-                members
-                    .iter()
-                    .map(|&i| (spans[i].start_ns, spans[i].end_ns))
-                    .collect(),
-            );
-            let comm_busy_ns = union_ns(
-                members
-                    .iter()
-                    .filter(|&&i| classes[i] == Class::Comm)
-                    .map(|&i| (spans[i].start_ns, spans[i].end_ns))
-                    .collect(),
-            );
-            Some(CategoryTime {
-                category: cat,
-                ops: members.len() as u64,
-                busy_ns,
-                exposed_comm_ns: exposed_by_op_category[ci],
-                comm_busy_ns,
-                first_start_ns: members
-                    .iter()
-                    .map(|&i| spans[i].start_ns)
-                    .min()
-                    .unwrap_or(0),
-                last_end_ns: members.iter().map(|&i| spans[i].end_ns).max().unwrap_or(0),
-            })
+        .filter(|&(ci, _)| count[ci] > 0)
+        .map(|(ci, &cat)| CategoryTime {
+            category: cat,
+            ops: count[ci],
+            busy_ns: sweep.busy_by_category[ci],
+            exposed_comm_ns: sweep.exposed_by_category[ci],
+            comm_busy_ns: sweep.comm_by_category[ci],
+            first_start_ns: first_start[ci],
+            last_end_ns: last_end[ci],
         })
         .collect();
 
     Breakdown {
-        compute_ns,
-        copy_ns,
-        comm_ns,
+        compute_ns: sweep.compute_ns,
+        copy_ns: sweep.copy_ns,
+        comm_ns: sweep.comm_ns,
         exposed_comm_ns,
-        overlap_rate: if comm_ns == 0 {
+        overlap_rate: if sweep.comm_ns == 0 {
             1.0
         } else {
-            1.0 - exposed_comm_ns as f64 / comm_ns as f64
+            1.0 - exposed_comm_ns as f64 / sweep.comm_ns as f64
         },
-        idle_ns: step_ns.saturating_sub(device_ns),
+        idle_ns: step_ns.saturating_sub(sweep.device_ns),
         host_busy_ns,
         by_category,
+    }
+}
+
+/// The figures of one sweep over the start and end points of a rank's op intervals: the
+/// measure of the time each class (and each category) has at least one op running, and the
+/// exposed communication, charged to the earliest-started active collective. One sort of the
+/// points replaces a sort per class and per category.
+struct Sweep {
+    compute_ns: u64,
+    copy_ns: u64,
+    comm_ns: u64,
+    device_ns: u64,
+    /// Per category: union of its intervals, host ops included.
+    busy_by_category: Vec<u64>,
+    /// Per category: union of its collective intervals.
+    comm_by_category: Vec<u64>,
+    /// Per category: exposed communication charged to it.
+    exposed_by_category: Vec<u64>,
+}
+
+impl Sweep {
+    fn run(classes: &[Class], cats: &[u8], spans: &[OpSpan]) -> Self {
+        // Points as (time, is_start, op), packed into one integer that sorts the same way.
+        let mut points: Vec<u128> = Vec::with_capacity(2 * classes.len());
+        for (i, s) in spans.iter().enumerate().take(classes.len()) {
+            if s.end_ns > s.start_ns {
+                let at = |time: u64, is_start: bool| {
+                    (u128::from(time) << 64) | (u128::from(is_start) << 32) | i as u128
+                };
+                points.push(at(s.end_ns, false));
+                points.push(at(s.start_ns, true));
+            }
+        }
+        points.sort_unstable();
+        let n_cat = Category::ALL.len();
+        let mut out = Sweep {
+            compute_ns: 0,
+            copy_ns: 0,
+            comm_ns: 0,
+            device_ns: 0,
+            busy_by_category: vec![0; n_cat],
+            comm_by_category: vec![0; n_cat],
+            exposed_by_category: vec![0; n_cat],
+        };
+        let (mut computing, mut copying) = (0usize, 0usize);
+        let mut in_category = vec![0u32; n_cat];
+        let mut comm_in_category = vec![0u32; n_cat];
+        let mut active: BTreeSet<(u64, usize)> = BTreeSet::new();
+        let mut k = 0;
+        while k < points.len() {
+            let t = (points[k] >> 64) as u64;
+            while k < points.len() && (points[k] >> 64) as u64 == t {
+                let (is_start, i) = (
+                    (points[k] >> 32) & 1 == 1,
+                    (points[k] & 0xFFFF_FFFF) as usize,
+                );
+                let c = cats[i] as usize;
+                let step = |n: &mut u32| if is_start { *n += 1 } else { *n -= 1 };
+                step(&mut in_category[c]);
+                match (classes[i], is_start) {
+                    (Class::Comm, true) => {
+                        step(&mut comm_in_category[c]);
+                        active.insert((spans[i].start_ns, i));
+                    }
+                    (Class::Comm, false) => {
+                        step(&mut comm_in_category[c]);
+                        active.remove(&(spans[i].start_ns, i));
+                    }
+                    (Class::Compute, true) => computing += 1,
+                    (Class::Compute, false) => computing -= 1,
+                    (Class::Copy, true) => copying += 1,
+                    (Class::Copy, false) => copying -= 1,
+                    (Class::Host, _) => {}
+                }
+                k += 1;
+            }
+            let Some(&next) = points.get(k) else {
+                break;
+            };
+            let d = (next >> 64) as u64 - t;
+            out.add_segment(d, computing, copying, &active, cats);
+            for c in 0..n_cat {
+                out.busy_by_category[c] += if in_category[c] > 0 { d } else { 0 };
+                out.comm_by_category[c] += if comm_in_category[c] > 0 { d } else { 0 };
+            }
+        }
+        out
+    }
+
+    /// Adds a segment of `d` ns during which `computing` compute ops, `copying` copy ops and
+    /// the collectives `active` run.
+    fn add_segment(
+        &mut self,
+        d: u64,
+        computing: usize,
+        copying: usize,
+        active: &BTreeSet<(u64, usize)>,
+        cats: &[u8],
+    ) {
+        self.compute_ns += if computing > 0 { d } else { 0 };
+        self.copy_ns += if copying > 0 { d } else { 0 };
+        self.comm_ns += if active.is_empty() { 0 } else { d };
+        let covered = computing + copying > 0;
+        self.device_ns += if covered || !active.is_empty() { d } else { 0 };
+        if let (false, Some(&(_, i))) = (covered, active.first()) {
+            self.exposed_by_category[cats[i] as usize] += d;
+        }
     }
 }
 
@@ -300,5 +352,120 @@ mod tests {
             .unwrap();
         assert_eq!((ag.exposed_comm_ns, rs.exposed_comm_ns), (50, 60));
         assert_eq!((ag.busy_ns, rs.busy_ns), (120, 140));
+    }
+
+    /// Every figure against a nanosecond-by-nanosecond count on random spans (host ops,
+    /// zero-length ops and ties included).
+    #[test]
+    fn sweep_matches_a_brute_force_count() {
+        let mut b = ProgramBuilder::new(0);
+        let g = b.group(Group::new("dp", vec![0, 1]).unwrap());
+        let w = ComputeWork {
+            flops: 1,
+            hbm_bytes: 1,
+            kernels: 1,
+            mix: None,
+        };
+        let coll = CollectiveOp {
+            kind: CollectiveKind::AllReduce,
+            group: g,
+            tier: Tier::IntraMachine,
+            input_bytes: 8,
+            output_bytes: 8,
+            dtype: DType::Bf16,
+            aligned_512: true,
+        };
+        let comm_cats = [Category::FsdpAg, Category::FsdpRs, Category::Optimizer];
+        for i in 0..60 {
+            match i % 5 {
+                0 | 1 => {
+                    b.compute_on(Stream::Compute, Category::ALL[i % 4], w, &[]);
+                }
+                2 => {
+                    b.copy(Stream::Copy, 64, &[]);
+                }
+                3 => {
+                    b.collective(Stream::AllGather, comm_cats[i % 3], coll, &[]);
+                }
+                _ => {
+                    b.host(Category::Host, 5, &[]);
+                }
+            }
+        }
+        let p = b.build().unwrap();
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut rand = move |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..20 {
+            let spans: Vec<OpSpan> = (0..p.ops.len())
+                .map(|i| {
+                    let start = rand(200);
+                    OpSpan {
+                        op: OpId(i as u32),
+                        start_ns: start,
+                        end_ns: start + rand(4) * rand(30),
+                        launched_ns: None,
+                        transfer_start_ns: None,
+                    }
+                })
+                .collect();
+            let bd = breakdown(&p, &spans, 300, 0);
+            let class = |i: usize| match p.ops[i].payload {
+                Payload::Compute(_) => Class::Compute,
+                Payload::Copy(_) => Class::Copy,
+                Payload::Collective(_) => Class::Comm,
+                Payload::Host { .. } => Class::Host,
+            };
+            let runs = |i: usize, t: u64| spans[i].start_ns <= t && t < spans[i].end_ns;
+            let count = |want: &dyn Fn(usize) -> bool| {
+                (0..300u64)
+                    .filter(|&t| (0..spans.len()).any(|i| want(i) && runs(i, t)))
+                    .count() as u64
+            };
+            assert_eq!(bd.compute_ns, count(&|i| class(i) == Class::Compute));
+            assert_eq!(bd.copy_ns, count(&|i| class(i) == Class::Copy));
+            assert_eq!(bd.comm_ns, count(&|i| class(i) == Class::Comm));
+            let device = count(&|i| class(i) != Class::Host);
+            assert_eq!(bd.idle_ns, 300 - device);
+            let mut exposed = vec![0u64; Category::ALL.len()];
+            for t in 0..300u64 {
+                let covered = (0..spans.len())
+                    .any(|i| matches!(class(i), Class::Compute | Class::Copy) && runs(i, t));
+                let first = (0..spans.len())
+                    .filter(|&i| class(i) == Class::Comm && runs(i, t))
+                    .min_by_key(|&i| (spans[i].start_ns, i));
+                if let (false, Some(i)) = (covered, first) {
+                    exposed[category_index(p.ops[i].category)] += 1;
+                }
+            }
+            assert_eq!(bd.exposed_comm_ns, exposed.iter().sum::<u64>());
+            for ct in &bd.by_category {
+                let c = ct.category;
+                let members: Vec<usize> = (0..spans.len())
+                    .filter(|&i| p.ops[i].category == c)
+                    .collect();
+                assert_eq!(ct.ops, members.len() as u64);
+                assert_eq!(ct.busy_ns, count(&|i| p.ops[i].category == c), "{c:?}");
+                let comm = count(&|i| p.ops[i].category == c && class(i) == Class::Comm);
+                assert_eq!(ct.comm_busy_ns, comm, "{c:?}");
+                assert_eq!(ct.exposed_comm_ns, exposed[category_index(c)], "{c:?}");
+                let first = members.iter().map(|&i| spans[i].start_ns).min();
+                let last = members.iter().map(|&i| spans[i].end_ns).max();
+                assert_eq!(
+                    (Some(ct.first_start_ns), Some(ct.last_end_ns)),
+                    (first, last)
+                );
+            }
+            let listed = bd.by_category.len();
+            let present = Category::ALL
+                .iter()
+                .filter(|&&c| p.ops.iter().any(|o| o.category == c))
+                .count();
+            assert_eq!(listed, present);
+        }
     }
 }

@@ -12,13 +12,14 @@
 //! one: not even after the id is reused, as the engine does for every phase of a collective.
 
 use hpfsdp_plan::Tier;
-use std::collections::HashMap;
 
 /// Identifies a transfer (the engine uses its collective-instance index).
 pub type TransferId = u32;
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Transfer {
+    /// Whether the transfer is active; an inactive slot keeps its `units` buffer for reuse.
+    active: bool,
     units: Vec<u32>,
     tier: usize,
     remaining_ns: u64,
@@ -42,7 +43,10 @@ pub struct Finish {
 #[derive(Debug, Clone, Default)]
 pub struct Network {
     links: Vec<Vec<TransferId>>,
-    transfers: HashMap<TransferId, Transfer>,
+    /// Indexed by transfer id (ids are dense: the engine's collective-instance indices).
+    transfers: Vec<Transfer>,
+    /// Scratch list of the transfers a re-planning touches (kept to avoid an allocation).
+    affected: Vec<TransferId>,
     /// The last finish version handed out (to any transfer).
     last_version: u64,
 }
@@ -60,7 +64,8 @@ impl Network {
     pub fn new(units: usize) -> Self {
         Self {
             links: vec![Vec::new(); units * 3],
-            transfers: HashMap::new(),
+            transfers: Vec::new(),
+            affected: Vec::new(),
             last_version: 0,
         }
     }
@@ -79,39 +84,54 @@ impl Network {
         for &u in units {
             self.links[u as usize * 3 + t].push(id);
         }
-        self.transfers.insert(
-            id,
-            Transfer {
-                units: units.to_vec(),
-                tier: t,
-                remaining_ns: work_ns,
-                share_k: 1,
-                last_ns: now_ns,
-                version: 0,
-            },
-        );
+        let tr = self.slot(id);
+        tr.active = true;
+        tr.units.clear();
+        tr.units.extend_from_slice(units);
+        tr.tier = t;
+        tr.remaining_ns = work_ns;
+        tr.share_k = 1;
+        tr.last_ns = now_ns;
+        tr.version = 0;
         self.replan(units, t, now_ns)
+    }
+
+    /// The slot of transfer `id`, created (inactive) when new.
+    fn slot(&mut self, id: TransferId) -> &mut Transfer {
+        let i = id as usize;
+        if i >= self.transfers.len() {
+            self.transfers.resize_with(i + 1, Transfer::default);
+        }
+        &mut self.transfers[i]
+    }
+
+    /// Active transfer `id`.
+    fn active(&self, id: TransferId) -> Option<&Transfer> {
+        self.transfers.get(id as usize).filter(|t| t.active)
     }
 
     /// True when `version` is the current finish event of transfer `id`.
     pub fn is_current(&self, id: TransferId, version: u64) -> bool {
-        self.transfers
-            .get(&id)
-            .is_some_and(|t| t.version == version)
+        self.active(id).is_some_and(|t| t.version == version)
     }
 
     /// Removes a finished transfer; returns new finish times of the transfers it shared with.
     pub fn finish(&mut self, id: TransferId, now_ns: u64) -> Vec<Finish> {
-        let Some(tr) = self.transfers.remove(&id) else {
+        if self.active(id).is_none() {
             return Vec::new();
-        };
-        for &u in &tr.units {
-            let link = &mut self.links[u as usize * 3 + tr.tier];
+        }
+        let tr = &mut self.transfers[id as usize];
+        tr.active = false;
+        let (units, tier) = (std::mem::take(&mut tr.units), tr.tier);
+        for &u in &units {
+            let link = &mut self.links[u as usize * 3 + tier];
             if let Some(pos) = link.iter().position(|&x| x == id) {
                 link.remove(pos);
             }
         }
-        self.replan(&tr.units, tr.tier, now_ns)
+        let out = self.replan(&units, tier, now_ns);
+        self.transfers[id as usize].units = units;
+        out
     }
 
     /// Number of transfers active on `unit`'s link of `tier`.
@@ -123,8 +143,7 @@ impl Network {
     /// since `last_ns`, that share's divisor, `last_ns`); `None` when it is not active. Used
     /// to copy a transfer when the engine forks a shared prefix.
     pub fn progress(&self, id: TransferId) -> Option<(usize, u64, u64, u64)> {
-        self.transfers
-            .get(&id)
+        self.active(id)
             .map(|t| (t.tier, t.remaining_ns, t.share_k, t.last_ns))
     }
 
@@ -142,30 +161,32 @@ impl Network {
             self.links[u as usize * 3 + tier].push(id);
         }
         self.last_version += 1;
-        self.transfers.insert(
-            id,
-            Transfer {
-                units: units.to_vec(),
-                tier,
-                remaining_ns,
-                share_k,
-                last_ns,
-                version: self.last_version,
-            },
-        );
-        self.last_version
+        let version = self.last_version;
+        let tr = self.slot(id);
+        tr.active = true;
+        tr.units.clear();
+        tr.units.extend_from_slice(units);
+        tr.tier = tier;
+        tr.remaining_ns = remaining_ns;
+        tr.share_k = share_k;
+        tr.last_ns = last_ns;
+        tr.version = version;
+        version
     }
 
     fn replan(&mut self, units: &[u32], tier: usize, now_ns: u64) -> Vec<Finish> {
-        let mut affected: Vec<TransferId> = units
-            .iter()
-            .flat_map(|&u| self.links[u as usize * 3 + tier].iter().copied())
-            .collect();
+        let mut affected = std::mem::take(&mut self.affected);
+        affected.clear();
+        affected.extend(
+            units
+                .iter()
+                .flat_map(|&u| self.links[u as usize * 3 + tier].iter().copied()),
+        );
         affected.sort_unstable();
         affected.dedup();
         let mut out = Vec::with_capacity(affected.len());
-        for id in affected {
-            let Some(tr) = self.transfers.get(&id) else {
+        for &id in &affected {
+            let Some(tr) = self.active(id) else {
                 continue;
             };
             let k = tr
@@ -175,9 +196,7 @@ impl Network {
                 .max()
                 .unwrap_or(1)
                 .max(1);
-            let Some(tr) = self.transfers.get_mut(&id) else {
-                continue;
-            };
+            let tr = &mut self.transfers[id as usize];
             let done = (now_ns - tr.last_ns) / tr.share_k;
             tr.remaining_ns = tr.remaining_ns.saturating_sub(done);
             tr.last_ns = now_ns;
@@ -190,6 +209,7 @@ impl Network {
                 version: tr.version,
             });
         }
+        self.affected = affected;
         out
     }
 }
