@@ -215,7 +215,7 @@ mod tests {
     #[test]
     fn tables_and_sharing() {
         let p = program(0, 100);
-        let s = UnitStatics::of(&p.ops, 0, vec![]);
+        let s = UnitStatics::of(p.ops.slice(0..p.ops.len()), 0, vec![]);
         assert_eq!(s.dependents(0), &[1, 2]);
         assert_eq!(s.dependents(1), &[2]);
         assert!(s.dependents(2).is_empty());
@@ -223,15 +223,18 @@ mod tests {
         assert!(s.allocs(1).is_empty() && s.frees(0).is_empty());
         assert_eq!(s.frees(1), &[TagDelta::new(MemTag::Activations, 100)]);
         // From base 1: op 0 is done and gone from the tables.
-        let tail = UnitStatics::of(&p.ops[1..], 1, vec![]);
+        let tail = UnitStatics::of(p.ops.slice(1..p.ops.len()), 1, vec![]);
         assert_eq!(tail.dependents(0), &[1]);
         assert_eq!(tail.frees(0), &[TagDelta::new(MemTag::Activations, 100)]);
 
         let mut interner = StaticsInterner::default();
         let a = interner.intern(s);
-        let b = interner.intern(UnitStatics::of(&program(1, 100).ops, 0, vec![]));
-        let c = interner.intern(UnitStatics::of(&program(2, 7).ops, 0, vec![]));
-        let d = interner.intern(UnitStatics::of(&program(3, 100).ops, 0, vec![]));
+        let statics_of = |p: &hpfsdp_plan::program::StepProgram| {
+            UnitStatics::of(p.ops.slice(0..p.ops.len()), 0, vec![])
+        };
+        let b = interner.intern(statics_of(&program(1, 100)));
+        let c = interner.intern(statics_of(&program(2, 7)));
+        let d = interner.intern(statics_of(&program(3, 100)));
         assert!(Arc::ptr_eq(&a, &b), "same shape on another rank is shared");
         assert!(!Arc::ptr_eq(&a, &c), "different bytes are not");
         assert!(
