@@ -5,31 +5,14 @@
 //! same `Arc` on every rank of the key); the result does not depend on which rank builds a
 //! path first.
 
-use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
-use hpfsdp_plan::planner::{ShardingPlan, plan};
 use hpfsdp_plan::program::{Category, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 
-struct Plans {
-    s: Scenario,
-    p: ShardingPlan,
-    f: FsdpPlan,
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
-}
-
-fn plans_of(s: Scenario) -> Plans {
-    let p = plan(&s.model, &s.planner_input());
-    assert!(!p.has_errors(), "{:?}", p.lints);
-    let f = build_fsdp_plan(&s, &p);
-    Plans { s, p, f }
-}
+mod common;
+use common::{Plans, plans_of, root};
 
 /// A verify miniature with its optimizer switched to Muon + AdamW.
 fn verify_muon(rel: &str) -> Plans {

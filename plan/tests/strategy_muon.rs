@@ -8,16 +8,13 @@
 //! the same collective sequence.
 
 use hpfsdp_plan::CollectiveKind;
-use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::muon::{MuonPlan, OptimizerRoute, ReplicaSubgroupRule, build_muon_plan};
-use hpfsdp_plan::planner::{ShardingPlan, plan};
 use hpfsdp_plan::program::{Category, Payload, StepProgram, Stream};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::muon::ns_cost::ns_flops;
 use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyError, StrategyKind};
 use hpfsdp_plan::topology::Tier;
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::time::Instant;
 
 const MUON_SCENARIOS: [&str; 4] = [
@@ -27,22 +24,8 @@ const MUON_SCENARIOS: [&str; 4] = [
     "paper/exp-b.toml",
 ];
 
-struct Plans {
-    s: Scenario,
-    p: ShardingPlan,
-    f: FsdpPlan,
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../scenarios")
-}
-
-fn plans_of(s: Scenario) -> Plans {
-    let p = plan(&s.model, &s.planner_input());
-    assert!(!p.has_errors(), "{:?}", p.lints);
-    let f = build_fsdp_plan(&s, &p);
-    Plans { s, p, f }
-}
+mod common;
+use common::{Plans, plans_of, root};
 
 fn load(rel: &str) -> Plans {
     plans_of(Scenario::load(&root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}")))
