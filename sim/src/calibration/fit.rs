@@ -102,9 +102,15 @@ fn with_values(
 ) -> HardwareProfile {
     let mut p = start.clone();
     for (param, z) in params.iter().zip(log_values) {
-        set(&mut p, param.key, z.exp());
+        set(&mut p, param.key, from_log(param, *z));
     }
     p
+}
+
+/// The value of `param` at log value `z`, clamped to its bounds: the fit works on logs, and
+/// `exp(ln(min))` can land one ulp below `min` (54.599999999999994 for 54.6).
+fn from_log(param: &FitParam, z: f64) -> f64 {
+    z.exp().clamp(param.min, param.max)
 }
 
 /// Fits `params` jointly on the runs of `set` that `keep` selects, starting from `start`'s
@@ -148,7 +154,7 @@ pub fn fit_joint(
             FittedParam {
                 param: *p,
                 start: x0[j].exp(),
-                value: out.x[j].exp(),
+                value: from_log(p, out.x[j]),
                 at_bound,
                 unidentified: out.unidentified[j],
             }
@@ -163,4 +169,31 @@ pub fn fit_joint(
         iterations: out.iterations,
         evaluations: out.evaluations + 1,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A constant fitted onto its bound reports a value inside the bound, not one ulp outside
+    /// (the full joint fit in CI stopped `host_launch_us_per_collective` at 54.599999999999994
+    /// with a lower bound of 54.6).
+    #[test]
+    fn a_value_at_a_bound_stays_inside_it() {
+        let param = FitParam {
+            key: "calibration.host_launch_us_per_collective",
+            min: 54.6,
+            max: 94.7,
+            bound_source: "test",
+        };
+        assert!(
+            54.6f64.ln().exp() < 54.6,
+            "the float case this guards against"
+        );
+        assert_eq!(from_log(&param, 54.6f64.ln()), 54.6);
+        let top = from_log(&param, 94.7f64.ln());
+        assert!((54.6..=94.7).contains(&top), "{top}");
+        assert_eq!(from_log(&param, 200.0f64.ln()), 94.7);
+        assert_eq!(from_log(&param, 10.0f64.ln()), 54.6);
+    }
 }
