@@ -132,7 +132,11 @@ impl EpMoe {
         w.down
             .expect_shape("moe_ep down_proj", &[el, hidden, inter])?;
         let route = self.route(x, w.router)?;
-        let (mut blocks, send_rows, recv_rows) = self.dispatch(comm, ep, x, &route.routed)?;
+        let Dispatched {
+            mut blocks,
+            send_rows,
+            recv_rows,
+        } = self.dispatch(comm, ep, x, &route.routed)?;
         let back = self.expert_forward(w, &mut blocks, ep.size())?;
         let rows = Rows {
             send: send_rows,
@@ -226,7 +230,7 @@ impl EpMoe {
         ep: &MyGroup,
         x: &Tensor<f32>,
         routed: &[Vec<usize>],
-    ) -> RtResult<(Vec<Vec<Block>>, Vec<usize>, Vec<usize>)> {
+    ) -> RtResult<Dispatched> {
         let (_, hidden) = x.dims2("moe_ep")?;
         let (el, p) = (self.local_experts(ep)?, ep.size());
         let counts: Vec<f32> = (0..self.experts).map(|e| routed[e].len() as f32).collect();
@@ -265,7 +269,11 @@ impl EpMoe {
                 at += n * hidden;
             }
         }
-        Ok((blocks, send_rows, recv_rows))
+        Ok(Dispatched {
+            blocks,
+            send_rows,
+            recv_rows,
+        })
     }
 
     /// Expert SwiGLU on every (local expert, source) block, keeping the activations in the
@@ -488,6 +496,14 @@ struct Routing {
     selected: Vec<Vec<usize>>,
     routed: Vec<Vec<usize>>,
     route_w: Vec<Vec<f32>>,
+}
+
+/// The token exchange's result: the received rows in (local expert, source) blocks, and the
+/// rows sent to and received from each EP member.
+struct Dispatched {
+    blocks: Vec<Vec<Block>>,
+    send_rows: Vec<usize>,
+    recv_rows: Vec<usize>,
 }
 
 /// Rows sent to and received from each EP member, and the row width.

@@ -555,7 +555,7 @@ impl<'c> Executor<'c> {
                     .map(|n| format!("{m}.{n}"))
                     .collect();
                 let n2 = nm.clone();
-                let (d, g) = self.module_bwd(&m, dx, mlp_in, move |dy, f| {
+                let (d, g) = self.module_bwd(m, dx, mlp_in, move |dy, f| {
                     let ps = SwiGluParams {
                         gate: f.full(&n2[0])?,
                         up: f.full(&n2[1])?,
@@ -579,7 +579,7 @@ impl<'c> Executor<'c> {
                     intermediate: cfg.intermediate,
                     norm_topk_prob: cfg.norm_topk_prob,
                 };
-                let (d, g) = self.module_bwd(&m, dx, mlp_in, move |dy, f| {
+                let (d, g) = self.module_bwd(m, dx, mlp_in, move |dy, f| {
                     let ps = MoeParams {
                         router: f.full(&n2[0])?,
                         gate_up: f.full(&n2[1])?,
@@ -606,7 +606,7 @@ impl<'c> Executor<'c> {
                     norm_topk_prob: cfg.norm_topk_prob,
                     wire: self.ctx.act_dtype,
                 };
-                let (d, g) = self.module_bwd(&m, dx, mlp_in, move |dy, f| {
+                let (d, g) = self.module_bwd(m, dx, mlp_in, move |dy, f| {
                     let g = moe.backward(
                         comm,
                         &ep,
@@ -637,7 +637,7 @@ impl<'c> Executor<'c> {
         Ok(match attn {
             AttnC::Gqa(c) => {
                 let (cfg, a2) = (self.config, a.to_owned());
-                self.module_bwd(&a, dh, attn_in, move |dy, f| {
+                self.module_bwd(a, dh, attn_in, move |dy, f| {
                     let me = GqaView { config: cfg };
                     let att = me.gqa(f, &a2)?;
                     let g = att.backward(me.params(f, &a2)?, c, dy)?;
@@ -652,7 +652,7 @@ impl<'c> Executor<'c> {
                 let mla = self.mla()?;
                 let lora = self.config.mla.is_some_and(|m| m.q_lora_rank.is_some());
                 let a2 = a.to_owned();
-                self.module_bwd(&a, dh, attn_in, move |dy, f| {
+                self.module_bwd(a, dh, attn_in, move |dy, f| {
                     let g = mla.backward(mla_params_of(f, &a2, lora)?, c, dy)?;
                     let mut v = Vec::new();
                     if lora {
