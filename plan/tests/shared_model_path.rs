@@ -6,45 +6,17 @@
 //! path first.
 
 use hpfsdp_plan::program::{Category, StepProgram};
-use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 use std::collections::HashMap;
 use std::sync::Arc;
 
 mod common;
-use common::{Plans, plans_of, root};
-
-/// A verify miniature with its optimizer switched to Muon + AdamW.
-fn verify_muon(rel: &str) -> Plans {
-    let path = root().join(rel);
-    let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains("kind = \"adamw\""), "{rel}");
-    let text = text.replacen("kind = \"adamw\"", "kind = \"muon+adamw\"", 1);
-    plans_of(Scenario::from_str_at(&text, &path).unwrap_or_else(|e| panic!("{rel}: {e}")))
-}
-
-fn all_plans() -> Vec<Plans> {
-    let mut all: Vec<Plans> = [
-        "verify/dense-hsdp2x4.toml",
-        "verify/moe-ep2-fsdp2.toml",
-        "verify/dense-tp2-fsdp2.toml",
-        "verify/mla-hsdp2x2.toml",
-        "verify/uneven-fsdp3.toml",
-    ]
-    .iter()
-    .map(|rel| verify_muon(rel))
-    .collect();
-    let at = root().join("fixtures/mini-exp-d.toml");
-    all.push(plans_of(
-        Scenario::load(&at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")),
-    ));
-    all
-}
+use common::{mini_exp_d, muon_miniatures};
 
 #[test]
 fn shared_programs_equal_whole_programs() {
     let mut split = 0;
-    for x in &all_plans() {
+    for x in &muon_miniatures() {
         let name = &x.s.file.name;
         for kind in StrategyKind::ALL {
             for o in OptimizerStrategy::ALL {
@@ -82,7 +54,7 @@ fn shared_programs_equal_whole_programs() {
 /// Which rank builds a model path first does not change any program.
 #[test]
 fn shared_programs_do_not_depend_on_generation_order() {
-    let x = plans_of(Scenario::load(&root().join("fixtures/mini-exp-d.toml")).unwrap());
+    let x = mini_exp_d();
     let kind = StrategyKind::HyperParallel;
     let o = OptimizerStrategy::HyperParallelMuon;
     let forward = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o).unwrap();

@@ -25,7 +25,7 @@ const MUON_SCENARIOS: [&str; 4] = [
 ];
 
 mod common;
-use common::{Plans, plans_of, root};
+use common::{Plans, mini_exp_d, muon_miniatures, plans_of, root, verify_muon};
 
 fn load(rel: &str) -> Plans {
     plans_of(Scenario::load(&root().join(rel)).unwrap_or_else(|e| panic!("{rel}: {e}")))
@@ -44,10 +44,6 @@ fn edited(rel: &str, edits: &[(&str, &str)], append: &str) -> Plans {
 }
 
 /// A verify scenario switched to Muon + AdamW.
-fn verify_muon(rel: &str) -> Plans {
-    edited(rel, &[("kind = \"adamw\"", "kind = \"muon+adamw\"")], "")
-}
-
 fn gen_with(x: &Plans, kind: StrategyKind, o: OptimizerStrategy) -> ProgramGenerator {
     ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o)
         .unwrap_or_else(|e| panic!("{} {kind} {o}: {e}", x.s.file.name))
@@ -733,18 +729,9 @@ fn dmuon_republishes_after_the_recompute_forward() {
 /// for reports, which folding ignores), for Muon programs.
 #[test]
 fn muon_template_keys_fold_identical_programs() {
-    let mut all: Vec<Plans> = [
-        "verify/dense-hsdp2x4.toml",
-        "verify/moe-ep2-fsdp2.toml",
-        "verify/dense-tp2-fsdp2.toml",
-        "verify/mla-hsdp2x2.toml",
-        "verify/uneven-fsdp3.toml",
-    ]
-    .iter()
-    .map(|rel| verify_muon(rel))
-    .collect();
-    // Per-expert weights: EP classes whose programs differ only in names share keys.
-    all.push(mini_exp_d());
+    // Per-expert weights (mini-exp-d): EP classes whose programs differ only in names share
+    // keys.
+    let all = muon_miniatures();
     for x in &all {
         let name = &x.s.file.name;
         for kind in StrategyKind::ALL {
@@ -854,11 +841,6 @@ fn communicators_agree(g: &ProgramGenerator) -> Result<usize, String> {
 /// 4 replicas x EP 4 x ETP 2, so that a dense shard group spans EP classes whose replica
 /// owners of an expert batch differ (an expert batch sits between two dense batches in plan
 /// order, and some classes own none of it).
-fn mini_exp_d() -> Plans {
-    let at = root().join("fixtures/mini-exp-d.toml");
-    plans_of(Scenario::load(&at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")))
-}
-
 /// Regression (exp-d: "rank 697 op#30179 is broadcast ..., but rank 705 issued all-gather
 /// ... as the same call"): every member of a communicator issues the same collective
 /// sequence, for every Muon optimizer strategy on every FSDP strategy. The HyperParallel

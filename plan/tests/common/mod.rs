@@ -28,3 +28,35 @@ pub fn plans_of(s: Scenario) -> Plans {
     let f = build_fsdp_plan(&s, &p);
     Plans { s, p, f }
 }
+
+/// A verify miniature (`rel` under `scenarios/`) with its optimizer switched to Muon + AdamW.
+pub fn verify_muon(rel: &str) -> Plans {
+    let path = root().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("kind = \"adamw\""), "{rel}");
+    let text = text.replacen("kind = \"adamw\"", "kind = \"muon+adamw\"", 1);
+    plans_of(Scenario::from_str_at(&text, &path).unwrap_or_else(|e| panic!("{rel}: {e}")))
+}
+
+/// The exp-d miniature fixture (per-expert weights, EP classes).
+pub fn mini_exp_d() -> Plans {
+    let at = root().join("fixtures/mini-exp-d.toml");
+    plans_of(Scenario::load(&at).unwrap_or_else(|e| panic!("mini-exp-d: {e}")))
+}
+
+/// Five verify miniatures switched to Muon (HSDP, EP, TP, MLA, uneven shards) and mini-exp-d:
+/// the scenarios the program-shape tests walk.
+pub fn muon_miniatures() -> Vec<Plans> {
+    let mut all: Vec<Plans> = [
+        "verify/dense-hsdp2x4.toml",
+        "verify/moe-ep2-fsdp2.toml",
+        "verify/dense-tp2-fsdp2.toml",
+        "verify/mla-hsdp2x2.toml",
+        "verify/uneven-fsdp3.toml",
+    ]
+    .iter()
+    .map(|rel| verify_muon(rel))
+    .collect();
+    all.push(mini_exp_d());
+    all
+}
