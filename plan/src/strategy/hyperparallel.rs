@@ -492,157 +492,14 @@ fn emit_model<'a, 'c: 'a>(
     groups: Vec<(Group, Tier)>,
     named: bool,
 ) -> Hp<'a, 'c> {
-    let o = &ctx.opts;
-    let units = unit_infos(ctx, rank);
-    let n = units.len();
-    let mut order: Vec<usize> = (0..n).collect();
-    order.sort_by_key(|&u| (ctx.unit_stage[u], u));
-    let mut stage_units: Vec<Vec<usize>> = vec![Vec::new(); ctx.stages.len()];
-    for &u in &order {
-        stage_units[ctx.unit_stage[u]].push(u);
-    }
-    let mut hp = Hp {
-        e: Emitter::new(ctx, rank, groups).with_names(named),
-        units,
-        order,
-        ag: vec![None; n],
-        gathered: vec![false; n],
-        prev_rs: Vec::new(),
-        prev_unit: None,
-        ar_ops: vec![Vec::new(); n],
-    };
-
-    // Resident: sharded master parameters (whole placed matrices on their owners) and the
-    // optimizer state (AdamW moments, or the optimizer strategy's state).
-    let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
-    let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
-    hp.e.resident(MemTag::Params, master_elems * o.master_dtype.bytes());
-    if !ctx.opt.strategy.is_muon() {
-        hp.e.resident(
-            MemTag::Optimizer,
-            shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
-        );
-    }
-
-    let d = o.prefetch_depth;
-    let m_steps = o.grad_accum_steps;
+    let mut hp = Hp::start(ctx, rank, groups, named);
+    let stage_units = hp.stage_units();
+    let m_steps = ctx.opts.grad_accum_steps;
     for m in 0..m_steps {
         let last_mb = m + 1 == m_steps;
         hp.e.set_micro_batch(m);
-        // Forward.
-        hp.ag.iter_mut().for_each(|a| *a = None);
-        for (si, stage) in ctx.stages.iter().enumerate() {
-            let mut deps = Vec::new();
-            for &u in &stage_units[si] {
-                let k = hp.order.iter().position(|&x| x == u).unwrap_or(0);
-                let ahead: Vec<usize> = hp.order[k..=(k + d).min(n - 1)].to_vec();
-                for uj in ahead {
-                    hp.gather(uj, false);
-                }
-                deps.extend(hp.ag[u]);
-            }
-            let (_, last) = hp.e.stage_forward(stage, &deps, false);
-            forward_activations(&mut hp.e, stage, last);
-            if o.reshard_after_forward {
-                for &u in &stage_units[si] {
-                    if hp.gathered[u] {
-                        let b = hp.units[u].gathered_bytes;
-                        hp.e.free(last, MemTag::Params, b);
-                        hp.gathered[u] = false;
-                    }
-                }
-            }
-        }
-        // Backward.
-        hp.ag.iter_mut().for_each(|a| *a = None);
-        let bwd_order: Vec<usize> = hp.order.iter().rev().copied().collect();
-        for (si, stage) in ctx.stages.iter().enumerate().rev() {
-            let mut deps = Vec::new();
-            for &u in stage_units[si].iter().rev() {
-                let k = bwd_order.iter().position(|&x| x == u).unwrap_or(0);
-                for &uj in &bwd_order[k..=(k + d).min(n - 1)] {
-                    hp.gather(uj, true);
-                }
-                deps.extend(hp.ag[u]);
-            }
-            let republish = stage_units[si]
-                .first()
-                .is_some_and(|&u| hp.dmuon_republish(u));
-            let (first, last) = if republish {
-                hp.dmuon_backward_after_recompute(stage, &stage_units[si], &deps)
-            } else {
-                backward_with_recompute(&mut hp.e, stage, &deps)
-            };
-            for &u in stage_units[si].iter().rev() {
-                hp.e.alloc(first, MemTag::Grads, hp.units[u].grad_in_bytes);
-                if o.reshard_after_backward || last_mb {
-                    if hp.gathered[u] {
-                        let b = hp.units[u].gathered_bytes;
-                        hp.e.free(last, MemTag::Params, b);
-                    }
-                    hp.gathered[u] = false;
-                }
-                // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
-                hp.settle_prev(last_mb, m > 0);
-                // Step 3: this unit's reduce-scatters.
-                let deps = hp.e.issue_point();
-                let rd = o.reduce_dtype;
-                let mut rs_ops = Vec::new();
-                let per_owner = reduces_per_owner(ctx);
-                for (pi, p) in hp.units[u].params.iter().enumerate() {
-                    if !sharded(p) || (per_owner && hp.units[u].placed[pi].is_some()) {
-                        continue;
-                    }
-                    let (shard, _) = domain_groups(p.domain);
-                    let placed = hp.units[u].placed[pi];
-                    let full = p.reduce_scatter.bytes_in_per_rank;
-                    let (spec, name) = match placed {
-                        // Reduce to the owner, costed as a broadcast of the whole gradient.
-                        Some(_) => (
-                            CollSpec {
-                                kind: crate::CollectiveKind::Broadcast,
-                                input_bytes: full,
-                                output_bytes: full,
-                            },
-                            format!("{}.reduce", short(&p.name)),
-                        ),
-                        None => (
-                            CollSpec {
-                                kind: crate::CollectiveKind::ReduceScatter,
-                                input_bytes: full,
-                                output_bytes: p.reduce_scatter.bytes_out_per_rank,
-                            },
-                            format!("{}.rs", short(&p.name)),
-                        ),
-                    };
-                    if let Some(op) = hp.e.collective(
-                        Stream::ReduceScatter,
-                        Category::FsdpRs,
-                        shard,
-                        spec,
-                        rd,
-                        p.reduce_scatter.aligned_512 || placed.is_some(),
-                        &deps,
-                        &name,
-                    ) {
-                        if m == 0 {
-                            hp.e.alloc(op, MemTag::Grads, grad_out(p, placed));
-                        }
-                        hp.e.free(op, MemTag::Grads, spec.input_bytes);
-                        rs_ops.push((pi, op));
-                    }
-                }
-                if per_owner {
-                    rs_ops.extend(hp.matrixfsdp_owner_reduces(u, m, &deps));
-                }
-                // Step 4: the previous unit's fused all-reduce (last micro-batch only).
-                if last_mb {
-                    hp.all_reduce_prev();
-                }
-                hp.prev_rs = rs_ops;
-                hp.prev_unit = Some(u);
-            }
-        }
+        hp.forward_pass(&stage_units);
+        hp.backward_pass(&stage_units, m, last_mb);
         // Root callback: wait the last reduce-scatters, issue the last all-reduce.
         hp.settle_prev(last_mb, m > 0);
         if last_mb {
@@ -650,41 +507,233 @@ fn emit_model<'a, 'c: 'a>(
         }
         hp.prev_unit = None;
     }
-
-    // Wait all all-reduces; split and divide by the replica count.
-    for &u in hp.order.clone().iter().rev() {
-        let ars = hp.ar_ops[u].clone();
-        if ars.is_empty() {
-            continue;
-        }
-        let rd = o.reduce_dtype;
-        let mut last = None;
-        for i in 0..hp.units[u].params.len() {
-            let p = hp.units[u].params[i];
-            let bytes = p.padded_shard_numel * rd.bytes();
-            let op = hp.e.compute(
-                Stream::Compute,
-                Category::FsdpAr,
-                ComputeWork {
-                    flops: p.padded_shard_numel,
-                    hbm_bytes: 2 * bytes,
-                    kernels: 1,
-                    mix: None,
-                },
-                &ars,
-                &format!("{}.ar_div", short(&p.name)),
-            );
-            last = Some(op);
-        }
-        if let Some(l) = last {
-            let buf: u64 = hp.units[u].ar_bytes.iter().sum();
-            hp.e.free(l, MemTag::Buffers, buf);
-        }
-    }
-
+    hp.divide_all_reduces();
     // The optimizer step comes after: the optimizer strategy's schedule, or the placeholder
     // AdamW per unit.
     hp.e.set_micro_batch(0);
     hp.e.mb_prefix.clear();
     hp
+}
+
+impl<'a, 'c: 'a> Hp<'a, 'c> {
+    /// The emitter with `rank`'s units in stage order and its resident memory: sharded master
+    /// parameters (whole placed matrices on their owners) and, for the placeholder AdamW, the
+    /// optimizer state (a Muon schedule declares its own).
+    fn start(ctx: &'c Ctx, rank: usize, groups: Vec<(Group, Tier)>, named: bool) -> Self {
+        let o = &ctx.opts;
+        let units = unit_infos(ctx, rank);
+        let n = units.len();
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by_key(|&u| (ctx.unit_stage[u], u));
+        let mut hp = Hp {
+            e: Emitter::new(ctx, rank, groups).with_names(named),
+            units,
+            order,
+            ag: vec![None; n],
+            gathered: vec![false; n],
+            prev_rs: Vec::new(),
+            prev_unit: None,
+            ar_ops: vec![Vec::new(); n],
+        };
+        let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
+        let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
+        hp.e.resident(MemTag::Params, master_elems * o.master_dtype.bytes());
+        if !ctx.opt.strategy.is_muon() {
+            hp.e.resident(
+                MemTag::Optimizer,
+                shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+            );
+        }
+        hp
+    }
+
+    /// The units of each stage, in unit order.
+    fn stage_units(&self) -> Vec<Vec<usize>> {
+        let ctx = self.e.ctx;
+        let mut stage_units: Vec<Vec<usize>> = vec![Vec::new(); ctx.stages.len()];
+        for &u in &self.order {
+            stage_units[ctx.unit_stage[u]].push(u);
+        }
+        stage_units
+    }
+
+    /// One micro-batch's forward: each stage waits for its units' all-gathers (prefetching
+    /// `prefetch_depth` units ahead) and reshards them after it when asked.
+    fn forward_pass(&mut self, stage_units: &[Vec<usize>]) {
+        let ctx = self.e.ctx;
+        let o = &ctx.opts;
+        let (d, n) = (o.prefetch_depth, self.units.len());
+        self.ag.iter_mut().for_each(|a| *a = None);
+        for (si, stage) in ctx.stages.iter().enumerate() {
+            let mut deps = Vec::new();
+            for &u in &stage_units[si] {
+                let k = self.order.iter().position(|&x| x == u).unwrap_or(0);
+                let ahead: Vec<usize> = self.order[k..=(k + d).min(n - 1)].to_vec();
+                for uj in ahead {
+                    self.gather(uj, false);
+                }
+                deps.extend(self.ag[u]);
+            }
+            let (_, last) = self.e.stage_forward(stage, &deps, false);
+            forward_activations(&mut self.e, stage, last);
+            if o.reshard_after_forward {
+                for &u in &stage_units[si] {
+                    if self.gathered[u] {
+                        let b = self.units[u].gathered_bytes;
+                        self.e.free(last, MemTag::Params, b);
+                        self.gathered[u] = false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One micro-batch's backward, stages in reverse: gathers (prefetched), the stage's
+    /// backward (with recompute, or DMuon's republication after it), then per unit the
+    /// four-step post-backward pipeline.
+    fn backward_pass(&mut self, stage_units: &[Vec<usize>], m: u64, last_mb: bool) {
+        let ctx = self.e.ctx;
+        let o = &ctx.opts;
+        let (d, n) = (o.prefetch_depth, self.units.len());
+        self.ag.iter_mut().for_each(|a| *a = None);
+        let bwd_order: Vec<usize> = self.order.iter().rev().copied().collect();
+        for (si, stage) in ctx.stages.iter().enumerate().rev() {
+            let mut deps = Vec::new();
+            for &u in stage_units[si].iter().rev() {
+                let k = bwd_order.iter().position(|&x| x == u).unwrap_or(0);
+                for &uj in &bwd_order[k..=(k + d).min(n - 1)] {
+                    self.gather(uj, true);
+                }
+                deps.extend(self.ag[u]);
+            }
+            let republish = stage_units[si]
+                .first()
+                .is_some_and(|&u| self.dmuon_republish(u));
+            let (first, last) = if republish {
+                self.dmuon_backward_after_recompute(stage, &stage_units[si], &deps)
+            } else {
+                backward_with_recompute(&mut self.e, stage, &deps)
+            };
+            for &u in stage_units[si].iter().rev() {
+                self.e
+                    .alloc(first, MemTag::Grads, self.units[u].grad_in_bytes);
+                if o.reshard_after_backward || last_mb {
+                    if self.gathered[u] {
+                        let b = self.units[u].gathered_bytes;
+                        self.e.free(last, MemTag::Params, b);
+                    }
+                    self.gathered[u] = false;
+                }
+                // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
+                self.settle_prev(last_mb, m > 0);
+                // Step 3: this unit's reduce-scatters.
+                let deps = self.e.issue_point();
+                let per_owner = reduces_per_owner(ctx);
+                let mut rs_ops = self.reduce_scatters(u, m, &deps, per_owner);
+                if per_owner {
+                    rs_ops.extend(self.matrixfsdp_owner_reduces(u, m, &deps));
+                }
+                // Step 4: the previous unit's fused all-reduce (last micro-batch only).
+                if last_mb {
+                    self.all_reduce_prev();
+                }
+                self.prev_rs = rs_ops;
+                self.prev_unit = Some(u);
+            }
+        }
+    }
+
+    /// Step 3 of the post-backward pipeline: unit `u`'s per-parameter reduce-scatters (a
+    /// reduce to the owner, costed as a broadcast, for placed parameters unless MatrixFSDP
+    /// reduces per owner), each allocating its output on the first micro-batch.
+    fn reduce_scatters(
+        &mut self,
+        u: usize,
+        m: u64,
+        deps: &[OpId],
+        per_owner: bool,
+    ) -> Vec<(usize, OpId)> {
+        let o = &self.e.ctx.opts;
+        let rd = o.reduce_dtype;
+        let mut rs_ops = Vec::new();
+        for (pi, p) in self.units[u].params.iter().enumerate() {
+            if !sharded(p) || (per_owner && self.units[u].placed[pi].is_some()) {
+                continue;
+            }
+            let (shard, _) = domain_groups(p.domain);
+            let placed = self.units[u].placed[pi];
+            let full = p.reduce_scatter.bytes_in_per_rank;
+            let (spec, name) = match placed {
+                // Reduce to the owner, costed as a broadcast of the whole gradient.
+                Some(_) => (
+                    CollSpec {
+                        kind: crate::CollectiveKind::Broadcast,
+                        input_bytes: full,
+                        output_bytes: full,
+                    },
+                    format!("{}.reduce", short(&p.name)),
+                ),
+                None => (
+                    CollSpec {
+                        kind: crate::CollectiveKind::ReduceScatter,
+                        input_bytes: full,
+                        output_bytes: p.reduce_scatter.bytes_out_per_rank,
+                    },
+                    format!("{}.rs", short(&p.name)),
+                ),
+            };
+            if let Some(op) = self.e.collective(
+                Stream::ReduceScatter,
+                Category::FsdpRs,
+                shard,
+                spec,
+                rd,
+                p.reduce_scatter.aligned_512 || placed.is_some(),
+                deps,
+                &name,
+            ) {
+                if m == 0 {
+                    self.e.alloc(op, MemTag::Grads, grad_out(p, placed));
+                }
+                self.e.free(op, MemTag::Grads, spec.input_bytes);
+                rs_ops.push((pi, op));
+            }
+        }
+        rs_ops
+    }
+
+    /// After the last micro-batch: wait every fused all-reduce, then split and divide by the
+    /// replica count per parameter.
+    fn divide_all_reduces(&mut self) {
+        let o = &self.e.ctx.opts;
+        for &u in self.order.clone().iter().rev() {
+            let ars = self.ar_ops[u].clone();
+            if ars.is_empty() {
+                continue;
+            }
+            let rd = o.reduce_dtype;
+            let mut last = None;
+            for i in 0..self.units[u].params.len() {
+                let p = self.units[u].params[i];
+                let bytes = p.padded_shard_numel * rd.bytes();
+                let op = self.e.compute(
+                    Stream::Compute,
+                    Category::FsdpAr,
+                    ComputeWork {
+                        flops: p.padded_shard_numel,
+                        hbm_bytes: 2 * bytes,
+                        kernels: 1,
+                        mix: None,
+                    },
+                    &ars,
+                    &format!("{}.ar_div", short(&p.name)),
+                );
+                last = Some(op);
+            }
+            if let Some(l) = last {
+                let buf: u64 = self.units[u].ar_bytes.iter().sum();
+                self.e.free(l, MemTag::Buffers, buf);
+            }
+        }
+    }
 }
