@@ -531,51 +531,7 @@ impl ProgramGenerator {
     ) -> Result<Self, StrategyError> {
         optimizer.check(scenario, kind)?;
         let opts = StrategyOptions::resolve(scenario, kind)?;
-        let trainable: Vec<_> = plan.params.iter().filter(|p| p.trainable).collect();
-        if trainable.len() != fsdp.params.len() {
-            return Err(StrategyError::PlanMismatch {
-                detail: format!(
-                    "{} trainable parameters in the sharding plan, {} in the FSDP plan",
-                    trainable.len(),
-                    fsdp.params.len()
-                ),
-            });
-        }
-        let ep = scenario.file.mesh.ep.max(1);
-        let per_expert_owner = ep > 1 && trainable.iter().any(|p| p.ep_owner.is_some());
-        let nclasses = if per_expert_owner { ep } else { 1 };
-        let mut classes = vec![
-            ParamClass {
-                units: vec![Vec::new(); fsdp.units.len()],
-            };
-            nclasses
-        ];
-        let mut local_numel = Vec::with_capacity(fsdp.params.len());
-        for (i, (pp, fp)) in trainable.iter().zip(&fsdp.params).enumerate() {
-            if pp.name != fp.name {
-                return Err(StrategyError::PlanMismatch {
-                    detail: format!("parameter {i} is '{}' vs '{}'", pp.name, fp.name),
-                });
-            }
-            if fp.unit >= fsdp.units.len() {
-                return Err(StrategyError::PlanMismatch {
-                    detail: format!(
-                        "'{}' names unit {} of {}",
-                        fp.name,
-                        fp.unit,
-                        fsdp.units.len()
-                    ),
-                });
-            }
-            local_numel.push(fp.plan_local_shape.iter().product::<u64>());
-            for (c, class) in classes.iter_mut().enumerate() {
-                if pp.ep_owner.is_none_or(|o| o == c) {
-                    class.units[fp.unit].push(i as u32);
-                }
-            }
-        }
-
-        let m = &scenario.file.mesh;
+        let (classes, local_numel, per_expert_owner) = param_classes(scenario, plan, fsdp)?;
         let sp = scenario.file.train.sequence_parallel;
         let (stages, unit_stage) = compute::build_stages(scenario, plan, fsdp, &opts, sp)?;
 
@@ -589,58 +545,7 @@ impl ProgramGenerator {
             size(fsdp.groups.get("expert.replicate")),
         ];
 
-        // Group families this strategy uses (size > 1 only), in table order.
-        let dm = &scenario.dense_mesh;
-        let em = &scenario.expert_mesh;
-        let fam = |kind, expert_mesh: bool, names: &[&str]| {
-            let mesh = if expert_mesh { em } else { dm };
-            let axes: Vec<usize> = names.iter().filter_map(|n| mesh.axis_index(n)).collect();
-            let size = axes.iter().map(|&a| mesh.axes()[a].size).product();
-            GroupFamily {
-                kind: Some(kind),
-                expert_mesh,
-                axes,
-                label: names.join("+"),
-                size,
-                block: None,
-            }
-        };
-        let expert_domain = m.ep > 1;
-        let mut wanted = Vec::new();
-        match kind {
-            StrategyKind::HyperParallel | StrategyKind::Fsdp2 => {
-                wanted.push(fam(GroupKind::DenseShard, false, &["dp_shard", "cp"]));
-                wanted.push(fam(GroupKind::DenseReplicate, false, &["dp_replicate"]));
-                if expert_domain {
-                    wanted.push(fam(GroupKind::ExpertShard, true, &["edp_shard"]));
-                    wanted.push(fam(GroupKind::ExpertReplicate, true, &["edp_replicate"]));
-                }
-            }
-            StrategyKind::MegatronDdp => {
-                wanted.push(fam(
-                    GroupKind::DataParallel,
-                    false,
-                    &["dp_replicate", "dp_shard", "cp"],
-                ));
-                if expert_domain {
-                    wanted.push(fam(
-                        GroupKind::ExpertDataParallel,
-                        true,
-                        &["edp_replicate", "edp_shard"],
-                    ));
-                }
-            }
-        }
-        wanted.push(fam(GroupKind::Tp, false, &["tp"]));
-        wanted.push(fam(GroupKind::Cp, false, &["cp"]));
-        wanted.push(fam(GroupKind::Ep, true, &["ep"]));
-        let mut families: Vec<GroupFamily> = wanted.into_iter().filter(|f| f.size > 1).collect();
-        let mut slot = [None; GROUP_KINDS];
-        for (i, f) in families.iter().enumerate() {
-            if let Some(k) = f.kind {
-                slot[k.index()] = Some(i);
-            }
-        }
+        let (mut families, slot) = group_families(scenario, kind);
         // The optimizer strategy's per-axis groups, appended after the strategy's own.
         let opt = muon::OptCtx::new(scenario, plan, fsdp, optimizer, &mut families)?;
 
@@ -654,8 +559,8 @@ impl ProgramGenerator {
             per_expert_owner,
             shard_size,
             replicate_size,
-            dense_mesh: dm.clone(),
-            expert_mesh: em.clone(),
+            dense_mesh: scenario.dense_mesh.clone(),
+            expert_mesh: scenario.expert_mesh.clone(),
             topology: scenario.topology,
             families,
             slot,
@@ -663,14 +568,7 @@ impl ProgramGenerator {
             ops_hint: Default::default(),
         };
         let tokens_per_step = scenario.file.train.global_batch * scenario.file.train.seq_len;
-        let model_flops_per_step = 3.0
-            * tokens_per_step as f64
-            * scenario
-                .model
-                .compute_profile(scenario.file.train.seq_len)
-                .iter()
-                .map(|l| l.fwd_flops_per_token())
-                .sum::<f64>();
+        let model_flops_per_step = model_flops_per_step(scenario, tokens_per_step);
         let megatron = (kind == StrategyKind::MegatronDdp).then(|| megatron::Layout::new(&ctx));
         Ok(Self {
             ctx,
@@ -898,6 +796,134 @@ impl ProgramGenerator {
         self.check_rank(rank)?;
         Ok(self.ctx.groups(rank)?.into_iter().map(|(g, _)| g).collect())
     }
+}
+
+/// Each expert-parallel class's trainable parameters per FSDP unit (one class unless per-expert
+/// weights have EP owners), every parameter's plan-local element count, and whether classes
+/// differ; errors when the sharding and FSDP plans disagree.
+fn param_classes(
+    scenario: &Scenario,
+    plan: &ShardingPlan,
+    fsdp: &FsdpPlan,
+) -> Result<(Vec<ParamClass>, Vec<u64>, bool), StrategyError> {
+    let trainable: Vec<_> = plan.params.iter().filter(|p| p.trainable).collect();
+    if trainable.len() != fsdp.params.len() {
+        return Err(StrategyError::PlanMismatch {
+            detail: format!(
+                "{} trainable parameters in the sharding plan, {} in the FSDP plan",
+                trainable.len(),
+                fsdp.params.len()
+            ),
+        });
+    }
+    let ep = scenario.file.mesh.ep.max(1);
+    let per_expert_owner = ep > 1 && trainable.iter().any(|p| p.ep_owner.is_some());
+    let nclasses = if per_expert_owner { ep } else { 1 };
+    let mut classes = vec![
+        ParamClass {
+            units: vec![Vec::new(); fsdp.units.len()],
+        };
+        nclasses
+    ];
+    let mut local_numel = Vec::with_capacity(fsdp.params.len());
+    for (i, (pp, fp)) in trainable.iter().zip(&fsdp.params).enumerate() {
+        if pp.name != fp.name {
+            return Err(StrategyError::PlanMismatch {
+                detail: format!("parameter {i} is '{}' vs '{}'", pp.name, fp.name),
+            });
+        }
+        if fp.unit >= fsdp.units.len() {
+            return Err(StrategyError::PlanMismatch {
+                detail: format!(
+                    "'{}' names unit {} of {}",
+                    fp.name,
+                    fp.unit,
+                    fsdp.units.len()
+                ),
+            });
+        }
+        local_numel.push(fp.plan_local_shape.iter().product::<u64>());
+        for (c, class) in classes.iter_mut().enumerate() {
+            if pp.ep_owner.is_none_or(|o| o == c) {
+                class.units[fp.unit].push(i as u32);
+            }
+        }
+    }
+
+    Ok((classes, local_numel, per_expert_owner))
+}
+
+/// The group families `kind` uses (size > 1 only, in table order) and each group kind's slot
+/// among them.
+fn group_families(
+    scenario: &Scenario,
+    kind: StrategyKind,
+) -> (Vec<GroupFamily>, [Option<usize>; GROUP_KINDS]) {
+    let m = &scenario.file.mesh;
+    let dm = &scenario.dense_mesh;
+    let em = &scenario.expert_mesh;
+    let fam = |kind, expert_mesh: bool, names: &[&str]| {
+        let mesh = if expert_mesh { em } else { dm };
+        let axes: Vec<usize> = names.iter().filter_map(|n| mesh.axis_index(n)).collect();
+        let size = axes.iter().map(|&a| mesh.axes()[a].size).product();
+        GroupFamily {
+            kind: Some(kind),
+            expert_mesh,
+            axes,
+            label: names.join("+"),
+            size,
+            block: None,
+        }
+    };
+    let expert_domain = m.ep > 1;
+    let mut wanted = Vec::new();
+    match kind {
+        StrategyKind::HyperParallel | StrategyKind::Fsdp2 => {
+            wanted.push(fam(GroupKind::DenseShard, false, &["dp_shard", "cp"]));
+            wanted.push(fam(GroupKind::DenseReplicate, false, &["dp_replicate"]));
+            if expert_domain {
+                wanted.push(fam(GroupKind::ExpertShard, true, &["edp_shard"]));
+                wanted.push(fam(GroupKind::ExpertReplicate, true, &["edp_replicate"]));
+            }
+        }
+        StrategyKind::MegatronDdp => {
+            wanted.push(fam(
+                GroupKind::DataParallel,
+                false,
+                &["dp_replicate", "dp_shard", "cp"],
+            ));
+            if expert_domain {
+                wanted.push(fam(
+                    GroupKind::ExpertDataParallel,
+                    true,
+                    &["edp_replicate", "edp_shard"],
+                ));
+            }
+        }
+    }
+    wanted.push(fam(GroupKind::Tp, false, &["tp"]));
+    wanted.push(fam(GroupKind::Cp, false, &["cp"]));
+    wanted.push(fam(GroupKind::Ep, true, &["ep"]));
+    let families: Vec<GroupFamily> = wanted.into_iter().filter(|f| f.size > 1).collect();
+    let mut slot = [None; GROUP_KINDS];
+    for (i, f) in families.iter().enumerate() {
+        if let Some(k) = f.kind {
+            slot[k.index()] = Some(i);
+        }
+    }
+    (families, slot)
+}
+
+/// Model FLOPs of a step of `tokens_per_step` tokens: 3x the forward (forward + backward),
+/// recompute excluded.
+fn model_flops_per_step(scenario: &Scenario, tokens_per_step: u64) -> f64 {
+    3.0 * tokens_per_step as f64
+        * scenario
+            .model
+            .compute_profile(scenario.file.train.seq_len)
+            .iter()
+            .map(|l| l.fwd_flops_per_token())
+            .sum::<f64>()
 }
 
 fn unreachable_layout() -> Result<StepProgram, StrategyError> {
