@@ -381,6 +381,17 @@ pub struct Op {
     /// Memory allocated at start / freed at end.
     #[serde(default, skip_serializing_if = "SmallVec::is_empty")]
     pub memory: OpMemory,
+    /// Extra host CPU operator events this op causes in HyperParallel's validation mode
+    /// (DTensor dispatch of its forward operators, boundary contract checks); 0 for work that
+    /// runs on plain local tensors in both modes. Counted by
+    /// [`crate::strategy::validation`]; the simulator charges them only in validation mode.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub validation_cpu_events: u32,
+}
+
+/// True for 0 (serde: an op without validation events serialises as before the field).
+fn is_zero(v: &u32) -> bool {
+    *v == 0
 }
 
 /// A process group: sorted, distinct global ranks plus the mesh-axis label it was built from
@@ -944,6 +955,7 @@ impl ProgramBuilder {
             deps,
             payload,
             memory: OpMemory::new(),
+            validation_cpu_events: 0,
         });
         id
     }
@@ -1061,6 +1073,15 @@ impl ProgramBuilder {
                 alloc_bytes: 0,
                 free_bytes: bytes,
             });
+        }
+        self
+    }
+
+    /// Sets the extra CPU operator events `op` causes in validation mode
+    /// ([`Op::validation_cpu_events`]).
+    pub fn validation_events(&mut self, op: OpId, events: u32) -> &mut Self {
+        if let Some(o) = self.op_mut(op) {
+            o.validation_cpu_events = events;
         }
         self
     }

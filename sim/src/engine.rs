@@ -1,10 +1,11 @@
 //! The discrete-event engine.
 //!
 //! Per simulated rank there is one **host thread** and one queue per device **stream**:
-//! - the host walks the program in issue order; launching a kernel or collective costs host
-//!   time (profile `host_launch_us_*`, plus `validation_dispatch_us_per_op` in validation
-//!   mode); a host op ([`Stream::Host`]) first waits until its dependencies have finished on
-//!   the device, then keeps the host busy for its duration;
+//! - the host walks the program in issue order; each op costs the host what the host model
+//!   ([`crate::host_cost`]) charges its class: kernel and collective launches, plus the op's
+//!   extra CPU operator events in validation mode; a host op ([`Stream::Host`]) first waits
+//!   until its dependencies have finished on the device, then keeps the host busy for its
+//!   duration plus, when it waited on any, the device -> host sync call;
 //! - a device stream runs its ops one at a time in issue order; an op starts when the host has
 //!   launched it, its stream is free and all its dependencies (on any stream) have finished. A
 //!   stream therefore idles when the host falls behind;
@@ -30,6 +31,7 @@
 
 use crate::cost::{collective_phases, compute_work_s, copy_s};
 use crate::error::SimError;
+use crate::host_cost::HostCosts;
 use crate::memory::MemoryTracker;
 use crate::net::{Finish, Network};
 use crate::profile::HardwareProfile;
@@ -38,7 +40,7 @@ use crate::shape::GroupShape;
 use crate::share::SharePlan;
 use crate::workload::Workload;
 use hpfsdp_plan::Tier;
-use hpfsdp_plan::program::{CollectiveOp, OpSpan, Payload, StepProgram, Stream};
+use hpfsdp_plan::program::{CollectiveOp, Op, OpSpan, Payload, StepProgram, Stream};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -56,7 +58,9 @@ use std::sync::Arc;
 /// Switches of one simulation run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimOptions {
-    /// Add the profile's validation-mode dispatch cost to every kernel and collective launch.
+    /// HyperParallel validation mode: charge every op's extra CPU operator events
+    /// ([`hpfsdp_plan::program::Op::validation_cpu_events`]) at the profile's
+    /// `validation_us_per_cpu_event` (see [`crate::host_cost`]).
     pub validation_mode: bool,
     /// Keep per-op spans of every simulated rank in the result's timeline.
     pub record_timeline: bool,
@@ -366,64 +370,41 @@ struct OpPlace<'p> {
     collectives: &'p mut u32,
 }
 
-/// An op's host launch cost and what it does on the device, in nanoseconds.
+/// An op's host cost ([`HostCosts::op_ns`]) and what it does on the device, in nanoseconds.
 fn op_exec(
-    payload: &Payload,
+    op: &Op,
     place: OpPlace<'_>,
     workload: &Workload,
     profile: &HardwareProfile,
-    (kernel_host_us, coll_host_ns): (f64, u64),
+    costs: &HostCosts,
 ) -> (u64, Exec) {
     let program = place.program;
-    match payload {
-        Payload::Compute(w) => (
-            ns(w.kernels as f64 * kernel_host_us * 1e-6),
-            Exec::Device {
-                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
-                    // what-if hook: slow rank x jitter (crate::whatif), keyed by the
-                    // op's index in the whole program.
-                    * workload.whatif.as_ref().map_or(1.0, |m| {
-                        m.compute_scale(program.rank, place.index)
-                    })),
-            },
-        ),
-        Payload::Copy(w) => (
-            ns(w.kernels as f64 * kernel_host_us * 1e-6),
-            Exec::Device {
-                duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
-            },
-        ),
+    let host_ns = costs.op_ns(op);
+    let exec = match &op.payload {
+        Payload::Compute(w) => Exec::Device {
+            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
+                // what-if hook: slow rank x jitter (crate::whatif), keyed by the
+                // op's index in the whole program.
+                * workload.whatif.as_ref().map_or(1.0, |m| {
+                    m.compute_scale(program.rank, place.index)
+                })),
+        },
+        Payload::Copy(w) => Exec::Device {
+            duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+        },
         Payload::Collective(c) => {
             *place.collectives += 1;
-            (
-                coll_host_ns,
-                Exec::Collective {
-                    slot: place.group_slot[c.group.index()],
-                    coll: *place.collectives - 1,
-                },
-            )
+            Exec::Collective {
+                slot: place.group_slot[c.group.index()],
+                coll: *place.collectives - 1,
+            }
         }
-        Payload::Host { duration_ns } => (
-            *duration_ns,
-            Exec::Host {
-                duration_ns: *duration_ns,
-            },
-        ),
-    }
-}
-
-/// Host launch cost of one kernel and of one collective (validation mode included).
-fn launch_costs(profile: &HardwareProfile, options: &SimOptions) -> (f64, u64) {
-    let cal = &profile.calibration;
-    let validation_us = if options.validation_mode {
-        cal.validation_dispatch_us_per_op
-    } else {
-        0.0
+        // The host is busy for the whole host cost (duration, sync call, validation events).
+        Payload::Host { .. } => Exec::Host {
+            duration_ns: host_ns,
+        },
     };
-    (
-        cal.host_launch_us_per_kernel + validation_us,
-        ns((cal.host_launch_us_per_collective + validation_us) * 1e-6),
-    )
+    (host_ns, exec)
 }
 
 impl<'a> Engine<'a> {
@@ -434,7 +415,7 @@ impl<'a> Engine<'a> {
         profile: &'a HardwareProfile,
         options: &SimOptions,
     ) -> Result<Self, SimError> {
-        let costs = launch_costs(profile, options);
+        let costs = HostCosts::of(profile, options.validation_mode);
         let mut table = KeyTable {
             ids: HashMap::new(),
             keys: Vec::new(),
@@ -449,7 +430,7 @@ impl<'a> Engine<'a> {
                     workload,
                     (&mut table, &mut interner),
                     profile,
-                    costs,
+                    &costs,
                     options,
                 )
             })
@@ -479,7 +460,7 @@ impl<'a> Engine<'a> {
         workload: &Workload,
         (table, interner): (&mut KeyTable, &mut StaticsInterner),
         profile: &HardwareProfile,
-        costs: (f64, u64),
+        costs: &HostCosts,
         options: &SimOptions,
     ) -> Result<UnitRt<'a>, SimError> {
         let program = spec.program;
@@ -512,7 +493,7 @@ impl<'a> Engine<'a> {
                 s as u16
             };
             let (host_ns, exec) = op_exec(
-                &op.payload,
+                op,
                 OpPlace {
                     program,
                     index: base + i,

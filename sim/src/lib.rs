@@ -23,6 +23,7 @@ pub mod engine;
 pub mod error;
 pub mod fold;
 pub mod gemm_table;
+pub mod host_cost;
 pub mod memory;
 pub mod metrics;
 pub mod net;

@@ -142,19 +142,35 @@ pub struct Calibration {
     pub hbm_efficiency: f64,
     /// Fraction of the HBM bandwidth that device copies reach, in (0, 1].
     pub copy_efficiency: f64,
-    /// Host time to launch one kernel, microseconds.
+    /// Host time to launch one kernel, microseconds (see [`crate::host_cost`]).
     pub host_launch_us_per_kernel: f64,
     /// Host time to launch one collective, microseconds.
     pub host_launch_us_per_collective: f64,
+    /// Host time of one device -> host synchronisation call after the device has drained
+    /// the work it waits on (the blocking read-back itself), microseconds.
+    pub host_d2h_sync_us: f64,
     /// Fixed device time per kernel, microseconds.
     pub device_launch_us_per_kernel: f64,
     /// Fixed device time per collective on top of the alpha terms, microseconds.
     pub collective_base_latency_us: f64,
     /// Bandwidth multiplier for buffers not aligned to 512 bytes, in (0, 1].
     pub unaligned_bandwidth_factor: f64,
-    /// Extra host time per kernel or collective in validation mode, microseconds.
-    pub validation_dispatch_us_per_op: f64,
+    /// Host time per extra CPU operator event of HyperParallel's validation mode
+    /// (`hpfsdp_plan::program::Op::validation_cpu_events`), microseconds. Replaces
+    /// `validation_dispatch_us_per_op`, which charged every kernel and collective launch.
+    pub validation_us_per_cpu_event: f64,
 }
+
+/// Profile keys that were replaced, with the key that replaced them and why: a profile that
+/// still sets one is refused with a message naming the new key (never silently ignored).
+pub const REPLACED_KEYS: [(&str, &str, &str); 1] = [(
+    "calibration.validation_dispatch_us_per_op",
+    "calibration.validation_us_per_cpu_event",
+    "validation mode no longer costs every kernel and collective launch: it costs each extra \
+     CPU operator event of DTensor dispatch (forward operators outside local regions and \
+     boundary contract checks); a per-launch value does not carry over, so refit it \
+     (`hpfsdp calibrate --fit`) or start from 174 ms / 23,713 events = 7.34 us",
+)];
 
 /// A hardware profile: one TOML file in `scenarios/hardware/`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -326,6 +342,17 @@ impl HardwareProfile {
 
     /// Parses and validates profile text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Self, ProfileError> {
+        for (old, new, why) in REPLACED_KEYS {
+            let line = line_of_key(text, old);
+            if line > 0 {
+                return Err(ProfileError {
+                    file: file.to_string(),
+                    line,
+                    key: old.to_string(),
+                    message: format!("'{old}' was replaced by '{new}': {why}"),
+                });
+            }
+        }
         let profile: HardwareProfile = toml::from_str(text).map_err(|e| {
             let (line, key) = match e.span() {
                 Some(span) => {
@@ -450,9 +477,10 @@ impl HardwareProfile {
                 "calibration.collective_base_latency_us",
                 c.collective_base_latency_us,
             ),
+            ("calibration.host_d2h_sync_us", c.host_d2h_sync_us),
             (
-                "calibration.validation_dispatch_us_per_op",
-                c.validation_dispatch_us_per_op,
+                "calibration.validation_us_per_cpu_event",
+                c.validation_us_per_cpu_event,
             ),
         ] {
             non_negative(key, v)?;
@@ -583,6 +611,30 @@ mod tests {
         let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
         assert_eq!(err.key, "calibration.gemm_ceiling");
         assert!(err.line > 0);
+    }
+
+    #[test]
+    fn a_replaced_key_is_refused_with_the_new_key_named() {
+        let text = BUILTIN_PROFILES[0].1.replace(
+            "validation_us_per_cpu_event =",
+            "validation_dispatch_us_per_op = 63.31\nvalidation_us_per_cpu_event =",
+        );
+        let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
+        assert_eq!(
+            err.key, "calibration.validation_dispatch_us_per_op",
+            "{err}"
+        );
+        assert!(
+            err.message
+                .contains("calibration.validation_us_per_cpu_event"),
+            "{err}"
+        );
+        let line = text
+            .lines()
+            .position(|l| l.starts_with("validation_dispatch_us_per_op"))
+            .unwrap()
+            + 1;
+        assert_eq!(err.line, line);
     }
 
     #[test]

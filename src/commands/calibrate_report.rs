@@ -23,7 +23,8 @@ pub fn value(figure: Figure, v: f64) -> String {
         Figure::AllGathers
         | Figure::ReduceScatters
         | Figure::DeviceKernels
-        | Figure::Collectives => format!("{v:.0}"),
+        | Figure::Collectives
+        | Figure::ValidationCpuEvents => format!("{v:.0}"),
         Figure::OverlapRate => format!("{:.2}%", v * 100.0),
         Figure::AllGatherBytes | Figure::ReduceScatterBytes | Figure::PeakAllocatedBytes => {
             format!("{:.3}", v / BYTES_PER_GIB)

@@ -16,6 +16,7 @@
 
 use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
+use super::validation;
 use super::{StrategyError, StrategyOptions};
 use crate::fsdp::FsdpPlan;
 use crate::kernel::KernelWork;
@@ -32,6 +33,10 @@ pub struct Segment {
     pub fwd: Vec<KernelWork>,
     /// Backward kernels per micro-batch, in launch order.
     pub bwd: Vec<KernelWork>,
+    /// Extra CPU operator events of one forward of this segment in HyperParallel's
+    /// validation mode (DTensor dispatch and boundary contract checks,
+    /// [`super::validation`]); backward adds none.
+    pub fwd_validation_events: u32,
 }
 
 impl Segment {
@@ -85,6 +90,8 @@ struct Acc {
     fwd: Vec<KernelWork>,
     /// Backward kernels of each op, in forward op order (reversed when flushed).
     bwd: Vec<Vec<KernelWork>>,
+    /// Validation-mode CPU events of the forward ([`Segment::fwd_validation_events`]).
+    validation_events: u32,
 }
 
 fn boundary_of<'a>(bs: &'a [&'a BoundarySpec], op: &str) -> Option<&'a BoundarySpec> {
@@ -109,6 +116,14 @@ fn contains(outer: &BoundarySpec, inner: &BoundarySpec) -> bool {
 
 fn short(name: &str) -> &str {
     name.strip_prefix("model.").unwrap_or(name)
+}
+
+/// Adds validation-mode events to the open segment, or keeps them for the next one.
+fn add_events(acc: &mut Option<Acc>, pending: &mut u32, events: u32) {
+    match acc {
+        Some(a) => a.validation_events += events,
+        None => *pending += events,
+    }
 }
 
 /// Builds the stages of a scenario and the stage of every FSDP unit.
@@ -196,6 +211,8 @@ pub(crate) fn build_stages(
         let mut acc: Option<Acc> = None;
         // Open boundaries, outermost first (a nested boundary sits inside its parent).
         let mut stack: Vec<&BoundarySpec> = Vec::new();
+        // Validation-mode contract-check events not yet attached to a segment.
+        let mut pending_events = 0u32;
         let flush = |acc: &mut Option<Acc>, items: &mut Vec<Item>| {
             if let Some(a) = acc.take()
                 && !a.fwd.is_empty()
@@ -204,6 +221,7 @@ pub(crate) fn build_stages(
                     name: a.name,
                     fwd: a.fwd,
                     bwd: a.bwd.into_iter().rev().flatten().collect(),
+                    fwd_validation_events: a.validation_events,
                 }));
             }
         };
@@ -222,6 +240,11 @@ pub(crate) fn build_stages(
                     break;
                 }
                 stack.pop();
+                add_events(
+                    &mut acc,
+                    &mut pending_events,
+                    validation::out_check_events(top),
+                );
                 let colls = match stack.last() {
                     Some(parent) => parallel::nested_collectives(top, parent, Side::Out, &dims),
                     None => parallel::boundary_collectives(top, Side::Out, &dims),
@@ -237,6 +260,7 @@ pub(crate) fn build_stages(
                 };
                 colls.extend(parallel::cp_attention(n, &dims));
                 push_colls(colls, &mut acc, &mut items);
+                pending_events += validation::in_check_events(n);
                 stack.push(n);
             }
             if has_local_map && op.name.ends_with(".combine") {
@@ -256,8 +280,11 @@ pub(crate) fn build_stages(
                 },
                 fwd: Vec::new(),
                 bwd: Vec::new(),
+                validation_events: 0,
             });
             let (f, b) = op_kernels(op, &kctx);
+            a.validation_events +=
+                std::mem::take(&mut pending_events) + validation::dispatch_events(&bs, op, &f);
             a.fwd.extend(f);
             a.bwd.push(b);
             if has_local_map && op.kind == ComputeKind::Router {
@@ -270,6 +297,11 @@ pub(crate) fn build_stages(
             }
         }
         while let Some(top) = stack.pop() {
+            add_events(
+                &mut acc,
+                &mut pending_events,
+                validation::out_check_events(top),
+            );
             let colls = match stack.last() {
                 Some(parent) => parallel::nested_collectives(top, parent, Side::Out, &dims),
                 None => parallel::boundary_collectives(top, Side::Out, &dims),
@@ -285,8 +317,17 @@ pub(crate) fn build_stages(
                     name: stage_name.clone(),
                     fwd: vec![KernelWork::memory_bound(1, 0, weight_bytes[si])],
                     bwd: vec![KernelWork::memory_bound(2, 0, 2 * weight_bytes[si])],
+                    fwd_validation_events: 0,
                 }),
             );
+        }
+        // Checks after the stage's last segment (a closing boundary's out_plan) belong to it.
+        if let Some(Item::Compute(s)) = items
+            .iter_mut()
+            .rev()
+            .find(|i| matches!(i, Item::Compute(_)))
+        {
+            s.fwd_validation_events += std::mem::take(&mut pending_events);
         }
         let recompute = piece.layer.is_some_and(|l| scenario.recompute.covers(l));
         let full_act_bytes = (piece.fwd_bytes_per_token() * rank_tokens / 2.0).round() as u64;

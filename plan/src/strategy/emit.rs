@@ -288,6 +288,9 @@ impl<'a> Emitter<'a> {
                             (op, op)
                         }
                     };
+                    if pass == Pass::Forward && s.fwd_validation_events > 0 {
+                        self.b.validation_events(f, s.fwd_validation_events);
+                    }
                     first.get_or_insert(f);
                     last = Some(l);
                 }

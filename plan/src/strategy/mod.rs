@@ -24,6 +24,7 @@ pub mod optimizer;
 pub mod parallel;
 pub mod routing;
 pub mod tp_overlap;
+pub mod validation;
 
 pub use muon::OptimizerStrategy;
 

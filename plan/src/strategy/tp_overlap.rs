@@ -516,6 +516,7 @@ mod tests {
             name: name.into(),
             fwd,
             bwd,
+            fwd_validation_events: 0,
         })
     }
 

@@ -2,6 +2,7 @@
 
 use super::measured::{EXP_B_MEASURED_DIFF, Figure, MeasuredRun, measured_runs};
 use crate::error::SimError;
+use crate::host_cost::{HostCosts, HostTotals};
 use crate::profile::HardwareProfile;
 use crate::result::SimResult;
 use crate::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
@@ -100,15 +101,17 @@ pub fn predicted_figures(
     out.insert(Figure::ReduceScatters, rs as f64);
     out.insert(Figure::AllGatherBytes, ag_bytes as f64);
     out.insert(Figure::ReduceScatterBytes, rs_bytes as f64);
-    let per_call_us = profile.calibration.host_launch_us_per_collective
-        + if validation_mode {
-            profile.calibration.validation_dispatch_us_per_op
-        } else {
-            0.0
-        };
+    // Host self time in collective APIs: the collective launch class of the host model
+    // (validation mode's extra events are charged to the ops that cause them, not to the
+    // collective calls).
+    let host = HostCosts::of(profile, validation_mode);
     out.insert(
         Figure::HostCollectiveS,
-        collectives as f64 * per_call_us * 1e-6,
+        collectives as f64 * host.collective_launch_us * 1e-6,
+    );
+    out.insert(
+        Figure::ValidationCpuEvents,
+        HostTotals::of(rank0.ops.iter()).validation_events as f64,
     );
     out.insert(Figure::PeakAllocatedBytes, result.peak_memory_bytes as f64);
     let launches = crate::result::LaunchCounts::of(rank0);

@@ -185,6 +185,7 @@ mod tests {
             min: 54.6,
             max: 94.7,
             bound_source: "test",
+            max_from: crate::calibration::params::MaxFrom::Fixed,
         };
         assert!(
             54.6f64.ln().exp() < 54.6,

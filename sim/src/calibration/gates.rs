@@ -15,7 +15,12 @@
 //! 10% on a step time (the run-to-run coefficient of variation was 2.4-4.1%, so 10% is about
 //! three of them; the original exp-B acceptance bound), 25% on one-step profiler figures (a
 //! single profiled step), 2% on counts and payloads (a layout difference, not noise) and
-//! 5 percentage points on an overlap rate.
+//! 5 percentage points on an overlap rate. The validation-mode extra CPU operator events get
+//! 25%: the count is exact in the measurement, but the model's is a census by assumption
+//! (one intercepted operator per forward kernel, fixed events per operator and per contract
+//! entry, `hpfsdp_plan::strategy::validation`), not a layout the plan determines exactly;
+//! 25% still fails a wrong events-per-operator count (one more or one fewer moves the total
+//! by half or more).
 
 use super::measured::Figure;
 
@@ -77,7 +82,7 @@ const fn rule(figure: Figure, fit_weight: f64, tolerance: Tolerance, gating: boo
 pub const EXP_B_DIFF_TOLERANCE_PP: f64 = 3.0;
 
 /// Every figure's rule. See the module documentation for the reasoning.
-pub const FIGURE_RULES: [FigureRule; 14] = {
+pub const FIGURE_RULES: [FigureRule; 15] = {
     use Figure::*;
     use Tolerance::*;
     [
@@ -93,6 +98,7 @@ pub const FIGURE_RULES: [FigureRule; 14] = {
         rule(ReduceScatterBytes, 0.0, Relative(0.02), true),
         rule(DeviceKernels, 0.0, Relative(0.02), true),
         rule(Collectives, 0.0, Relative(0.02), true),
+        rule(ValidationCpuEvents, 0.0, Relative(0.25), true),
         rule(PeakAllocatedBytes, 0.0, Relative(0.25), false),
         rule(WeightedBandwidth, 0.0, Relative(0.25), false),
     ]

@@ -47,6 +47,8 @@ pub enum Figure {
     /// Validation-mode overhead: validation minus production mean step time of the same
     /// setup, seconds (derived from the two measured step times, never entered on its own).
     ValidationOverheadS,
+    /// Extra CPU operator events per profiled step that validation mode adds (rank 0).
+    ValidationCpuEvents,
 }
 
 impl Figure {
@@ -67,6 +69,7 @@ impl Figure {
             Figure::DeviceKernels => "device kernels per step (rank 0)",
             Figure::Collectives => "collectives per step (rank 0)",
             Figure::ValidationOverheadS => "validation-mode overhead (s)",
+            Figure::ValidationCpuEvents => "extra CPU operator events per step (validation)",
         }
     }
 }
@@ -162,6 +165,7 @@ pub fn measured_runs() -> Vec<MeasuredRun> {
                 f(DeviceKernels, 57_560.0),
                 f(Collectives, 9_554.0),
                 f(ValidationOverheadS, 6.244 - 6.070),
+                f(ValidationCpuEvents, 23_713.0),
             ],
         },
     ]

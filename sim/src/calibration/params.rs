@@ -7,7 +7,29 @@
 //! measurements then want a value the bound's measurement rules out, which points at a
 //! modelling gap rather than at a constant to move.
 
+use super::compare::Comparison;
+use super::measured::Figure;
 use crate::profile::HardwareProfile;
+
+/// Where a constant's upper bound comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MaxFrom {
+    /// [`FitParam::max`] as written.
+    Fixed,
+    /// A measured step time over the launches the MODEL issues (device kernels plus
+    /// collectives of rank 0's simulated program of the measured run labelled `run`): the
+    /// bound says a serial host cannot spend more than the whole measured step on the
+    /// launches the model charges it for, so it must count the model's launches, not the
+    /// measured ones (the model's per-launch constant stands for however many real launches
+    /// each modelled one represents). [`FitParam::max`] is the value with the measured
+    /// launch counts, used when the run is not in the comparison.
+    ModelLaunches {
+        /// Label of the measured run ([`super::MeasuredRun::label`]).
+        run: &'static str,
+        /// Its measured step time, seconds.
+        step_s: f64,
+    },
+}
 
 /// One fitted constant: its profile key, its allowed range and the source of that range.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -20,6 +42,35 @@ pub struct FitParam {
     pub max: f64,
     /// Where `min` and `max` come from (measurement and arithmetic, or ASSUMPTION).
     pub bound_source: &'static str,
+    /// How `max` follows the model ([`resolve_bounds`]).
+    pub max_from: MaxFrom,
+}
+
+impl FitParam {
+    /// This constant with its upper bound resolved against `c` (the comparison of the
+    /// starting profile): a [`MaxFrom::ModelLaunches`] bound becomes the measured step over
+    /// the modelled launches of its run; a fixed one is returned as it is.
+    pub fn resolved(&self, c: &Comparison) -> FitParam {
+        let MaxFrom::ModelLaunches { run, step_s } = self.max_from else {
+            return *self;
+        };
+        let launches = [Figure::DeviceKernels, Figure::Collectives]
+            .iter()
+            .map(|f| c.row(run, *f).map(|r| r.predicted))
+            .sum::<Option<f64>>();
+        match launches {
+            Some(n) if n > 0.0 && (step_s * 1e6 / n) > self.min => FitParam {
+                max: step_s * 1e6 / n,
+                ..*self
+            },
+            _ => *self,
+        }
+    }
+}
+
+/// Every constant of `params` with its bounds resolved against `c` ([`FitParam::resolved`]).
+pub fn resolve_bounds(params: &[FitParam], c: &Comparison) -> Vec<FitParam> {
+    params.iter().map(|p| p.resolved(c)).collect()
 }
 
 /// The constants of the joint fit. The GEMM ceiling (the shape model's large-square-GEMM
@@ -32,6 +83,7 @@ pub const FIT_PARAMS: [FitParam; 7] = [
         bound_source: "min: measured MFU of exp B HyperParallel-FSDP (50.14 ktok/s, i.e. model FLOPs \
             over 2.614 s x 376 TFLOPS = 19.3%): the kernels did at least that much work in the \
             measured step; max: the device's BF16 peak",
+        max_from: MaxFrom::Fixed,
     },
     FitParam {
         key: "calibration.hbm_efficiency",
@@ -39,6 +91,7 @@ pub const FIT_PARAMS: [FitParam; 7] = [
         max: 1.0,
         bound_source: "ASSUMPTION min: half the msModeling A3 default 0.6 (no held-in figure \
             isolates memory-bound kernels); max: the nominal 1.6 TB/s",
+        max_from: MaxFrom::Fixed,
     },
     FitParam {
         key: "calibration.copy_efficiency",
@@ -46,14 +99,21 @@ pub const FIT_PARAMS: [FitParam; 7] = [
         max: 1.0,
         bound_source: "ASSUMPTION min: a streaming copy below 10% of HBM bandwidth would be \
             launch-bound; max: the nominal 1.6 TB/s",
+        max_from: MaxFrom::Fixed,
     },
     FitParam {
         key: "calibration.host_launch_us_per_kernel",
         min: 1.0,
         max: 90.4,
-        bound_source: "max: exp A micro batch 2 production, 6.070 s over its measured 57,560 \
-            kernels + 9,554 collectives = 90.4 us per launch (a serial host cannot spend more \
-            than the whole step); ASSUMPTION min: 1 us, the fastest eager launch path",
+        bound_source: "max: exp A micro batch 2 production, 6.070 s over the MODEL's rank-0 \
+            launches of that run (device kernels + collectives of the simulated program; a \
+            serial host cannot spend more than the whole measured step on the launches the \
+            model charges; 90.4 us with the measured 57,560 + 9,554); ASSUMPTION min: 1 us, \
+            the fastest eager launch path",
+        max_from: MaxFrom::ModelLaunches {
+            run: "production mode",
+            step_s: 6.070,
+        },
     },
     FitParam {
         key: "calibration.host_launch_us_per_collective",
@@ -62,14 +122,18 @@ pub const FIT_PARAMS: [FitParam; 7] = [
         bound_source: "measured host self time in collective APIs per measured call, exp B: \
             FSDP2 9.5 ms / (125 + 49) = 54.6 us, HyperParallel-FSDP 153.2 ms / (1,087 + 531) \
             = 94.7 us",
+        max_from: MaxFrom::Fixed,
     },
     FitParam {
-        key: "calibration.validation_dispatch_us_per_op",
-        min: 2.59,
-        max: 93.0,
-        bound_source: "exp A micro batch 2: min 174 ms overhead / 67,114 measured launches = \
-            2.59 us (every dispatch on the critical path); max 6.244 s / 67,114 = 93.0 us (the \
-            whole validation step)",
+        key: "calibration.validation_us_per_cpu_event",
+        min: 7.34,
+        max: 263.3,
+        bound_source: "exp A micro batch 2, the measured +23,713 extra CPU operator events: \
+            min 174 ms overhead / 23,713 = 7.34 us (every event on the critical path: a \
+            host-bound step shows all of it, a device-bound one less, so the true cost is at \
+            least this); max 6.244 s / 23,713 = 263.3 us (the events cannot take longer than \
+            the whole validation step)",
+        max_from: MaxFrom::Fixed,
     },
     FitParam {
         key: "tiers.intra_machine.efficiency",
@@ -79,6 +143,7 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             bandwidth over the nominal UB bandwidth (no intra-machine collective was measured \
             slower); max: the nominal 196 GB/s. Cross-check, not a bound: the aligned groups \
             measured 101.96 (FSDP2) and 125.22 GB/s (HyperParallel), 0.520 and 0.639 of nominal",
+        max_from: MaxFrom::Fixed,
     },
 ];
 
@@ -100,7 +165,8 @@ pub fn get(profile: &HardwareProfile, key: &str) -> Option<f64> {
         "calibration.collective_base_latency_us" => c.collective_base_latency_us,
         "calibration.host_launch_us_per_kernel" => c.host_launch_us_per_kernel,
         "calibration.host_launch_us_per_collective" => c.host_launch_us_per_collective,
-        "calibration.validation_dispatch_us_per_op" => c.validation_dispatch_us_per_op,
+        "calibration.host_d2h_sync_us" => c.host_d2h_sync_us,
+        "calibration.validation_us_per_cpu_event" => c.validation_us_per_cpu_event,
         "calibration.unaligned_bandwidth_factor" => c.unaligned_bandwidth_factor,
         "tiers.intra_machine.efficiency" => t.intra_machine.efficiency,
         "tiers.intra_machine.latency_us" => t.intra_machine.latency_us,
@@ -124,7 +190,8 @@ pub fn set(profile: &mut HardwareProfile, key: &str, value: f64) -> bool {
         "calibration.collective_base_latency_us" => &mut c.collective_base_latency_us,
         "calibration.host_launch_us_per_kernel" => &mut c.host_launch_us_per_kernel,
         "calibration.host_launch_us_per_collective" => &mut c.host_launch_us_per_collective,
-        "calibration.validation_dispatch_us_per_op" => &mut c.validation_dispatch_us_per_op,
+        "calibration.host_d2h_sync_us" => &mut c.host_d2h_sync_us,
+        "calibration.validation_us_per_cpu_event" => &mut c.validation_us_per_cpu_event,
         "calibration.unaligned_bandwidth_factor" => &mut c.unaligned_bandwidth_factor,
         "tiers.intra_machine.efficiency" => &mut t.intra_machine.efficiency,
         "tiers.intra_machine.latency_us" => &mut t.intra_machine.latency_us,

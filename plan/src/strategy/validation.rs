@@ -1,0 +1,125 @@
+//! HyperParallel's validation mode as host work: which forward operators pass through
+//! DTensor dispatch and how many extra CPU operator events each one causes.
+//!
+//! Sources (`shared/reference/notes/hyper-parallel.md` sections 2.7, 3.3, 3.4; the paper's
+//! sections "Precompiled Boundary Communication" and "Production and Validation Modes"):
+//! - production mode runs plain local tensors: no per-operator dispatch at all;
+//! - validation mode keeps parameters as DTensors; every **forward** operator invocation
+//!   "still passes through interception, argument preprocessing, cache-keyed layout
+//!   inference, local execution, and output checking" (paper); backward is local autograd in
+//!   both modes, so it adds nothing (notes 3.3);
+//! - modules whose logic DTensor dispatch cannot express run the same local-region wrapper
+//!   in both modes (`to_local` -> local execution -> declarative re-wrap): the MoE block
+//!   (`use_local_map`, expert all-to-all routing), the attention core and its K/V gather
+//!   under context parallelism, and the embedding's vocab mask when the vocabulary is
+//!   sharded (notes 2.7, 3.3). Their operators add no dispatch events;
+//! - every module boundary checks its contracts: the `in_plan` has one entry per name of
+//!   `in_src` ∪ `in_dst` **including identity entries**, the `out_plan` one per name whose
+//!   `out_src` differs from its `out_dst` (identity skipped; a missing axis is Replicate)
+//!   (notes 3.4). Validation mode runs each entry through the generic distributed-tensor path
+//!   (`from_local` -> redistribute -> `to_local`), production through precompiled local ops.
+//!
+//! Event counts (ASSUMPTIONS, chosen from the mechanism before comparing with any
+//! measurement; `hpfsdp calibrate` checks the total against the measured +23,713 events of
+//! experiment A):
+//! - [`EVENTS_PER_DISPATCHED_KERNEL`]: one extra CPU operator event per intercepted operator
+//!   invocation (its dispatch frame around the unchanged local operator), and one operator
+//!   invocation per forward device kernel the op launches (the program's unit of work; view
+//!   and shape operators that launch no kernel are not counted, fused operators that launch
+//!   several are counted once per kernel);
+//! - [`EVENTS_PER_CONTRACT_ENTRY`]: two per contract entry, the wrap into and the unwrap out
+//!   of the distributed tensor around the (shared) redistribution.
+//!
+//! Recompute re-runs the module forwards, so a recomputed forward counts again.
+
+use crate::kernel::KernelWork;
+use crate::model::{ComputeKind, ComputeOp};
+use crate::planner::BoundarySpec;
+use crate::planner::boundary::BoundaryType;
+
+/// Extra CPU operator events per intercepted forward operator invocation (ASSUMPTION, see
+/// the module documentation).
+pub const EVENTS_PER_DISPATCHED_KERNEL: u32 = 1;
+
+/// Extra CPU operator events per boundary contract entry checked in validation mode
+/// (ASSUMPTION: wrap and unwrap, see the module documentation).
+pub const EVENTS_PER_CONTRACT_ENTRY: u32 = 2;
+
+/// True when boundary `b` encloses the op or module called `name` (equal or a prefix at a
+/// `.`).
+fn encloses(b: &BoundarySpec, name: &str) -> bool {
+    name == b.module
+        || (name.len() > b.module.len()
+            && name.starts_with(&b.module)
+            && name.as_bytes()[b.module.len()] == b'.')
+}
+
+/// True when `b` is a local-region wrapper for `op`: the same local code in both modes, so
+/// `op` is never dispatched through DTensors.
+fn local_region_for(b: &BoundarySpec, op: &ComputeOp) -> bool {
+    if b.flags.use_local_map {
+        return true;
+    }
+    if b.flags.needs_cp_attn && op.kind == ComputeKind::Attention {
+        return true;
+    }
+    // Vocabulary-sharded embedding: the vocab mask runs in a local region.
+    b.ty == BoundaryType::Embed && b.params.values().any(|p| !p.is_empty())
+}
+
+/// True when `op` runs inside a local region of any of the boundaries `bs` (nested
+/// boundaries count: a router inside the MoE block's local map is local too).
+pub fn in_local_region(bs: &[&BoundarySpec], op: &ComputeOp) -> bool {
+    bs.iter()
+        .any(|b| encloses(b, &op.name) && local_region_for(b, op))
+}
+
+/// Extra CPU operator events of `op`'s forward kernels `fwd` in validation mode: one per
+/// kernel outside local regions ([`EVENTS_PER_DISPATCHED_KERNEL`]), none inside.
+pub fn dispatch_events(bs: &[&BoundarySpec], op: &ComputeOp, fwd: &[KernelWork]) -> u32 {
+    if in_local_region(bs, op) {
+        return 0;
+    }
+    let kernels: u32 = fwd.iter().map(|k| k.count).sum();
+    kernels * EVENTS_PER_DISPATCHED_KERNEL
+}
+
+/// Entries of `b`'s `in_plan`: one per name of `in_src` ∪ `in_dst`, identity included.
+pub fn in_plan_entries(b: &BoundarySpec) -> u32 {
+    let mut names: Vec<&str> = Vec::new();
+    for c in [&b.in_src, &b.in_dst].into_iter().flatten() {
+        for n in c.keys() {
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+    }
+    names.len() as u32
+}
+
+/// Entries of `b`'s `out_plan`: one per `out_src` name whose placements differ from its
+/// `out_dst` (identity skipped; a name or axis missing from `out_dst` is Replicate).
+pub fn out_plan_entries(b: &BoundarySpec) -> u32 {
+    let Some(src) = &b.out_src else { return 0 };
+    let empty = Default::default();
+    src.iter()
+        .filter(|(name, p)| {
+            let dst = b
+                .out_dst
+                .as_ref()
+                .and_then(|d| d.get(name.as_str()))
+                .unwrap_or(&empty);
+            *p != dst
+        })
+        .count() as u32
+}
+
+/// Extra CPU operator events of checking `b`'s input contracts in validation mode.
+pub fn in_check_events(b: &BoundarySpec) -> u32 {
+    in_plan_entries(b) * EVENTS_PER_CONTRACT_ENTRY
+}
+
+/// Extra CPU operator events of checking `b`'s output contracts in validation mode.
+pub fn out_check_events(b: &BoundarySpec) -> u32 {
+    out_plan_entries(b) * EVENTS_PER_CONTRACT_ENTRY
+}

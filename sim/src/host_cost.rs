@@ -1,0 +1,170 @@
+//! The host model: what one op costs the host thread that issues it, per op class, in one
+//! place. The engine ([`crate::engine`]) walks a rank's program in issue order and keeps the
+//! host busy for [`HostCosts::op_ns`] per op; a device stream idles when the host falls
+//! behind, which is how an eager step becomes host-bound.
+//!
+//! Classes and their profile constants (`[calibration]`, each documented with its source or
+//! marked ASSUMPTION / FITTED in `scenarios/hardware/*.toml`):
+//! - **kernel launch** (`host_launch_us_per_kernel`): per device kernel a compute or copy op
+//!   stands for (the framework's eager dispatch plus the driver launch);
+//! - **collective launch** (`host_launch_us_per_collective`): per collective call (the
+//!   process-group API's host self time);
+//! - **device -> host synchronisation** (`host_d2h_sync_us`): a host op with dependencies
+//!   waits until they have finished on the device (the engine's drain), then pays the sync
+//!   call itself (the blocking read-back, e.g. `.tolist()` of the all-to-all-v split sizes)
+//!   on top of the op's own duration;
+//! - **validation-mode CPU events** (`validation_us_per_cpu_event`): per extra CPU operator
+//!   event the op causes in HyperParallel's validation mode
+//!   ([`hpfsdp_plan::program::Op::validation_cpu_events`], counted by
+//!   `hpfsdp_plan::strategy::validation`: DTensor dispatch of forward operators outside local
+//!   regions, boundary contract checks); zero in production mode.
+
+use crate::profile::HardwareProfile;
+use hpfsdp_plan::program::{Op, Payload};
+
+/// Seconds to integer nanoseconds (rounded, never negative).
+fn ns(seconds: f64) -> u64 {
+    (seconds * 1e9).round().max(0.0) as u64
+}
+
+/// Per-class host costs of one simulation run (profile constants plus the run's mode).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HostCosts {
+    /// Host time per device kernel launched, microseconds.
+    pub kernel_launch_us: f64,
+    /// Host time per collective call, microseconds.
+    pub collective_launch_us: f64,
+    /// Host time of one device -> host synchronisation call after the drain, microseconds.
+    pub d2h_sync_us: f64,
+    /// Host time per extra validation-mode CPU operator event, microseconds (0 in
+    /// production mode).
+    pub validation_event_us: f64,
+}
+
+impl HostCosts {
+    /// The costs `profile` gives, with validation-mode events charged when `validation_mode`.
+    pub fn of(profile: &HardwareProfile, validation_mode: bool) -> Self {
+        let c = &profile.calibration;
+        Self {
+            kernel_launch_us: c.host_launch_us_per_kernel,
+            collective_launch_us: c.host_launch_us_per_collective,
+            d2h_sync_us: c.host_d2h_sync_us,
+            validation_event_us: if validation_mode {
+                c.validation_us_per_cpu_event
+            } else {
+                0.0
+            },
+        }
+    }
+
+    /// Host time of launching `kernels` device kernels, nanoseconds.
+    pub fn kernels_ns(&self, kernels: u32) -> u64 {
+        ns(f64::from(kernels) * self.kernel_launch_us * 1e-6)
+    }
+
+    /// Host time of one collective call, nanoseconds.
+    pub fn collective_ns(&self) -> u64 {
+        ns(self.collective_launch_us * 1e-6)
+    }
+
+    /// Host time of a host op of `duration_ns` that waits on `deps` device ops: its duration
+    /// plus, when it waits on any (a device -> host synchronisation), the sync call.
+    pub fn host_op_ns(&self, duration_ns: u64, deps: usize) -> u64 {
+        if deps == 0 {
+            duration_ns
+        } else {
+            duration_ns + ns(self.d2h_sync_us * 1e-6)
+        }
+    }
+
+    /// Host time of `events` validation-mode CPU operator events, nanoseconds.
+    pub fn validation_ns(&self, events: u32) -> u64 {
+        ns(f64::from(events) * self.validation_event_us * 1e-6)
+    }
+
+    /// Everything `op` costs the host: its launches (or, for a host op, its duration and
+    /// sync) plus its validation-mode events, nanoseconds.
+    pub fn op_ns(&self, op: &Op) -> u64 {
+        let base = match &op.payload {
+            Payload::Compute(w) => self.kernels_ns(w.kernels),
+            Payload::Copy(w) => self.kernels_ns(w.kernels),
+            Payload::Collective(_) => self.collective_ns(),
+            Payload::Host { duration_ns } => self.host_op_ns(*duration_ns, op.deps.len()),
+        };
+        base + self.validation_ns(op.validation_cpu_events)
+    }
+}
+
+/// Host-time totals of one rank's program by class (what [`HostCosts::op_ns`] sums to), for
+/// reports and the calibration's host figures.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct HostTotals {
+    /// Device kernels launched.
+    pub kernels: u64,
+    /// Collective calls.
+    pub collectives: u64,
+    /// Device -> host synchronisations (host ops with dependencies).
+    pub d2h_syncs: u64,
+    /// Extra validation-mode CPU operator events (counted in both modes; charged only in
+    /// validation mode).
+    pub validation_events: u64,
+}
+
+impl HostTotals {
+    /// Counts the ops of one program.
+    pub fn of<'a>(ops: impl IntoIterator<Item = &'a Op>) -> Self {
+        let mut t = Self::default();
+        for op in ops {
+            match &op.payload {
+                Payload::Compute(w) => t.kernels += u64::from(w.kernels),
+                Payload::Copy(w) => t.kernels += u64::from(w.kernels),
+                Payload::Collective(_) => t.collectives += 1,
+                Payload::Host { .. } => t.d2h_syncs += u64::from(!op.deps.is_empty()),
+            }
+            t.validation_events += u64::from(op.validation_cpu_events);
+        }
+        t
+    }
+
+    /// Host seconds these counts cost at `costs` (no host-op durations included).
+    pub fn host_s(&self, costs: &HostCosts) -> f64 {
+        (self.kernels as f64 * costs.kernel_launch_us
+            + self.collectives as f64 * costs.collective_launch_us
+            + self.d2h_syncs as f64 * costs.d2h_sync_us
+            + self.validation_events as f64 * costs.validation_event_us)
+            * 1e-6
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hpfsdp_plan::program::{Category, ComputeWork, ProgramBuilder};
+
+    #[test]
+    fn each_class_costs_its_own_constant_and_validation_events_only_in_validation_mode() {
+        let mut p = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        p.calibration.host_launch_us_per_kernel = 4.0;
+        p.calibration.host_launch_us_per_collective = 50.0;
+        p.calibration.host_d2h_sync_us = 20.0;
+        p.calibration.validation_us_per_cpu_event = 7.0;
+        let mut b = ProgramBuilder::new(0);
+        let k = b.compute(ComputeWork::memory_bound(0, 0, 3), &[]);
+        b.validation_events(k, 10);
+        let free = b.host(Category::Host, 1_000, &[]);
+        let sync = b.host(Category::Host, 1_000, &[k]);
+        let prog = b.build().unwrap();
+        let prod = HostCosts::of(&p, false);
+        let val = HostCosts::of(&p, true);
+        assert_eq!(prod.op_ns(&prog.ops[k.index()]), 12_000);
+        assert_eq!(val.op_ns(&prog.ops[k.index()]), 12_000 + 70_000);
+        assert_eq!(prod.op_ns(&prog.ops[free.index()]), 1_000);
+        assert_eq!(prod.op_ns(&prog.ops[sync.index()]), 21_000);
+        let t = HostTotals::of(prog.ops.iter());
+        assert_eq!(
+            (t.kernels, t.collectives, t.d2h_syncs, t.validation_events),
+            (3, 0, 1, 10)
+        );
+        assert!((t.host_s(&val) - (12.0 + 20.0 + 70.0) * 1e-6).abs() < 1e-12);
+    }
+}
