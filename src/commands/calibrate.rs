@@ -4,7 +4,9 @@
 //! tables first; write the calibration report (`reports/calibration/` by default) and, with
 //! `--write-profile`, a new profile file with the fitted values.
 
-use super::calibrate_report::{figure_table, flag, label, loo_tables, page, params_table, value};
+use super::calibrate_report::{
+    figure_table, flag, label, loo_tables, page, params_table, starts_table, value,
+};
 use super::calibrate_tables::{FromTables, apply_tables, sections, write_gemm_outputs};
 use anyhow::{Context, Result, bail};
 use hpfsdp_reports::table::Table;
@@ -200,6 +202,16 @@ fn print_text(
             }
         }
         println!("{}", without_last_column(&params_table(f)).to_markdown());
+        println!("starts:\n{}", starts_table(f).to_markdown());
+        if let Some(folds) = folds {
+            for fold in folds {
+                println!(
+                    "starts without {}:\n{}",
+                    fold.left_out,
+                    starts_table(&fold.fit).to_markdown()
+                );
+            }
+        }
     }
     println!("{}", figure_table(checked).to_markdown());
     if let Some(folds) = folds {
@@ -375,7 +387,10 @@ fn json(
         "exp_b_diff_error_pp": checked.exp_b_diff_error_pp,
         "rows": rows,
         "fit": fit.map(|f| json!({"cost_start": f.cost_start, "cost": f.cost,
-            "iterations": f.iterations, "evaluations": f.evaluations, "params": params(f)})),
+            "iterations": f.iterations, "evaluations": f.evaluations, "params": params(f),
+            "starts": f.starts.iter().map(|s| json!({"label": s.label, "start": s.start,
+                "end": s.end, "cost_start": s.cost_start, "cost": s.cost,
+                "iterations": s.iterations})).collect::<Vec<_>>()})),
         "loo": folds.map(|folds| folds.iter().map(|f| json!({
             "left_out": f.left_out, "params": params(&f.fit), "passed": f.held_out.passed,
             "rms_log_error": finite(f.rms_log_error()),

@@ -58,6 +58,51 @@ fn result_word(r: &CheckedRow) -> &'static str {
     }
 }
 
+/// One row per start of the joint fit: its cost before and after, its iterations and the
+/// constants it ended at (the kept start is marked).
+pub fn starts_table(fit: &FitOutcome) -> Table {
+    let best = fit
+        .starts
+        .iter()
+        .position(|s| s.cost == fit.cost)
+        .unwrap_or(0);
+    let mut header = vec![
+        "start".to_string(),
+        "cost before".into(),
+        "cost after".into(),
+        "iterations".into(),
+    ];
+    header.extend(fit.params.iter().map(|p| p.param.key.to_string()));
+    let rows = fit
+        .starts
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let mut row = vec![
+                if i == best {
+                    format!("{} (kept)", s.label)
+                } else {
+                    s.label.to_string()
+                },
+                format!("{:.4}", s.cost_start),
+                format!("{:.4}", s.cost),
+                s.iterations.to_string(),
+            ];
+            row.extend(
+                s.start
+                    .iter()
+                    .zip(&s.end)
+                    .map(|(a, b)| format!("{a:.4} -> {b:.4}")),
+            );
+            row
+        })
+        .collect();
+    Table {
+        headers: header,
+        rows,
+    }
+}
+
 /// Every figure row: role, measured, predicted, error, log residual, tolerance, result.
 pub fn figure_table(checked: &Checked) -> Table {
     let rows = checked

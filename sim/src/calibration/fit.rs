@@ -4,18 +4,25 @@
 //!
 //! Each evaluation re-simulates the selected runs with trial constants; the solver
 //! ([`super::lm`]) works on the logarithm of each constant (so efficiencies and microseconds
-//! move by relative steps) with forward finite differences. It starts twice, from the
-//! profile's values and from the log-midpoint of every bound, and keeps the lower cost: the
-//! calibration's cost is not convex (from the profile alone the fit stopped at cost 0.65 on
-//! one start and 0.25 on another that differed only in `hbm_efficiency`). A constant that ends on a bound is
-//! flagged: the measurements then want a value its bound's measurement rules out.
+//! move by relative steps) with forward finite differences. The calibration's cost is not
+//! convex (from the profile alone the fit stopped at cost 0.65 on one start and 0.25 on
+//! another that differed only in `hbm_efficiency`; with too few modelled kernels it settled
+//! in a device-bound minimum with the GEMM ceiling at 1.0 and the kernel launch cost at its
+//! floor), so it starts from a fixed list ([`START_LABELS`]): the profile's values, the
+//! log-midpoint of every bound, and a **host-bound** start (the profile's values with the
+//! kernel launch cost at 90% of its upper bound, i.e. launches filling 90% of the measured
+//! exp-A step), and keeps the lowest final cost; every start's outcome is reported
+//! ([`StartOutcome`]). Upper bounds that mean "no more host time than the measured step"
+//! count the MODEL's launches ([`super::params::MaxFrom::ModelLaunches`]). A constant that
+//! ends on a bound is flagged: the measurements then want a value its bound's measurement
+//! rules out.
 
 use super::compare::{CalibrationSet, Comparison, FigureRow};
 use super::error::CalibrationError;
 use super::gates::rule_of;
-use super::lm::{LmOptions, minimise_multistart};
+use super::lm::{LmOptions, minimise};
 use super::measured::MeasuredRun;
-use super::params::{FitParam, get, set};
+use super::params::{FitParam, MaxFrom, get, resolve_bounds, set};
 use crate::profile::HardwareProfile;
 
 /// Residual given to a fitted figure the simulation could not predict (NaN or <= 0): as
@@ -46,6 +53,29 @@ pub struct FittedParam {
     pub unidentified: bool,
 }
 
+/// Labels of the fit's starts, in the order they run.
+pub const START_LABELS: [&str; 3] = ["profile", "mid-bounds", "host-bound"];
+
+/// Fraction of its upper bound the kernel launch cost starts at in the host-bound start.
+pub const HOST_BOUND_START_FRACTION: f64 = 0.9;
+
+/// Where one start of the fit began and ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartOutcome {
+    /// Which start ([`START_LABELS`]).
+    pub label: &'static str,
+    /// Constant values it started from, in the fit's parameter order.
+    pub start: Vec<f64>,
+    /// Constant values it ended at.
+    pub end: Vec<f64>,
+    /// Half the sum of squared residuals at its start.
+    pub cost_start: f64,
+    /// The same at its end.
+    pub cost: f64,
+    /// Solver iterations it ran.
+    pub iterations: usize,
+}
+
 /// The outcome of a joint fit.
 #[derive(Debug, Clone)]
 pub struct FitOutcome {
@@ -63,6 +93,9 @@ pub struct FitOutcome {
     pub iterations: usize,
     /// Simulations of the selected run set.
     pub evaluations: usize,
+    /// Every start's outcome, in [`START_LABELS`] order (the kept one has the lowest cost,
+    /// the earliest on a tie).
+    pub starts: Vec<StartOutcome>,
 }
 
 /// True when the row enters the least squares: a fitted figure with a non-zero measurement
@@ -113,34 +146,46 @@ fn from_log(param: &FitParam, z: f64) -> f64 {
     z.exp().clamp(param.min, param.max)
 }
 
-/// Fits `params` jointly on the runs of `set` that `keep` selects, starting from `start`'s
-/// values and from the middle of the bounds (the lower cost wins). Deterministic. Errors name an unknown key or the simulation that failed.
-pub fn fit_joint(
+/// The log start points of the fit ([`START_LABELS`]): the profile's values `x0`, the
+/// log-midpoint of every bound, and the host-bound start (`x0` with the kernel launch cost at
+/// [`HOST_BOUND_START_FRACTION`] of its upper bound; the same as `x0` when that constant is
+/// not fitted).
+fn start_points(params: &[FitParam], x0: &[f64], lo: &[f64], hi: &[f64]) -> Vec<Vec<f64>> {
+    let mid: Vec<f64> = lo.iter().zip(hi).map(|(l, h)| 0.5 * (l + h)).collect();
+    let mut host = x0.to_vec();
+    for (j, p) in params.iter().enumerate() {
+        if p.key == "calibration.host_launch_us_per_kernel" {
+            host[j] = (HOST_BOUND_START_FRACTION * p.max).ln().max(lo[j]);
+        }
+    }
+    vec![x0.to_vec(), mid, host]
+}
+
+/// `params` with their upper bounds resolved against the starting profile's comparison of
+/// every run, when any bound follows the model ([`MaxFrom::ModelLaunches`]).
+fn resolved(
     set: &CalibrationSet,
     start: &HardwareProfile,
     params: &[FitParam],
-    keep: impl Fn(&MeasuredRun) -> bool + Copy,
-    options: &LmOptions,
-) -> Result<FitOutcome, CalibrationError> {
-    let mut x0 = Vec::with_capacity(params.len());
-    for p in params {
-        let v = get(start, p.key).ok_or_else(|| CalibrationError::UnknownKey {
-            key: p.key.to_string(),
-        })?;
-        x0.push(v.max(f64::MIN_POSITIVE).ln());
+) -> Result<Vec<FitParam>, CalibrationError> {
+    if params
+        .iter()
+        .any(|p| matches!(p.max_from, MaxFrom::ModelLaunches { .. }))
+    {
+        Ok(resolve_bounds(params, &set.compare(start)?))
+    } else {
+        Ok(params.to_vec())
     }
-    let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
-    let hi: Vec<f64> = params.iter().map(|p| p.max.ln()).collect();
-    // The profile's values, then the log-midpoint of every bound.
-    let mid: Vec<f64> = lo.iter().zip(&hi).map(|(l, h)| 0.5 * (l + h)).collect();
-    let starts = [x0.clone(), mid];
-    let out = minimise_multistart(&starts, &lo, &hi, options, |z| {
-        let c = set.compare_where(&with_values(start, params, z), keep)?;
-        Ok::<_, CalibrationError>(residuals(&c))
-    })?;
-    let profile = with_values(start, params, &out.x);
-    let comparison = set.compare_where(&profile, keep)?;
-    let fitted = params
+}
+
+/// The fitted constants at log values `x` with their bound flags.
+fn fitted_params(
+    params: &[FitParam],
+    x0: &[f64],
+    out: &super::lm::LmOutcome,
+    (lo, hi): (&[f64], &[f64]),
+) -> Vec<FittedParam> {
+    params
         .iter()
         .enumerate()
         .map(|(j, p)| {
@@ -159,15 +204,68 @@ pub fn fit_joint(
                 unidentified: out.unidentified[j],
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Fits `params` jointly on the runs of `set` that `keep` selects, from every start of
+/// [`START_LABELS`] (the lowest final cost wins, the earliest on a tie). Upper bounds that
+/// follow the model are resolved first ([`super::params::FitParam::resolved`]).
+/// Deterministic. Errors name an unknown key or the simulation that failed.
+pub fn fit_joint(
+    set: &CalibrationSet,
+    start: &HardwareProfile,
+    params: &[FitParam],
+    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    options: &LmOptions,
+) -> Result<FitOutcome, CalibrationError> {
+    let params = resolved(set, start, params)?;
+    let params = params.as_slice();
+    let mut x0 = Vec::with_capacity(params.len());
+    for p in params {
+        let v = get(start, p.key).ok_or_else(|| CalibrationError::UnknownKey {
+            key: p.key.to_string(),
+        })?;
+        x0.push(v.max(f64::MIN_POSITIVE).ln());
+    }
+    let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
+    let hi: Vec<f64> = params.iter().map(|p| p.max.ln()).collect();
+    let mut f = |z: &[f64]| {
+        let c = set.compare_where(&with_values(start, params, z), keep)?;
+        Ok::<_, CalibrationError>(residuals(&c))
+    };
+    let values =
+        |z: &[f64]| -> Vec<f64> { params.iter().zip(z).map(|(p, z)| from_log(p, *z)).collect() };
+    let mut starts = Vec::new();
+    let mut best: Option<super::lm::LmOutcome> = None;
+    let (mut iterations, mut evaluations) = (0, 0);
+    for (label, z0) in START_LABELS.iter().zip(start_points(params, &x0, &lo, &hi)) {
+        let out = minimise(&z0, &lo, &hi, options, &mut f)?;
+        iterations += out.iterations;
+        evaluations += out.evaluations;
+        starts.push(StartOutcome {
+            label,
+            start: values(&z0),
+            end: values(&out.x),
+            cost_start: out.cost_start,
+            cost: out.cost,
+            iterations: out.iterations,
+        });
+        if best.as_ref().is_none_or(|b| out.cost < b.cost) {
+            best = Some(out);
+        }
+    }
+    let out = best.expect("START_LABELS is not empty");
+    let profile = with_values(start, params, &out.x);
+    let comparison = set.compare_where(&profile, keep)?;
     Ok(FitOutcome {
         profile,
         comparison,
-        params: fitted,
-        cost_start: out.cost_start,
+        params: fitted_params(params, &x0, &out, (&lo, &hi)),
+        cost_start: starts[0].cost_start,
         cost: out.cost,
-        iterations: out.iterations,
-        evaluations: out.evaluations + 1,
+        iterations,
+        evaluations: evaluations + 1,
+        starts,
     })
 }
 
