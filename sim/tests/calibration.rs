@@ -123,6 +123,78 @@ mod joint_fit {
         );
     }
 
+    /// The kernel launch cost's upper bound counts the MODEL's exp-A launches, every start is
+    /// reported, and the host-bound start begins at 90% of that bound. Cheap: one constant,
+    /// exp A only, two iterations per start.
+    #[test]
+    fn the_launch_bound_counts_the_models_launches_and_every_start_is_reported() {
+        use hpfsdp_sim::calibration::fit::{HOST_BOUND_START_FRACTION, START_LABELS};
+        let set_all = CalibrationSet::load(root()).unwrap();
+        let start = a3();
+        let param = *fit_param("calibration.host_launch_us_per_kernel").unwrap();
+        let c = set_all.compare(&start).unwrap();
+        let launches: f64 = [Figure::DeviceKernels, Figure::Collectives]
+            .iter()
+            .map(|f| c.row("production mode", *f).unwrap().predicted)
+            .sum();
+        let resolved = param.resolved(&c);
+        assert!(
+            (resolved.max - 6.070e6 / launches).abs() < 1e-9,
+            "{resolved:?}"
+        );
+        let options = LmOptions {
+            max_iterations: 2,
+            ..LmOptions::default()
+        };
+        let out = fit_joint(
+            &set_all,
+            &start,
+            &[param],
+            |r| r.experiment == "A mbs2",
+            &options,
+        )
+        .unwrap();
+        assert_eq!(out.params[0].param.max, resolved.max);
+        let labels: Vec<&str> = out.starts.iter().map(|s| s.label).collect();
+        assert_eq!(labels, START_LABELS);
+        let host = &out.starts[2];
+        assert!((host.start[0] - HOST_BOUND_START_FRACTION * resolved.max).abs() < 1e-6);
+        let best = out
+            .starts
+            .iter()
+            .map(|s| s.cost)
+            .fold(f64::INFINITY, f64::min);
+        assert_eq!(out.cost, best);
+        assert!(out.params[0].value <= resolved.max);
+    }
+
+    /// Experiment B is device-bound: its step times do not move when the kernel launch cost
+    /// goes from 5 to 100 us (host busy ~1.7 s against a ~2.75 s device step), so a host-bound
+    /// exp-A solution does not cost exp B anything.
+    #[test]
+    fn experiment_b_is_insensitive_to_the_kernel_launch_cost_up_to_100_us() {
+        let set_all = CalibrationSet::load(root()).unwrap();
+        let mut low = a3();
+        set(&mut low, "calibration.host_launch_us_per_kernel", 5.0);
+        let mut high = a3();
+        set(&mut high, "calibration.host_launch_us_per_kernel", 100.0);
+        let b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
+        let (cl, ch) = (
+            set_all.compare_where(&low, b).unwrap(),
+            set_all.compare_where(&high, b).unwrap(),
+        );
+        for run in ["PyTorch FSDP2", "HyperParallel-FSDP"] {
+            let (l, h) = (
+                cl.row(run, Figure::StepTimeS).unwrap().predicted,
+                ch.row(run, Figure::StepTimeS).unwrap().predicted,
+            );
+            assert!(
+                (h / l - 1.0).abs() < 1e-3,
+                "{run}: {l} s at 5 us, {h} s at 100 us"
+            );
+        }
+    }
+
     #[test]
     fn the_verdict_is_not_green_over_a_row_outside_tolerance() {
         let set_all = CalibrationSet::load(root()).unwrap();
@@ -141,7 +213,7 @@ mod joint_fit {
     }
 
     #[test]
-    #[ignore = "full joint fit + leave-one-out: ~300 simulations of the measured runs (minutes)"]
+    #[ignore = "full joint fit + leave-one-out: ~450 simulations of the measured runs (~40 s)"]
     fn full_joint_fit_and_leave_one_out() {
         let set_all = CalibrationSet::load(root()).unwrap();
         let start = a3();
