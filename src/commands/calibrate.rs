@@ -5,7 +5,7 @@
 //! `--write-profile`, a new profile file with the fitted values.
 
 use super::calibrate_report::{
-    figure_table, flag, label, loo_tables, page, params_table, starts_table, value,
+    figure_table, flag, host_table, label, loo_tables, page, params_table, starts_table, value,
 };
 use super::calibrate_tables::{FromTables, apply_tables, sections, write_gemm_outputs};
 use anyhow::{Context, Result, bail};
@@ -142,7 +142,12 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
             serde_json::to_string_pretty(&json(&checked, fit.as_ref(), folds.as_deref(), &from))?
         );
     } else {
-        print_text(&checked, fit.as_ref(), folds.as_deref(), &report.report);
+        print_text(
+            (&checked, &comparison),
+            fit.as_ref(),
+            folds.as_deref(),
+            &report.report,
+        );
     }
     write_report(
         &args.out,
@@ -174,7 +179,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
 }
 
 fn print_text(
-    checked: &Checked,
+    (checked, comparison): (&Checked, &Comparison),
     fit: Option<&FitOutcome>,
     folds: Option<&[Fold]>,
     report: &hpfsdp_reports::TableReport,
@@ -214,6 +219,10 @@ fn print_text(
         }
     }
     println!("{}", figure_table(checked).to_markdown());
+    println!(
+        "host model (rank 0 launches by class, host seconds at the profile's constants; host busy of the critical rank vs the step):\n{}",
+        host_table(comparison).to_markdown()
+    );
     if let Some(folds) = folds {
         let (summary, _) = loo_tables(folds);
         println!("leave-one-out:\n{}", summary.to_markdown());

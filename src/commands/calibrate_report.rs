@@ -58,6 +58,47 @@ fn result_word(r: &CheckedRow) -> &'static str {
     }
 }
 
+/// The host model's figures of every run: rank 0's launches by class, the host seconds each
+/// class costs, and host busy time against the step (host-bound when they are close).
+pub fn host_table(c: &hpfsdp_sim::calibration::Comparison) -> Table {
+    let headers = [
+        "experiment",
+        "run",
+        "kernels",
+        "collectives",
+        "d2h syncs",
+        "validation events",
+        "kernel launch (s)",
+        "collective launch (s)",
+        "d2h sync (s)",
+        "validation (s)",
+        "host busy (s)",
+        "step (s)",
+    ]
+    .map(String::from)
+    .to_vec();
+    let rows = c
+        .host
+        .iter()
+        .map(|h| {
+            let t = &h.totals;
+            let mut row = vec![
+                h.experiment.to_string(),
+                h.run.to_string(),
+                t.kernels.to_string(),
+                t.collectives.to_string(),
+                t.d2h_syncs.to_string(),
+                t.validation_events.to_string(),
+            ];
+            row.extend(h.class_s().iter().map(|s| format!("{s:.4}")));
+            row.push(format!("{:.4}", h.host_busy_s));
+            row.push(format!("{:.4}", h.step_s));
+            row
+        })
+        .collect();
+    Table { headers, rows }
+}
+
 /// One row per start of the joint fit: its cost before and after, its iterations and the
 /// constants it ended at (the kept start is marked).
 pub fn starts_table(fit: &FitOutcome) -> Table {

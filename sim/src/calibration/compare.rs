@@ -1,5 +1,6 @@
 //! Simulates every held-in measured run and puts predicted figures beside measured ones.
 
+use super::host_rows::HostRow;
 use super::measured::{EXP_B_MEASURED_DIFF, Figure, MeasuredRun, measured_runs};
 use crate::error::SimError;
 use crate::host_cost::{HostCosts, HostTotals};
@@ -45,6 +46,8 @@ pub struct Comparison {
     pub exp_b_predicted_diff: f64,
     /// Measured experiment-B difference (-29.7%).
     pub exp_b_measured_diff: f64,
+    /// The host model's figures of every compared run, in run order.
+    pub host: Vec<HostRow>,
 }
 
 impl Comparison {
@@ -216,6 +219,7 @@ impl CalibrationSet {
         keep: impl Fn(&MeasuredRun) -> bool,
     ) -> Result<Comparison, SimError> {
         let mut rows = Vec::new();
+        let mut host = Vec::new();
         let mut step: BTreeMap<(&str, &str, bool), f64> = BTreeMap::new();
         for (run, idx) in self.runs.iter().filter(|(r, _)| keep(r)) {
             let options = RunOptions {
@@ -229,6 +233,12 @@ impl CalibrationSet {
                 profile,
                 run.validation_mode,
             );
+            host.push(HostRow::of(
+                (run.experiment, run.label),
+                &sim.result,
+                &sim.rank0_program,
+                HostCosts::of(profile, run.validation_mode),
+            ));
             step.insert(
                 (run.experiment, run.strategy, run.validation_mode),
                 sim.result.step_time_s(),
@@ -274,6 +284,7 @@ impl CalibrationSet {
             rows,
             exp_b_predicted_diff: hp / f2 - 1.0,
             exp_b_measured_diff: EXP_B_MEASURED_DIFF,
+            host,
         })
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! - [`measured`]: the measured figures, as data;
 //! - [`compare`]: simulate the measured runs and put predicted beside measured;
+//! - [`host_rows`]: each run's launches and host seconds by class, host busy vs step;
 //! - [`gates`]: which figures are fitted and which gate, with their tolerances (one table);
 //! - [`verdict`]: every row checked against its tolerance, and the overall verdict;
 //! - [`params`]: the residual constants of the fit, their bounds and sources (one table);
@@ -19,6 +20,7 @@ pub mod error;
 pub mod fit;
 pub mod gates;
 pub mod gemm_table;
+pub mod host_rows;
 pub mod lm;
 pub mod loo;
 pub mod measured;
