@@ -129,17 +129,35 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    let mut extra = sections(&from, &profile);
+    extra.insert(
+        0,
+        hpfsdp_reports::table::Section {
+            heading: "Host model".into(),
+            text: "Rank 0's launches by class, the host seconds each class costs at the \
+                   profile's constants (sim/src/host_cost.rs), and the critical rank's host busy \
+                   time against the step: a run whose host is busy for most of its step is \
+                   host-bound."
+                .into(),
+            table: host_table(&comparison),
+        },
+    );
     let report = page(
         &comparison.profile,
         &checked,
         fit.as_ref(),
         folds.as_deref(),
-        sections(&from, &profile),
+        extra,
     );
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&json(&checked, fit.as_ref(), folds.as_deref(), &from))?
+            serde_json::to_string_pretty(&json(
+                (&checked, &comparison),
+                fit.as_ref(),
+                folds.as_deref(),
+                &from
+            ))?
         );
     } else {
         print_text(
@@ -350,7 +368,7 @@ fn write_profile(
 }
 
 fn json(
-    checked: &Checked,
+    (checked, comparison): (&Checked, &Comparison),
     fit: Option<&FitOutcome>,
     folds: Option<&[Fold]>,
     from: &FromTables,
@@ -405,6 +423,15 @@ fn json(
             "rms_log_error": finite(f.rms_log_error()),
         })).collect::<Vec<_>>()),
         "tier_fits": tiers,
+        "host": comparison.host.iter().map(|h| {
+            let [kernel_s, collective_s, sync_s, validation_s] = h.class_s();
+            json!({"experiment": h.experiment, "run": h.run, "kernels": h.totals.kernels,
+                "collectives": h.totals.collectives, "d2h_syncs": h.totals.d2h_syncs,
+                "validation_events": h.totals.validation_events,
+                "kernel_launch_s": kernel_s, "collective_launch_s": collective_s,
+                "d2h_sync_s": sync_s, "validation_s": validation_s,
+                "host_busy_s": h.host_busy_s, "step_s": h.step_s})
+        }).collect::<Vec<_>>(),
     })
 }
 

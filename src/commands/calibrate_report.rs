@@ -380,6 +380,15 @@ pub fn page(
             ),
             table: params_table(fit),
         });
+        sections.push(Section {
+            heading: "Fit starts".into(),
+            text: "Every start of the joint fit (the profile's values, the log-midpoint of every \
+                   bound, and the host-bound start with the kernel launch cost at 90% of its \
+                   bound), its cost before and after and the constants it ended at; the lowest \
+                   final cost is kept."
+                .into(),
+            table: starts_table(fit),
+        });
     }
     sections.push(Section {
         heading: "Every figure".into(),
