@@ -10,7 +10,8 @@ use hpfsdp_plan::planner::{BoundarySpec, plan};
 use hpfsdp_plan::program::{Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::validation::{
-    EVENTS_PER_CONTRACT_ENTRY, in_local_region, in_plan_entries, out_plan_entries,
+    EVENTS_PER_CONTRACT_ENTRY, in_check_events, in_local_region, in_plan_entries, out_check_events,
+    out_plan_entries,
 };
 use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
 use std::path::PathBuf;
@@ -118,6 +119,14 @@ fn moe_experts_are_a_local_region_and_attention_projections_are_dispatched() {
         .find(|o| o.kind == ComputeKind::Attention)
         .unwrap();
     assert!(!in_local_region(&bs, core));
+    let checks: u32 = bs
+        .iter()
+        .map(|b| in_check_events(b) + out_check_events(b))
+        .sum();
+    eprintln!(
+        "exp A layer 0: {} boundaries, {checks} contract-check events per forward",
+        bs.len()
+    );
 }
 
 #[test]
