@@ -626,3 +626,31 @@ fn fsdp2_backward_prefetch_survives_depth_zero() {
     // Forward stays implicit: block k+1's all-gather comes after block k's copy-out.
     assert!(op_index(&prog, "layers.3.copy_out") < op_index(&prog, "layers.4.ag"));
 }
+
+/// Exp B's measured all-gathers per step, 125 (FSDP2) and 1,087 (HyperParallel), decompose
+/// into the FSDP all-gathers (97 FSDP2 units: root + 48 blocks forward, 48 blocks backward;
+/// 1,059 HyperParallel parameters: 2 x 531 - 3 root parameters) plus one fused Muon gather
+/// per Newton-Schulz memory batch (28 in the revision that ran exp B, where every batch
+/// closes at the 2^29 / S cap on its own, `ns_batch_fill_owners = false`). Both FSDP
+/// counts are the programs' own; the optimizer part is the Muon plan's.
+#[test]
+fn exp_b_measured_all_gather_counts() {
+    let path = root().join("paper/exp-b.toml");
+    let text = std::fs::read_to_string(&path).unwrap()
+        + "\n[optimizer.muon]\nns_batch_fill_owners = false\n";
+    let s = Scenario::from_str_at(&text, &path).unwrap();
+    let p = plan(&s.model, &s.planner_input());
+    let f = build_fsdp_plan(&s, &p);
+    for (kind, fsdp, measured) in [
+        (StrategyKind::Fsdp2, 97, 125),
+        (StrategyKind::HyperParallel, 1059, 1087),
+    ] {
+        let g = ProgramGenerator::new(&s, &p, &f, kind).unwrap();
+        let prog = g.program(0).unwrap();
+        let unit_ag = count(&prog, Category::FsdpAg, CollectiveKind::AllGather);
+        let muon_ag = count(&prog, Category::Optimizer, CollectiveKind::AllGather);
+        assert_eq!(unit_ag, fsdp, "{kind}");
+        assert_eq!(muon_ag, 28, "{kind}");
+        assert_eq!(unit_ag + muon_ag, measured, "{kind}");
+    }
+}
