@@ -3,11 +3,13 @@
 //! - **All-gather** per sharded parameter, zero-copy into its persistent buffer, on the
 //!   all-gather stream inside the shard group (FSDP plan sizes and alignment). Prefetch depth
 //!   `d`: before the compute of unit `u` the all-gathers of units `u..=u+d` are issued (forward
-//!   order in forward, reverse order in backward). Every layer unit reshards after forward
-//!   when `reshard_after_forward` (8.1 counts `2 P_u` all-gathers per unit); the root units
-//!   (embedding, final norm + `lm_head`) keep their parameters until backward, as exp B's
-//!   measured 1,059 FSDP all-gathers (2 x 531 - 3) show ([`Hp::is_root`]). Every unit
-//!   reshards after backward when `reshard_after_backward`.
+//!   order in forward, reverse order in backward). Every unit reshards after forward when
+//!   `reshard_after_forward` (no root exception: 8.1 counts `2 P_u` all-gathers per unit) and
+//!   after backward when `reshard_after_backward`. (Exp B measured 1,059 FSDP all-gathers,
+//!   1,087 minus the 28 Muon gathers, i.e. `2 x 531 - 3`: the three root parameters,
+//!   embedding, final norm and `lm_head`, gathered once, as FSDP2's root rule would give.
+//!   Not modelled yet: the reference executor and `FsdpPlan::collective_counts`, which the
+//!   verification compares with this program, count `2 P_u` too.)
 //! - **Reduce-scatter** per sharded parameter, into views of the unit's fused all-reduce
 //!   buffer. All-gathers and reduce-scatters of one shard group run on that group's single
 //!   HCCL stream, in issue order ([`emit::shard_group_stream`]).
@@ -183,18 +185,6 @@ impl<'a, 'c> Hp<'a, 'c> {
     fn dmuon_republish(&self, u: usize) -> bool {
         self.e.ctx.opt.strategy == OptimizerStrategy::DMuon
             && self.e.ctx.stages[self.e.ctx.unit_stage[u]].recompute
-    }
-
-    /// Whether unit `u` belongs to the root `fully_shard(model)` call: every unit outside the
-    /// decoder layers (embedding, final norm + `lm_head`). The root keeps its parameters
-    /// gathered from forward to backward, as FSDP2's `FSDPState._lazy_init` does for a root
-    /// with the default `reshard_after_forward` ("for the root, do not reshard after forward
-    /// since for training, the parameters would be freed and all-gathered immediately").
-    /// Measured on exp B: 1,087 all-gathers per step = 28 Muon gathers (the FSDP2 side's
-    /// 125 - 97 with the same optimizer) + 1,059 = 2 x 531 - 3, the three root parameters
-    /// gathered once.
-    fn is_root(&self, u: usize) -> bool {
-        self.e.ctx.fsdp.units[u].layer.is_none()
     }
 
     fn gather(&mut self, u: usize, bwd: bool) {
@@ -593,7 +583,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             forward_activations(&mut self.e, stage, last);
             if o.reshard_after_forward {
                 for &u in &stage_units[si] {
-                    if self.gathered[u] && !self.is_root(u) {
+                    if self.gathered[u] {
                         let b = self.units[u].gathered_bytes;
                         self.e.free(last, MemTag::Params, b);
                         self.gathered[u] = false;
