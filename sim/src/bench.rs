@@ -83,127 +83,182 @@ pub fn synthetic_program(
     topology: &Topology,
     rank: usize,
 ) -> Result<StepProgram, SimError> {
-    let s = cfg.dp_shard.max(1);
-    let shard_ranks: Vec<usize> = (rank / s * s..rank / s * s + s).collect();
-    let replica_ranks: Vec<usize> = (0..cfg.dp_replicate).map(|k| k * s + rank % s).collect();
-    let shard_tier = topology.tier_of(&shard_ranks);
-    let replica_tier = topology.tier_of(&replica_ranks);
     let mut b = ProgramBuilder::new(rank);
-    let shard_group = b.group(Group::new("dp_shard", shard_ranks)?);
-    let replica_group = b.group(Group::new("dp_replicate", replica_ranks)?);
-
-    let shard_bytes = cfg.layer_param_bytes.div_ceil(s as u64);
-    let full_bytes = shard_bytes * s as u64;
-    let layers = cfg.layers;
-    let slow = match cfg.straggler {
-        Some((r, m)) if r == rank => m.max(1),
-        _ => 1,
-    };
-    let work = |flops: u64, kernels: u32| ComputeWork {
-        flops: flops * slow,
-        hbm_bytes: full_bytes * 2,
-        kernels,
-        mix: None,
-    };
-    let coll = |kind, group, tier, input_bytes, output_bytes| CollectiveOp {
-        kind,
-        group,
-        tier,
-        input_bytes,
-        output_bytes,
-        dtype: DType::Bf16,
-        aligned_512: true,
-    };
-    let ag = coll(
-        CollectiveKind::AllGather,
-        shard_group,
-        shard_tier,
-        shard_bytes,
-        full_bytes,
-    );
-    let rs = coll(
-        CollectiveKind::ReduceScatter,
-        shard_group,
-        shard_tier,
-        full_bytes,
-        shard_bytes,
-    );
-    let ar = coll(
-        CollectiveKind::AllReduce,
-        replica_group,
-        replica_tier,
-        shard_bytes,
-        shard_bytes,
-    );
-
-    b.resident(MemTag::Params, shard_bytes * layers as u64);
-    b.resident(MemTag::Optimizer, 4 * shard_bytes * layers as u64);
-
-    // Forward with prefetch depth 1: all-gather i+1 is issued before compute i and waits for
-    // compute i-1 to reshard.
-    let mut fwd: Vec<OpId> = Vec::with_capacity(layers);
-    let mut next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &[]));
-    for i in 0..layers {
-        let this_ag = next_ag.take();
-        if let Some(a) = this_ag {
-            b.alloc(a, MemTag::Params, full_bytes);
-        }
-        if i + 1 < layers {
-            let deps: Vec<OpId> = i.checked_sub(1).map(|j| fwd[j]).into_iter().collect();
-            next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &deps));
-        }
-        let deps: Vec<OpId> = this_ag.into_iter().collect();
-        let f = b.compute(work(cfg.layer_fwd_flops, cfg.layer_kernels), &deps);
-        b.alloc(f, MemTag::Activations, cfg.layer_activation_bytes)
-            .free(f, MemTag::Params, full_bytes);
-        fwd.push(f);
-    }
-
-    // Backward in reverse layer order.
-    let mut last_rs = None;
-    let mut last_ar = None;
-    let mut bwd: Vec<OpId> = Vec::with_capacity(layers);
-    let first_dep: Vec<OpId> = fwd.last().copied().into_iter().collect();
-    let mut next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &first_dep));
-    for i in (0..layers).rev() {
-        let this_ag = next_ag.take();
-        if let Some(a) = this_ag {
-            b.alloc(a, MemTag::Params, full_bytes);
-        }
-        if i > 0 {
-            let deps: Vec<OpId> = bwd.last().copied().into_iter().collect();
-            next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, ag, &deps));
-        }
-        let deps: Vec<OpId> = this_ag.into_iter().collect();
-        let g = b.compute(work(2 * cfg.layer_fwd_flops, 2 * cfg.layer_kernels), &deps);
-        b.alloc(g, MemTag::Grads, full_bytes)
-            .free(g, MemTag::Params, full_bytes)
-            .free(g, MemTag::Activations, cfg.layer_activation_bytes);
-        bwd.push(g);
-        let r = b.collective(Stream::ReduceScatter, Category::FsdpRs, rs, &[g]);
-        b.alloc(r, MemTag::Grads, shard_bytes)
-            .free(r, MemTag::Grads, full_bytes);
-        last_rs = Some(r);
-        if cfg.dp_replicate > 1 {
-            last_ar = Some(b.collective(Stream::AllReduce, Category::FsdpAr, ar, &[r]));
-        }
-    }
-
-    let deps: Vec<OpId> = last_rs.into_iter().chain(last_ar).collect();
-    let opt = b.compute_on(
-        Stream::Compute,
-        Category::Optimizer,
-        ComputeWork {
-            flops: 10 * shard_bytes * layers as u64,
-            hbm_bytes: 12 * shard_bytes * layers as u64,
-            kernels: 4 * layers as u32,
-            mix: None,
-        },
-        &deps,
-    );
-    b.free(opt, MemTag::Grads, shard_bytes * layers as u64);
-    b.host(Category::Host, 20_000, &[opt]);
+    let sy = Synth::new(cfg, topology, rank, &mut b)?;
+    let layers = cfg.layers as u64;
+    b.resident(MemTag::Params, sy.shard_bytes * layers);
+    b.resident(MemTag::Optimizer, 4 * sy.shard_bytes * layers);
+    let fwd = sy.forward(&mut b);
+    let reduced = sy.backward(&mut b, &fwd);
+    sy.optimizer(&mut b, &reduced);
     Ok(b.build()?)
+}
+
+/// One rank's synthetic step: its collectives and per-layer sizes, shared by the phases.
+struct Synth<'c> {
+    cfg: &'c SyntheticConfig,
+    /// Per-layer all-gather, reduce-scatter (shard group) and all-reduce (replica group).
+    ag: CollectiveOp,
+    rs: CollectiveOp,
+    ar: CollectiveOp,
+    shard_bytes: u64,
+    full_bytes: u64,
+    /// Compute multiplier (the straggler's, else 1).
+    slow: u64,
+}
+
+impl<'c> Synth<'c> {
+    /// Registers `rank`'s shard and replica groups (in that order) and sizes its collectives.
+    fn new(
+        cfg: &'c SyntheticConfig,
+        topology: &Topology,
+        rank: usize,
+        b: &mut ProgramBuilder,
+    ) -> Result<Self, SimError> {
+        let s = cfg.dp_shard.max(1);
+        let shard_ranks: Vec<usize> = (rank / s * s..rank / s * s + s).collect();
+        let replica_ranks: Vec<usize> = (0..cfg.dp_replicate).map(|k| k * s + rank % s).collect();
+        let shard_tier = topology.tier_of(&shard_ranks);
+        let replica_tier = topology.tier_of(&replica_ranks);
+        let shard_group = b.group(Group::new("dp_shard", shard_ranks)?);
+        let replica_group = b.group(Group::new("dp_replicate", replica_ranks)?);
+        let shard_bytes = cfg.layer_param_bytes.div_ceil(s as u64);
+        let full_bytes = shard_bytes * s as u64;
+        let coll = |kind, group, tier, input_bytes, output_bytes| CollectiveOp {
+            kind,
+            group,
+            tier,
+            input_bytes,
+            output_bytes,
+            dtype: DType::Bf16,
+            aligned_512: true,
+        };
+        let slow = match cfg.straggler {
+            Some((r, m)) if r == rank => m.max(1),
+            _ => 1,
+        };
+        Ok(Self {
+            cfg,
+            ag: coll(
+                CollectiveKind::AllGather,
+                shard_group,
+                shard_tier,
+                shard_bytes,
+                full_bytes,
+            ),
+            rs: coll(
+                CollectiveKind::ReduceScatter,
+                shard_group,
+                shard_tier,
+                full_bytes,
+                shard_bytes,
+            ),
+            ar: coll(
+                CollectiveKind::AllReduce,
+                replica_group,
+                replica_tier,
+                shard_bytes,
+                shard_bytes,
+            ),
+            shard_bytes,
+            full_bytes,
+            slow,
+        })
+    }
+
+    /// Compute work of `flops` (scaled for a straggler) reading and writing the layer twice.
+    fn work(&self, flops: u64, kernels: u32) -> ComputeWork {
+        ComputeWork {
+            flops: flops * self.slow,
+            hbm_bytes: self.full_bytes * 2,
+            kernels,
+            mix: None,
+        }
+    }
+
+    /// Forward with prefetch depth 1: all-gather i+1 is issued before compute i and waits for
+    /// compute i-1 to reshard. Returns the forward compute ops.
+    fn forward(&self, b: &mut ProgramBuilder) -> Vec<OpId> {
+        let (cfg, full_bytes) = (self.cfg, self.full_bytes);
+        let layers = cfg.layers;
+        let mut fwd: Vec<OpId> = Vec::with_capacity(layers);
+        let mut next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, self.ag, &[]));
+        for i in 0..layers {
+            let this_ag = next_ag.take();
+            if let Some(a) = this_ag {
+                b.alloc(a, MemTag::Params, full_bytes);
+            }
+            if i + 1 < layers {
+                let deps: Vec<OpId> = i.checked_sub(1).map(|j| fwd[j]).into_iter().collect();
+                next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, self.ag, &deps));
+            }
+            let deps: Vec<OpId> = this_ag.into_iter().collect();
+            let f = b.compute(self.work(cfg.layer_fwd_flops, cfg.layer_kernels), &deps);
+            b.alloc(f, MemTag::Activations, cfg.layer_activation_bytes)
+                .free(f, MemTag::Params, full_bytes);
+            fwd.push(f);
+        }
+        fwd
+    }
+
+    /// Backward in reverse layer order: all-gather (prefetched one layer ahead), compute,
+    /// reduce-scatter and, with replicas, the all-reduce. Returns the last reduce-scatter and
+    /// all-reduce.
+    fn backward(&self, b: &mut ProgramBuilder, fwd: &[OpId]) -> Vec<OpId> {
+        let (cfg, full_bytes) = (self.cfg, self.full_bytes);
+        let mut last_rs = None;
+        let mut last_ar = None;
+        let mut bwd: Vec<OpId> = Vec::with_capacity(cfg.layers);
+        let first_dep: Vec<OpId> = fwd.last().copied().into_iter().collect();
+        let mut next_ag =
+            Some(b.collective(Stream::AllGather, Category::FsdpAg, self.ag, &first_dep));
+        for i in (0..cfg.layers).rev() {
+            let this_ag = next_ag.take();
+            if let Some(a) = this_ag {
+                b.alloc(a, MemTag::Params, full_bytes);
+            }
+            if i > 0 {
+                let deps: Vec<OpId> = bwd.last().copied().into_iter().collect();
+                next_ag = Some(b.collective(Stream::AllGather, Category::FsdpAg, self.ag, &deps));
+            }
+            let deps: Vec<OpId> = this_ag.into_iter().collect();
+            let g = b.compute(
+                self.work(2 * cfg.layer_fwd_flops, 2 * cfg.layer_kernels),
+                &deps,
+            );
+            b.alloc(g, MemTag::Grads, full_bytes)
+                .free(g, MemTag::Params, full_bytes)
+                .free(g, MemTag::Activations, cfg.layer_activation_bytes);
+            bwd.push(g);
+            let r = b.collective(Stream::ReduceScatter, Category::FsdpRs, self.rs, &[g]);
+            b.alloc(r, MemTag::Grads, self.shard_bytes)
+                .free(r, MemTag::Grads, full_bytes);
+            last_rs = Some(r);
+            if cfg.dp_replicate > 1 {
+                last_ar = Some(b.collective(Stream::AllReduce, Category::FsdpAr, self.ar, &[r]));
+            }
+        }
+        last_rs.into_iter().chain(last_ar).collect()
+    }
+
+    /// The optimizer kernel after the last reductions, then the final host synchronization.
+    fn optimizer(&self, b: &mut ProgramBuilder, reduced: &[OpId]) {
+        let layers = self.cfg.layers;
+        let shard_bytes = self.shard_bytes;
+        let opt = b.compute_on(
+            Stream::Compute,
+            Category::Optimizer,
+            ComputeWork {
+                flops: 10 * shard_bytes * layers as u64,
+                hbm_bytes: 12 * shard_bytes * layers as u64,
+                kernels: 4 * layers as u32,
+                mix: None,
+            },
+            reduced,
+        );
+        b.free(opt, MemTag::Grads, shard_bytes * layers as u64);
+        b.host(Category::Host, 20_000, &[opt]);
+    }
 }
 
 /// Wall-clock, CPU and memory figures of one benchmark run.

@@ -451,6 +451,8 @@ fn lint_section(r: &PlanReport) -> String {
     out
 }
 
+/// The `--explain` text of parameter `name` (None when the model has no such parameter):
+/// role, grouping, boundary, placement, FSDP and optimizer sections.
 fn explain_param(
     scenario: &Scenario,
     s: &ShardingPlan,
@@ -459,6 +461,26 @@ fn explain_param(
     name: &str,
 ) -> Option<String> {
     let p = s.param(name)?;
+    let mut out = explain_role(s, p);
+    let pl = format_axis_placements(&p.placements);
+    out.push_str(&format!(
+        "placement  plan axes: {pl}; full mesh: {}\n",
+        full_placements(scenario, f.param(name), &pl)
+    ));
+    if let Some(o) = p.ep_owner {
+        out.push_str(&format!("ep owner   whole matrix on ep coordinate {o}\n"));
+    }
+    if let Some(fp) = f.param(name) {
+        out.push_str(&explain_fsdp(f, fp));
+    }
+    if let Some((mi, mp)) = m.params.iter().enumerate().find(|(_, x)| x.name == name) {
+        out.push_str(&explain_optimizer(m, mi, mp));
+    }
+    Some(out)
+}
+
+/// Header, role, grouping notes and boundary lines of a parameter's explanation.
+fn explain_role(s: &ShardingPlan, p: &hpfsdp_plan::planner::ParamPlan) -> String {
     let mut out = format!(
         "{}  shape {}  {}\n",
         p.name,
@@ -494,84 +516,81 @@ fn explain_param(
             out.push_str(&format!("override   applied from {o}\n"));
         }
     }
-    let pl = format_axis_placements(&p.placements);
+    out
+}
+
+/// The FSDP lines of a parameter's explanation: unit, shard layout and collective sizes.
+fn explain_fsdp(f: &FsdpPlan, fp: &ParamFsdp) -> String {
+    let key = if fp.domain == DataDomain::Dense {
+        "dense"
+    } else {
+        "expert"
+    };
+    let g = &f.groups[&format!("{key}.shard")];
+    let mut out = format!(
+        "fsdp       unit {}; shard dim {} over {} ({} ranks, {}); plan-local {} -> local {} (padded {} elems)\n",
+        f.units[fp.unit].name,
+        fp.shard_dim,
+        g.axes.join("x"),
+        g.size,
+        g.tier,
+        shape(&fp.plan_local_shape),
+        shape(&fp.local_shape),
+        fp.padded_shard_numel
+    );
     out.push_str(&format!(
-        "placement  plan axes: {pl}; full mesh: {}\n",
-        full_placements(scenario, f.param(name), &pl)
-    ));
-    if let Some(o) = p.ep_owner {
-        out.push_str(&format!("ep owner   whole matrix on ep coordinate {o}\n"));
-    }
-    if let Some(fp) = f.param(name) {
-        let key = if fp.domain == DataDomain::Dense {
-            "dense"
+        "           all-gather {} B in / {} B out{}; reduce-scatter {} B in / {} B out; {}\n",
+        fp.all_gather.bytes_in_per_rank,
+        fp.all_gather.bytes_out_per_rank,
+        if fp.all_gather.aligned_512 {
+            ""
         } else {
-            "expert"
-        };
-        let g = &f.groups[&format!("{key}.shard")];
-        out.push_str(&format!(
-            "fsdp       unit {}; shard dim {} over {} ({} ranks, {}); plan-local {} -> local {} (padded {} elems)\n",
-            f.units[fp.unit].name,
-            fp.shard_dim,
-            g.axes.join("x"),
-            g.size,
-            g.tier,
-            shape(&fp.plan_local_shape),
-            shape(&fp.local_shape),
-            fp.padded_shard_numel
-        ));
-        out.push_str(&format!(
-            "           all-gather {} B in / {} B out{}; reduce-scatter {} B in / {} B out; {}\n",
-            fp.all_gather.bytes_in_per_rank,
-            fp.all_gather.bytes_out_per_rank,
-            if fp.all_gather.aligned_512 {
-                ""
-            } else {
-                " (not 512-B aligned)"
-            },
-            fp.reduce_scatter.bytes_in_per_rank,
-            fp.reduce_scatter.bytes_out_per_rank,
-            fp.copy_reason
-                .clone()
-                .map_or("zero-copy".into(), |r| format!("copy: {r}"))
-        ));
+            " (not 512-B aligned)"
+        },
+        fp.reduce_scatter.bytes_in_per_rank,
+        fp.reduce_scatter.bytes_out_per_rank,
+        fp.copy_reason
+            .clone()
+            .map_or("zero-copy".into(), |r| format!("copy: {r}"))
+    ));
+    out
+}
+
+/// The optimizer lines of a parameter's explanation (Muon plan entry `mi`): route, and for
+/// Muon the core shape, shard axes and memory batch.
+fn explain_optimizer(m: &MuonPlan, mi: usize, mp: &hpfsdp_plan::muon::MuonParam) -> String {
+    let mut out = format!("optimizer  {:?} — {}\n", mp.route, mp.route_reason);
+    if mp.route != OptimizerRoute::Muon {
+        return out;
     }
-    if let Some((mi, mp)) = m.params.iter().enumerate().find(|(_, x)| x.name == name) {
-        out.push_str(&format!(
-            "optimizer  {:?} — {}\n",
-            mp.route, mp.route_reason
-        ));
-        if mp.route == OptimizerRoute::Muon {
-            let axes: Vec<String> = mp
-                .shard_axes
-                .iter()
-                .map(|a| format!("{}(dim {})", a.axis, a.tensor_dim))
-                .collect();
-            out.push_str(&format!(
-                "muon       core shape {:?} x {} matrices; shard axes [{}]; {}\n",
-                mp.core_shape.unwrap_or((0, 0)),
-                mp.matrices,
-                axes.join(", "),
-                if mp.needs_gather {
-                    "a shard axis cuts the matrix plane: gathered, orthogonalized on one owner"
-                } else {
-                    "matrix plane not sharded: Newton-Schulz runs locally"
-                }
-            ));
-            if let Some((bi, b)) = m
-                .batches
-                .iter()
-                .enumerate()
-                .find(|(_, b)| b.params.contains(&mi))
-            {
-                out.push_str(&format!(
-                    "           batch {bi} ({} params); shard owner {:?}; replica owner {:?}\n",
-                    b.params.len(),
-                    b.shard_owner.get(&mi),
-                    b.replica_owner.get(&mi)
-                ));
-            }
+    let axes: Vec<String> = mp
+        .shard_axes
+        .iter()
+        .map(|a| format!("{}(dim {})", a.axis, a.tensor_dim))
+        .collect();
+    out.push_str(&format!(
+        "muon       core shape {:?} x {} matrices; shard axes [{}]; {}\n",
+        mp.core_shape.unwrap_or((0, 0)),
+        mp.matrices,
+        axes.join(", "),
+        if mp.needs_gather {
+            "a shard axis cuts the matrix plane: gathered, orthogonalized on one owner"
+        } else {
+            "matrix plane not sharded: Newton-Schulz runs locally"
         }
+    ));
+    if let Some((bi, b)) = m
+        .batches
+        .iter()
+        .enumerate()
+        .find(|(_, b)| b.params.contains(&mi))
+    {
+        out.push_str(&format!(
+            "           batch {bi} ({} params); shard owner {:?}; replica owner {:?}\n",
+            b.params.len(),
+            b.shard_owner.get(&mi),
+            b.replica_owner.get(&mi)
+        ));
     }
-    Some(out)
+    out
 }

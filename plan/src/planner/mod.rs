@@ -406,56 +406,10 @@ fn merge_overrides(
     lints: &mut Vec<LintIssue>,
 ) -> BTreeSet<(usize, String)> {
     let mut explicit = BTreeSet::new();
-    // Merge entries with the same match, later wins field-wise.
-    let mut merged: Vec<PlanOverride> = Vec::new();
-    for ov in &input.overrides {
-        if !gate_active(ov.when, input) {
-            continue;
-        }
-        if let Some(prev) = merged.iter_mut().find(|m| m.pattern == ov.pattern) {
-            prev.absorb(ov);
-        } else {
-            merged.push(ov.clone());
-        }
-    }
-    for ov in &merged {
-        let hits: Vec<usize> = boundaries
-            .iter()
-            .enumerate()
-            .filter(|(_, b)| {
-                if is_glob(&ov.pattern) {
-                    glob_match(&ov.pattern, &b.module)
-                } else {
-                    b.module == ov.pattern
-                }
-            })
-            .map(|(i, _)| i)
-            .collect();
-        let unbound: Vec<&String> = modules
-            .iter()
-            .filter(|m| {
-                if is_glob(&ov.pattern) {
-                    glob_match(&ov.pattern, m)
-                } else {
-                    **m == ov.pattern
-                }
-            })
-            .filter(|m| !boundaries.iter().any(|b| &b.module == *m))
-            .collect();
+    for ov in &active_overrides(input) {
+        let (hits, unbound) = override_targets(ov, boundaries, modules);
         if hits.is_empty() && unbound.is_empty() {
-            let what = if param_names.contains(ov.pattern.as_str()) {
-                format!("'{}' is a parameter, not a module", ov.pattern)
-            } else {
-                format!("'{}' matches no module of the model", ov.pattern)
-            };
-            lints.push(
-                LintIssue::error(
-                    "override-matches-nothing",
-                    format!("override at {}: {what}", ov.origin),
-                    "check the spelling against `hpfsdp plan --json` module names; globs use `*` (spans dots), e.g. model.layers.*.mlp",
-                )
-                .boundary(&ov.pattern),
-            );
+            lints.push(matches_nothing(ov, param_names));
             continue;
         }
         for &bi in &hits {
@@ -469,64 +423,137 @@ fn merge_overrides(
             );
         }
         if !unbound.is_empty() {
-            if !ov.has_concrete_field() {
-                lints.push(
-                    LintIssue::error(
-                        "override-without-boundary",
-                        format!(
-                            "override at {} matches {} module(s) without a derived boundary (e.g. '{}') but declares only \
-                             merge-only fields (auto/none)",
-                            ov.origin,
-                            unbound.len(),
-                            unbound[0]
-                        ),
-                        "declare concrete params or contracts to insert a boundary there, or match the enclosing boundary",
-                    )
-                    .boundary(unbound[0]),
-                );
-                continue;
-            }
-            if [&ov.params, &ov.in_src, &ov.in_dst, &ov.out_src, &ov.out_dst]
-                .iter()
-                .any(|f| matches!(f, FieldOverride::Clear))
-            {
-                lints.push(
-                    LintIssue::error(
-                        "sentinel-on-insert",
-                        format!("override at {}: 'none' is meaningless on '{}', which has no derived boundary", ov.origin, unbound[0]),
-                        "remove the 'none' field or give a concrete value",
-                    )
-                    .boundary(unbound[0]),
-                );
-                continue;
-            }
-            for m in unbound {
-                boundaries.push(BoundarySpec {
-                    module: m.clone(),
-                    ty: BoundaryType::Replicated,
-                    reason: format!("inserted by override at {}", ov.origin),
-                    source: BoundarySource::Inserted,
-                    params: IndexMap::new(),
-                    in_src: None,
-                    in_dst: None,
-                    out_src: None,
-                    out_dst: None,
-                    flags: BoundaryFlags::default(),
-                    overrides: Vec::new(),
-                });
-                let bi = boundaries.len() - 1;
-                apply_fields(
-                    &mut boundaries[bi],
-                    ov,
-                    param_names,
-                    lints,
-                    &mut explicit,
-                    bi,
-                );
-            }
+            insert_boundaries(boundaries, ov, &unbound, param_names, lints, &mut explicit);
         }
     }
     explicit
+}
+
+/// The overrides whose `when` gate is active, entries with the same match merged (later
+/// wins field-wise), in first-seen order.
+fn active_overrides(input: &PlannerInput) -> Vec<PlanOverride> {
+    let mut merged: Vec<PlanOverride> = Vec::new();
+    for ov in &input.overrides {
+        if !gate_active(ov.when, input) {
+            continue;
+        }
+        if let Some(prev) = merged.iter_mut().find(|m| m.pattern == ov.pattern) {
+            prev.absorb(ov);
+        } else {
+            merged.push(ov.clone());
+        }
+    }
+    merged
+}
+
+/// Whether an override pattern (a glob or an exact module name) matches `name`.
+fn pattern_matches(pattern: &str, name: &str) -> bool {
+    if is_glob(pattern) {
+        glob_match(pattern, name)
+    } else {
+        name == pattern
+    }
+}
+
+/// What an override matches: the indices of derived boundaries, and the modules without a
+/// boundary (cloned names, in model order).
+fn override_targets(
+    ov: &PlanOverride,
+    boundaries: &[BoundarySpec],
+    modules: &[String],
+) -> (Vec<usize>, Vec<String>) {
+    let hits: Vec<usize> = boundaries
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| pattern_matches(&ov.pattern, &b.module))
+        .map(|(i, _)| i)
+        .collect();
+    let unbound: Vec<String> = modules
+        .iter()
+        .filter(|m| pattern_matches(&ov.pattern, m))
+        .filter(|m| !boundaries.iter().any(|b| &b.module == *m))
+        .cloned()
+        .collect();
+    (hits, unbound)
+}
+
+/// The lint of an override that matches no module (naming a parameter when it does).
+fn matches_nothing(ov: &PlanOverride, param_names: &BTreeSet<&str>) -> LintIssue {
+    let what = if param_names.contains(ov.pattern.as_str()) {
+        format!("'{}' is a parameter, not a module", ov.pattern)
+    } else {
+        format!("'{}' matches no module of the model", ov.pattern)
+    };
+    LintIssue::error(
+        "override-matches-nothing",
+        format!("override at {}: {what}", ov.origin),
+        "check the spelling against `hpfsdp plan --json` module names; globs use `*` (spans dots), e.g. model.layers.*.mlp",
+    )
+    .boundary(&ov.pattern)
+}
+
+/// Inserts a replicated boundary, with the override's fields, at every module in `unbound`
+/// (matched modules without a derived boundary); lints instead when the override declares
+/// only merge-only fields or a `none` sentinel.
+fn insert_boundaries(
+    boundaries: &mut Vec<BoundarySpec>,
+    ov: &PlanOverride,
+    unbound: &[String],
+    param_names: &BTreeSet<&str>,
+    lints: &mut Vec<LintIssue>,
+    explicit: &mut BTreeSet<(usize, String)>,
+) {
+    if !ov.has_concrete_field() {
+        lints.push(
+            LintIssue::error(
+                "override-without-boundary",
+                format!(
+                    "override at {} matches {} module(s) without a derived boundary (e.g. '{}') but declares only \
+                     merge-only fields (auto/none)",
+                    ov.origin,
+                    unbound.len(),
+                    unbound[0]
+                ),
+                "declare concrete params or contracts to insert a boundary there, or match the enclosing boundary",
+            )
+            .boundary(&unbound[0]),
+        );
+        return;
+    }
+    if [&ov.params, &ov.in_src, &ov.in_dst, &ov.out_src, &ov.out_dst]
+        .iter()
+        .any(|f| matches!(f, FieldOverride::Clear))
+    {
+        lints.push(
+            LintIssue::error(
+                "sentinel-on-insert",
+                format!(
+                    "override at {}: 'none' is meaningless on '{}', which has no derived boundary",
+                    ov.origin, unbound[0]
+                ),
+                "remove the 'none' field or give a concrete value",
+            )
+            .boundary(&unbound[0]),
+        );
+        return;
+    }
+    for m in unbound {
+        boundaries.push(BoundarySpec {
+            module: m.clone(),
+            ty: BoundaryType::Replicated,
+            reason: format!("inserted by override at {}", ov.origin),
+            source: BoundarySource::Inserted,
+            params: IndexMap::new(),
+            in_src: None,
+            in_dst: None,
+            out_src: None,
+            out_dst: None,
+            flags: BoundaryFlags::default(),
+            overrides: Vec::new(),
+        });
+        let bi = boundaries.len() - 1;
+        apply_fields(&mut boundaries[bi], ov, param_names, lints, explicit, bi);
+    }
 }
 
 fn apply_fields(

@@ -17,6 +17,33 @@ use crate::program::{
 };
 use crate::topology::Tier;
 
+/// The expert shard group's communication stream (see [`shard_group_stream`]).
+pub(crate) const EXPERT_SHARD_STREAM: Stream = Stream::Aux(1);
+
+/// The device stream that runs every collective of `domain`'s FSDP shard group: its all-gathers
+/// and its reduce-scatters alike (and the owner broadcasts and reduces of placed matrices).
+///
+/// c10d backends run a process group's collectives on that group's own communication stream,
+/// not on the caller's stream: torch_npu `ProcessGroupHCCL.cpp` ("[Sync Streams] ... HCCL
+/// communications run on hcclStreams", `syncStreams` makes the group's stream wait for the
+/// current stream), one stream per device per group, as `ProcessGroupNCCL` does. FSDP2's
+/// separate all-gather and reduce-scatter streams (`FSDPCommContext`) only order the copies
+/// and events around the call; HyperParallel creates no stream at all and relies on the
+/// per-group streams (notes `hyper-parallel.md` 5.6). So a unit's reduce-scatter and the next
+/// unit's prefetched all-gather, both in the shard group, queue one behind the other in issue
+/// order instead of sharing the link. Exp B's measured weighted FSDP bandwidth (125.2 GB/s
+/// HyperParallel, 56.8 GB/s FSDP2 of which the unaligned half runs at 51 GB/s) is what
+/// collectives reach one at a time; sharing the link halved the modelled figure (68 / 37 GB/s).
+/// The dense shard group keeps [`Stream::AllGather`] (its name in traces); the expert shard
+/// group, a different process group, gets [`EXPERT_SHARD_STREAM`]; replicate groups keep
+/// [`Stream::AllReduce`].
+pub(crate) fn shard_group_stream(domain: crate::fsdp::DataDomain) -> Stream {
+    match domain {
+        crate::fsdp::DataDomain::Dense => Stream::AllGather,
+        crate::fsdp::DataDomain::Expert => EXPERT_SHARD_STREAM,
+    }
+}
+
 /// Builds one rank's program.
 #[derive(Clone)]
 pub(crate) struct Emitter<'a> {

@@ -6,25 +6,46 @@
 //!   not resharded after forward (`reshard_after_forward=None` gives `False` for the root).
 //! - **All-gather** per unit and parameter group, of the concatenated padded shards:
 //!   copy-in on the copy stream (`all_gather_copy_in`, one foreach copy of the shard bytes),
-//!   the collective on the all-gather stream, copy-out on the compute stream
+//!   the collective on the shard group's communication stream (FSDP2's all-gather stream
+//!   only orders the call: the c10d backend runs every collective of a process group on that
+//!   group's own stream, [`shard_group_stream`]), copy-out on the compute stream
 //!   (`split_with_sizes_copy` of the whole output, plus one chunk/cat pass per `Shard(1)`
 //!   parameter). Buffers whose length is not a multiple of 512 bytes are flagged unaligned.
 //!   The copy-in of a unit waits for the copy-out two units earlier (at most about two
 //!   all-gather outputs alive, 1.3.5).
 //! - **Prefetch:** depth `d` issues the copy-in and all-gather of the next `d` units right
-//!   after a unit's copy-out (explicit prefetch, 1.7); `d = 0` issues each unit's all-gather in
-//!   its own pre-forward/pre-backward hook (implicit forward prefetch, backward prefetch
-//!   disabled). The copy-out of a unit is issued in its own pre-hook.
+//!   after a unit's copy-out (explicit prefetch, 1.7); `d = 0` issues each unit's forward
+//!   all-gather in its own pre-forward hook (implicit forward prefetch: the host runs ahead)
+//!   and keeps FSDP2's default backward prefetch of one unit ([`backward_prefetch_depth`]).
+//!   The copy-out of a unit is issued in its own pre-hook.
 //! - **Reduce-scatter** per unit and group: the compute stream first waits for the previous
 //!   unit's reduce-scatter (1.4.1), then runs the reduce-scatter copy-in (`chunk_cat`) of the
-//!   gradients; the collective runs on the reduce-scatter stream. With replicas the
+//!   gradients; the collective runs on the shard group's stream, behind the all-gathers
+//!   issued before it (one HCCL stream per process group). With replicas the
 //!   reduce-scatter output is all-reduced on the all-reduce stream right after it (the
 //!   same-layer RS -> AR chain, 1.4.4), on every micro-batch (FSDP2's default gradient sync).
 //! - The root's reduce-scatter runs at the end of backward (its post-backward fires last).
+//! - **All-gathers per step** (exp B: 125 measured = 97 unit all-gathers + 28 Muon gathers).
+//!   Forward: one per unit (49 = root + 48 blocks). Backward: one per block (48); none for
+//!   the root, whose `reshard_after_forward` is left to FSDP2's default, which `_lazy_init`
+//!   turns to `False` for the root (`_fsdp_state.py`: "For the root, do not reshard after
+//!   forward", under `_auto_reshard_after_forward`; an explicit `True` on the root would add
+//!   one). Activation recompute adds none: FSDP2's hooks sit on the `fully_shard` module, so
+//!   with the checkpoint inside the unit (torchtitan applies `checkpoint_wrapper` before
+//!   `fully_shard`) the recompute runs no FSDP hook, and with a non-reentrant checkpoint
+//!   around it the pre-backward hook has already unsharded the unit when the recompute
+//!   runs, so `_pre_forward` returns early in `PRE_BACKWARD`. (A reentrant checkpoint around
+//!   the unit would add one all-gather per recomputed block, 27 here, and about 2.1 GB of
+//!   payload.) The measured figures fix the count at 97: the all-gather payload (7.670 GB,
+//!   per-rank input bytes) equals these 97 plus the Muon gathers' bytes exactly, and the
+//!   97 unaligned all-gathers are these units (per-rank chunks not multiples of 512 B)
+//!   while the 28 aligned ones are the Muon gathers (512-byte-padded packing). The 28
+//!   are the optimizer's (`strategy::muon`): one fused gather per Newton-Schulz memory
+//!   batch of the revision that ran exp B (see `[optimizer.muon] ns_batch_fill_owners`).
 //! - **Optimizer:** the placeholder AdamW per unit after its reductions, or the optimizer
 //!   strategy's schedule (`strategy::muon`) after all of them.
 
-use super::emit::{Emitter, backward_with_recompute, forward_activations};
+use super::emit::{Emitter, backward_with_recompute, forward_activations, shard_group_stream};
 use super::muon;
 use super::optimizer::optimizer_step;
 use super::parallel::CollSpec;
@@ -157,7 +178,7 @@ impl F2<'_> {
                 output_bytes: ag_out,
             };
             if let Some(op) = self.e.collective(
-                Stream::AllGather,
+                shard_group_stream(domain),
                 Category::FsdpAg,
                 shard_group(domain),
                 spec,
@@ -242,7 +263,7 @@ impl F2<'_> {
                 output_bytes: rs_out,
             };
             let Some(rs) = self.e.collective(
-                Stream::ReduceScatter,
+                shard_group_stream(domain),
                 Category::FsdpRs,
                 shard_group(domain),
                 spec,
@@ -279,6 +300,16 @@ impl F2<'_> {
         self.reduce_ops[u].extend(ops.iter().copied());
         self.prev_reduce = ops;
     }
+}
+
+/// Units FSDP2 all-gathers ahead in backward for the scenario's `prefetch_depth` `d`: `d`
+/// explicit ones (`set_modules_to_backward_prefetch`), and one when `d = 0`. FSDP2's
+/// pre-backward hook falls back to its default prefetch whenever no explicit list is set
+/// (`_fsdp_state.py::_pre_backward`: `default_prefetch = len(self._states_to_backward_prefetch)
+/// == 0`; `FSDPParamGroup.pre_backward` then calls `_backward_prefetch`, which unshards the
+/// unit before it in post-forward order). So `d = 0` cannot switch backward prefetch off.
+pub fn backward_prefetch_depth(d: usize) -> usize {
+    d.max(1)
 }
 
 /// Generates the FSDP2 program of `rank` (op names kept when `named`).
@@ -379,7 +410,9 @@ pub(crate) fn generate(
             if u != usize::MAX && !f.units[u].root {
                 f.unshard(u, true);
                 deps.extend(f.wait_unshard(u, true));
-                for k in 1..=d {
+                // FSDP2's backward prefetches at least one unit ahead whatever the explicit
+                // lists say ([`backward_prefetch_depth`]).
+                for k in 1..=backward_prefetch_depth(d) {
                     if u > k {
                         f.unshard(u - k, true);
                     }

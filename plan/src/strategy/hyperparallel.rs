@@ -5,9 +5,14 @@
 //!   `d`: before the compute of unit `u` the all-gathers of units `u..=u+d` are issued (forward
 //!   order in forward, reverse order in backward). Every unit reshards after forward when
 //!   `reshard_after_forward` (no root exception: 8.1 counts `2 P_u` all-gathers per unit) and
-//!   after backward when `reshard_after_backward`.
-//! - **Reduce-scatter** per sharded parameter on the reduce-scatter stream, into views of the
-//!   unit's fused all-reduce buffer.
+//!   after backward when `reshard_after_backward`. (Exp B measured 1,059 FSDP all-gathers,
+//!   1,087 minus the 28 Muon gathers, i.e. `2 x 531 - 3`: the three root parameters,
+//!   embedding, final norm and `lm_head`, gathered once, as FSDP2's root rule would give.
+//!   Not modelled yet: the reference executor and `FsdpPlan::collective_counts`, which the
+//!   verification compares with this program, count `2 P_u` too.)
+//! - **Reduce-scatter** per sharded parameter, into views of the unit's fused all-reduce
+//!   buffer. All-gathers and reduce-scatters of one shard group run on that group's single
+//!   HCCL stream, in issue order ([`emit::shard_group_stream`]).
 //! - **Four-step post-backward pipeline** (5.4), per unit `u` after its backward, with `prev`
 //!   the unit processed just before it: (1) wait the reduce-scatters of `prev` and (2) settle
 //!   them: one small division/accumulation kernel per parameter on the compute stream, each
@@ -243,7 +248,7 @@ impl<'a, 'c> Hp<'a, 'c> {
             };
             let name = format!("{}.{suffix}", short(&p.name));
             if let Some(op) = self.e.collective(
-                Stream::AllGather,
+                emit::shard_group_stream(p.domain),
                 Category::FsdpAg,
                 shard,
                 spec,
@@ -327,7 +332,7 @@ impl<'a, 'c> Hp<'a, 'c> {
             let (shard, _) = domain_groups(params[0].domain);
             let name = format!("{unit}.reduce.o{owner}");
             let Some(op) = self.e.collective(
-                Stream::ReduceScatter,
+                emit::shard_group_stream(params[0].domain),
                 Category::FsdpRs,
                 shard,
                 spec,
@@ -683,7 +688,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
                 ),
             };
             if let Some(op) = self.e.collective(
-                Stream::ReduceScatter,
+                emit::shard_group_stream(p.domain),
                 Category::FsdpRs,
                 shard,
                 spec,
