@@ -869,7 +869,8 @@ pub(crate) fn apply(
 pub(crate) enum NsImpl {
     /// The standard quintic iteration in bf16 ([`ns_cost::ns_call_kernels`]).
     Bf16,
-    /// DMuon's Gram-space iteration: FP32 normalization, FP16 SYRK/GEMM iterations
+    /// DMuon's Gram-space iteration as it runs on an NPU: FP32 normalization, FP16 GEMM
+    /// iterations (no CUDA SYRK), input and output in the gradient dtype
     /// ([`ns_cost::gram_ns_call_kernels`]).
     GramFp16,
 }
@@ -963,7 +964,9 @@ pub(crate) fn ns_ops(
         for (n, times) in runs {
             let call = match imp {
                 NsImpl::Bf16 => ns_cost::ns_call_kernels(n, r, c, steps),
-                NsImpl::GramFp16 => ns_cost::gram_ns_call_kernels(n, r, c, steps),
+                NsImpl::GramFp16 => {
+                    ns_cost::gram_ns_call_kernels(n, r, c, steps, ctx.opts.reduce_dtype)
+                }
             };
             kernels.extend(call.into_iter().map(|w| w.repeated(times)));
         }
