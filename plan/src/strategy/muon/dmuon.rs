@@ -24,6 +24,8 @@
 //!   once (no forward prefetch inside backward either). FSDP2/HyperParallel keep the gathered
 //!   parameters through the recompute (one gather). This is the paper's "owner publication
 //!   and reduction hooks ... cannot be prefetched like FSDP all-gathers".
+//! - **AdamW per parameter** (`Muon._step_adamw`: a loop of unfused tensor ops over the
+//!   FSDP2-managed parameters, [`DMUON_ADAMW_OPS_PER_PARAM`] launches each).
 //! - **Local optimizer step** (paper Table: "Owner-to-all broadcast / all-to-owner reduce" are
 //!   its only collectives): momentum, NS and apply on the owner's whole matrices; no
 //!   optimizer collective (the next forward's publication ships the update).
@@ -51,6 +53,7 @@ use super::{
 use crate::kernel::KernelWork;
 use crate::model::DType;
 use crate::muon::OptimizerRoute;
+use crate::program::ComputeWork;
 use crate::strategy::Ctx;
 
 /// The per-parameter optimizer loop an owner-placement baseline runs on the whole matrices a
@@ -162,13 +165,36 @@ pub(crate) fn owner_step(
     owned
 }
 
+/// FP32 moment bytes per element of one AdamW moment (`exp_avg` or `exp_avg_sq`).
+const MOMENT_BYTES: u64 = crate::strategy::optimizer::ADAMW_STATE_BYTES_PER_ELEM / 2;
+
+/// Tensor ops per parameter of DMuon's AdamW loop (`Muon._step_adamw`,
+/// `dmuon/optim/muon.py`): `param.mul_` (weight decay), `exp_avg.mul_`, `.add_`,
+/// `exp_avg_sq.mul_`, `.addcmul_`, `.sqrt()`, `/ sqrt(bc2)`, `.add_(eps)`, `param.addcdiv_`.
+pub const DMUON_ADAMW_OPS_PER_PARAM: u32 = 9;
+
+/// DMuon's AdamW on its non-dedicated parameters: a Python loop of
+/// [`DMUON_ADAMW_OPS_PER_PARAM`] unfused tensor ops per parameter (no foreach, no fused
+/// kernel), each reading and writing its operands once: per element `4 M + 2 g + 17 s` bytes
+/// (`M` master, `g` gradient, `s` one FP32 moment element) against the fused kernel's
+/// `2 M + g + 4 s`.
+fn looped_adamw_work(elems: u64, tensors: u32, master: DType, grad: DType) -> ComputeWork {
+    let per_elem = 4 * master.bytes() + 2 * grad.bytes() + 17 * MOMENT_BYTES;
+    ComputeWork {
+        flops: crate::strategy::optimizer::ADAMW_FLOPS_PER_ELEM * elems,
+        hbm_bytes: per_elem * elems,
+        kernels: DMUON_ADAMW_OPS_PER_PARAM * tensors.max(1),
+        mix: None,
+    }
+}
+
 /// The DMuon optimizer schedule of one rank.
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     let unselected_expert = |i: usize, p: &super::OptParam| {
         p.route == OptimizerRoute::Muon && oc.placed[i].is_none() && p.plan_shape.len() >= 3
     };
-    adamw_units(ctx, view, &mut s, unselected_expert);
+    adamw_units(ctx, view, &mut s, unselected_expert, looped_adamw_work);
     // Gram-space NS one owned matrix at a time, FP32 normalization, FP16 GEMM iterations: the
     // NPU path of `_step_muon` (module docs).
     owner_step(ctx, view, &mut s, OwnerLoop::DMuon);
@@ -194,4 +220,41 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         naive::gather_everywhere(ctx, &mut s, &rest);
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn looped_adamw_by_hand() {
+        // 10 FP32 elements in 2 parameters, FP32 gradients: per element 4·4 + 2·4 + 17·4 bytes;
+        // nine launches per parameter; against the fused kernel, more traffic, same math.
+        let w = looped_adamw_work(10, 2, DType::F32, DType::F32);
+        assert_eq!(w.hbm_bytes, 10 * (16 + 8 + 68));
+        assert_eq!(w.kernels, 18);
+        let fused = crate::strategy::optimizer::adamw_work(10, 2, DType::F32, DType::F32);
+        assert_eq!(w.flops, fused.flops);
+        assert!(w.hbm_bytes > 2 * fused.hbm_bytes);
+    }
+
+    #[test]
+    fn owner_loops_by_hand() {
+        // torch.optim.Muon: two lerps per parameter over FP32 gradient and momentum.
+        let k = OwnerLoop::TorchMuon.momentum_kernels(100, 3, DType::F32);
+        assert_eq!((k[0].count, k[0].hbm_bytes), (6, 100 * 24));
+        // DMuon: mul_, add_, add.
+        let k = OwnerLoop::DMuon.momentum_kernels(100, 3, DType::F32);
+        assert_eq!((k[0].count, k[0].hbm_bytes), (9, 100 * 32));
+        // Apply: scale and add; DMuon casts its FP32 update to a BF16 parameter first.
+        let same = OwnerLoop::DMuon.apply_kernels(100, 3, DType::F32, DType::F32);
+        let cast = OwnerLoop::DMuon.apply_kernels(100, 3, DType::Bf16, DType::F32);
+        assert_eq!(same.len() + 1, cast.len());
+        let torch = OwnerLoop::TorchMuon.apply_kernels(100, 3, DType::F32, DType::F32);
+        assert_eq!(torch.iter().map(|w| w.count).sum::<u32>(), 6);
+        assert_eq!(
+            torch.iter().map(|w| w.hbm_bytes).sum::<u64>(),
+            100 * (8 + 8 + 2)
+        );
+    }
 }

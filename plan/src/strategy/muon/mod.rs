@@ -743,14 +743,20 @@ pub(crate) fn pad512_bf16(elems: u64) -> u64 {
     (elems * ns_cost::NS_ELEM_BYTES).div_ceil(512) * 512
 }
 
+/// The device work of an AdamW implementation over `(elements, tensors, master dtype,
+/// gradient dtype)`.
+pub(crate) type AdamwWork =
+    fn(u64, u32, crate::model::DType, crate::model::DType) -> crate::program::ComputeWork;
+
 /// AdamW on the AdamW-routed parameters the rank holds (plus `extra`, e.g. DMuon's
-/// unselected experts), one op per FSDP unit in unit order, after the gradients are
-/// reduced. Accounts their moments in `s.adamw_state_bytes`.
+/// unselected experts), one op per FSDP unit in unit order with the implementation's `work`,
+/// after the gradients are reduced. Accounts their moments in `s.adamw_state_bytes`.
 pub(crate) fn adamw_units(
     ctx: &Ctx,
     view: &RankView,
     s: &mut Schedule,
     extra: impl Fn(usize, &OptParam) -> bool,
+    work: AdamwWork,
 ) {
     let mut per_unit: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
     for (i, p) in ctx.opt.params.iter().enumerate() {
@@ -760,7 +766,7 @@ pub(crate) fn adamw_units(
             e.1 += 1;
         }
     }
-    emit_adamw_units(ctx, s, per_unit);
+    emit_adamw_units(ctx, s, per_unit, work);
 }
 
 /// [`adamw_units`] without extra parameters: AdamW on the AdamW-routed parameters the rank
@@ -775,21 +781,22 @@ pub(crate) fn adamw_routed_units(ctx: &Ctx, view: &RankView, s: &mut Schedule) {
             e.1 += 1;
         }
     }
-    emit_adamw_units(ctx, s, per_unit);
+    emit_adamw_units(ctx, s, per_unit, super::optimizer::adamw_work);
 }
 
-/// One AdamW op per FSDP unit of `per_unit` ((elements, tensors) by unit), in unit order.
-fn emit_adamw_units(ctx: &Ctx, s: &mut Schedule, per_unit: BTreeMap<usize, (u64, u32)>) {
+/// One AdamW op per FSDP unit of `per_unit` ((elements, tensors) by unit), in unit order,
+/// each costed by `work`.
+fn emit_adamw_units(
+    ctx: &Ctx,
+    s: &mut Schedule,
+    per_unit: BTreeMap<usize, (u64, u32)>,
+    work: AdamwWork,
+) {
     for (u, (elems, tensors)) in per_unit {
         s.adamw_state_bytes += elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM;
         let name = &ctx.fsdp.units[u].name;
         let name = name.strip_prefix("model.").unwrap_or(name);
-        let work = super::optimizer::adamw_work(
-            elems,
-            tensors,
-            ctx.opts.master_dtype,
-            ctx.opts.reduce_dtype,
-        );
+        let work = work(elems, tensors, ctx.opts.master_dtype, ctx.opts.reduce_dtype);
         let name = s.name(|| format!("{name}.adamw"));
         s.compute(name, work, vec![Dep::Ready, Dep::Issue]);
     }
