@@ -40,7 +40,10 @@
 //!   `X.is_cuda`. On the Ascend NPUs of the comparison each owned matrix runs
 //!   [`ns_cost::gram_ns_call_kernels`](super::ns_cost::gram_ns_call_kernels) alone (GEMM
 //!   batch 1, full GEMMs), and momentum and apply are per-parameter tensor ops
-//!   ([`OwnerLoop::DMuon`]).
+//!   ([`OwnerLoop::DMuon`]). Step programs do not depend on the hardware profile, so a
+//!   scenario simulated on a CUDA profile still gets this NPU path (every shipped
+//!   comparison scenario is an Ascend one); DMuon's SYRK and batched CUDA paths are not
+//!   modelled.
 //! - **Not selected** (paper: "`[E,M,N]` expert weights not selected by DMuon remain on the
 //!   stock FSDP2 and original-optimizer path"): fused 3-D expert weights stay on FSDP and
 //!   AdamW; TP-fragmented matrices (DMuon's nested TP `gather`/`scatter` ownership is not
