@@ -1090,3 +1090,31 @@ fn owner_baselines_orthogonalize_one_matrix_at_a_time() {
         assert_eq!(total, expected, "{o}: NS GEMM FLOPs over the job");
     }
 }
+
+/// DMuon iterates over its coefficient list (five Polar Express sets) whatever the scenario's
+/// `ns_steps` (`gram_newton_schulz_local` ignores `steps`); the other implementations follow
+/// `ns_steps`.
+#[test]
+fn dmuon_ignores_ns_steps() {
+    let flops = |x: &Plans, o: OptimizerStrategy| -> u64 {
+        let g = gen_with(x, StrategyKind::HyperParallel, o);
+        (0..g.world_size())
+            .map(|r| ns_flops_of(&g.program(r).unwrap()))
+            .sum()
+    };
+    let five = load("paper/muon-vs-dmuon.toml");
+    let three = edited(
+        "paper/muon-vs-dmuon.toml",
+        &[("ns_steps = 5", "ns_steps = 3")],
+        "",
+    );
+    assert_eq!(
+        flops(&five, OptimizerStrategy::DMuon),
+        flops(&three, OptimizerStrategy::DMuon)
+    );
+    let (m5, m3) = (
+        flops(&five, OptimizerStrategy::MatrixFsdp),
+        flops(&three, OptimizerStrategy::MatrixFsdp),
+    );
+    assert_eq!(m3 * 5, m5 * 3, "torch.optim.Muon runs ns_steps iterations");
+}

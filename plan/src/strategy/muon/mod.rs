@@ -1009,9 +1009,13 @@ pub(crate) fn ns_ops(
         for (n, times) in runs {
             let call = match imp {
                 NsImpl::Bf16 => ns_cost::ns_call_kernels(n, r, c, steps),
-                NsImpl::GramFp16 => {
-                    ns_cost::gram_ns_call_kernels(n, r, c, steps, ctx.opts.reduce_dtype)
-                }
+                NsImpl::GramFp16 => ns_cost::gram_ns_call_kernels(
+                    n,
+                    r,
+                    c,
+                    ns_cost::DMUON_COEFFICIENT_SETS,
+                    ctx.opts.reduce_dtype,
+                ),
             };
             kernels.extend(call.into_iter().map(|w| w.repeated(times)));
         }

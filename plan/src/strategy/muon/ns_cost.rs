@@ -42,6 +42,11 @@ pub const FP32_BYTES: u64 = 4;
 pub const NS_KERNELS_PER_ITER: u32 = 8;
 /// Set-up kernel launches per NS call.
 pub const NS_SETUP_KERNELS: u32 = 4;
+/// DMuon's Newton-Schulz iterations: its default `POLAR_EXPRESS_COEFFICIENTS` holds five
+/// `(a, b, c)` sets and `gram_newton_schulz_local` iterates over that list, ignoring its
+/// `steps` argument (`dmuon/optim/newton_schulz.py`), so a scenario's `ns_steps` does not
+/// change DMuon's work.
+pub const DMUON_COEFFICIENT_SETS: u64 = 5;
 /// Gram-space NS: the iteration after which `X = Q X₀` is formed and `R` recomputed.
 pub const GRAM_RESTART_AFTER: u64 = 2;
 /// FLOPs per element of the momentum update (`u = g + μ1·m`, `m = μ2·m + g`, Nesterov
