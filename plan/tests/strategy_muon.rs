@@ -1010,3 +1010,111 @@ fn relays_follow_the_memory_batches() {
         relays.len()
     );
 }
+
+/// The GEMM kernels of a program's NS ops.
+fn ns_gemms(p: &StepProgram) -> Vec<hpfsdp_plan::kernel::KernelWork> {
+    p.ops
+        .iter()
+        .filter(|o| o.category == Category::Optimizer && is_ns(o.name.as_deref().unwrap_or("")))
+        .flat_map(|o| match o.payload {
+            Payload::Compute(w) => p.kernel_mixes[&w.mix.expect("NS ops carry a kernel mix")]
+                .iter()
+                .filter(|k| k.class.name() == "gemm")
+                .copied()
+                .collect::<Vec<_>>(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+/// The owner baselines run their optimizers as the code does on the comparison's NPUs
+/// (`dmuon/optim/muon.py` `_step_muon`, `torch.optim.Muon` `_single_tensor_muon`): one NS call
+/// per owned matrix (every NS GEMM has batch 1: DMuon's same-shape batches need its CUDA-only
+/// `profiled_ilp` strategy), each matrix orthogonalized exactly once over the job; DMuon's
+/// Gram-space NS takes the `torch.mm` path (no CUDA SYRK on an NPU), `8m²n + 28m³` FLOPs per
+/// matrix with full GEMMs, MatrixFSDP's the standard `20m²n + 10m³`; momentum is launched per
+/// parameter (three tensor ops for DMuon, two lerps for torch.optim.Muon).
+#[test]
+fn owner_baselines_orthogonalize_one_matrix_at_a_time() {
+    let x = load("paper/muon-vs-dmuon.toml");
+    let m = build_muon_plan(&x.s, &x.p, &x.f);
+    let muon: Vec<(u64, u64)> = m
+        .params
+        .iter()
+        .filter(|p| p.route == OptimizerRoute::Muon)
+        .map(|p| {
+            let (r, c) = p.core_shape.unwrap();
+            assert_eq!(p.matrices, 1, "{}: dense 2-D matrices", p.name);
+            (r.min(c), r.max(c))
+        })
+        .collect();
+    let gram: u64 = muon
+        .iter()
+        .map(|&(a, b)| 8 * a * a * b + 28 * a * a * a)
+        .sum();
+    for (o, expected, per_param_momentum) in [
+        (OptimizerStrategy::DMuon, gram, 3),
+        (OptimizerStrategy::MatrixFsdp, single_device_ns(&m, 5), 2),
+    ] {
+        let g = gen_with(&x, StrategyKind::HyperParallel, o);
+        let (mut total, mut owned) = (0u64, 0usize);
+        for r in 0..g.world_size() {
+            let p = g.program(r).unwrap();
+            let gemms = ns_gemms(&p);
+            assert!(
+                gemms.iter().all(|k| matches!(
+                    k.class,
+                    hpfsdp_plan::kernel::KernelClass::Gemm { batch: 1, .. }
+                )),
+                "{o} rank {r}: a batched NS GEMM"
+            );
+            total += gemms.iter().map(|k| k.flops).sum::<u64>();
+            let Some(mom) = p
+                .ops
+                .iter()
+                .find(|op| op.name.as_deref() == Some("muon.owned.momentum"))
+            else {
+                continue;
+            };
+            let Payload::Compute(w) = mom.payload else {
+                panic!("{o}: momentum is compute")
+            };
+            let launches: u32 = p.kernel_mixes[&w.mix.unwrap()]
+                .iter()
+                .map(|k| k.count)
+                .sum();
+            assert_eq!(launches % per_param_momentum, 0, "{o} rank {r}");
+            owned += (launches / per_param_momentum) as usize;
+        }
+        assert_eq!(owned, muon.len(), "{o}: every matrix owned once");
+        assert_eq!(total, expected, "{o}: NS GEMM FLOPs over the job");
+    }
+}
+
+/// DMuon iterates over its coefficient list (five Polar Express sets) whatever the scenario's
+/// `ns_steps` (`gram_newton_schulz_local` ignores `steps`); the other implementations follow
+/// `ns_steps`.
+#[test]
+fn dmuon_ignores_ns_steps() {
+    let flops = |x: &Plans, o: OptimizerStrategy| -> u64 {
+        let g = gen_with(x, StrategyKind::HyperParallel, o);
+        (0..g.world_size())
+            .map(|r| ns_flops_of(&g.program(r).unwrap()))
+            .sum()
+    };
+    let five = load("paper/muon-vs-dmuon.toml");
+    let three = edited(
+        "paper/muon-vs-dmuon.toml",
+        &[("ns_steps = 5", "ns_steps = 3")],
+        "",
+    );
+    assert_eq!(
+        flops(&five, OptimizerStrategy::DMuon),
+        flops(&three, OptimizerStrategy::DMuon)
+    );
+    let (m5, m3) = (
+        flops(&five, OptimizerStrategy::MatrixFsdp),
+        flops(&three, OptimizerStrategy::MatrixFsdp),
+    );
+    assert_eq!(m3 * 5, m5 * 3, "torch.optim.Muon runs ns_steps iterations");
+}

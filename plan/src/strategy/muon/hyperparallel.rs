@@ -199,11 +199,16 @@ fn gathers(
 }
 
 /// The HyperParallel Muon schedule of one rank.
+///
+/// Steps: every NS memory batch position of every slot, in slot order, whether or not the
+/// rank takes part in it. Every op has a rank-independent position (step, phase), and a
+/// rank emits an op on a communicator exactly when its fellow members do, so all members of
+/// a communicator issue the same sequence (whatever the EP coordinate and the replica
+/// ownership in other domains).
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     adamw_routed_units(ctx, view, &mut s);
     let grad_bytes = ctx.opts.reduce_dtype.bytes();
-    let master = ctx.opts.master_dtype.bytes();
     let batches = rank_batches(ctx, view);
     s.momentum_bytes = batches
         .iter()
@@ -211,104 +216,27 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .flat_map(|b| &b.owned)
         .map(|&i| oc.params[i].local_elems * grad_bytes)
         .sum();
-    // Steps: every NS memory batch position of every slot, in slot order, whether or not the
-    // rank takes part in it. Every op has a rank-independent position (step, phase), and a
-    // rank emits an op on a communicator exactly when its fellow members do, so all members
-    // of a communicator issue the same sequence (whatever the EP coordinate and the replica
-    // ownership in other domains).
-    let flat: Vec<(usize, usize)> = oc
-        .slots
-        .iter()
-        .enumerate()
-        .flat_map(|(slot, x)| (0..x.steps).map(move |u| (slot, u)))
-        .collect();
-    let unit = |k: usize| -> Option<(&RankBatch, usize, &[usize])> {
-        let &(slot, u) = flat.get(k)?;
-        let b = batches[slot].as_ref()?;
-        let members = b.units.get(u)?;
-        (!members.is_empty()).then_some((b, u, members.as_slice()))
-    };
-    let mut unit_gather: Vec<(Option<u32>, u64)> = vec![(None, 0); flat.len()];
-    let mut issued = vec![false; flat.len()];
     let mut momentum_done = vec![false; batches.len()];
     let mut in_flight: Option<(Vec<u32>, u64, usize)> = None;
-    // Momentum of the unit's batch (once) and the unit's fused gathers.
-    let mut issue = |s: &mut Schedule, k: usize, unit_gather: &mut [(Option<u32>, u64)]| {
-        if k >= flat.len() || std::mem::replace(&mut issued[k], true) {
-            return;
-        }
-        let Some((ib, iu, members)) = unit(k) else {
-            return;
-        };
-        if !std::mem::replace(&mut momentum_done[ib.slot], true) {
-            let elems = ib.owned.iter().map(|&i| oc.params[i].local_elems).sum();
-            momentum(
-                ctx,
-                s,
-                s.name(|| format!("muon.b{}.momentum", ib.slot)),
-                elems,
-                ib.owned.len() as u32,
-            );
-        }
-        if ib.shard_path {
-            unit_gather[k] = gathers(
-                ctx,
-                s,
-                &s.name(|| format!("muon.b{}.m{iu}", ib.slot)),
-                &oc.params[members[0]],
-                members,
-            );
-        }
-    };
-    let mut k = 0usize;
     for (slot, x) in oc.slots.iter().enumerate() {
-        for _ in 0..x.steps {
-            // This NS batch's gathers only: the previous sub-batch's apply is already issued,
-            // so they wait for it ([`Dep::Issue`]); nothing is prefetched.
-            issue(&mut s, k, &mut unit_gather);
-            let step = k;
-            k += 1;
-            let Some((b, u, members)) = unit(step) else {
+        for u in 0..x.steps {
+            let Some(b) = batches[slot].as_ref() else {
                 continue;
             };
-            let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
-            let (gather, buf) = unit_gather[step];
-            let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
-            let calls = unit_ns_calls(ctx, view, b, members);
-            let ns = ns_ops(ctx, &mut s, &prefix, calls, &deps, NsImpl::Bf16);
-            if let Some(&last) = ns.last().or(gather.as_ref()) {
-                s.free(last, MemTag::Buffers, buf);
+            let Some(members) = b.units.get(u).filter(|m| !m.is_empty()) else {
+                continue;
+            };
+            if !std::mem::replace(&mut momentum_done[b.slot], true) {
+                let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
+                let name = s.name(|| format!("muon.b{}.momentum", b.slot));
+                momentum(ctx, &mut s, name, elems, b.owned.len() as u32);
             }
-            if b.shard_path {
-                // `_fused_broadcast_and_apply(sub_batch)`: the sub-batch's relay, then its
-                // slice-and-apply on the local shards.
-                let relay = relay_broadcast(ctx, view, &mut s, b, u, members);
-                let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
-                let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
-                deps.push(Dep::Issue);
-                let name = s.name(|| format!("muon.b{slot}.m{u}.apply"));
-                let op = apply(ctx, &mut s, name, elems, members.len() as u32, deps);
-                s.free(op, MemTag::Buffers, relay.1);
-            }
+            memory_batch(ctx, view, &mut s, b, (slot, u), members);
         }
         let Some(b) = &batches[slot] else {
             continue;
         };
-        if !b.shard_path && !b.owned.is_empty() {
-            let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
-            let name = s.name(|| format!("muon.b{slot}.apply"));
-            apply(
-                ctx,
-                &mut s,
-                name,
-                elems,
-                b.owned.len() as u32,
-                vec![Dep::Issue],
-            );
-        }
-        // Replica broadcast of the updated local parameters; land the previous batch.
-        let flush = replica_broadcast(&mut s, ctx, view, b, master);
-        if let Some(f) = flush {
+        if let Some(f) = finish_slot(ctx, view, &mut s, b, slot) {
             if let Some(prev) = in_flight.take() {
                 land(&mut s, prev);
             }
@@ -319,6 +247,64 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         land(&mut s, prev);
     }
     s
+}
+
+/// One NS memory batch `u` of slot `slot` on this rank (`members`: the owned parameters of
+/// the batch), in source order (`_process_shard_params`): on the shard path the batch's
+/// fused gathers, which wait for the previous sub-batch's apply already issued
+/// ([`Dep::Issue`]; nothing is prefetched), then the NS of the matrices the rank computes,
+/// then `_fused_broadcast_and_apply(sub_batch)`: the relay, then the slice-and-apply on the
+/// local shards; on the local path the NS alone.
+fn memory_batch(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    b: &RankBatch,
+    (slot, u): (usize, usize),
+    members: &[usize],
+) {
+    let oc = &ctx.opt;
+    let (gather, buf) = if b.shard_path {
+        let prefix = s.name(|| format!("muon.b{}.m{u}", b.slot));
+        gathers(ctx, s, &prefix, &oc.params[members[0]], members)
+    } else {
+        (None, 0)
+    };
+    let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
+    let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
+    let calls = unit_ns_calls(ctx, view, b, members);
+    let ns = ns_ops(ctx, s, &prefix, calls, &deps, NsImpl::Bf16);
+    if let Some(&last) = ns.last().or(gather.as_ref()) {
+        s.free(last, MemTag::Buffers, buf);
+    }
+    if b.shard_path {
+        let relay = relay_broadcast(ctx, view, s, b, u, members);
+        let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
+        let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
+        deps.push(Dep::Issue);
+        let name = s.name(|| format!("muon.b{slot}.m{u}.apply"));
+        let op = apply(ctx, s, name, elems, members.len() as u32, deps);
+        s.free(op, MemTag::Buffers, relay.1);
+    }
+}
+
+/// The end of the rank's batch in slot `slot`: on the local path one apply after the
+/// batch's last NS; then the replica broadcast of the updated local parameters (returned
+/// as in flight when the rank takes part in any).
+fn finish_slot(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    b: &RankBatch,
+    slot: usize,
+) -> Option<(Vec<u32>, u64, usize)> {
+    let oc = &ctx.opt;
+    if !b.shard_path && !b.owned.is_empty() {
+        let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
+        let name = s.name(|| format!("muon.b{slot}.apply"));
+        apply(ctx, s, name, elems, b.owned.len() as u32, vec![Dep::Issue]);
+    }
+    replica_broadcast(s, ctx, view, b, ctx.opts.master_dtype.bytes())
 }
 
 /// The NS calls of one memory batch on this rank: on the shard path the matrices it owns in

@@ -34,7 +34,9 @@
 //!   there.
 //! - **Per-matrix `torch.optim.Muon`** (calibration README, MatrixFSDP comparison: "per-matrix
 //!   `torch.optim.Muon` with fixed NS coefficients"; `muon.md` 3.1: "Only a for-loop
-//!   implementation exists"): one bf16 NS call per matrix, GEMM batch 1, no shape batching.
+//!   implementation exists"): one bf16 NS call per matrix, GEMM batch 1, no shape batching,
+//!   and per-parameter momentum (two lerps) and apply (scale, add) launches
+//!   ([`dmuon::OwnerLoop::TorchMuon`]).
 //! - **Not placed** (paper: "Matrices already fragmented by tensor parallelism are excluded
 //!   from owner placement"): they take the naive per-parameter gather path; matrices whose
 //!   plane no shard axis cuts (experts sharded on `E`) are orthogonalized locally.
@@ -54,7 +56,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     // Per-matrix `torch.optim.Muon` (calibration README, "Setups of the distributed-Muon
     // comparisons": per-matrix torch.optim.Muon with fixed NS coefficients): one bf16 NS
     // call per matrix, no shape batching.
-    dmuon::owner_step(ctx, view, &mut s, per_param_calls, NsImpl::Bf16);
+    dmuon::owner_step(ctx, view, &mut s, dmuon::OwnerLoop::TorchMuon);
     let rest: Vec<usize> = (0..oc.params.len())
         .filter(|&i| {
             let p = &oc.params[i];

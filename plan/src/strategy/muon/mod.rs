@@ -328,6 +328,115 @@ fn ns_steps(scenario: &Scenario) -> u64 {
     }
 }
 
+/// The optimizer view of every parameter (plan order), its shard and replicate axes resolved
+/// to group families (registered in `families` as met; a replicate axis resolves to its
+/// replica subgroup, a contiguous block of the group).
+fn opt_params(
+    muon: &MuonPlan,
+    fsdp: &FsdpPlan,
+    trainable: &[&crate::planner::ParamPlan],
+    meshes: [&DeviceMesh; 2],
+    families: &mut Vec<GroupFamily>,
+) -> Vec<OptParam> {
+    let mut out = Vec::with_capacity(muon.params.len());
+    for ((mp, fp), pp) in muon.params.iter().zip(&fsdp.params).zip(trainable) {
+        let expert = fp.domain == DataDomain::Expert;
+        let mesh = meshes[usize::from(expert)];
+        let mut resolve = |name: &str, size: usize, replicate: bool| -> Option<AxisRef> {
+            let mesh_axis = mesh.axis_index(name)?;
+            // Replicate axes: the replica subgroup (a contiguous block of the group).
+            let coord_size = if replicate {
+                muon.replica_subgroup_size(name, size)
+            } else {
+                size
+            };
+            let block = (coord_size < size).then_some(coord_size);
+            let slot = axis_family(families, meshes, expert, mesh_axis, block);
+            Some(AxisRef {
+                name: name.to_string(),
+                slot,
+                mesh_axis,
+                size,
+                expert,
+                coord_size,
+            })
+        };
+        let shard = mp
+            .shard_axes
+            .iter()
+            .filter_map(|a| resolve(&a.axis, a.size, false))
+            .collect();
+        let replicate = mp
+            .replicate_axes
+            .iter()
+            .filter_map(|(a, s)| resolve(a, *s, true))
+            .collect();
+        let nd = fp.plan_local_shape.len();
+        out.push(OptParam {
+            route: mp.route,
+            unit: fp.unit,
+            ep_owner: pp.ep_owner,
+            local_elems: fp.padded_shard_numel,
+            numel: mp.numel(),
+            plan_elems: fp.plan_local_shape.iter().product(),
+            core: mp.core_shape,
+            matrices: mp.matrices,
+            plan_matrices: if nd >= 3 {
+                fp.plan_local_shape[..nd - 2].iter().product()
+            } else {
+                1
+            },
+            needs_gather: mp.needs_gather,
+            shard,
+            replicate,
+            domain: fp.domain,
+            fsdp_dim: fp.shard_dim,
+            plan_shape: fp.plan_local_shape.clone(),
+        });
+    }
+    out
+}
+
+/// The plan's batches by execution slot, each slot with its most NS memory-batch steps.
+fn slots_of(muon: &MuonPlan) -> Vec<Slot> {
+    let mut slots: Vec<Slot> = Vec::new();
+    for (i, b) in muon.batches.iter().enumerate() {
+        if slots.len() <= b.slot {
+            slots.resize_with(b.slot + 1, Slot::default);
+        }
+        let slot = &mut slots[b.slot];
+        slot.batches.push(i);
+        slot.steps = slot.steps.max(b.memory_batches.len());
+    }
+    slots
+}
+
+/// Group-table positions of the FSDP shard group per domain (dense, expert): `dp_shard x cp`
+/// (the dense shard family when CP is on) or `edp_shard`.
+fn fsdp_shard_slots(
+    meshes: [&DeviceMesh; 2],
+    families: &mut Vec<GroupFamily>,
+) -> [Option<usize>; 2] {
+    let mut out = [None, None];
+    for (d, (shard, mesh)) in [("dp_shard", 0usize), ("edp_shard", 1usize)]
+        .into_iter()
+        .enumerate()
+    {
+        let m = meshes[mesh];
+        if let Some(a) = m.axis_index(shard) {
+            let cp = if mesh == 0 { m.axis_index("cp") } else { None };
+            // The FSDP shard group is dp_shard x cp (dense) or edp_shard (expert).
+            out[d] = match cp.filter(|&c| m.axes()[c].size > 1) {
+                Some(_) => families
+                    .iter()
+                    .position(|f| f.kind == Some(super::GroupKind::DenseShard)),
+                None => axis_family(families, meshes, mesh == 1, a, None),
+            };
+        }
+    }
+    out
+}
+
 impl OptCtx {
     /// Builds the Muon plan and resolves every parameter's axes to group families (appended
     /// to `families`).
@@ -338,7 +447,39 @@ impl OptCtx {
         strategy: OptimizerStrategy,
         families: &mut Vec<GroupFamily>,
     ) -> Result<Self, StrategyError> {
-        let mut ctx = OptCtx {
+        let mut ctx = OptCtx::empty(scenario, strategy);
+        if !strategy.is_muon() {
+            return Ok(ctx);
+        }
+        let muon = build_muon_plan(scenario, plan, fsdp);
+        let meshes = [&scenario.dense_mesh, &scenario.expert_mesh];
+        let trainable: Vec<_> = plan.params.iter().filter(|p| p.trainable).collect();
+        if muon.params.len() != fsdp.params.len() || trainable.len() != fsdp.params.len() {
+            return Err(StrategyError::PlanMismatch {
+                detail: format!(
+                    "{} Muon parameters, {} FSDP parameters",
+                    muon.params.len(),
+                    fsdp.params.len()
+                ),
+            });
+        }
+        ctx.params = opt_params(&muon, fsdp, &trainable, meshes, families);
+        ctx.slots = slots_of(&muon);
+        ctx.plan = muon;
+        ctx.adamw_params = (0..ctx.params.len())
+            .filter(|&i| ctx.params[i].route == OptimizerRoute::Adamw)
+            .collect();
+        ctx.fsdp_shard_slot = fsdp_shard_slots(meshes, families);
+        if strategy.owner_placement() {
+            ctx.placed = owner_placement(&ctx, strategy, fsdp);
+        }
+        Ok(ctx)
+    }
+
+    /// The context of `strategy` before any Muon plan: no parameters, batches or slots (all
+    /// the placeholder AdamW needs).
+    fn empty(scenario: &Scenario, strategy: OptimizerStrategy) -> Self {
+        OptCtx {
             strategy,
             plan: MuonPlan {
                 params: Vec::new(),
@@ -358,110 +499,7 @@ impl OptCtx {
             held: std::sync::OnceLock::new(),
             digests: Arc::new(Mutex::new(HashMap::new())),
             built: Arc::new(Mutex::new(HashMap::new())),
-        };
-        if !strategy.is_muon() {
-            return Ok(ctx);
         }
-        let muon = build_muon_plan(scenario, plan, fsdp);
-        let meshes = [&scenario.dense_mesh, &scenario.expert_mesh];
-        let trainable: Vec<_> = plan.params.iter().filter(|p| p.trainable).collect();
-        if muon.params.len() != fsdp.params.len() || trainable.len() != fsdp.params.len() {
-            return Err(StrategyError::PlanMismatch {
-                detail: format!(
-                    "{} Muon parameters, {} FSDP parameters",
-                    muon.params.len(),
-                    fsdp.params.len()
-                ),
-            });
-        }
-        for ((mp, fp), pp) in muon.params.iter().zip(&fsdp.params).zip(&trainable) {
-            let expert = fp.domain == DataDomain::Expert;
-            let mesh = meshes[usize::from(expert)];
-            let mut resolve = |name: &str, size: usize, replicate: bool| -> Option<AxisRef> {
-                let mesh_axis = mesh.axis_index(name)?;
-                // Replicate axes: the replica subgroup (a contiguous block of the group).
-                let coord_size = if replicate {
-                    muon.replica_subgroup_size(name, size)
-                } else {
-                    size
-                };
-                let block = (coord_size < size).then_some(coord_size);
-                let slot = axis_family(families, meshes, expert, mesh_axis, block);
-                Some(AxisRef {
-                    name: name.to_string(),
-                    slot,
-                    mesh_axis,
-                    size,
-                    expert,
-                    coord_size,
-                })
-            };
-            let shard = mp
-                .shard_axes
-                .iter()
-                .filter_map(|a| resolve(&a.axis, a.size, false))
-                .collect();
-            let replicate = mp
-                .replicate_axes
-                .iter()
-                .filter_map(|(a, s)| resolve(a, *s, true))
-                .collect();
-            let nd = fp.plan_local_shape.len();
-            ctx.params.push(OptParam {
-                route: mp.route,
-                unit: fp.unit,
-                ep_owner: pp.ep_owner,
-                local_elems: fp.padded_shard_numel,
-                numel: mp.numel(),
-                plan_elems: fp.plan_local_shape.iter().product(),
-                core: mp.core_shape,
-                matrices: mp.matrices,
-                plan_matrices: if nd >= 3 {
-                    fp.plan_local_shape[..nd - 2].iter().product()
-                } else {
-                    1
-                },
-                needs_gather: mp.needs_gather,
-                shard,
-                replicate,
-                domain: fp.domain,
-                fsdp_dim: fp.shard_dim,
-                plan_shape: fp.plan_local_shape.clone(),
-            });
-        }
-        for (i, b) in muon.batches.iter().enumerate() {
-            if ctx.slots.len() <= b.slot {
-                ctx.slots.resize_with(b.slot + 1, Slot::default);
-            }
-            let slot = &mut ctx.slots[b.slot];
-            slot.batches.push(i);
-            slot.steps = slot.steps.max(b.memory_batches.len());
-        }
-        ctx.plan = muon;
-        ctx.adamw_params = (0..ctx.params.len())
-            .filter(|&i| ctx.params[i].route == OptimizerRoute::Adamw)
-            .collect();
-        for (d, (shard, mesh)) in [("dp_shard", 0usize), ("edp_shard", 1usize)]
-            .into_iter()
-            .enumerate()
-        {
-            let m = meshes[mesh];
-            if let Some(a) = m.axis_index(shard) {
-                let cp = if mesh == 0 { m.axis_index("cp") } else { None };
-                // The FSDP shard group is dp_shard x cp (dense) or edp_shard (expert).
-                let slot = match cp.filter(|&c| m.axes()[c].size > 1) {
-                    Some(_) => families
-                        .iter()
-                        .position(|f| f.kind == Some(super::GroupKind::DenseShard)),
-                    None => axis_family(families, meshes, mesh == 1, a, None),
-                };
-                ctx.fsdp_shard_slot[d] = slot;
-            }
-        }
-        if strategy.owner_placement() {
-            ctx.placed = owner_placement(&ctx, strategy, fsdp);
-        }
-        Ok(ctx)
     }
 
     /// The parameters of plan batch `batch` that EP class `class` holds, in batch order:
@@ -743,14 +781,20 @@ pub(crate) fn pad512_bf16(elems: u64) -> u64 {
     (elems * ns_cost::NS_ELEM_BYTES).div_ceil(512) * 512
 }
 
+/// The device work of an AdamW implementation over `(elements, tensors, master dtype,
+/// gradient dtype)`.
+pub(crate) type AdamwWork =
+    fn(u64, u32, crate::model::DType, crate::model::DType) -> crate::program::ComputeWork;
+
 /// AdamW on the AdamW-routed parameters the rank holds (plus `extra`, e.g. DMuon's
-/// unselected experts), one op per FSDP unit in unit order, after the gradients are
-/// reduced. Accounts their moments in `s.adamw_state_bytes`.
+/// unselected experts), one op per FSDP unit in unit order with the implementation's `work`,
+/// after the gradients are reduced. Accounts their moments in `s.adamw_state_bytes`.
 pub(crate) fn adamw_units(
     ctx: &Ctx,
     view: &RankView,
     s: &mut Schedule,
     extra: impl Fn(usize, &OptParam) -> bool,
+    work: AdamwWork,
 ) {
     let mut per_unit: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
     for (i, p) in ctx.opt.params.iter().enumerate() {
@@ -760,7 +804,7 @@ pub(crate) fn adamw_units(
             e.1 += 1;
         }
     }
-    emit_adamw_units(ctx, s, per_unit);
+    emit_adamw_units(ctx, s, per_unit, work);
 }
 
 /// [`adamw_units`] without extra parameters: AdamW on the AdamW-routed parameters the rank
@@ -775,21 +819,22 @@ pub(crate) fn adamw_routed_units(ctx: &Ctx, view: &RankView, s: &mut Schedule) {
             e.1 += 1;
         }
     }
-    emit_adamw_units(ctx, s, per_unit);
+    emit_adamw_units(ctx, s, per_unit, super::optimizer::adamw_work);
 }
 
-/// One AdamW op per FSDP unit of `per_unit` ((elements, tensors) by unit), in unit order.
-fn emit_adamw_units(ctx: &Ctx, s: &mut Schedule, per_unit: BTreeMap<usize, (u64, u32)>) {
+/// One AdamW op per FSDP unit of `per_unit` ((elements, tensors) by unit), in unit order,
+/// each costed by `work`.
+fn emit_adamw_units(
+    ctx: &Ctx,
+    s: &mut Schedule,
+    per_unit: BTreeMap<usize, (u64, u32)>,
+    work: AdamwWork,
+) {
     for (u, (elems, tensors)) in per_unit {
         s.adamw_state_bytes += elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM;
         let name = &ctx.fsdp.units[u].name;
         let name = name.strip_prefix("model.").unwrap_or(name);
-        let work = super::optimizer::adamw_work(
-            elems,
-            tensors,
-            ctx.opts.master_dtype,
-            ctx.opts.reduce_dtype,
-        );
+        let work = work(elems, tensors, ctx.opts.master_dtype, ctx.opts.reduce_dtype);
         let name = s.name(|| format!("{name}.adamw"));
         s.compute(name, work, vec![Dep::Ready, Dep::Issue]);
     }
@@ -869,7 +914,8 @@ pub(crate) fn apply(
 pub(crate) enum NsImpl {
     /// The standard quintic iteration in bf16 ([`ns_cost::ns_call_kernels`]).
     Bf16,
-    /// DMuon's Gram-space iteration: FP32 normalization, FP16 SYRK/GEMM iterations
+    /// DMuon's Gram-space iteration as it runs on an NPU: FP32 normalization, FP16 GEMM
+    /// iterations (no CUDA SYRK), input and output in the gradient dtype
     /// ([`ns_cost::gram_ns_call_kernels`]).
     GramFp16,
 }
@@ -963,7 +1009,13 @@ pub(crate) fn ns_ops(
         for (n, times) in runs {
             let call = match imp {
                 NsImpl::Bf16 => ns_cost::ns_call_kernels(n, r, c, steps),
-                NsImpl::GramFp16 => ns_cost::gram_ns_call_kernels(n, r, c, steps),
+                NsImpl::GramFp16 => ns_cost::gram_ns_call_kernels(
+                    n,
+                    r,
+                    c,
+                    ns_cost::DMUON_COEFFICIENT_SETS,
+                    ctx.opts.reduce_dtype,
+                ),
             };
             kernels.extend(call.into_iter().map(|w| w.repeated(times)));
         }

@@ -13,18 +13,23 @@
 //! and writing X once (`3mn`).
 //!
 //! **Gram-space NS** (DMuon's default, `muon.md` 7.4: Dao-AILab gram-newton-schulz with a
-//! restart at iteration 2; FP32 normalization, FP16 iterations). Our derivation of its work:
-//! with `R = X Xᵀ` and `W_k = a_k I + b_k R + c_k R²` (a polynomial in `R`, so it commutes
-//! with it), the iteration keeps `Q ← W_k Q` and `R ← W_k² R` on `m x m` matrices and forms
-//! `X = Q X₀` only at the restart (then `R = X Xᵀ`, `Q = I`) and at the end. Symmetric
-//! products (`X Xᵀ`, `R²`, `W²`) run as SYRK: a GEMM-class kernel of half the FLOPs. Per
-//! matrix: `6m²n + 24m³` FLOPs for 5 iterations, against `20m²n + 10m³` for the standard
-//! form: fewer when `n` is well above `m`.
+//! restart at iteration 2; FP32 normalization, FP16 iterations), as DMuon runs it **on an
+//! Ascend NPU** (`dmuon/optim/newton_schulz.py`, `gram_newton_schulz_local`): its SYRK kernels
+//! are CuTe-DSL kernels for CUDA SM80+ (`dmuon/kernels/syrk_sm80.py`, imported by
+//! `optim/syrk_dispatch.py`), and the SYRK branch is taken only when
+//! `_HAS_SYRK and X.is_cuda`, so on an NPU tensor every product is a plain `torch.mm` /
+//! `torch.addmm` (full GEMM, both triangles). With `R = X Xᵀ`, per coefficient set `i` the
+//! code forms `Z = bR + cR²` (one `addmm`), `Q = Z + aI` (first iteration after a start or
+//! restart: two element-wise kernels) or `Q = aQ + Z Q` (`addmm`), and, unless the next
+//! iteration is the last or a restart, evolves `R ← (aR + R Z)`, `R ← a(RZ) + Z (RZ)` (two
+//! `addmm`); at the restart `X = Q X`, `R = X Xᵀ`; at the end `X = Q X`. Per matrix for 5
+//! coefficient sets and a restart at 2: `8m²n + 28m³` FLOPs (against `20m²n + 10m³` for the
+//! standard form: fewer when `n > 1.8m`, more for square matrices).
 //!
 //! **NS workspace** (transient, 6.6 "workspace allocated once per batched invocation"): per
 //! matrix the bf16 input/output X, the product C (2mn) and A, A² (2m²).
 
-use crate::kernel::{KernelClass, KernelWork};
+use crate::kernel::KernelWork;
 use crate::model::DType;
 
 /// Bytes of a bf16 element (NS inputs are cast to bf16, notes 6.1).
@@ -37,6 +42,11 @@ pub const FP32_BYTES: u64 = 4;
 pub const NS_KERNELS_PER_ITER: u32 = 8;
 /// Set-up kernel launches per NS call.
 pub const NS_SETUP_KERNELS: u32 = 4;
+/// DMuon's Newton-Schulz iterations: its default `POLAR_EXPRESS_COEFFICIENTS` holds five
+/// `(a, b, c)` sets and `gram_newton_schulz_local` iterates over that list, ignoring its
+/// `steps` argument (`dmuon/optim/newton_schulz.py`), so a scenario's `ns_steps` does not
+/// change DMuon's work.
+pub const DMUON_COEFFICIENT_SETS: u64 = 5;
 /// Gram-space NS: the iteration after which `X = Q X₀` is formed and `R` recomputed.
 pub const GRAM_RESTART_AFTER: u64 = 2;
 /// FLOPs per element of the momentum update (`u = g + μ1·m`, `m = μ2·m + g`, Nesterov
@@ -69,17 +79,11 @@ fn elementwise(batch: u64, elems: u64, reads: u64, writes: u64, elem_bytes: u64)
     KernelWork::memory_bound(1, e, e.saturating_mul((reads + writes) * elem_bytes))
 }
 
-/// A SYRK launch: `batch` symmetric products `C[m, m] = A[m, k] · A[m, k]ᵀ`, half the FLOPs of
-/// the GEMM of that shape (one triangle), reading A once and writing C.
-pub fn syrk(m: u64, k: u64, batch: u64, elem_bytes: u64) -> KernelWork {
-    let flops = m.saturating_mul(m).saturating_mul(k).saturating_mul(batch);
-    let elems = (m.saturating_mul(k).saturating_add(m.saturating_mul(m))).saturating_mul(batch);
-    KernelWork {
-        class: KernelClass::Gemm { m, n: m, k, batch },
-        count: 1,
-        flops,
-        hbm_bytes: elems.saturating_mul(elem_bytes),
-    }
+/// One dtype cast over `elems` elements per matrix of `batch`: reads `from_bytes` and writes
+/// `to_bytes` per element.
+fn cast(batch: u64, elems: u64, from_bytes: u64, to_bytes: u64) -> KernelWork {
+    let e = batch.saturating_mul(elems);
+    KernelWork::memory_bound(1, e, e.saturating_mul(from_bytes + to_bytes))
 }
 
 /// The kernels of one standard (bf16) NS call over `batch` matrices of core shape
@@ -105,37 +109,72 @@ pub fn ns_call_kernels(batch: u64, rows: u64, cols: u64, steps: u64) -> Vec<Kern
     k
 }
 
-/// The kernels of one Gram-space NS call (DMuon) over `batch` matrices of core shape
-/// `rows x cols`: FP32 normalization (cast up, norm, divide, cast to FP16), `R = X Xᵀ`
-/// (SYRK), per iteration `R²` (SYRK), `W = aI + bR + cR²` (element-wise), `Q ← W Q` (GEMM),
-/// and, unless it is the last iteration, `W²` (SYRK) and `R ← W² R` (GEMM); a restart after
-/// [`GRAM_RESTART_AFTER`] iterations (`X = Q X₀`, `R = X Xᵀ`, `Q = I`) and `X = Q X₀` at the end.
-pub fn gram_ns_call_kernels(batch: u64, rows: u64, cols: u64, steps: u64) -> Vec<KernelWork> {
+/// The kernels of one Gram-space NS call (DMuon on an NPU, module docs) over `batch` matrices
+/// of core shape `rows x cols` with `steps` coefficient sets, whose input (the Nesterov
+/// momentum, in the gradient's dtype) is `input`:
+/// - FP32 normalization: `G.float()` (a cast unless the input is FP32 already), the Frobenius
+///   norm, `+ eps` (one scalar kernel), the division, `.half()`; a tall matrix
+///   (`rows > cols`) is iterated transposed, so its FP16 copy is made contiguous (one more
+///   copy); `R = X Xᵀ`; `torch.eye(m)`;
+/// - the iterations (module docs), restart after [`GRAM_RESTART_AFTER`];
+/// - `X = Q X`, then `X.to(original_dtype)` back to the input dtype.
+pub fn gram_ns_call_kernels(
+    batch: u64,
+    rows: u64,
+    cols: u64,
+    steps: u64,
+    input: DType,
+) -> Vec<KernelWork> {
     let (m, n) = wide(rows, cols);
-    let h = FP16_BYTES;
+    let (h, f, g) = (FP16_BYTES, FP32_BYTES, input.bytes());
     let mn = m * n;
-    let mut k = vec![
-        elementwise(batch, mn, NS_ELEM_BYTES, FP32_BYTES, 1), // bf16 -> fp32
-        elementwise(batch, mn, FP32_BYTES, 0, 1),             // Frobenius norm
-        elementwise(batch, mn, FP32_BYTES, FP32_BYTES, 1),    // divide
-        elementwise(batch, mn, FP32_BYTES, FP16_BYTES, 1),    // fp32 -> fp16
-        syrk(m, n, batch, h),                                 // R = X Xᵀ
-    ];
-    for step in 1..=steps {
-        k.push(syrk(m, m, batch, h)); // R²
-        k.push(elementwise(batch, m * m, 2, 1, h).repeated(2)); // W = aI + bR + cR²
-        k.push(KernelWork::gemm(m, m, m, batch, h)); // Q ← W Q
-        if step == GRAM_RESTART_AFTER && step < steps {
-            k.push(KernelWork::gemm(m, n, m, batch, h)); // X = Q X₀
-            k.push(syrk(m, n, batch, h)); // R = X Xᵀ
-            k.push(elementwise(batch, m * m, 0, 1, h)); // Q = I
-        } else if step < steps {
-            k.push(syrk(m, m, batch, h)); // W²
-            k.push(KernelWork::gemm(m, m, m, batch, h)); // R ← W² R
+    let mut k = Vec::new();
+    if input != DType::F32 {
+        k.push(cast(batch, mn, g, f)); // .float()
+    }
+    k.push(elementwise(batch, mn, 1, 0, f)); // Frobenius norm (a reduction read)
+    k.push(KernelWork::memory_bound(1, batch, batch * 2 * f)); // norm + eps
+    k.push(elementwise(batch, mn, 1, 1, f)); // X / (norm + eps)
+    k.push(cast(batch, mn, f, h)); // .half()
+    if rows > cols {
+        k.push(elementwise(batch, mn, 1, 1, h)); // .contiguous() of the transposed view
+    }
+    k.push(KernelWork::gemm(m, m, n, batch, h)); // R = X Xᵀ
+    k.push(elementwise(batch, m * m, 0, 1, h)); // I = eye(m)
+    let mut q_started = false;
+    for i in 0..steps {
+        if i == GRAM_RESTART_AFTER && i > 0 {
+            k.push(KernelWork::gemm(m, n, m, batch, h)); // X = Q X
+            k.push(KernelWork::gemm(m, m, n, batch, h)); // R = X Xᵀ
+            q_started = false;
+        }
+        k.push(addmm(m, batch, h)); // Z = bR + cR²
+        if q_started {
+            k.push(addmm(m, batch, h)); // Q = aQ + Z Q
+        } else {
+            k.push(elementwise(batch, m * m, 1, 1, h)); // a I
+            k.push(elementwise(batch, m * m, 2, 1, h)); // Q = Z + aI
+            q_started = true;
+        }
+        if i + 1 < steps && i + 1 != GRAM_RESTART_AFTER {
+            k.push(addmm(m, batch, h)); // RZ = aR + R Z
+            k.push(addmm(m, batch, h)); // R = a RZ + Z RZ
         }
     }
-    k.push(KernelWork::gemm(m, n, m, batch, h)); // X = Q X₀
+    k.push(KernelWork::gemm(m, n, m, batch, h)); // X = Q X
+    k.push(cast(batch, mn, h, g)); // .to(input dtype)
     k
+}
+
+/// One `torch.addmm(C, A, B)` of `m x m` operands: a GEMM that also reads the `m x m` bias.
+fn addmm(m: u64, batch: u64, elem_bytes: u64) -> KernelWork {
+    let mut w = KernelWork::gemm(m, m, m, batch, elem_bytes);
+    w.hbm_bytes = w.hbm_bytes.saturating_add(
+        m.saturating_mul(m)
+            .saturating_mul(batch)
+            .saturating_mul(elem_bytes),
+    );
+    w
 }
 
 /// Momentum update over `elems` local elements in `tensors` tensors: reads the gradient and
@@ -199,22 +238,45 @@ mod tests {
 
     #[test]
     fn gram_call_flops_by_hand() {
-        // 5 iterations, restart after 2: SYRK XXᵀ m²n; iterations: 5 x (R² m³ + Q 2m³),
-        // W² + R update (3m³) in iterations 1, 3, 4; restart X = QX₀ 2m²n + SYRK m²n; final
-        // 2m²n: 6m²n + 24m³.
+        // DMuon's torch.mm path, 5 coefficient sets, restart at 2 (module docs): initial
+        // R = XXᵀ 2m²n; i0: Z 2m³ + evolve 4m³; i1: Z + Q 4m³; i2: restart X = QX and R = XXᵀ
+        // 4m²n, Z 2m³, evolve 4m³; i3: Z + Q + evolve 8m³; i4: Z + Q 4m³; final X = QX 2m²n.
         let (m, n) = (512u64, 2048u64);
-        let k = gram_ns_call_kernels(1, n, m, 5);
+        let k = gram_ns_call_kernels(1, n, m, 5, DType::F32);
         let gemm: u64 = k
             .iter()
             .filter(|w| w.class.name() == "gemm")
             .map(|w| w.flops)
             .sum();
-        assert_eq!(gemm, 6 * m * m * n + 24 * m * m * m);
+        assert_eq!(gemm, 8 * m * m * n + 28 * m * m * m);
         assert!(
             gemm < ns_flops(m, n, 5),
             "fewer FLOPs than standard NS at n = 4m"
         );
-        // FP16 operands.
-        assert!(k.contains(&syrk(m, n, 1, FP16_BYTES)));
+        // Square matrices: the Gram form does more work than the standard one.
+        let sq: u64 = gram_ns_call_kernels(1, m, m, 5, DType::F32)
+            .iter()
+            .filter(|w| w.class.name() == "gemm")
+            .map(|w| w.flops)
+            .sum();
+        assert!(sq > ns_flops(m, m, 5));
+        // FP16 operands, full (not half-triangle) GEMMs: no CUDA SYRK on the NPU.
+        assert!(k.contains(&KernelWork::gemm(m, m, n, 1, FP16_BYTES)));
+    }
+
+    #[test]
+    fn gram_call_prologue_follows_input_dtype_and_orientation() {
+        let (_, _, launches_f32_tall) = totals(&gram_ns_call_kernels(1, 2048, 512, 5, DType::F32));
+        let (_, _, launches_f32_wide) = totals(&gram_ns_call_kernels(1, 512, 2048, 5, DType::F32));
+        let (_, _, launches_bf16_wide) =
+            totals(&gram_ns_call_kernels(1, 512, 2048, 5, DType::Bf16));
+        // A tall matrix iterates transposed: one contiguous copy more.
+        assert_eq!(launches_f32_tall, launches_f32_wide + 1);
+        // A non-FP32 input is cast up first (`G.float()`).
+        assert_eq!(launches_bf16_wide, launches_f32_wide + 1);
+        // By hand (wide, FP32 input): norm, +eps, divide, half, R = XXᵀ, eye (6); i0: Z, aI,
+        // Z + aI, 2 evolve (5); i1: Z, Q (2); i2: X, R, Z, aI, Z + aI, 2 evolve (7); i3: 4;
+        // i4: 2; X = QX, cast back (2): 28.
+        assert_eq!(launches_f32_wide, 28);
     }
 }
