@@ -23,6 +23,7 @@ pub mod muon;
 pub mod optimizer;
 pub mod parallel;
 pub mod routing;
+pub mod tp_grad_sync;
 pub mod tp_overlap;
 
 pub use muon::OptimizerStrategy;
@@ -345,6 +346,9 @@ pub(crate) struct Ctx {
     pub classes: Vec<ParamClass>,
     /// Whether classes differ by the `ep` coordinate.
     pub per_expert_owner: bool,
+    /// Per FSDP parameter: its gradient is a partial sum over `tp` that FSDP completes with
+    /// a fused TP all-reduce ([`tp_grad_sync`]).
+    pub tp_partial_grad: Vec<bool>,
     /// Shard / replicate group sizes per domain.
     pub shard_size: [usize; 2],
     pub replicate_size: [usize; 2],
@@ -557,6 +561,12 @@ impl ProgramGenerator {
             unit_stage,
             classes,
             per_expert_owner,
+            tp_partial_grad: tp_grad_sync::partial_over_tp(
+                plan,
+                fsdp,
+                scenario.file.mesh.tp.max(1),
+                sp,
+            ),
             shard_size,
             replicate_size,
             dense_mesh: scenario.dense_mesh.clone(),
