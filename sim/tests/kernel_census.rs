@@ -101,6 +101,48 @@ fn census_adds_up_to_the_launch_counts() {
     assert_eq!(family("mb3.layers.47.fwd"), "mb#.layers.#.fwd");
 }
 
+/// Collectives of one op family (all kinds).
+fn collectives(c: &BTreeMap<String, Row>, family: &str) -> u64 {
+    c.iter()
+        .filter(|(k, _)| k.ends_with(family))
+        .flat_map(|(_, r)| r.collectives.values())
+        .sum()
+}
+
+#[test]
+fn experiment_a_collectives_follow_the_hyperparallel_sources() {
+    let a = census(&rank0("scenarios/paper/exp-a-mbs2.toml"));
+    // 48 MoE layers x 4 micro-batches: counts, tokens and expert ids forward
+    // (ep_routed_forward), tokens back in backward; combine both ways.
+    let mb_layers = 48 * 4;
+    assert_eq!(collectives(&a, "mlp.dispatch.counts.ep.fwd"), mb_layers);
+    assert_eq!(collectives(&a, "mlp.dispatch.expert_ids.ep.fwd"), mb_layers);
+    assert_eq!(collectives(&a, "mlp.dispatch.ep.bwd"), mb_layers);
+    assert_eq!(collectives(&a, "mlp.combine.ep.fwd"), mb_layers);
+    // The MoE block is boundary identity on tp under TP-extend-EP; attention keeps its
+    // sequence-parallel gather and reduce-scatter.
+    assert_eq!(collectives(&a, "mlp.in.hidden_states.tp.fwd"), 0);
+    assert_eq!(collectives(&a, "mlp.out.hidden_states.tp.fwd"), 0);
+    assert_eq!(
+        collectives(&a, "self_attn.in.hidden_states.tp.fwd"),
+        mb_layers
+    );
+    // One TP gradient sync per unit holding TP-replicated parameters, once per step.
+    assert_eq!(collectives(&a, "grad_sync.tp"), 49);
+    // Trainer: three scalar all-reduces per micro-batch with SP, five for the clip norm.
+    assert_eq!(collectives(&a, "loss_metrics.tokens.tp"), 4);
+    assert_eq!(collectives(&a, "loss_metrics.step_tokens.dp"), 4);
+    assert_eq!(collectives(&a, "loss_metrics.global.dp"), 4);
+    assert_eq!(collectives(&a, "clip.norm.b#.ar"), 5);
+    // Experiment B (pure FSDP, one micro-batch): no TP, no EP; two loss all-reduces and one
+    // clip all-reduce.
+    let b = census(&rank0("scenarios/paper/exp-b.toml"));
+    assert_eq!(collectives(&b, "grad_sync.tp"), 0);
+    assert_eq!(collectives(&b, "loss_metrics.tokens.tp"), 0);
+    assert_eq!(collectives(&b, "loss_metrics.step_tokens.dp"), 1);
+    assert_eq!(collectives(&b, "clip.norm.b#.ar"), 1);
+}
+
 /// Prints the census of experiment A micro batch 2 and experiment B (run with --ignored
 /// --nocapture).
 #[test]

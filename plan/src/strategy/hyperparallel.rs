@@ -543,6 +543,8 @@ fn emit_model<'a, 'c: 'a>(
         let last_mb = m + 1 == m_steps;
         hp.e.set_micro_batch(m);
         hp.forward_pass(&stage_units);
+        // The trainer's loss metrics between forward and backward ([`super::step_tail`]).
+        super::step_tail::loss_metrics(&mut hp.e, &ctx.trainer);
         hp.backward_pass(&stage_units, m, last_mb);
         // Root callback: wait the last reduce-scatters, issue the last all-reduce.
         hp.settle_prev(last_mb, m > 0);
@@ -550,12 +552,17 @@ fn emit_model<'a, 'c: 'a>(
             hp.all_reduce_prev();
         }
         hp.prev_unit = None;
+        super::step_tail::loss_read_back(&mut hp.e);
     }
     hp.divide_all_reduces();
     // The optimizer step comes after: the optimizer strategy's schedule, or the placeholder
     // AdamW per unit.
     hp.e.set_micro_batch(0);
     hp.e.mb_prefix.clear();
+    // Gradient clipping once every gradient is final.
+    let grads: u64 = hp.units.iter().map(|u| u.grad_out_bytes).sum();
+    let tp_sync = hp.tp_sync_ops.clone();
+    super::step_tail::clip_grad_norm(&mut hp.e, &ctx.trainer, grads, &tp_sync);
     hp
 }
 

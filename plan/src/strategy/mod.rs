@@ -23,6 +23,7 @@ pub mod muon;
 pub mod optimizer;
 pub mod parallel;
 pub mod routing;
+mod step_tail;
 pub mod tp_grad_sync;
 pub mod tp_overlap;
 
@@ -349,6 +350,8 @@ pub(crate) struct Ctx {
     /// Per FSDP parameter: its gradient is a partial sum over `tp` that FSDP completes with
     /// a fused TP all-reduce ([`tp_grad_sync`]).
     pub tp_partial_grad: Vec<bool>,
+    /// The trainer's own work around the model (loss metrics, gradient clipping).
+    pub trainer: step_tail::TrainerTail,
     /// Shard / replicate group sizes per domain.
     pub shard_size: [usize; 2],
     pub replicate_size: [usize; 2],
@@ -550,6 +553,12 @@ impl ProgramGenerator {
         ];
 
         let (mut families, slot) = group_families(scenario, kind);
+        let family_size = |g: GroupKind| {
+            slot[g.index()]
+                .and_then(|i| families.get(i))
+                .map_or(1, |f| f.size)
+        };
+        let trainer = step_tail::TrainerTail::new(plan, fsdp, family_size, sp);
         // The optimizer strategy's per-axis groups, appended after the strategy's own.
         let opt = muon::OptCtx::new(scenario, plan, fsdp, optimizer, &mut families)?;
 
@@ -561,6 +570,7 @@ impl ProgramGenerator {
             unit_stage,
             classes,
             per_expert_owner,
+            trainer,
             tp_partial_grad: tp_grad_sync::partial_over_tp(
                 plan,
                 fsdp,
@@ -891,6 +901,15 @@ fn group_families(
         StrategyKind::HyperParallel | StrategyKind::Fsdp2 => {
             wanted.push(fam(GroupKind::DenseShard, false, &["dp_shard", "cp"]));
             wanted.push(fam(GroupKind::DenseReplicate, false, &["dp_replicate"]));
+            if kind == StrategyKind::HyperParallel {
+                // The trainer's loss metrics reduce over the data-parallel domain
+                // (`dp_cp_mesh`), its own communicator ([`step_tail`]).
+                wanted.push(fam(
+                    GroupKind::DataParallel,
+                    false,
+                    &["dp_replicate", "dp_shard", "cp"],
+                ));
+            }
             if expert_domain {
                 wanted.push(fam(GroupKind::ExpertShard, true, &["edp_shard"]));
                 wanted.push(fam(GroupKind::ExpertReplicate, true, &["edp_replicate"]));
