@@ -74,19 +74,24 @@ fn assert_bf16_on(name: &str, label: &str, kinds_f32_ok: bool) {
     assert!(!calls.is_empty(), "{name}: no {label} calls");
     let bf16 = calls.iter().filter(|e| e.dtype == DType::Bf16).count();
     if kinds_f32_ok {
-        // EP: the token counts travel as exact f32, the routed rows in bf16.
+        // EP: the routed-row counts (all-to-all) and the routed copies' expert ids (one
+        // all-to-all-v per count exchange, HyperParallel `ep_routed_forward`) travel as exact
+        // f32, the routed rows in bf16.
         assert!(
             bf16 > 0 && bf16 < calls.len(),
             "{name}: {bf16} of {}",
             calls.len()
         );
-        assert!(
+        let f32_kind = |k: CollectiveKind| {
             calls
                 .iter()
-                .filter(|e| e.dtype == DType::F32)
-                .all(|e| e.kind == CollectiveKind::AllToAll),
-            "{name}"
-        );
+                .filter(|e| e.dtype == DType::F32 && e.kind == k)
+                .count()
+        };
+        let counts = f32_kind(CollectiveKind::AllToAll);
+        assert!(counts > 0, "{name}");
+        assert_eq!(f32_kind(CollectiveKind::AllToAllV), counts, "{name}");
+        assert_eq!(counts * 2, calls.len() - bf16, "{name}: other f32 calls");
     } else {
         assert_eq!(bf16, calls.len(), "{name}: {label} calls not all bf16");
     }

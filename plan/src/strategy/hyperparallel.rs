@@ -69,6 +69,9 @@ struct UnitInfo<'a> {
     grad_out_bytes: u64,
     /// Fused all-reduce buffer bytes per domain (0: no all-reduce).
     ar_bytes: [u64; 2],
+    /// Fused TP all-reduce buffer bytes of the unit's TP-partial gradients
+    /// ([`super::tp_grad_sync`]; 0: none).
+    tp_sync_bytes: u64,
     /// Local shard elements.
     shard_elems: u64,
 }
@@ -153,6 +156,12 @@ fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
                     .map(|(p, pl)| grad_out(p, *pl))
                     .sum(),
                 ar_bytes: ar.map(round_up_512),
+                tp_sync_bytes: super::tp_grad_sync::fused_bytes(
+                    idx.iter()
+                        .filter(|&&i| ctx.tp_partial_grad[i as usize])
+                        .map(|&i| ctx.fsdp.params[i as usize].padded_shard_numel),
+                    rd,
+                ),
                 shard_elems: params.iter().map(|p| p.padded_shard_numel).sum(),
                 params,
                 placed,
@@ -177,6 +186,8 @@ struct Hp<'a, 'c> {
     prev_unit: Option<usize>,
     /// All-reduce ops per unit (last micro-batch).
     ar_ops: Vec<Vec<OpId>>,
+    /// TP all-reduces of TP-partial gradients (last micro-batch): the optimizer waits them.
+    tp_sync_ops: Vec<OpId>,
 }
 
 impl<'a, 'c> Hp<'a, 'c> {
@@ -423,6 +434,36 @@ impl<'a, 'c> Hp<'a, 'c> {
                 self.ar_ops[u].push(op);
             }
         }
+        self.tp_sync(u);
+    }
+
+    /// Unit `u`'s fused all-reduce over `tp` of its TP-partial gradients, issued with its
+    /// replica all-reduce ([`super::tp_grad_sync`]); the buffer lives until the optimizer.
+    fn tp_sync(&mut self, u: usize) {
+        let bytes = self.units[u].tp_sync_bytes;
+        if bytes == 0 {
+            return;
+        }
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let name = short(&self.e.ctx.fsdp.units[u].name).to_string();
+        let deps = self.e.issue_point();
+        let spec = CollSpec {
+            kind: crate::CollectiveKind::AllReduce,
+            input_bytes: bytes,
+            output_bytes: bytes,
+        };
+        if let Some(op) = self.e.collective(
+            Stream::AllReduce,
+            Category::Tp,
+            GroupKind::Tp,
+            spec,
+            rd,
+            true,
+            &deps,
+            &format!("{name}.grad_sync.tp"),
+        ) {
+            self.tp_sync_ops.push(op);
+        }
     }
 }
 
@@ -456,8 +497,10 @@ impl<'c> Hp<'_, 'c> {
     /// every unit's reduced gradients.
     fn into_path(self) -> emit::ModelPath<'c> {
         let grads: u64 = self.units.iter().map(|u| u.grad_out_bytes).sum();
+        let mut ready = self.e.issue_point();
+        ready.extend(&self.tp_sync_ops);
         emit::ModelPath {
-            ready: self.e.issue_point(),
+            ready,
             e: self.e,
             grads_freed: Some(grads),
             optimizer_base_bytes: 0,
@@ -480,7 +523,8 @@ fn adamw_tail(mut hp: Hp<'_, '_>) -> Result<StepProgram, StrategyError> {
             info.params.len() as u32,
             info.grad_out_bytes,
         );
-        let deps = hp.e.issue_point();
+        let mut deps = hp.e.issue_point();
+        deps.extend(&hp.tp_sync_ops);
         let op = optimizer_step(&mut hp.e, &name, elems, tensors, o.reduce_dtype, &deps);
         hp.e.free(op, MemTag::Grads, out);
     }
@@ -504,6 +548,8 @@ fn emit_model<'a, 'c: 'a>(
         let last_mb = m + 1 == m_steps;
         hp.e.set_micro_batch(m);
         hp.forward_pass(&stage_units);
+        // The trainer's loss metrics between forward and backward ([`super::step_tail`]).
+        super::step_tail::loss_metrics(&mut hp.e, &ctx.trainer);
         hp.backward_pass(&stage_units, m, last_mb);
         // Root callback: wait the last reduce-scatters, issue the last all-reduce.
         hp.settle_prev(last_mb, m > 0);
@@ -511,12 +557,17 @@ fn emit_model<'a, 'c: 'a>(
             hp.all_reduce_prev();
         }
         hp.prev_unit = None;
+        super::step_tail::loss_read_back(&mut hp.e);
     }
     hp.divide_all_reduces();
     // The optimizer step comes after: the optimizer strategy's schedule, or the placeholder
     // AdamW per unit.
     hp.e.set_micro_batch(0);
     hp.e.mb_prefix.clear();
+    // Gradient clipping once every gradient is final.
+    let grads: u64 = hp.units.iter().map(|u| u.grad_out_bytes).sum();
+    let tp_sync = hp.tp_sync_ops.clone();
+    super::step_tail::clip_grad_norm(&mut hp.e, &ctx.trainer, grads, &tp_sync);
     hp
 }
 
@@ -539,6 +590,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             prev_rs: Vec::new(),
             prev_unit: None,
             ar_ops: vec![Vec::new(); n],
+            tp_sync_ops: Vec::new(),
         };
         let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
         let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();

@@ -23,6 +23,8 @@ pub mod muon;
 pub mod optimizer;
 pub mod parallel;
 pub mod routing;
+mod step_tail;
+pub mod tp_grad_sync;
 pub mod tp_overlap;
 pub mod validation;
 
@@ -346,6 +348,11 @@ pub(crate) struct Ctx {
     pub classes: Vec<ParamClass>,
     /// Whether classes differ by the `ep` coordinate.
     pub per_expert_owner: bool,
+    /// Per FSDP parameter: its gradient is a partial sum over `tp` that FSDP completes with
+    /// a fused TP all-reduce ([`tp_grad_sync`]).
+    pub tp_partial_grad: Vec<bool>,
+    /// The trainer's own work around the model (loss metrics, gradient clipping).
+    pub trainer: step_tail::TrainerTail,
     /// Shard / replicate group sizes per domain.
     pub shard_size: [usize; 2],
     pub replicate_size: [usize; 2],
@@ -547,6 +554,12 @@ impl ProgramGenerator {
         ];
 
         let (mut families, slot) = group_families(scenario, kind);
+        let family_size = |g: GroupKind| {
+            slot[g.index()]
+                .and_then(|i| families.get(i))
+                .map_or(1, |f| f.size)
+        };
+        let trainer = step_tail::TrainerTail::new(plan, fsdp, family_size, sp);
         // The optimizer strategy's per-axis groups, appended after the strategy's own.
         let opt = muon::OptCtx::new(scenario, plan, fsdp, optimizer, &mut families)?;
 
@@ -558,6 +571,13 @@ impl ProgramGenerator {
             unit_stage,
             classes,
             per_expert_owner,
+            trainer,
+            tp_partial_grad: tp_grad_sync::partial_over_tp(
+                plan,
+                fsdp,
+                scenario.file.mesh.tp.max(1),
+                sp,
+            ),
             shard_size,
             replicate_size,
             dense_mesh: scenario.dense_mesh.clone(),
@@ -882,6 +902,15 @@ fn group_families(
         StrategyKind::HyperParallel | StrategyKind::Fsdp2 => {
             wanted.push(fam(GroupKind::DenseShard, false, &["dp_shard", "cp"]));
             wanted.push(fam(GroupKind::DenseReplicate, false, &["dp_replicate"]));
+            if kind == StrategyKind::HyperParallel {
+                // The trainer's loss metrics reduce over the data-parallel domain
+                // (`dp_cp_mesh`), its own communicator ([`step_tail`]).
+                wanted.push(fam(
+                    GroupKind::DataParallel,
+                    false,
+                    &["dp_replicate", "dp_shard", "cp"],
+                ));
+            }
             if expert_domain {
                 wanted.push(fam(GroupKind::ExpertShard, true, &["edp_shard"]));
                 wanted.push(fam(GroupKind::ExpertReplicate, true, &["edp_replicate"]));

@@ -203,15 +203,36 @@ pub enum Side {
 }
 
 /// The TP/CP collectives of one side of a boundary.
+///
+/// An MoE boundary run as a local map with expert parallelism (`use_local_map`, `ep > 1`:
+/// HyperParallel's TP-extend-EP routed pipeline) is the identity on `tp`
+/// ([`routed_pipeline_owns_tp`]): no TP collective enters or leaves it.
 pub fn boundary_collectives(b: &BoundarySpec, side: Side, d: &ParDims) -> Vec<ParColl> {
     let (src, dst) = match side {
         Side::In => (&b.in_src, &b.in_dst),
         Side::Out => (&b.out_src, &b.out_dst),
     };
-    match (src, dst) {
+    let mut out = match (src, dst) {
         (Some(src), Some(dst)) => transitions(b, src, dst, side, false, d),
         _ => Vec::new(),
+    };
+    if routed_pipeline_owns_tp(b, d) {
+        out.retain(|c| c.axis != ParAxis::Tp);
     }
+    out
+}
+
+/// Whether `b` is an MoE block whose expert-parallel routed pipeline takes the place of its TP
+/// boundary transitions. HyperParallel runs the MoE block under expert parallelism as a local
+/// region (`ep_utils.ep_routed_forward`, installed by the `when: ep` `local_compute_fn`
+/// override of the Qwen3-MoE recipe): its input is the rank's local sequence chunk
+/// `[B, S/tp, H]` and its output the complete values of that chunk, both "boundary identity"
+/// (docstring of `ep_routed_forward`); the experts are whole on each rank (Shard(0) over the
+/// extended EP group that spans the TP ranks), "so there is no all_gather/reduce_scatter
+/// pair". The template's `S(1) -> R` input gather and `P -> S(1)` output reduce-scatter on
+/// `tp` therefore do not run (four TP collectives per MoE layer and micro-batch).
+pub fn routed_pipeline_owns_tp(b: &BoundarySpec, d: &ParDims) -> bool {
+    b.flags.use_local_map && d.ep > 1 && d.tp > 1
 }
 
 /// The TP/CP collectives entering (`Side::In`) or leaving (`Side::Out`) a boundary nested in
@@ -343,36 +364,44 @@ pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
 /// Bytes per exchanged token count: counts travel as f32, exact for any realistic count.
 const COUNT_WIRE_BYTES: u64 = 4;
 
+/// Bytes per exchanged expert id: ids travel as f32, exact below 2^24 experts (HyperParallel
+/// sends int64 ids; the 4 bytes per routed copy of the difference are under 0.1% of the
+/// copy's hidden vector).
+const EXPERT_ID_WIRE_BYTES: u64 = 4;
+
 /// The expert-parallel exchanges of a MoE layer at its token `dispatch` (after the router) or
-/// `combine` (before the weighted sum), as the runtime issues them: the dispatch first
-/// exchanges the token count of every (destination rank, local expert) pair with a fixed
-/// all-to-all (`experts` f32 counts per rank, forward only: backward reuses them), then moves
-/// the tokens with an all-to-all-v; the combine moves them back with a second all-to-all-v.
-/// Both token exchanges repeat in backward for the gradients. The token sizes are those of the
-/// busiest rank: `dispatch_tokens * top_k` hidden vectors per rank times the routing
-/// imbalance (expected maximum over EP ranks under top-k routing, times `routing_skew`).
-/// Eager PyTorch reads the counts back to the host to size the all-to-all-v (`.tolist()`), so
-/// the counts exchange carries `host_sync`: the host waits for it before issuing more work.
+/// `combine` (before the weighted sum), as HyperParallel's `ep_utils.ep_routed_forward`
+/// issues them:
 ///
-/// Not modelled (the verified reference executor does not issue it, and `hpfsdp verify`
-/// requires the program to equal its collective trace): HyperParallel exchanges only
-/// `ep_size` per-rank counts (`bincount` of the destination ranks) and therefore sends every
-/// routed copy's int64 expert id with a third, forward-only all-to-all-v
-/// (`ep_utils.ep_routed_forward`, step 3). Modelling it needs the reference's MoE dispatch
-/// to follow the same scheme.
+/// 1. dispatch, step 2: the routed copies per destination EP rank (`bincount` of the
+///    destination ranks, `minlength = ep_size`) with a fixed all-to-all of `ep` counts,
+///    forward only (backward reuses them); eager PyTorch reads them back to the host to size
+///    the all-to-all-v (`.tolist()`), so this exchange carries `host_sync`;
+/// 2. dispatch, step 3: the routed copies' hidden vectors with an all-to-all-v (repeated in
+///    backward for their gradients);
+/// 3. dispatch, step 3: every routed copy's global expert id with a second all-to-all-v over
+///    the same counts, forward only (integer ids carry no gradient): the expert side groups
+///    the received copies by local expert from them;
+/// 4. combine, step 5: the expert outputs back with an all-to-all-v (repeated in backward).
+///
+/// The token sizes are those of the busiest rank: `dispatch_tokens * top_k` hidden vectors
+/// per rank times the routing imbalance (expected maximum over EP ranks under top-k routing,
+/// times `routing_skew`). The reference executor's EP dispatch (`reference::runtime::ep`)
+/// issues the same calls in the same order, so `hpfsdp verify` compares them one for one.
 pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
     if d.ep <= 1 {
         return Vec::new();
     }
     let module = module.strip_prefix("model.").unwrap_or(module);
-    let balanced = d.dispatch_tokens() * d.top_k.max(1) * d.hidden * d.act_wire_bytes;
-    let token_bytes = (balanced as f64 * d.routed_imbalance.max(1.0)).round() as u64;
-    let mut out = Vec::with_capacity(2);
+    let copies = d.dispatch_tokens() * d.top_k.max(1);
+    let imbalance = d.routed_imbalance.max(1.0);
+    let token_bytes = ((copies * d.hidden * d.act_wire_bytes) as f64 * imbalance).round() as u64;
+    let mut out = Vec::with_capacity(3);
     if what == "dispatch" {
         out.push(ParColl {
             name: format!("{module}.{what}.counts.ep"),
             axis: ParAxis::Ep,
-            fwd: Some(all_to_all(d.experts.max(1) * COUNT_WIRE_BYTES)),
+            fwd: Some(all_to_all(d.ep * COUNT_WIRE_BYTES)),
             bwd: None,
             wire_dtype: Some(DType::F32),
             host_sync: true,
@@ -386,6 +415,17 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
         wire_dtype: None,
         host_sync: false,
     });
+    if what == "dispatch" {
+        let id_bytes = ((copies * EXPERT_ID_WIRE_BYTES) as f64 * imbalance).round() as u64;
+        out.push(ParColl {
+            name: format!("{module}.{what}.expert_ids.ep"),
+            axis: ParAxis::Ep,
+            fwd: Some(all_to_all_v(id_bytes)),
+            bwd: None,
+            wire_dtype: Some(DType::F32),
+            host_sync: false,
+        });
+    }
     out
 }
 
@@ -464,12 +504,22 @@ mod tests {
             ..d
         };
         let dispatch = ep_exchange("model.layers.0.mlp", "dispatch", &ep);
-        assert_eq!(dispatch.len(), 2, "count exchange, then tokens");
+        assert_eq!(dispatch.len(), 3, "count exchange, tokens, expert ids");
+        // One f32 count per destination EP rank (bincount of the destination ranks).
         let counts = dispatch[0].fwd.unwrap();
         assert_eq!(
             (counts.kind, counts.input_bytes),
-            (CollectiveKind::AllToAll, 32)
+            (CollectiveKind::AllToAll, 2 * 4)
         );
+        // The expert ids follow the tokens forward only: one id per routed copy (32
+        // sequence-parallel tokens per rank x top-2), f32 on the wire.
+        let ids = dispatch[2].fwd.unwrap();
+        assert_eq!(
+            (ids.kind, ids.input_bytes),
+            (CollectiveKind::AllToAllV, 32 * 2 * 4)
+        );
+        assert!(dispatch[2].bwd.is_none() && !dispatch[2].host_sync);
+        assert_eq!(dispatch[2].wire_dtype, Some(DType::F32));
         assert!(dispatch[0].bwd.is_none());
         assert_eq!(dispatch[0].wire_dtype, Some(DType::F32));
         assert_eq!(dispatch[1].fwd.unwrap().kind, CollectiveKind::AllToAllV);
@@ -491,5 +541,58 @@ mod tests {
             .unwrap()
             .input_bytes;
         assert_eq!(skewed_bytes, (balanced_bytes as f64 * 1.25).round() as u64);
+    }
+
+    #[test]
+    fn expert_parallel_routed_pipeline_replaces_the_moe_tp_transitions() {
+        // A sequence-parallel MoE block: S(1) -> R gather in, P -> S(1) reduce-scatter out.
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../scenarios/verify/dense-tp2-fsdp2.toml");
+        let s = Scenario::load(&path).unwrap();
+        let p = plan(&s.model, &s.planner_input());
+        let mut b = p
+            .boundaries
+            .iter()
+            .find(|b| b.module == "model.layers.0.mlp")
+            .unwrap()
+            .clone();
+        let hs = |p: Placement| {
+            let mut c = Contract::new();
+            c.insert(
+                "hidden_states".into(),
+                [("tp".to_string(), p)].into_iter().collect(),
+            );
+            Some(c)
+        };
+        b.in_src = hs(Placement::shard(1));
+        b.in_dst = hs(Placement::Replicate);
+        b.out_src = hs(Placement::partial_sum());
+        b.out_dst = hs(Placement::shard(1));
+        b.flags.use_local_map = true;
+        let d = |ep: u64| ParDims {
+            tp: 4,
+            cp: 1,
+            ep,
+            sequence_parallel: true,
+            tokens: 64,
+            hidden: 16,
+            vocab: 100,
+            experts: 8,
+            top_k: 2,
+            kv_width: 8,
+            act_wire_bytes: 2,
+            routed_imbalance: 1.0,
+        };
+        // Without expert parallelism the block gathers and scatters on tp as the template says.
+        for side in [Side::In, Side::Out] {
+            assert_eq!(boundary_collectives(&b, side, &d(1)).len(), 1, "{side:?}");
+        }
+        // ep_routed_forward takes the local chunk and returns it complete: no TP collective.
+        for side in [Side::In, Side::Out] {
+            assert!(boundary_collectives(&b, side, &d(4)).is_empty(), "{side:?}");
+        }
+        // Only the local-map MoE block: an attention boundary keeps its TP transitions.
+        b.flags.use_local_map = false;
+        assert_eq!(boundary_collectives(&b, Side::In, &d(4)).len(), 1);
     }
 }

@@ -2,9 +2,10 @@
 //! token all-to-all (a "local map" region, the same local kernels in both modes).
 //!
 //! Forward: route locally (softmax router, top-k with lowest-index ties, optional
-//! renormalisation — exactly [`crate::ops::Moe`]); exchange per-expert token counts
-//! (all-to-all); send each routed token's row to the rank owning the expert (all-to-all-v,
-//! ordered by expert, then token); run the fused SwiGLU experts per (expert, source) block;
+//! renormalisation — exactly [`crate::ops::Moe`]); exchange the routed rows per destination
+//! rank (all-to-all); send each routed token's row to the rank owning the expert (all-to-all-v,
+//! ordered by expert, then token) and its global expert id (a second all-to-all-v, forward
+//! only: HyperParallel `ep_routed_forward`, step 3); run the fused SwiGLU experts per (expert, source) block;
 //! send the outputs back (all-to-all-v) and combine in ascending expert order with one fused
 //! multiply-add per step. Backward mirrors it. Each expert's weight gradient is the sum over
 //! source ranks, **in ascending EP rank order**, of that source's per-token-block gradient —
@@ -221,9 +222,12 @@ impl EpMoe {
         })
     }
 
-    /// Token exchange: counts per (destination member, local expert) exchanged as f32 (exact),
-    /// then the routed rows all-to-all-v; the received rows split into (local expert, source)
-    /// blocks. Returns the blocks and the rows sent to / received from each member.
+    /// Token exchange as HyperParallel's `ep_routed_forward` issues it: the routed rows per
+    /// destination member (f32, exact) with an all-to-all, then the routed rows (ordered by
+    /// global expert, then token, i.e. by destination member, then expert) with an
+    /// all-to-all-v, then every row's global expert id (f32, exact) with a second all-to-all-v
+    /// over the same counts. The received rows split into (local expert, source) blocks by
+    /// their ids. Returns the blocks and the rows sent to / received from each member.
     fn dispatch(
         &self,
         comm: &dyn Collective,
@@ -233,19 +237,21 @@ impl EpMoe {
     ) -> RtResult<Dispatched> {
         let (_, hidden) = x.dims2("moe_ep")?;
         let (el, p) = (self.local_experts(ep)?, ep.size());
-        let counts: Vec<f32> = (0..self.experts).map(|e| routed[e].len() as f32).collect();
-        let recv_counts = comm.all_to_all_vec(&ep.group, counts)?;
-        let recv_n: Vec<Vec<usize>> = (0..p)
-            .map(|s| (0..el).map(|l| recv_counts[s * el + l] as usize).collect())
-            .collect();
         let send_rows: Vec<usize> = (0..p)
             .map(|j| (0..el).map(|l| routed[j * el + l].len()).sum())
             .collect();
-        let recv_rows: Vec<usize> = recv_n.iter().map(|r| r.iter().sum()).collect();
+        let counts: Vec<f32> = send_rows.iter().map(|&r| r as f32).collect();
+        let recv_rows: Vec<usize> = comm
+            .all_to_all_vec(&ep.group, counts)?
+            .into_iter()
+            .map(|c| c as usize)
+            .collect();
         let mut send = Vec::with_capacity(send_rows.iter().sum::<usize>() * hidden);
-        for tokens_e in routed {
+        let mut ids = Vec::with_capacity(send_rows.iter().sum::<usize>());
+        for (e, tokens_e) in routed.iter().enumerate() {
             for &t in tokens_e {
                 send.extend_from_slice(x.row(t));
+                ids.push(e as f32);
             }
         }
         let scale = |v: &[usize]| v.iter().map(|r| r * hidden).collect::<Vec<_>>();
@@ -257,6 +263,8 @@ impl EpMoe {
             &scale(&recv_rows),
             self.wire,
         )?;
+        let recv_ids = comm.all_to_all_v_vec(&ep.group, ids, &send_rows, &recv_rows)?;
+        let recv_n = self.rows_per_local_expert(ep, &recv_ids, &recv_rows)?;
         let mut blocks: Vec<Vec<Block>> = vec![vec![Block::default(); p]; el];
         let mut at = 0;
         for (s, row) in recv_n.iter().enumerate() {
@@ -274,6 +282,42 @@ impl EpMoe {
             send_rows,
             recv_rows,
         })
+    }
+
+    /// Rows per (source member, local expert) from the received global expert ids: each
+    /// source's rows arrive ordered by expert, all of them owned by this member.
+    fn rows_per_local_expert(
+        &self,
+        ep: &MyGroup,
+        ids: &[f32],
+        recv_rows: &[usize],
+    ) -> RtResult<Vec<Vec<usize>>> {
+        let el = self.local_experts(ep)?;
+        let offset = ep.index * el;
+        let mut out = vec![vec![0usize; el]; recv_rows.len()];
+        let mut at = 0;
+        for (s, &rows) in recv_rows.iter().enumerate() {
+            let mut last = 0;
+            for &id in &ids[at..at + rows] {
+                let local = (id as usize).checked_sub(offset).filter(|&l| l < el);
+                match local {
+                    Some(l) if l >= last => {
+                        out[s][l] += 1;
+                        last = l;
+                    }
+                    _ => {
+                        return Err(RuntimeError::plan(format!(
+                            "EP member {} received expert id {id} from member {s} out of its \
+                             experts {offset}..{} or out of expert order",
+                            ep.index,
+                            offset + el
+                        )));
+                    }
+                }
+            }
+            at += rows;
+        }
+        Ok(out)
     }
 
     /// Expert SwiGLU on every (local expert, source) block, keeping the activations in the
