@@ -86,7 +86,10 @@ fn the_default_comparison_reports_every_figure_and_its_exit_status_follows_the_v
     assert_eq!(html.contains("verdict pass"), passed);
     assert!(html.contains("Host model"));
     // The host model per run: validation events are counted in both modes of exp A and
-    // charged only in validation mode; every expert-parallel MoE layer forward syncs once.
+    // charged only in validation mode; every expert-parallel MoE layer forward syncs once, and
+    // the trainer reads six scalars back per micro-batch (plan/src/strategy/step_tail.rs:
+    // the SP token count, the step tokens, the weighted loss, the global loss, and the two
+    // loss read-backs after backward).
     let host = doc["host"].as_array().unwrap();
     let run = |label: &str| host.iter().find(|h| h["run"] == label).unwrap();
     let (prod, val) = (run("production mode"), run("validation mode"));
@@ -94,7 +97,7 @@ fn the_default_comparison_reports_every_figure_and_its_exit_status_follows_the_v
     assert_eq!(prod["validation_events"], val["validation_events"]);
     assert_eq!(prod["validation_s"].as_f64(), Some(0.0));
     assert!(val["validation_s"].as_f64().unwrap() > 0.0);
-    assert_eq!(prod["d2h_syncs"].as_u64(), Some(48 * 4));
+    assert_eq!(prod["d2h_syncs"].as_u64(), Some(48 * 4 + 6 * 4));
     std::fs::remove_dir_all(&out).ok();
 }
 
