@@ -19,7 +19,7 @@
 
 use super::compare::{CalibrationSet, Comparison, FigureRow};
 use super::error::CalibrationError;
-use super::gates::rule_of;
+use super::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance, rule_of};
 use super::lm::{LmOptions, minimise};
 use super::measured::MeasuredRun;
 use super::params::{FitParam, MaxFrom, get, resolve_bounds, set};
@@ -114,13 +114,43 @@ pub fn log_residual(row: &FigureRow) -> f64 {
     }
 }
 
-/// The residual vector of a comparison (fitted rows in row order).
+/// The log width of a row's a-priori tolerance: `ln(1 + limit)` for a relative tolerance,
+/// `ln(1 + limit / measured)` for one in percentage points (an overlap rate). The fit
+/// measures every residual in these units, so a figure exactly at its tolerance weighs the
+/// same whatever its kind: a step time known to 10% pulls harder than a one-step profiler
+/// figure known to 25% (least squares with the tolerance as the standard deviation).
+pub fn tolerance_log_width(row: &FigureRow) -> f64 {
+    match rule_of(row.figure).tolerance {
+        Tolerance::Relative(limit) => (1.0 + limit).ln(),
+        Tolerance::AbsoluteFraction(limit) => (1.0 + limit / row.measured.abs()).ln(),
+    }
+}
+
+/// A fitted row's residual in tolerance units: [`log_residual`] over
+/// [`tolerance_log_width`].
+pub fn scaled_residual(row: &FigureRow) -> f64 {
+    log_residual(row) / tolerance_log_width(row)
+}
+
+/// The residual vector of a comparison: the fitted rows in row order, in tolerance units,
+/// then, when the comparison has experiment B (its predicted difference is finite), the
+/// error of the HyperParallel-vs-FSDP2 step-time difference over its tolerance
+/// ([`EXP_B_DIFF_TOLERANCE_PP`]). The difference is the paper's headline figure and is
+/// known better than either step time (device-speed errors cancel in it), so the fit weighs
+/// it by its own, tighter tolerance instead of only through the two step times.
 pub fn residuals(c: &Comparison) -> Vec<f64> {
-    c.rows
+    let mut r: Vec<f64> = c
+        .rows
         .iter()
         .filter(|r| is_fitted_row(r))
-        .map(log_residual)
-        .collect()
+        .map(scaled_residual)
+        .collect();
+    if c.exp_b_predicted_diff.is_finite() {
+        r.push(
+            (c.exp_b_predicted_diff - c.exp_b_measured_diff) / (EXP_B_DIFF_TOLERANCE_PP / 100.0),
+        );
+    }
+    r
 }
 
 /// Half the sum of squared residuals of a comparison.
