@@ -502,12 +502,13 @@ fn exp_b_muon_routing_and_shapes() {
 
 #[test]
 fn exp_b_muon_batches_by_hand() {
-    // The earlier HyperParallel revision (`ns_batch_fill_owners = false`): every memory batch
-    // closes at the cap on its own, which gives the 28 fused Muon gathers per step that exp B
-    // measured (125 - 97 on FSDP2).
+    // The earlier HyperParallel revision (`ns_batch_fill_owners = false`, which exp-b.toml
+    // states as the revision that ran exp B): every memory batch closes at the cap on its
+    // own, which gives the 28 fused Muon gathers per step that exp B measured (125 - 97 on
+    // FSDP2).
     let path = paper("exp-b.toml");
-    let text = std::fs::read_to_string(&path).unwrap()
-        + "\n[optimizer.muon]\nns_batch_fill_owners = false\n";
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains("ns_batch_fill_owners = false"));
     let p = plans_from(Scenario::from_str_at(&text, &path).unwrap());
     check_batch_invariants(&p);
     let b = &p.muon.batches;
@@ -576,9 +577,14 @@ fn exp_b_muon_batches_by_hand() {
 
 #[test]
 fn exp_b_muon_batches_fill_every_owner() {
-    // exp-b as the current HyperParallel revision runs it (`ns_batch_fill_owners` on, the
-    // default): shard-path memory batches take 16 matrices before the cap.
-    let p = plans(&paper("exp-b.toml"));
+    // exp-b as the current HyperParallel revision would run it (`ns_batch_fill_owners` on,
+    // the default; exp-b.toml pins the earlier revision that was measured): shard-path
+    // memory batches take 16 matrices before the cap.
+    let path = paper("exp-b.toml");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("ns_batch_fill_owners = false", "ns_batch_fill_owners = true");
+    let p = plans_from(Scenario::from_str_at(&text, &path).unwrap());
     check_batch_invariants(&p);
     let b = &p.muon.batches;
     assert_eq!(b.len(), 5);
