@@ -572,12 +572,11 @@ fn at_most_one_batch_in_flight() {
     }
 }
 
-/// Optimizer all-gathers per step on exp-b: one fused gather per NS memory batch. With the
-/// current revision's `min_batch_size = S` (the default) that is 6 projection batches of 16
-/// plus 4 small-matrix batches = 10. The calibration measured 28 (FSDP2: 125 - 97;
-/// HyperParallel: 1,087 - 1,059), which is what `ns_batch_fill_owners = false` gives
-/// (checked in plan/tests/fsdp_muon_plans.rs): the measured run predates `min_batch_size`, and
-/// the calibration report shows the difference rather than pinning the knob on exp B.
+/// Optimizer all-gathers per step on exp-b: one fused gather per NS memory batch. The
+/// calibration measured 28 (FSDP2: 125 - 97; HyperParallel: 1,087 - 1,059), which is what
+/// `ns_batch_fill_owners = false` gives, the revision exp-b.toml pins (the current
+/// `min_batch_size = S` gives 6 projection batches of 16 plus 4 small-matrix batches = 10,
+/// checked in plan/tests/fsdp_muon_plans.rs).
 #[test]
 fn exp_b_optimizer_gather_counts() {
     let x = load("paper/exp-b.toml");
@@ -601,7 +600,7 @@ fn exp_b_optimizer_gather_counts() {
     }
     // Both FSDP layouts shard every matrix on dim 0 over 16: the same Muon plan.
     assert_eq!(counts[0], counts[1]);
-    assert_eq!(counts[0], 10);
+    assert_eq!(counts[0], 28);
     for o in [
         OptimizerStrategy::Naive,
         OptimizerStrategy::Moonlight,

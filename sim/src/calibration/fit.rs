@@ -314,6 +314,7 @@ mod tests {
             max: 94.7,
             bound_source: "test",
             max_from: crate::calibration::params::MaxFrom::Fixed,
+            blind: None,
         };
         assert!(
             54.6f64.ln().exp() < 54.6,

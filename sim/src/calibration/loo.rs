@@ -48,7 +48,10 @@ pub fn leave_one_out(
 ) -> Result<Vec<Fold>, CalibrationError> {
     let mut folds = Vec::new();
     for left_out in set.experiments() {
-        let fit = fit_joint(set, start, params, |r| r.experiment != left_out, options)?;
+        // Bounds that come from the left-out experiment's measurements are replaced by
+        // their blind ASSUMPTION bounds: the fold must not see that experiment at all.
+        let blind: Vec<FitParam> = params.iter().map(|p| p.without(left_out)).collect();
+        let fit = fit_joint(set, start, &blind, |r| r.experiment != left_out, options)?;
         let predicted = set.compare_where(&fit.profile, |r| r.experiment == left_out)?;
         folds.push(Fold {
             left_out,

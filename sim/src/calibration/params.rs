@@ -44,9 +44,45 @@ pub struct FitParam {
     pub bound_source: &'static str,
     /// How `max` follows the model ([`resolve_bounds`]).
     pub max_from: MaxFrom,
+    /// The bounds a leave-one-out fold uses when it leaves out an experiment whose
+    /// measurements these bounds come from ([`FitParam::without`]); `None` when no bound
+    /// comes from a measurement.
+    pub blind: Option<BlindBounds>,
+}
+
+/// Bounds that use no measurement of the listed experiments: a leave-one-out fold that leaves
+/// one of them out must not constrain the fit with that experiment's figures through a bound
+/// either, or the held-out prediction is not held out.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlindBounds {
+    /// Labels of the experiments (`B`, `A mbs2`) whose measurements the normal bounds use.
+    pub experiments: &'static [&'static str],
+    /// Lowest allowed value without them (ASSUMPTION, stated in `source`).
+    pub min: f64,
+    /// Highest allowed value without them.
+    pub max: f64,
+    /// Where these wider bounds come from.
+    pub source: &'static str,
 }
 
 impl FitParam {
+    /// This constant as a fold that leaves out experiment `left_out` may use it: unchanged
+    /// when its bounds use none of that experiment's measurements, otherwise with its
+    /// [`BlindBounds`] (and an upper bound that no longer follows the model's launches of a
+    /// left-out run).
+    pub fn without(&self, left_out: &str) -> FitParam {
+        match self.blind {
+            Some(b) if b.experiments.contains(&left_out) => FitParam {
+                min: b.min,
+                max: b.max,
+                bound_source: b.source,
+                max_from: MaxFrom::Fixed,
+                ..*self
+            },
+            _ => *self,
+        }
+    }
+
     /// This constant with its upper bound resolved against `c` (the comparison of the
     /// starting profile): a [`MaxFrom::ModelLaunches`] bound becomes the measured step over
     /// the modelled launches of its run; a fixed one is returned as it is.
@@ -84,6 +120,13 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             over 2.614 s x 376 TFLOPS = 19.3%): the kernels did at least that much work in the \
             measured step; max: the device's BF16 peak",
         max_from: MaxFrom::Fixed,
+        blind: Some(BlindBounds {
+            experiments: &["B"],
+            min: 0.05,
+            max: 1.0,
+            source: "without exp B: ASSUMPTION min 0.05 (no eager GEMM stack runs large GEMMs below \
+                5% of peak); max: the device's BF16 peak",
+        }),
     },
     FitParam {
         key: "calibration.hbm_efficiency",
@@ -92,6 +135,7 @@ pub const FIT_PARAMS: [FitParam; 7] = [
         bound_source: "ASSUMPTION min: half the msModeling A3 default 0.6 (no held-in figure \
             isolates memory-bound kernels); max: the nominal 1.6 TB/s",
         max_from: MaxFrom::Fixed,
+        blind: None,
     },
     FitParam {
         key: "calibration.copy_efficiency",
@@ -100,6 +144,7 @@ pub const FIT_PARAMS: [FitParam; 7] = [
         bound_source: "ASSUMPTION min: a streaming copy below 10% of HBM bandwidth would be \
             launch-bound; max: the nominal 1.6 TB/s",
         max_from: MaxFrom::Fixed,
+        blind: None,
     },
     FitParam {
         key: "calibration.host_launch_us_per_kernel",
@@ -114,6 +159,13 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             run: "production mode",
             step_s: 6.070,
         },
+        blind: Some(BlindBounds {
+            experiments: &["A mbs2"],
+            min: 1.0,
+            max: 1000.0,
+            source: "without exp A: ASSUMPTION 1 us (the fastest eager launch path) to 1 ms \
+                (no eager stack spends a millisecond of host time per kernel)",
+        }),
     },
     FitParam {
         key: "calibration.host_launch_us_per_collective",
@@ -123,6 +175,12 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             FSDP2 9.5 ms / (125 + 49) = 54.6 us, HyperParallel-FSDP 153.2 ms / (1,087 + 531) \
             = 94.7 us",
         max_from: MaxFrom::Fixed,
+        blind: Some(BlindBounds {
+            experiments: &["B"],
+            min: 1.0,
+            max: 1000.0,
+            source: "without exp B: ASSUMPTION 1 us to 1 ms per collective call",
+        }),
     },
     FitParam {
         key: "calibration.validation_us_per_cpu_event",
@@ -134,6 +192,12 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             least this); max 6.244 s / 23,713 = 263.3 us (the events cannot take longer than \
             the whole validation step)",
         max_from: MaxFrom::Fixed,
+        blind: Some(BlindBounds {
+            experiments: &["A mbs2"],
+            min: 0.1,
+            max: 1000.0,
+            source: "without exp A: ASSUMPTION 0.1 us to 1 ms per extra CPU operator event",
+        }),
     },
     FitParam {
         key: "tiers.intra_machine.efficiency",
@@ -144,6 +208,13 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             slower); max: the nominal 196 GB/s. Cross-check, not a bound: the aligned groups \
             measured 101.96 (FSDP2) and 125.22 GB/s (HyperParallel), 0.520 and 0.639 of nominal",
         max_from: MaxFrom::Fixed,
+        blind: Some(BlindBounds {
+            experiments: &["B"],
+            min: 0.05,
+            max: 1.0,
+            source: "without exp B: ASSUMPTION min 0.05 of the nominal UB bandwidth; max: the \
+                nominal 196 GB/s",
+        }),
     },
 ];
 
