@@ -168,9 +168,11 @@ mod joint_fit {
         assert!(out.params[0].value <= resolved.max);
     }
 
-    /// Experiment B is device-bound: its step times do not move when the kernel launch cost
-    /// goes from 5 to 100 us (host busy ~1.7 s against a ~2.75 s device step), so a host-bound
-    /// exp-A solution does not cost exp B anything.
+    /// Experiment B is device-bound: its step times move by less than 1% (a tenth of their
+    /// tolerance) when the kernel launch cost goes from 5 to 100 us (host busy ~1.7 s against
+    /// a ~2.8 s device step; only the launches between the Muon optimizer's 28 strictly
+    /// ordered gather / NS / relay batches reach the critical path, +0.4% on HyperParallel),
+    /// so a host-bound exp-A solution costs exp B next to nothing.
     #[test]
     fn experiment_b_is_insensitive_to_the_kernel_launch_cost_up_to_100_us() {
         let set_all = CalibrationSet::load(root()).unwrap();
@@ -189,7 +191,7 @@ mod joint_fit {
                 ch.row(run, Figure::StepTimeS).unwrap().predicted,
             );
             assert!(
-                (h / l - 1.0).abs() < 1e-3,
+                (h / l - 1.0).abs() < 1e-2,
                 "{run}: {l} s at 5 us, {h} s at 100 us"
             );
         }
