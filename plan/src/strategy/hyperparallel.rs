@@ -402,7 +402,6 @@ impl<'a, 'c> Hp<'a, 'c> {
 
     fn all_reduce_prev(&mut self) {
         let Some(u) = self.prev_unit else { return };
-        let rd = self.e.ctx.opts.reduce_dtype;
         let name = short(&self.e.ctx.fsdp.units[u].name).to_string();
         for d in [DataDomain::Dense, DataDomain::Expert] {
             let bytes = self.units[u].ar_bytes[Ctx::domain_index(d)];
@@ -410,26 +409,11 @@ impl<'a, 'c> Hp<'a, 'c> {
                 continue;
             }
             let (_, rep) = domain_groups(d);
-            let deps = self.e.issue_point();
             let label = match d {
                 DataDomain::Dense => format!("{name}.ar"),
                 DataDomain::Expert => format!("{name}.experts.ar"),
             };
-            let spec = CollSpec {
-                kind: crate::CollectiveKind::AllReduce,
-                input_bytes: bytes,
-                output_bytes: bytes,
-            };
-            if let Some(op) = self.e.collective(
-                Stream::AllReduce,
-                Category::FsdpAr,
-                rep,
-                spec,
-                rd,
-                true,
-                &deps,
-                &label,
-            ) {
+            if let Some(op) = self.all_reduce(Category::FsdpAr, rep, bytes, &label) {
                 self.e.alloc(op, MemTag::Buffers, bytes);
                 self.ar_ops[u].push(op);
             }
@@ -444,26 +428,40 @@ impl<'a, 'c> Hp<'a, 'c> {
         if bytes == 0 {
             return;
         }
-        let rd = self.e.ctx.opts.reduce_dtype;
         let name = short(&self.e.ctx.fsdp.units[u].name).to_string();
+        let label = format!("{name}.grad_sync.tp");
+        if let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) {
+            self.tp_sync_ops.push(op);
+        }
+    }
+
+    /// One asynchronous all-reduce of `bytes` gradient bytes (reduce dtype) over `group` on
+    /// the all-reduce stream, after everything issued so far; `None` when the group has one
+    /// rank.
+    fn all_reduce(
+        &mut self,
+        category: Category,
+        group: GroupKind,
+        bytes: u64,
+        label: &str,
+    ) -> Option<OpId> {
+        let rd = self.e.ctx.opts.reduce_dtype;
         let deps = self.e.issue_point();
         let spec = CollSpec {
             kind: crate::CollectiveKind::AllReduce,
             input_bytes: bytes,
             output_bytes: bytes,
         };
-        if let Some(op) = self.e.collective(
+        self.e.collective(
             Stream::AllReduce,
-            Category::Tp,
-            GroupKind::Tp,
+            category,
+            group,
             spec,
             rd,
             true,
             &deps,
-            &format!("{name}.grad_sync.tp"),
-        ) {
-            self.tp_sync_ops.push(op);
-        }
+            label,
+        )
     }
 }
 
