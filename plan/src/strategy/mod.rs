@@ -400,6 +400,31 @@ impl Ctx {
         ranks
     }
 
+    /// Tier of `rank`'s group of family `fam`, without listing the group when it is a plain
+    /// mesh group: its ranks all lie between the rank with the family's axes at 0 and the
+    /// rank with them at their last coordinate (row-major), and machines and supernodes are
+    /// contiguous rank blocks, so those two ranks decide the tier. A family cut into
+    /// replica blocks lists its group. (Listing every group of every rank made planning
+    /// exp-d at 100,608 ranks quadratic in the data-parallel group's size.)
+    fn family_tier(&self, fam: &GroupFamily, rank: usize) -> Tier {
+        if fam.block.is_some() {
+            return self.topology.tier_of(&self.group_ranks(fam, rank));
+        }
+        let mesh = if fam.expert_mesh {
+            &self.expert_mesh
+        } else {
+            &self.dense_mesh
+        };
+        let mut low = mesh.coords_of(rank);
+        let mut high = low.clone();
+        for &a in &fam.axes {
+            low[a] = 0;
+            high[a] = mesh.axes()[a].size - 1;
+        }
+        self.topology
+            .tier_of(&[mesh.rank_of(&low), mesh.rank_of(&high)])
+    }
+
     /// Position of `rank` in its group of the family at table position `slot` (0 when the
     /// family is absent).
     pub fn position_in(&self, slot: Option<usize>, rank: usize) -> usize {
@@ -701,8 +726,7 @@ impl ProgramGenerator {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.ctx.class_of(rank).hash(&mut h);
         for f in &self.ctx.families {
-            let ranks = self.ctx.group_ranks(f, rank);
-            self.ctx.topology.tier_of(&ranks).hash(&mut h);
+            self.ctx.family_tier(f, rank).hash(&mut h);
         }
         Some(h.finish())
     }
@@ -740,8 +764,7 @@ impl ProgramGenerator {
         let class = self.ctx.class_of(rank);
         self.class_signatures().get(class).hash(&mut h);
         for f in &self.ctx.families {
-            let ranks = self.ctx.group_ranks(f, rank);
-            self.ctx.topology.tier_of(&ranks).hash(&mut h);
+            self.ctx.family_tier(f, rank).hash(&mut h);
         }
         muon::template_digest(&self.ctx, rank).hash(&mut h);
         h.finish()
@@ -902,15 +925,6 @@ fn group_families(
         StrategyKind::HyperParallel | StrategyKind::Fsdp2 => {
             wanted.push(fam(GroupKind::DenseShard, false, &["dp_shard", "cp"]));
             wanted.push(fam(GroupKind::DenseReplicate, false, &["dp_replicate"]));
-            if kind == StrategyKind::HyperParallel {
-                // The trainer's loss metrics reduce over the data-parallel domain
-                // (`dp_cp_mesh`), its own communicator ([`step_tail`]).
-                wanted.push(fam(
-                    GroupKind::DataParallel,
-                    false,
-                    &["dp_replicate", "dp_shard", "cp"],
-                ));
-            }
             if expert_domain {
                 wanted.push(fam(GroupKind::ExpertShard, true, &["edp_shard"]));
                 wanted.push(fam(GroupKind::ExpertReplicate, true, &["edp_replicate"]));

@@ -88,8 +88,16 @@ impl TrainerTail {
         sequence_parallel: bool,
     ) -> Self {
         let mut buckets: Vec<NormBucket> = Vec::new();
+        // One name lookup table (`ShardingPlan::param` searches linearly: quadratic on
+        // exp-d's hundreds of thousands of unfused expert parameters).
+        let by_name: std::collections::HashMap<&str, &crate::planner::ParamPlan> =
+            plan.params.iter().map(|pp| (pp.name.as_str(), pp)).collect();
         for p in &fsdp.params {
-            let Some(pp) = plan.param(&p.name).filter(|pp| pp.trainable) else {
+            let Some(pp) = by_name
+                .get(p.name.as_str())
+                .copied()
+                .filter(|pp| pp.trainable)
+            else {
                 continue;
             };
             let shard_on = |axis: &str| pp.placements.get(axis).is_some_and(|x| x.is_shard());
@@ -159,6 +167,23 @@ fn scalar_all_reduce(e: &mut Emitter, group: GroupKind, what: &str, item: bool) 
     Some(op)
 }
 
+/// One scalar all-reduce over the data-parallel domain (`dp_cp_mesh`: data-parallel shard
+/// and context-parallel ranks and the replicas), read back with `.item()` when `item`. It is
+/// issued as the all-reduce over the dense shard group followed by the one over the dense
+/// replicate group (a group of one rank issues nothing), the two levels a hierarchical HCCL or
+/// NCCL all-reduce of 4 bytes crosses anyway: the programs carry no data-parallel
+/// communicator of their own, whose member list (every replica's shard group) would make
+/// folding at 100,000 ranks quadratic in its size. Without replicas it is exactly the one
+/// all-reduce the trainer issues.
+fn data_parallel_all_reduce(e: &mut Emitter, what: &str, item: bool) {
+    let shard = scalar_all_reduce(e, GroupKind::DenseShard, what, false);
+    let replica = scalar_all_reduce(e, GroupKind::DenseReplicate, &format!("{what}.replicas"), false);
+    if item && let Some(last) = replica.or(shard) {
+        let sync = e.b.host(Category::Host, 0, &[last]);
+        name(e, sync, &format!("{what}.item"));
+    }
+}
+
 /// A device -> host read-back of the last compute op's result (`.item()`).
 fn read_back(e: &mut Emitter, what: &str) {
     let deps = e.issue_point();
@@ -177,18 +202,13 @@ pub(crate) fn loss_metrics(e: &mut Emitter, tail: &TrainerTail) {
     if tail.sp_token_reduce {
         scalar_all_reduce(e, GroupKind::Tp, "loss_metrics.tokens.tp", true);
     }
-    scalar_all_reduce(
-        e,
-        GroupKind::DataParallel,
-        "loss_metrics.step_tokens.dp",
-        true,
-    );
+    data_parallel_all_reduce(e, "loss_metrics.step_tokens.dp", true);
     let sp = u32::from(tail.sp_token_reduce);
     let deps = e.issue_point();
     // `cur_loss * tokens / all_reduced_len * dp_size * cp_size`.
     scalar_kernels(e, 4, &deps, "loss_metrics.weighted");
     read_back(e, "loss_metrics.weighted.item");
-    scalar_all_reduce(e, GroupKind::DataParallel, "loss_metrics.global.dp", true);
+    data_parallel_all_reduce(e, "loss_metrics.global.dp", true);
     let deps = e.issue_point();
     scalar_kernels(e, LOSS_FWD_KERNELS - 4 + sp, &deps, "loss_metrics.mean");
     let deps = e.issue_point();
