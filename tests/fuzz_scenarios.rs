@@ -333,7 +333,7 @@ fn generate(rng: &mut ChaCha8Rng, root: &Path) -> Case {
         if invalid {
             break;
         }
-        invalid = if rng.next_u64() % 4 == 0 {
+        invalid = if rng.next_u64().is_multiple_of(4) {
             mutate_model(rng, &mut model, &mut what)
         } else {
             mutate_scenario(rng, &mut scenario, &mut what)

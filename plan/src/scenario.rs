@@ -682,7 +682,7 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
             ));
         }
     };
-    let master_dtype = parse_dtype(&raw.model.dtype, &file_label, text, "model", "dtype")?;
+    let master_dtype = parse_dtype(&raw.model.dtype, file_label, text, "model", "dtype")?;
     let options = ModelOptions {
         expert_layout: raw.model.expert_layout,
         include_mtp: raw.model.include_mtp,
@@ -1001,8 +1001,8 @@ fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DTy
             ));
         }
     }
-    let param_dtype = parse_dtype(&f.param_dtype, &file_label, text, "fsdp", "param_dtype")?;
-    let reduce_dtype = parse_dtype(&f.reduce_dtype, &file_label, text, "fsdp", "reduce_dtype")?;
+    let param_dtype = parse_dtype(&f.param_dtype, file_label, text, "fsdp", "param_dtype")?;
+    let reduce_dtype = parse_dtype(&f.reduce_dtype, file_label, text, "fsdp", "reduce_dtype")?;
     let o = &raw.optimizer;
     if !["muon+adamw", "adamw"].contains(&o.kind.as_str()) {
         return Err(key_err(

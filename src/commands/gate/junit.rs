@@ -78,7 +78,7 @@ pub fn junit_xml(checks: &[CheckOutcome]) -> String {
                         ">\n      <failure message=\"{}\" type=\"{}\">{}</failure>\n    </testcase>\n",
                         xml(&c.message),
                         xml(&c.check),
-                        xml_text(&format!("{}\n{}", c.message, c.diff).trim_end().to_string())
+                        xml_text(format!("{}\n{}", c.message, c.diff).trim_end())
                     );
                 }
             }
