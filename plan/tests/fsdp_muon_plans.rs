@@ -581,9 +581,10 @@ fn exp_b_muon_batches_fill_every_owner() {
     // the default; exp-b.toml pins the earlier revision that was measured): shard-path
     // memory batches take 16 matrices before the cap.
     let path = paper("exp-b.toml");
-    let text = std::fs::read_to_string(&path)
-        .unwrap()
-        .replace("ns_batch_fill_owners = false", "ns_batch_fill_owners = true");
+    let text = std::fs::read_to_string(&path).unwrap().replace(
+        "ns_batch_fill_owners = false",
+        "ns_batch_fill_owners = true",
+    );
     let p = plans_from(Scenario::from_str_at(&text, &path).unwrap());
     check_batch_invariants(&p);
     let b = &p.muon.batches;

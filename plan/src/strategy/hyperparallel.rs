@@ -565,8 +565,7 @@ fn emit_model<'a, 'c: 'a>(
     // Gradient clipping once every gradient is final.
     let grads: u64 = hp.units.iter().map(|u| u.grad_out_bytes).sum();
     let tp_sync = hp.tp_sync_ops.clone();
-    if let Some(clip) = super::step_tail::clip_grad_norm(&mut hp.e, &ctx.trainer, grads, &tp_sync)
-    {
+    if let Some(clip) = super::step_tail::clip_grad_norm(&mut hp.e, &ctx.trainer, grads, &tp_sync) {
         // The clipped gradients are what the optimizer reads, and the clip already waited for
         // every TP gradient sync: the optimizer waits for the clip only. (Waiting for the
         // syncs directly would also be correct, but would make ops issued during backward the

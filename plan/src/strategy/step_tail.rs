@@ -90,8 +90,11 @@ impl TrainerTail {
         let mut buckets: Vec<NormBucket> = Vec::new();
         // One name lookup table (`ShardingPlan::param` searches linearly: quadratic on
         // exp-d's hundreds of thousands of unfused expert parameters).
-        let by_name: std::collections::HashMap<&str, &crate::planner::ParamPlan> =
-            plan.params.iter().map(|pp| (pp.name.as_str(), pp)).collect();
+        let by_name: std::collections::HashMap<&str, &crate::planner::ParamPlan> = plan
+            .params
+            .iter()
+            .map(|pp| (pp.name.as_str(), pp))
+            .collect();
         for p in &fsdp.params {
             let Some(pp) = by_name
                 .get(p.name.as_str())
@@ -177,7 +180,12 @@ fn scalar_all_reduce(e: &mut Emitter, group: GroupKind, what: &str, item: bool) 
 /// all-reduce the trainer issues.
 fn data_parallel_all_reduce(e: &mut Emitter, what: &str, item: bool) {
     let shard = scalar_all_reduce(e, GroupKind::DenseShard, what, false);
-    let replica = scalar_all_reduce(e, GroupKind::DenseReplicate, &format!("{what}.replicas"), false);
+    let replica = scalar_all_reduce(
+        e,
+        GroupKind::DenseReplicate,
+        &format!("{what}.replicas"),
+        false,
+    );
     if item && let Some(last) = replica.or(shard) {
         let sync = e.b.host(Category::Host, 0, &[last]);
         name(e, sync, &format!("{what}.item"));
