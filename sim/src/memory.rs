@@ -201,10 +201,10 @@ impl MemoryTracker {
             series: self.series.as_ref().map(|_| Vec::new()),
             ..*self
         };
-        for i in 0..TAGS {
-            t.live[i] = shift(t.live[i], delta[i]);
-            t.at_peak[i] = shift(t.at_peak[i], delta[i]);
-            t.peak_by_tag[i] = shift(t.peak_by_tag[i], delta[i]);
+        for (i, &d) in delta.iter().enumerate() {
+            t.live[i] = shift(t.live[i], d);
+            t.at_peak[i] = shift(t.at_peak[i], d);
+            t.peak_by_tag[i] = shift(t.peak_by_tag[i], d);
         }
         t.total = shift(t.total, sum);
         t.peak = shift(t.peak, sum);

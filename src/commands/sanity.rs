@@ -28,7 +28,8 @@ pub fn check_summary(s: &StrategySummary) -> Result<()> {
             bail!(nonsense(s, &format!("{name} = {v}")));
         }
     }
-    if !(s.step_time_s > 0.0) {
+    // NaN fails this check too (it is neither positive nor comparable).
+    if s.step_time_s.is_nan() || s.step_time_s <= 0.0 {
         bail!(nonsense(s, &format!("step time = {} s", s.step_time_s)));
     }
     if let Some(t) = s.tokens_per_s

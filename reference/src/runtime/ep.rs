@@ -160,9 +160,9 @@ impl EpMoe {
             at += n;
         }
         let mut y = Tensor::zeros(&[tokens, hidden]);
-        for e in 0..self.experts {
+        for (e, out_e) in outs.iter().enumerate() {
             for (row, (&t, &w)) in route.routed[e].iter().zip(&route.route_w[e]).enumerate() {
-                let src = &outs[e][row * hidden..(row + 1) * hidden];
+                let src = &out_e[row * hidden..(row + 1) * hidden];
                 for (o, &h) in y.row_mut(t).iter_mut().zip(src) {
                     *o = w.mul_add(h, *o);
                 }

@@ -29,8 +29,9 @@ pub enum VerifyError {
     Run {
         /// `production`, `validation` or `single-device`.
         mode: String,
-        /// The runtime error.
-        source: RuntimeError,
+        /// The runtime error (boxed: it is the largest payload, and every `Result` of the
+        /// harness would otherwise carry its size).
+        source: Box<RuntimeError>,
     },
 }
 

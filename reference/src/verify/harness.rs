@@ -390,7 +390,7 @@ impl DistRun {
 pub fn run_distributed(spec: &VerifySpec, mode: ExecMode) -> Result<DistRun, VerifyError> {
     let run_err = |source: RuntimeError| VerifyError::Run {
         mode: mode.name().to_string(),
-        source,
+        source: Box::new(source),
     };
     let boundaries = boundary_table(spec).map_err(run_err)?;
     let world = InProcWorld::run(spec.world(), |comm| {
@@ -555,7 +555,7 @@ impl SingleOptimizer {
 pub fn run_single(spec: &VerifySpec) -> Result<SingleRun, VerifyError> {
     let err = |source: RuntimeError| VerifyError::Run {
         mode: "single-device".into(),
-        source,
+        source: Box::new(source),
     };
     let start = Instant::now();
     let model = TinyModel::new(spec.model)

@@ -63,7 +63,7 @@ pub fn run_distributed_on(
 ) -> Result<Option<DistRun>, VerifyError> {
     let run_err = |source: RuntimeError| VerifyError::Run {
         mode: mode.name().to_string(),
-        source,
+        source: Box::new(source),
     };
     check_world(spec, comm)?;
     let run = run_rank(spec, mode, comm).map_err(run_err)?;

@@ -274,8 +274,12 @@ pub struct OptCtx {
     /// Named schedules built for a digest, per optimizer coordinate, with the rank they were
     /// built for: the program of that rank takes it instead of building it again (one
     /// schedule build per coordinate).
-    built: Arc<Mutex<HashMap<Vec<usize>, (usize, Schedule)>>>,
+    built: Arc<Mutex<BuiltSchedules>>,
 }
+
+/// Anonymous schedules kept by [`OptCtx::digest`] for reuse, keyed by optimizer coordinate,
+/// each with the rank it was built for.
+type BuiltSchedules = HashMap<Vec<usize>, (usize, Schedule)>;
 
 /// Schedules kept for reuse at most (a bound on the memory of [`OptCtx`]'s cache on jobs
 /// with very many optimizer coordinates; beyond it the program builds its own).
