@@ -20,7 +20,7 @@ use super::validation;
 use super::{StrategyError, StrategyOptions};
 use crate::fsdp::FsdpPlan;
 use crate::kernel::KernelWork;
-use crate::model::{ComputeKind, LayerCompute};
+use crate::model::{ComputeKind, ComputeOp, LayerCompute};
 use crate::planner::{BoundarySpec, ShardingPlan};
 use crate::scenario::Scenario;
 
@@ -85,16 +85,41 @@ impl Stage {
     }
 }
 
-struct Acc {
+/// The compute segment being filled: consecutive ops with no collective between them.
+struct OpenSegment {
     name: String,
     fwd: Vec<KernelWork>,
-    /// Backward kernels of each op, in forward op order (reversed when flushed).
+    /// Backward kernels of each op, in forward op order (reversed when closed).
     bwd: Vec<Vec<KernelWork>>,
     /// Validation-mode CPU events of the forward ([`Segment::fwd_validation_events`]).
     validation_events: u32,
 }
 
-fn boundary_of<'a>(bs: &'a [&'a BoundarySpec], op: &str) -> Option<&'a BoundarySpec> {
+impl OpenSegment {
+    /// A segment with no op yet.
+    fn named(name: String) -> Self {
+        OpenSegment {
+            name,
+            fwd: Vec::new(),
+            bwd: Vec::new(),
+            validation_events: 0,
+        }
+    }
+
+    /// The finished segment (`None` when it launches no forward kernel): backward kernels
+    /// run in reverse op order.
+    fn close(self) -> Option<Segment> {
+        (!self.fwd.is_empty()).then(|| Segment {
+            name: self.name,
+            fwd: self.fwd,
+            bwd: self.bwd.into_iter().rev().flatten().collect(),
+            fwd_validation_events: self.validation_events,
+        })
+    }
+}
+
+/// The innermost boundary of `bs` that holds op `op` (its module or an ancestor module).
+fn boundary_of<'b>(bs: &[&'b BoundarySpec], op: &str) -> Option<&'b BoundarySpec> {
     bs.iter()
         .filter(|b| {
             op == b.module
@@ -114,15 +139,55 @@ fn contains(outer: &BoundarySpec, inner: &BoundarySpec) -> bool {
             && inner.module.as_bytes()[outer.module.len()] == b'.')
 }
 
+/// A module name without the `model.` prefix, as stages and segments are named.
 fn short(name: &str) -> &str {
     name.strip_prefix("model.").unwrap_or(name)
 }
 
-/// Adds validation-mode events to the open segment, or keeps them for the next one.
-fn add_events(acc: &mut Option<Acc>, pending: &mut u32, events: u32) {
-    match acc {
-        Some(a) => a.validation_events += events,
-        None => *pending += events,
+/// What every stage of one scenario shares: the sizes of its model-parallel collectives,
+/// the kernel shapes of its ops and the tokens one rank computes per micro-batch.
+struct StageEnv<'s> {
+    scenario: &'s Scenario,
+    dims: ParDims,
+    kernels: KernelCtx,
+    rank_tokens: f64,
+}
+
+impl<'s> StageEnv<'s> {
+    /// The environment of `scenario`'s ranks under `opts`; `sequence_parallel` asks for
+    /// sequence-parallel TP regions (effective only with TP > 1).
+    fn new(scenario: &'s Scenario, opts: &StrategyOptions, sequence_parallel: bool) -> Self {
+        let cfg = &scenario.model.config;
+        let m = &scenario.file.mesh;
+        let tp = m.tp.max(1) as u64;
+        let cp = m.cp.max(1) as u64;
+        let tokens = opts.micro_batch * opts.seq_len;
+        let kv_width = match &cfg.mla {
+            Some(mla) => mla.kv_lora_rank + mla.qk_rope_head_dim,
+            None => 2 * cfg.num_key_value_heads * cfg.head_dim,
+        };
+        let rank_tokens = tokens as f64 / (tp * cp) as f64;
+        let kernels = KernelCtx::new(scenario, opts, rank_tokens);
+        let dims = ParDims {
+            tp,
+            cp,
+            ep: m.ep.max(1) as u64,
+            sequence_parallel: sequence_parallel && tp > 1,
+            tokens,
+            hidden: cfg.hidden_size,
+            vocab: cfg.vocab_size,
+            experts: cfg.moe.as_ref().map_or(0, |x| x.num_experts),
+            top_k: cfg.moe.as_ref().map_or(0, |x| x.experts_per_token),
+            kv_width,
+            act_wire_bytes: opts.param_dtype.bytes(),
+            routed_imbalance: kernels.routed.map_or(1.0, |r| r.imbalance()),
+        };
+        StageEnv {
+            scenario,
+            dims,
+            kernels,
+            rank_tokens,
+        }
     }
 }
 
@@ -134,55 +199,49 @@ pub(crate) fn build_stages(
     opts: &StrategyOptions,
     sequence_parallel: bool,
 ) -> Result<(Vec<Stage>, Vec<usize>), StrategyError> {
-    let cfg = &scenario.model.config;
-    let m = &scenario.file.mesh;
-    let tp = m.tp.max(1) as u64;
-    let cp = m.cp.max(1) as u64;
-    let tokens = opts.micro_batch * opts.seq_len;
-    let kv_width = match &cfg.mla {
-        Some(mla) => mla.kv_lora_rank + mla.qk_rope_head_dim,
-        None => 2 * cfg.num_key_value_heads * cfg.head_dim,
-    };
-    let dims = ParDims {
-        tp,
-        cp,
-        ep: m.ep.max(1) as u64,
-        sequence_parallel: sequence_parallel && tp > 1,
-        tokens,
-        hidden: cfg.hidden_size,
-        vocab: cfg.vocab_size,
-        experts: cfg.moe.as_ref().map_or(0, |x| x.num_experts),
-        top_k: cfg.moe.as_ref().map_or(0, |x| x.experts_per_token),
-        kv_width,
-        act_wire_bytes: opts.param_dtype.bytes(),
-        routed_imbalance: 1.0,
-    };
-    let rank_tokens = tokens as f64 / (tp * cp) as f64;
-    let kctx = KernelCtx::new(scenario, opts, rank_tokens);
-    let dims = ParDims {
-        routed_imbalance: kctx.routed.map_or(1.0, |r| r.imbalance()),
-        ..dims
-    };
+    let env = StageEnv::new(scenario, opts, sequence_parallel);
     let profile: Vec<LayerCompute> = scenario.model.compute_profile(opts.seq_len);
+    let unit_stage = unit_stages(fsdp, &profile)?;
+    let weight_bytes = stage_weight_bytes(plan, fsdp, opts, &unit_stage, profile.len());
+    let stages = profile
+        .iter()
+        .zip(weight_bytes)
+        .map(|(piece, bytes)| build_stage(&env, plan, piece, bytes))
+        .collect();
+    Ok((stages, unit_stage))
+}
 
-    // Unit -> stage.
-    let mut unit_stage = Vec::with_capacity(fsdp.units.len());
-    for u in &fsdp.units {
-        let s = match u.layer {
-            Some(l) => profile.iter().position(|p| p.layer == Some(l)),
-            None if u.name == "model.embed_tokens" => {
-                profile.iter().position(|p| p.name == "model.embed_tokens")
-            }
-            None => profile.iter().position(|p| p.name == "lm_head"),
-        };
-        let s = s.ok_or_else(|| StrategyError::PlanMismatch {
-            detail: format!("FSDP unit '{}' has no compute stage in the model", u.name),
-        })?;
-        unit_stage.push(s);
-    }
+/// The compute stage (index into `profile`) of every FSDP unit: a layer unit's decoder
+/// layer, the embedding unit's embedding, any other unit the head. A unit with no stage
+/// means the FSDP plan and the model disagree.
+fn unit_stages(fsdp: &FsdpPlan, profile: &[LayerCompute]) -> Result<Vec<usize>, StrategyError> {
+    fsdp.units
+        .iter()
+        .map(|u| {
+            let s = match u.layer {
+                Some(l) => profile.iter().position(|p| p.layer == Some(l)),
+                None if u.name == "model.embed_tokens" => {
+                    profile.iter().position(|p| p.name == "model.embed_tokens")
+                }
+                None => profile.iter().position(|p| p.name == "lm_head"),
+            };
+            s.ok_or_else(|| StrategyError::PlanMismatch {
+                detail: format!("FSDP unit '{}' has no compute stage in the model", u.name),
+            })
+        })
+        .collect()
+}
 
-    // Local weight bytes per stage (one EP class: every class holds the same sizes).
-    let mut weight_bytes = vec![0u64; profile.len()];
+/// Local (sharded) weight bytes of each of the `stages` stages, counted on EP class 0
+/// (every class holds the same sizes): what a stage with no compute op of its own touches.
+fn stage_weight_bytes(
+    plan: &ShardingPlan,
+    fsdp: &FsdpPlan,
+    opts: &StrategyOptions,
+    unit_stage: &[usize],
+    stages: usize,
+) -> Vec<u64> {
+    let mut weight_bytes = vec![0u64; stages];
     for (pp, fp) in plan.params.iter().filter(|p| p.trainable).zip(&fsdp.params) {
         if pp.ep_owner.is_some_and(|o| o != 0) {
             continue;
@@ -192,158 +251,215 @@ pub(crate) fn build_stages(
             weight_bytes[s] += numel * opts.param_dtype.bytes();
         }
     }
+    weight_bytes
+}
 
-    let mut stages = Vec::with_capacity(profile.len());
-    for (si, piece) in profile.iter().enumerate() {
-        let prefix = &piece.name;
-        let bs: Vec<&BoundarySpec> = plan
-            .boundaries
-            .iter()
-            .filter(|b| match piece.layer {
-                Some(_) => b.module.starts_with(&format!("{prefix}.")),
-                None if prefix == "model.embed_tokens" => b.module == "model.embed_tokens",
-                None => !b.module.starts_with("model.layers.") && b.module != "model.embed_tokens",
-            })
-            .collect();
-        let has_local_map = bs.iter().any(|b| b.flags.use_local_map);
-        let stage_name = short(prefix).to_string();
-        let mut items: Vec<Item> = Vec::new();
-        let mut acc: Option<Acc> = None;
-        // Open boundaries, outermost first (a nested boundary sits inside its parent).
-        let mut stack: Vec<&BoundarySpec> = Vec::new();
-        // Validation-mode contract-check events not yet attached to a segment.
-        let mut pending_events = 0u32;
-        let flush = |acc: &mut Option<Acc>, items: &mut Vec<Item>| {
-            if let Some(a) = acc.take()
-                && !a.fwd.is_empty()
-            {
-                items.push(Item::Compute(Segment {
-                    name: a.name,
-                    fwd: a.fwd,
-                    bwd: a.bwd.into_iter().rev().flatten().collect(),
-                    fwd_validation_events: a.validation_events,
-                }));
-            }
-        };
-        let push_colls = |colls: Vec<ParColl>, acc: &mut Option<Acc>, items: &mut Vec<Item>| {
-            if colls.is_empty() {
-                return;
-            }
-            flush(acc, items);
-            items.extend(colls.into_iter().map(Item::Coll));
-        };
-        for op in &piece.ops {
-            let b = boundary_of(&bs, &op.name);
-            // Close the boundaries that do not contain this op's boundary.
-            while let Some(&top) = stack.last() {
-                if b.is_some_and(|b| contains(top, b)) {
-                    break;
-                }
-                stack.pop();
-                add_events(
-                    &mut acc,
-                    &mut pending_events,
-                    validation::out_check_events(top),
-                );
-                let colls = match stack.last() {
-                    Some(parent) => parallel::nested_collectives(top, parent, Side::Out, &dims),
-                    None => parallel::boundary_collectives(top, Side::Out, &dims),
-                };
-                push_colls(colls, &mut acc, &mut items);
-            }
-            if let Some(n) = b
-                && stack.last().is_none_or(|t| t.module != n.module)
-            {
-                let mut colls = match stack.last() {
-                    Some(parent) => parallel::nested_collectives(n, parent, Side::In, &dims),
-                    None => parallel::boundary_collectives(n, Side::In, &dims),
-                };
-                colls.extend(parallel::cp_attention(n, &dims));
-                push_colls(colls, &mut acc, &mut items);
-                pending_events += validation::in_check_events(n);
-                stack.push(n);
-            }
-            if has_local_map && op.name.ends_with(".combine") {
-                let module = op.name.trim_end_matches(".combine");
-                let module = module.strip_suffix(".experts").unwrap_or(module);
-                push_colls(
-                    parallel::ep_exchange(module, "combine", &dims),
-                    &mut acc,
-                    &mut items,
-                );
-            }
-            let a = acc.get_or_insert_with(|| Acc {
-                name: match (b, items.is_empty()) {
-                    (_, true) => stage_name.clone(),
-                    (Some(b), false) => short(&b.module).to_string(),
-                    (None, false) => short(&op.name).to_string(),
-                },
-                fwd: Vec::new(),
-                bwd: Vec::new(),
-                validation_events: 0,
-            });
-            let (f, b) = op_kernels(op, &kctx);
-            a.validation_events +=
-                std::mem::take(&mut pending_events) + validation::dispatch_events(&bs, op, &f);
-            a.fwd.extend(f);
-            a.bwd.push(b);
-            if has_local_map && op.kind == ComputeKind::Router {
-                let module = op.name.strip_suffix(".gate").unwrap_or(&op.name);
-                push_colls(
-                    parallel::ep_exchange(module, "dispatch", &dims),
-                    &mut acc,
-                    &mut items,
-                );
-            }
-        }
-        while let Some(top) = stack.pop() {
-            add_events(
-                &mut acc,
-                &mut pending_events,
-                validation::out_check_events(top),
-            );
-            let colls = match stack.last() {
-                Some(parent) => parallel::nested_collectives(top, parent, Side::Out, &dims),
-                None => parallel::boundary_collectives(top, Side::Out, &dims),
-            };
-            push_colls(colls, &mut acc, &mut items);
-        }
-        flush(&mut acc, &mut items);
-        if !items.iter().any(|i| matches!(i, Item::Compute(_))) {
-            // Every stage has at least one compute op to hang memory effects on.
-            items.insert(
-                0,
-                Item::Compute(Segment {
-                    name: stage_name.clone(),
-                    fwd: vec![KernelWork::memory_bound(1, 0, weight_bytes[si])],
-                    bwd: vec![KernelWork::memory_bound(2, 0, 2 * weight_bytes[si])],
-                    fwd_validation_events: 0,
-                }),
-            );
-        }
-        // Checks after the stage's last segment (a closing boundary's out_plan) belong to it.
-        if let Some(Item::Compute(s)) = items
-            .iter_mut()
-            .rev()
-            .find(|i| matches!(i, Item::Compute(_)))
-        {
-            s.fwd_validation_events += std::mem::take(&mut pending_events);
-        }
-        let recompute = piece.layer.is_some_and(|l| scenario.recompute.covers(l));
-        let full_act_bytes = (piece.fwd_bytes_per_token() * rank_tokens / 2.0).round() as u64;
-        let ckpt = (cfg.hidden_size as f64 * 2.0 * rank_tokens).round() as u64;
-        stages.push(Stage {
-            name: stage_name,
-            layer: piece.layer,
-            items,
-            recompute,
-            saved_bytes: if recompute {
-                ckpt.min(full_act_bytes)
-            } else {
-                full_act_bytes
-            },
-            full_act_bytes,
-        });
+/// One stage of the model: its ops walked in forward order into compute segments and
+/// model-parallel collectives, with the activation bytes it keeps for backward.
+/// `weight_bytes` sizes the stand-in segment of a stage that launches no kernel.
+fn build_stage(
+    env: &StageEnv,
+    plan: &ShardingPlan,
+    piece: &LayerCompute,
+    weight_bytes: u64,
+) -> Stage {
+    let stage_name = short(&piece.name).to_string();
+    let mut walk = StageWalk::new(&env.dims, stage_boundaries(plan, piece), &stage_name);
+    for op in &piece.ops {
+        walk.add_op(op, &env.kernels);
     }
-    Ok((stages, unit_stage))
+    let (mut items, trailing_events) = walk.finish();
+    ensure_compute_segment(&mut items, &stage_name, weight_bytes);
+    // Checks after the stage's last segment (a closing boundary's out_plan) belong to it.
+    if let Some(Item::Compute(s)) = items
+        .iter_mut()
+        .rev()
+        .find(|i| matches!(i, Item::Compute(_)))
+    {
+        s.fwd_validation_events += trailing_events;
+    }
+    let recompute = piece
+        .layer
+        .is_some_and(|l| env.scenario.recompute.covers(l));
+    let full_act_bytes = (piece.fwd_bytes_per_token() * env.rank_tokens / 2.0).round() as u64;
+    let checkpoint_bytes =
+        (env.scenario.model.config.hidden_size as f64 * 2.0 * env.rank_tokens).round() as u64;
+    Stage {
+        name: stage_name,
+        layer: piece.layer,
+        items,
+        recompute,
+        saved_bytes: if recompute {
+            checkpoint_bytes.min(full_act_bytes)
+        } else {
+            full_act_bytes
+        },
+        full_act_bytes,
+    }
+}
+
+/// The plan boundaries inside `piece`: a layer's sub-modules, the embedding's own
+/// boundary, or (for the head) every boundary outside the layers and the embedding.
+fn stage_boundaries<'p>(plan: &'p ShardingPlan, piece: &LayerCompute) -> Vec<&'p BoundarySpec> {
+    let prefix = &piece.name;
+    plan.boundaries
+        .iter()
+        .filter(|b| match piece.layer {
+            Some(_) => b.module.starts_with(&format!("{prefix}.")),
+            None if prefix == "model.embed_tokens" => b.module == "model.embed_tokens",
+            None => !b.module.starts_with("model.layers.") && b.module != "model.embed_tokens",
+        })
+        .collect()
+}
+
+/// Every stage has at least one compute op to hang memory effects on: a stage made only
+/// of collectives (or of nothing) gets a memory-bound segment reading its weights.
+fn ensure_compute_segment(items: &mut Vec<Item>, stage_name: &str, weight_bytes: u64) {
+    if items.iter().any(|i| matches!(i, Item::Compute(_))) {
+        return;
+    }
+    items.insert(
+        0,
+        Item::Compute(Segment {
+            name: stage_name.to_string(),
+            fwd: vec![KernelWork::memory_bound(1, 0, weight_bytes)],
+            bwd: vec![KernelWork::memory_bound(2, 0, 2 * weight_bytes)],
+            fwd_validation_events: 0,
+        }),
+    );
+}
+
+/// The walk over one stage's ops in forward order: the boundaries open around the current
+/// op decide where model-parallel collectives cut the compute into segments.
+struct StageWalk<'p> {
+    dims: &'p ParDims,
+    /// The plan boundaries of this stage.
+    boundaries: Vec<&'p BoundarySpec>,
+    /// Whether an expert boundary runs a local map (EP dispatch/combine exchanges).
+    has_local_map: bool,
+    stage_name: &'p str,
+    /// Finished segments and collectives, in forward order.
+    items: Vec<Item>,
+    open_segment: Option<OpenSegment>,
+    /// Open boundaries, outermost first (a nested boundary sits inside its parent).
+    open_boundaries: Vec<&'p BoundarySpec>,
+    /// Validation-mode contract-check events not yet attached to a segment.
+    pending_events: u32,
+}
+
+impl<'p> StageWalk<'p> {
+    /// A walk of a stage named `stage_name` whose plan boundaries are `boundaries`.
+    fn new(dims: &'p ParDims, boundaries: Vec<&'p BoundarySpec>, stage_name: &'p str) -> Self {
+        StageWalk {
+            dims,
+            has_local_map: boundaries.iter().any(|b| b.flags.use_local_map),
+            boundaries,
+            stage_name,
+            items: Vec::new(),
+            open_segment: None,
+            open_boundaries: Vec::new(),
+            pending_events: 0,
+        }
+    }
+
+    /// Walks one op: closes the boundaries it leaves and opens the one it enters (their
+    /// collectives cut the segment), adds its kernels to the open segment, and places the
+    /// EP exchanges around expert compute under a local map.
+    fn add_op(&mut self, op: &ComputeOp, kernels: &KernelCtx) {
+        let boundary = boundary_of(&self.boundaries, &op.name);
+        self.close_boundaries_outside(boundary);
+        if let Some(b) = boundary
+            && self
+                .open_boundaries
+                .last()
+                .is_none_or(|t| t.module != b.module)
+        {
+            self.open_boundary(b);
+        }
+        if self.has_local_map && op.name.ends_with(".combine") {
+            let module = op.name.trim_end_matches(".combine");
+            let module = module.strip_suffix(".experts").unwrap_or(module);
+            self.push_collectives(parallel::ep_exchange(module, "combine", self.dims));
+        }
+        let (items, stage_name) = (&self.items, self.stage_name);
+        let segment = self.open_segment.get_or_insert_with(|| {
+            OpenSegment::named(match (boundary, items.is_empty()) {
+                (_, true) => stage_name.to_string(),
+                (Some(b), false) => short(&b.module).to_string(),
+                (None, false) => short(&op.name).to_string(),
+            })
+        });
+        let (fwd, bwd) = op_kernels(op, kernels);
+        segment.validation_events += std::mem::take(&mut self.pending_events)
+            + validation::dispatch_events(&self.boundaries, op, &fwd);
+        segment.fwd.extend(fwd);
+        segment.bwd.push(bwd);
+        if self.has_local_map && op.kind == ComputeKind::Router {
+            let module = op.name.strip_suffix(".gate").unwrap_or(&op.name);
+            self.push_collectives(parallel::ep_exchange(module, "dispatch", self.dims));
+        }
+    }
+
+    /// Closes every open boundary (innermost first) until the top one contains `keep`
+    /// (all of them when `keep` is `None`), issuing each one's output collectives.
+    fn close_boundaries_outside(&mut self, keep: Option<&BoundarySpec>) {
+        while let Some(&top) = self.open_boundaries.last() {
+            if keep.is_some_and(|b| contains(top, b)) {
+                break;
+            }
+            self.open_boundaries.pop();
+            self.add_events(validation::out_check_events(top));
+            let colls = match self.open_boundaries.last() {
+                Some(parent) => parallel::nested_collectives(top, parent, Side::Out, self.dims),
+                None => parallel::boundary_collectives(top, Side::Out, self.dims),
+            };
+            self.push_collectives(colls);
+        }
+    }
+
+    /// Opens boundary `b` inside the current top one: its input collectives (and context
+    /// parallelism's attention exchange) cut the segment; its input checks wait for the
+    /// next op.
+    fn open_boundary(&mut self, b: &'p BoundarySpec) {
+        let mut colls = match self.open_boundaries.last() {
+            Some(parent) => parallel::nested_collectives(b, parent, Side::In, self.dims),
+            None => parallel::boundary_collectives(b, Side::In, self.dims),
+        };
+        colls.extend(parallel::cp_attention(b, self.dims));
+        self.push_collectives(colls);
+        self.pending_events += validation::in_check_events(b);
+        self.open_boundaries.push(b);
+    }
+
+    /// Adds validation-mode events to the open segment, or keeps them for the next one.
+    fn add_events(&mut self, events: u32) {
+        match &mut self.open_segment {
+            Some(s) => s.validation_events += events,
+            None => self.pending_events += events,
+        }
+    }
+
+    /// Closes the open segment (if it launched anything) into the items.
+    fn close_segment(&mut self) {
+        if let Some(segment) = self.open_segment.take().and_then(OpenSegment::close) {
+            self.items.push(Item::Compute(segment));
+        }
+    }
+
+    /// Appends collectives after the open segment, which they close.
+    fn push_collectives(&mut self, colls: Vec<ParColl>) {
+        if colls.is_empty() {
+            return;
+        }
+        self.close_segment();
+        self.items.extend(colls.into_iter().map(Item::Coll));
+    }
+
+    /// Closes the remaining boundaries and the last segment: the stage's items and the
+    /// validation events no segment has taken yet.
+    fn finish(mut self) -> (Vec<Item>, u32) {
+        self.close_boundaries_outside(None);
+        self.close_segment();
+        (self.items, self.pending_events)
+    }
 }
