@@ -312,43 +312,16 @@ pub fn backward_prefetch_depth(d: usize) -> usize {
     d.max(1)
 }
 
-/// Generates the FSDP2 program of `rank` (op names kept when `named`).
+/// Generates the FSDP2 program of `rank` (op names kept when `named`): resident state, then
+/// per micro-batch the forward and backward with their all-gathers and reductions, then
+/// the optimizer.
 pub(crate) fn generate(
     ctx: &Ctx,
     rank: usize,
     groups: Vec<(Group, Tier)>,
     named: bool,
 ) -> Result<StepProgram, StrategyError> {
-    let o = &ctx.opts;
-    let class = &ctx.classes[ctx.class_of(rank)];
-    // FSDP2 units: the root (every non-layer FSDP unit) first, then one per block.
-    let mut stage_unit = vec![usize::MAX; ctx.stages.len()];
-    let mut root_params: Vec<&ParamFsdp> = Vec::new();
-    let mut blocks: Vec<(usize, Vec<&ParamFsdp>, String)> = Vec::new();
-    for (fu, idx) in class.units.iter().enumerate() {
-        let params: Vec<&ParamFsdp> = idx.iter().map(|&i| &ctx.fsdp.params[i as usize]).collect();
-        let unit = &ctx.fsdp.units[fu];
-        if unit.layer.is_some() {
-            blocks.push((ctx.unit_stage[fu], params, unit.name.clone()));
-        } else {
-            root_params.extend(params);
-            stage_unit[ctx.unit_stage[fu]] = 0;
-        }
-    }
-    blocks.sort_by_key(|b| b.0);
-    let mut units = vec![Unit {
-        name: "model".into(),
-        root: true,
-        groups: comm_groups(ctx, &root_params),
-    }];
-    for (s, params, name) in blocks {
-        stage_unit[s] = units.len();
-        units.push(Unit {
-            name,
-            root: false,
-            groups: comm_groups(ctx, &params),
-        });
-    }
+    let (units, stage_unit) = fsdp2_units(ctx, rank);
     let n = units.len();
     let mut f = F2 {
         e: Emitter::new(ctx, rank, groups).with_names(named),
@@ -359,132 +332,207 @@ pub(crate) fn generate(
         prev_reduce: Vec::new(),
         reduce_ops: vec![Vec::new(); n],
     };
-    let shard_elems: u64 = f
-        .units
-        .iter()
-        .flat_map(|u| u.groups.iter().map(|g| g.shard_elems))
-        .sum();
-    f.e.resident(MemTag::Params, shard_elems * o.master_dtype.bytes());
     let sched = ctx
         .opt
         .strategy
         .is_muon()
         .then(|| muon::schedule(ctx, rank, named));
-    f.e.resident(
-        MemTag::Optimizer,
-        match &sched {
-            Some(s) => s.momentum_bytes + s.adamw_state_bytes,
-            None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
-        },
-    );
-
-    let d = o.prefetch_depth;
+    f.reserve_resident_state(sched.as_ref());
+    let o = &ctx.opts;
     for m in 0..o.grad_accum_steps {
-        let last_mb = m + 1 == o.grad_accum_steps;
         f.e.set_micro_batch(m);
-        // Forward: units in order 0 (root), 1.. (blocks).
+        f.forward(&stage_unit);
+        f.backward(&stage_unit, m == 0, m + 1 == o.grad_accum_steps);
+    }
+    f.e.mb_prefix.clear();
+    match &sched {
+        Some(sched) => f.muon_optimizer(sched),
+        None => f.adamw_per_unit(),
+    }
+    f.e.build()
+}
+
+/// The FSDP2 units of `rank`'s parameter class: the root (every non-layer FSDP unit's
+/// parameters) first, then one unit per block in stage order; and the unit of every stage
+/// (`None` for a stage no unit covers).
+fn fsdp2_units(ctx: &Ctx, rank: usize) -> (Vec<Unit>, Vec<Option<usize>>) {
+    let class = &ctx.classes[ctx.class_of(rank)];
+    let mut stage_unit = vec![None; ctx.stages.len()];
+    let mut root_params: Vec<&ParamFsdp> = Vec::new();
+    let mut blocks: Vec<(usize, Vec<&ParamFsdp>, String)> = Vec::new();
+    for (fu, idx) in class.units.iter().enumerate() {
+        let params: Vec<&ParamFsdp> = idx.iter().map(|&i| &ctx.fsdp.params[i as usize]).collect();
+        let unit = &ctx.fsdp.units[fu];
+        if unit.layer.is_some() {
+            blocks.push((ctx.unit_stage[fu], params, unit.name.clone()));
+        } else {
+            root_params.extend(params);
+            stage_unit[ctx.unit_stage[fu]] = Some(0);
+        }
+    }
+    blocks.sort_by_key(|b| b.0);
+    let mut units = vec![Unit {
+        name: "model".into(),
+        root: true,
+        groups: comm_groups(ctx, &root_params),
+    }];
+    for (s, params, name) in blocks {
+        stage_unit[s] = Some(units.len());
+        units.push(Unit {
+            name,
+            root: false,
+            groups: comm_groups(ctx, &params),
+        });
+    }
+    (units, stage_unit)
+}
+
+impl F2<'_> {
+    /// The parameter groups of unit `u` that are sharded (shard group of more than one
+    /// rank): the ones that all-gather, reduce-scatter and hold gradient buffers.
+    fn sharded_groups(&self, u: usize) -> impl Iterator<Item = &CommGroup> {
+        let shard_size = self.e.ctx.shard_size;
+        self.units[u]
+            .groups
+            .iter()
+            .filter(move |g| shard_size[Ctx::domain_index(g.domain)] > 1)
+    }
+
+    /// Memory held for the whole step: the master-dtype parameter shards and the
+    /// optimizer state (the Muon schedule's, or AdamW's moments of every shard).
+    fn reserve_resident_state(&mut self, sched: Option<&muon::schedule::Schedule>) {
+        let shard_elems: u64 = self
+            .units
+            .iter()
+            .flat_map(|u| u.groups.iter().map(|g| g.shard_elems))
+            .sum();
+        let master_bytes = self.e.ctx.opts.master_dtype.bytes();
+        self.e.resident(MemTag::Params, shard_elems * master_bytes);
+        self.e.resident(
+            MemTag::Optimizer,
+            match sched {
+                Some(s) => s.momentum_bytes + s.adamw_state_bytes,
+                None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+            },
+        );
+    }
+
+    /// One micro-batch's forward: units in order 0 (root), 1.. (blocks), each gathered
+    /// (with explicit prefetch of the next `prefetch_depth` units) before its first stage
+    /// and, for blocks, resharded after its forward when `reshard_after_forward`.
+    fn forward(&mut self, stage_unit: &[Option<usize>]) {
+        let ctx = self.e.ctx;
+        let n = self.units.len();
         let mut seen = vec![false; n];
-        for (si, stage) in ctx.stages.iter().enumerate() {
-            let u = stage_unit[si];
+        for (stage, &unit) in ctx.stages.iter().zip(stage_unit) {
             let mut deps = Vec::new();
-            if u != usize::MAX && !seen[u] {
+            if let Some(u) = unit
+                && !seen[u]
+            {
                 seen[u] = true;
-                f.unshard(u, false);
-                deps.extend(f.wait_unshard(u, false));
+                self.unshard(u, false);
+                deps.extend(self.wait_unshard(u, false));
                 // Explicit prefetch of the next `d` units after this unit's copy-out.
-                for j in u + 1..=(u + d).min(n - 1) {
-                    f.unshard(j, false);
+                for j in u + 1..=(u + ctx.opts.prefetch_depth).min(n - 1) {
+                    self.unshard(j, false);
                 }
             }
-            let (_, last) = f.e.stage_forward(stage, &deps, false);
-            forward_activations(&mut f.e, stage, last);
-            if u != usize::MAX && !f.units[u].root && o.reshard_after_forward {
-                f.reshard(u, last);
+            let (_, last) = self.e.stage_forward(stage, &deps, false);
+            forward_activations(&mut self.e, stage, last);
+            if let Some(u) = unit
+                && !self.units[u].root
+                && ctx.opts.reshard_after_forward
+            {
+                self.reshard(u, last);
             }
         }
-        // Backward: blocks in reverse, the root last.
-        let mut done = vec![false; n];
-        for (si, stage) in ctx.stages.iter().enumerate().rev() {
-            let u = stage_unit[si];
-            let mut deps = Vec::new();
-            if u != usize::MAX && !f.units[u].root {
-                f.unshard(u, true);
-                deps.extend(f.wait_unshard(u, true));
-                // FSDP2's backward prefetches at least one unit ahead whatever the explicit
-                // lists say ([`backward_prefetch_depth`]).
-                for k in 1..=backward_prefetch_depth(d) {
-                    if u > k {
-                        f.unshard(u - k, true);
-                    }
-                }
-            }
-            let (first, last) = backward_with_recompute(&mut f.e, stage, &deps);
-            if u == usize::MAX {
+    }
+
+    /// One micro-batch's backward: blocks in reverse, each gathered (prefetching the ones
+    /// before it) and reduced after its backward; the root last, when the whole model's
+    /// backward is done. `first_mb` allocates the reduced gradients; `last_mb` reshards
+    /// whatever `reshard_after_backward` says.
+    fn backward(&mut self, stage_unit: &[Option<usize>], first_mb: bool, last_mb: bool) {
+        let ctx = self.e.ctx;
+        let mut grads_held = vec![false; self.units.len()];
+        for (stage, &unit) in ctx.stages.iter().zip(stage_unit).rev() {
+            let deps = match unit {
+                Some(u) if !self.units[u].root => self.gather_for_backward(u),
+                _ => Vec::new(),
+            };
+            let (first, last) = backward_with_recompute(&mut self.e, stage, &deps);
+            let Some(u) = unit else {
                 continue;
-            }
-            let grads: u64 = if f.units[u].root && done[u] {
+            };
+            // The root's gradient buffers are allocated by its first stage's backward only.
+            let grads: u64 = if self.units[u].root && grads_held[u] {
                 0
             } else {
-                f.units[u]
-                    .groups
-                    .iter()
-                    .filter(|g| ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
-                    .map(|g| g.rs_in)
-                    .sum()
+                self.sharded_groups(u).map(|g| g.rs_in).sum()
             };
-            f.e.alloc(first, MemTag::Grads, grads);
-            done[u] = true;
-            if !f.units[u].root {
-                if o.reshard_after_backward || last_mb {
-                    f.reshard(u, last);
+            self.e.alloc(first, MemTag::Grads, grads);
+            grads_held[u] = true;
+            if !self.units[u].root {
+                if ctx.opts.reshard_after_backward || last_mb {
+                    self.reshard(u, last);
                 }
-                f.reduce(u, m == 0);
+                self.reduce(u, first_mb);
             }
         }
         // Root post-backward fires when the whole model's backward is done.
-        let root_last = f.e.last_compute;
-        if let Some(l) = root_last
-            && (o.reshard_after_backward || last_mb)
+        if let Some(l) = self.e.last_compute
+            && (ctx.opts.reshard_after_backward || last_mb)
         {
-            f.reshard(0, l);
+            self.reshard(0, l);
         }
-        f.reduce(0, m == 0);
+        self.reduce(0, first_mb);
     }
 
-    // Optimizer per unit, forward order, after its reductions (finalize_backward waits them).
-    f.e.mb_prefix.clear();
-    if let Some(sched) = &sched {
-        let mut ready = f.e.issue_point();
-        ready.extend(f.reduce_ops.iter().flatten().copied());
-        let grads: u64 = f
-            .units
-            .iter()
-            .flat_map(|u| u.groups.iter())
-            .filter(|g| ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
+    /// Gathers block `u` for its backward and prefetches the blocks before it; returns what
+    /// its backward waits for (its copy-out).
+    fn gather_for_backward(&mut self, u: usize) -> Vec<OpId> {
+        self.unshard(u, true);
+        let deps = self.wait_unshard(u, true).into_iter().collect();
+        // FSDP2's backward prefetches at least one unit ahead whatever the explicit
+        // lists say ([`backward_prefetch_depth`]).
+        for k in 1..=backward_prefetch_depth(self.e.ctx.opts.prefetch_depth) {
+            if u > k {
+                self.unshard(u - k, true);
+            }
+        }
+        deps
+    }
+
+    /// The Muon optimizer schedule after every unit's reductions; frees the reduced
+    /// gradients after its last op.
+    fn muon_optimizer(&mut self, sched: &muon::schedule::Schedule) {
+        let mut ready = self.e.issue_point();
+        ready.extend(self.reduce_ops.iter().flatten().copied());
+        let grads: u64 = (0..self.units.len())
+            .flat_map(|u| self.sharded_groups(u))
             .map(|g| g.rs_out)
             .sum();
-        if let Some(last) = muon::schedule::lower(&mut f.e, sched, &ready) {
-            f.e.free(last, MemTag::Grads, grads);
+        if let Some(last) = muon::schedule::lower(&mut self.e, sched, &ready) {
+            self.e.free(last, MemTag::Grads, grads);
         }
-        return f.e.build();
     }
-    for u in 0..n {
-        let elems: u64 = f.units[u].groups.iter().map(|g| g.shard_elems).sum();
-        let tensors: u32 = f.units[u].groups.iter().map(|g| g.params).sum();
-        if tensors == 0 {
-            continue;
+
+    /// The placeholder AdamW step per unit, forward order, each after its unit's reductions
+    /// (`finalize_backward` waits them); frees the unit's reduced gradients.
+    fn adamw_per_unit(&mut self) {
+        for u in 0..self.units.len() {
+            let elems: u64 = self.units[u].groups.iter().map(|g| g.shard_elems).sum();
+            let tensors: u32 = self.units[u].groups.iter().map(|g| g.params).sum();
+            if tensors == 0 {
+                continue;
+            }
+            let grads: u64 = self.sharded_groups(u).map(|g| g.rs_out).sum();
+            let mut deps = self.e.issue_point();
+            deps.extend(self.reduce_ops[u].iter().copied());
+            let name = short(&self.units[u].name).to_string();
+            let reduce_dtype = self.e.ctx.opts.reduce_dtype;
+            let op = optimizer_step(&mut self.e, &name, elems, tensors, reduce_dtype, &deps);
+            self.e.free(op, MemTag::Grads, grads);
         }
-        let grads: u64 = f.units[u]
-            .groups
-            .iter()
-            .filter(|g| ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
-            .map(|g| g.rs_out)
-            .sum();
-        let mut deps = f.e.issue_point();
-        deps.extend(f.reduce_ops[u].iter().copied());
-        let name = short(&f.units[u].name).to_string();
-        let op = optimizer_step(&mut f.e, &name, elems, tensors, o.reduce_dtype, &deps);
-        f.e.free(op, MemTag::Grads, grads);
     }
-    f.e.build()
 }
