@@ -148,8 +148,11 @@ fn short(name: &str) -> &str {
 /// the kernel shapes of its ops and the tokens one rank computes per micro-batch.
 struct StageEnv<'s> {
     scenario: &'s Scenario,
+    /// Sizes of the TP/CP/EP collectives at the boundaries.
     dims: ParDims,
+    /// Shapes of each op's kernels on one rank.
     kernels: KernelCtx,
+    /// Tokens one rank computes per micro-batch, `micro_batch * seq_len / (tp * cp)`.
     rank_tokens: f64,
 }
 
@@ -332,14 +335,17 @@ fn ensure_compute_segment(items: &mut Vec<Item>, stage_name: &str, weight_bytes:
 /// The walk over one stage's ops in forward order: the boundaries open around the current
 /// op decide where model-parallel collectives cut the compute into segments.
 struct StageWalk<'p> {
+    /// Sizes of the collectives the boundaries issue.
     dims: &'p ParDims,
     /// The plan boundaries of this stage.
     boundaries: Vec<&'p BoundarySpec>,
     /// Whether an expert boundary runs a local map (EP dispatch/combine exchanges).
     has_local_map: bool,
+    /// Name of the stage's first segment.
     stage_name: &'p str,
     /// Finished segments and collectives, in forward order.
     items: Vec<Item>,
+    /// The segment ops are being added to (none right after a collective).
     open_segment: Option<OpenSegment>,
     /// Open boundaries, outermost first (a nested boundary sits inside its parent).
     open_boundaries: Vec<&'p BoundarySpec>,
