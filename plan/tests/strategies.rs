@@ -632,7 +632,8 @@ fn fsdp2_backward_prefetch_survives_depth_zero() {
 /// root's pre-forward before any block, kept through backward and resharded after the last
 /// backward stage; prefetch links the blocks only, so block 0 in forward and block 47 in
 /// backward are gathered by their own hooks (after the root's gathers, after the head's
-/// backward compute) while every other block is prefetched one ahead (`prefetch_depth = 1`).
+/// backward compute) while every other block is prefetched one ahead (`prefetch_depth = 1`);
+/// the root's post-backward (its reduce-scatters) comes after every block's.
 #[test]
 fn hyperparallel_root_is_gathered_once_and_outside_the_prefetch_chain() {
     let (g, f) = generator("paper/exp-b.toml", StrategyKind::HyperParallel);
@@ -674,6 +675,14 @@ fn hyperparallel_root_is_gathered_once_and_outside_the_prefetch_chain() {
         op_index(&prog, "layers.46.self_attn.q_proj.weight.ag.bwd")
             < op_index(&prog, "layers.47.bwd")
     );
+    // The root's post-backward fires last: its reduce-scatters (embedding, final norm,
+    // lm_head, in unit order) come after block 0's and after the embedding's backward.
+    let rs = |n: &str| op_index(&prog, &format!("{n}.rs"));
+    let embed_bwd = op_index(&prog, "embed_tokens.bwd");
+    assert!(rs("layers.0.self_attn.q_proj.weight") < rs("embed_tokens.weight"));
+    assert!(embed_bwd < rs("embed_tokens.weight"));
+    assert!(rs("embed_tokens.weight") < rs("norm.weight"));
+    assert!(rs("norm.weight") < rs("lm_head.weight"));
     // Memory: the root's gathered bytes are allocated once and freed after the embedding's
     // backward, the last stage.
     let root_bytes: u64 = f
@@ -685,7 +694,6 @@ fn hyperparallel_root_is_gathered_once_and_outside_the_prefetch_chain() {
         })
         .map(|p| p.all_gather.bytes_out_per_rank)
         .sum();
-    let embed_bwd = op_index(&prog, "embed_tokens.bwd");
     let params_freed_after: u64 = prog
         .ops
         .iter()

@@ -412,7 +412,8 @@ fn fsdp_and_hsdp_traces_equal_the_hyperparallel_programs() {
 /// gathered from the root's pre-forward to the end of backward: per micro-batch every sharded
 /// parameter is gathered once for forward and only the block parameters again for backward,
 /// the count `FsdpPlan::collective_counts` gives, and each micro-batch's first three
-/// all-gathers are the root's, in unit order, before any block's.
+/// all-gathers are the root's, in unit order, before any block's; its reduce-scatters come
+/// last.
 #[test]
 fn root_units_are_gathered_once_per_micro_batch() {
     use hpfsdp_backends::CollectiveKind;
@@ -450,6 +451,18 @@ fn root_units_are_gathered_once_per_micro_batch() {
     let root_elems: Vec<usize> = root.iter().map(|p| p.padded_shard_numel as usize).collect();
     for mb in ag.chunks(per_micro_batch) {
         assert_eq!(mb[..3], root_elems[..]);
+    }
+    // The root's post-backward fires last: each micro-batch's last three reduce-scatters are
+    // the root's, in unit order.
+    let shard = s.fsdp.groups["dense.shard"].size;
+    let rs: Vec<usize> = prod.traces[0]
+        .iter()
+        .filter(|e| e.kind == CollectiveKind::ReduceScatter)
+        .map(|e| e.input_elements / shard)
+        .collect();
+    assert_eq!(rs.len(), sharded.len() * s.grad_accum);
+    for mb in rs.chunks(sharded.len()) {
+        assert_eq!(mb[mb.len() - 3..], root_elems[..]);
     }
 }
 

@@ -9,8 +9,10 @@
 //!   root gets `reshard_after_forward=False` whatever the configuration says
 //!   (`_build_fully_shard_kwargs`), so it is gathered once, in its own pre-forward before
 //!   any block, stays gathered through backward (no backward all-gather; its memory stays
-//!   allocated) and reshards in its post-backward, which fires last (the root callback's
-//!   fallback). With `reshard_after_forward = true` for the blocks (exp B) that gives
+//!   allocated). Its post-backward fires last, in the root callback's fallback (the root's
+//!   forward inputs, token ids, carry no gradient, so its autograd hook never runs): it
+//!   reshards the root and runs the post-backward pipeline below for the root units, after
+//!   every block's (their gradients stay allocated until then). With `reshard_after_forward = true` for the blocks (exp B) that gives
 //!   `2 P - P_root` all-gathers per micro-batch: exp B measured 1,059 FSDP all-gathers
 //!   (1,087 minus the 28 Muon gathers) = `2 x 531 - 3`.
 //! - **Prefetch** links the blocks only (`_configure_prefetch` over the wrapped blocks; the
@@ -694,8 +696,8 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
 
     /// One micro-batch's backward, stages in reverse: gathers (blocks prefetched; the root
     /// is still gathered), the stage's backward (with recompute, or DMuon's republication
-    /// after it), then per unit the four-step post-backward pipeline; the root reshards
-    /// after the last stage (its post-backward fires last).
+    /// after it), then per block the four-step post-backward pipeline; the root's
+    /// post-backward (reshard, then the pipeline per root unit) comes after the last stage.
     fn backward_pass(&mut self, stage_units: &[Vec<usize>], m: u64, last_mb: bool) {
         let ctx = self.e.ctx;
         let o = &ctx.opts;
@@ -721,34 +723,53 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             for &u in stage_units[si].iter().rev() {
                 self.e
                     .alloc(first, MemTag::Grads, self.units[u].grad_in_bytes);
-                if (o.reshard_after_backward || last_mb) && !self.is_root(u) {
-                    self.reshard(u, last);
-                }
-                // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
-                self.settle_prev(last_mb, m > 0);
-                // Step 3: this unit's reduce-scatters.
-                let deps = self.e.issue_point();
-                let per_owner = reduces_per_owner(ctx);
-                let mut rs_ops = self.reduce_scatters(u, m, &deps, per_owner);
-                if per_owner {
-                    rs_ops.extend(self.matrixfsdp_owner_reduces(u, m, &deps));
-                }
-                // Step 4: the previous unit's fused all-reduce (last micro-batch only).
-                if last_mb {
-                    self.all_reduce_prev();
-                }
-                self.prev_rs = rs_ops;
-                self.prev_unit = Some(u);
-            }
-        }
-        // The root's post-backward (the root callback's fallback) reshards it.
-        if let Some(last) = last_bwd.filter(|_| o.reshard_after_backward || last_mb) {
-            for u in self.order.clone() {
                 if self.is_root(u) {
+                    continue;
+                }
+                if o.reshard_after_backward || last_mb {
                     self.reshard(u, last);
                 }
+                self.post_backward(u, m, last_mb);
             }
         }
+        // The root's post-backward fires last (the root callback's fallback: the root's
+        // forward inputs carry no gradient, so its autograd hook never runs): it reshards the
+        // root, then runs the pipeline for the root units in unit order.
+        let roots: Vec<usize> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|&u| self.is_root(u))
+            .collect();
+        if let Some(last) = last_bwd.filter(|_| o.reshard_after_backward || last_mb) {
+            for &u in &roots {
+                self.reshard(u, last);
+            }
+        }
+        for u in roots {
+            self.post_backward(u, m, last_mb);
+        }
+    }
+
+    /// The four-step post-backward pipeline of unit `u` (notes 5.4), after its gradients
+    /// exist: settle the previous unit's reduce-scatters, issue `u`'s, then the previous
+    /// unit's fused all-reduce (last micro-batch only).
+    fn post_backward(&mut self, u: usize, m: u64, last_mb: bool) {
+        // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
+        self.settle_prev(last_mb, m > 0);
+        // Step 3: this unit's reduce-scatters.
+        let deps = self.e.issue_point();
+        let per_owner = reduces_per_owner(self.e.ctx);
+        let mut rs_ops = self.reduce_scatters(u, m, &deps, per_owner);
+        if per_owner {
+            rs_ops.extend(self.matrixfsdp_owner_reduces(u, m, &deps));
+        }
+        // Step 4: the previous unit's fused all-reduce (last micro-batch only).
+        if last_mb {
+            self.all_reduce_prev();
+        }
+        self.prev_rs = rs_ops;
+        self.prev_unit = Some(u);
     }
 
     /// Frees unit `u`'s gathered parameters after `op` (nothing when not gathered).

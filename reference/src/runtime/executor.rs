@@ -189,6 +189,7 @@ impl<'c> Executor<'c> {
         }
         let loss = loss.ok_or_else(|| RuntimeError::plan("the plan has no head unit"))?;
         let mut dx: Option<DTensor> = None;
+        let mut root_grads: Vec<(usize, UnitGrads)> = Vec::new();
         for u in (0..n).rev() {
             self.fsdp.wait_unshard(comm, &self.ctx.topo, u)?;
             self.fsdp.prefetch(comm, &self.ctx.topo, u, true)?;
@@ -213,14 +214,21 @@ impl<'c> Executor<'c> {
                     self.embed_bwd(dy)?
                 }
             };
-            if !self.fsdp.is_root(u) {
-                self.fsdp.reshard(u);
+            if self.fsdp.is_root(u) {
+                root_grads.push((u, grads));
+                continue;
             }
+            self.fsdp.reshard(u);
             self.fsdp
                 .post_backward(comm, &self.ctx.topo, u, grads, requires_all_reduce)?;
         }
-        // The root's post-backward fires last.
+        // The root's post-backward fires last: reshard, then its units in unit order.
         self.fsdp.reshard_root();
+        root_grads.sort_by_key(|(u, _)| *u);
+        for (u, grads) in root_grads {
+            self.fsdp
+                .post_backward(comm, &self.ctx.topo, u, grads, requires_all_reduce)?;
+        }
         self.fsdp.finish_backward(comm, &self.ctx.topo)?;
         Ok(loss)
     }

@@ -10,8 +10,9 @@
 //!   the parameter slot persists.
 //! - **Root and blocks** (the plan's [`FsdpUnit::is_root`]): the root units (embedding,
 //!   final norm + `lm_head`) are gathered together before any block, in the root's
-//!   pre-forward, are never resharded after forward (no backward all-gather) and reshard
-//!   after the whole backward. Prefetch links the blocks only: a block's hook issues the
+//!   pre-forward, are never resharded after forward (no backward all-gather); the root's
+//!   post-backward fires after every block's (reshard, then the pipeline below for the root
+//!   units in unit order). Prefetch links the blocks only: a block's hook issues the
 //!   all-gathers of the next `prefetch_depth` blocks (forward order in forward, reverse in
 //!   backward) after its own. The step program of the `hyperparallel` strategy follows the
 //!   same schedule, so the two collective traces match one for one.
