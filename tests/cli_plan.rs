@@ -39,7 +39,7 @@ fn text_report_has_every_section() {
     }
     assert!(out.contains("scenario   exp-b"), "{out}");
     assert!(
-        out.contains("50 units; per micro-batch 1062 all-gathers, 531 reduce-scatters"),
+        out.contains("50 units; per micro-batch 1059 all-gathers, 531 reduce-scatters"),
         "{out}"
     );
     // Layers fold into one row per parameter name.

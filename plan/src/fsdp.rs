@@ -139,6 +139,23 @@ pub struct FsdpUnit {
     pub params: Vec<String>,
 }
 
+impl FsdpUnit {
+    /// Whether the unit's parameters belong to the root `fully_shard(model)` call: every
+    /// parameter outside the decoder blocks (embedding, final norm, `lm_head`). Both
+    /// HyperParallel's trainer and FSDP2 wrap each block and then the root model, and
+    /// neither reshards the root after forward: HyperParallel's `FSDP2Manager`
+    /// (`hyper_models/components/distributed/fsdp2.py`) assigns every parameter outside
+    /// the blocks to the root (`_resolve_parameter_owners`) and gives the root
+    /// `reshard_after_forward=False` whatever the configured value
+    /// (`_build_fully_shard_kwargs`); FSDP2's default `None` gives `False` for the root
+    /// (notes `pytorch-baselines.md` 1.1). The root is therefore gathered once per forward
+    /// and kept through backward (exp B measured `2 x 531 - 3` FSDP all-gathers: its three
+    /// root parameters gathered once).
+    pub fn is_root(&self) -> bool {
+        self.layer.is_none()
+    }
+}
+
 /// The FSDP/HSDP plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FsdpPlan {
@@ -414,6 +431,9 @@ impl FsdpPlan {
     /// Per-step collective counts of the hyperparallel path for one micro-batch on one rank
     /// (all-gathers, reduce-scatters, all-reduces). Per-expert weights count only the experts
     /// of expert-parallel rank 0; with experts split evenly every EP rank issues as many.
+    /// Every sharded parameter is gathered for forward; with `reshard_after_forward` the
+    /// block parameters are gathered again for backward, the root's are not (the root is
+    /// never resharded after forward, [`FsdpUnit::is_root`]).
     pub fn collective_counts(&self) -> (usize, usize, usize) {
         let mine = |owner: Option<usize>| owner.is_none_or(|o| o == 0);
         let sharded: Vec<&ParamFsdp> = self
@@ -421,7 +441,15 @@ impl FsdpPlan {
             .iter()
             .filter(|p| p.all_gather.bytes_out_per_rank > 0 && mine(p.ep_owner))
             .collect();
-        let ag = sharded.len() * if self.reshard_after_forward { 2 } else { 1 };
+        let regathered = if self.reshard_after_forward {
+            sharded
+                .iter()
+                .filter(|p| !self.units[p.unit].is_root())
+                .count()
+        } else {
+            0
+        };
+        let ag = sharded.len() + regathered;
         let ar = self.all_reduces.iter().filter(|a| mine(a.ep_owner)).count();
         (ag, sharded.len(), ar)
     }

@@ -408,6 +408,64 @@ fn fsdp_and_hsdp_traces_equal_the_hyperparallel_programs() {
     }
 }
 
+/// The reference executor's FSDP schedule keeps the root (embedding, final norm, `lm_head`)
+/// gathered from the root's pre-forward to the end of backward: per micro-batch every sharded
+/// parameter is gathered once for forward and only the block parameters again for backward,
+/// the count `FsdpPlan::collective_counts` gives, and each micro-batch's first three
+/// all-gathers are the root's, in unit order, before any block's; its reduce-scatters come
+/// last.
+#[test]
+fn root_units_are_gathered_once_per_micro_batch() {
+    use hpfsdp_backends::CollectiveKind;
+    let s = spec("dense-fsdp4");
+    assert!(s.fsdp.reshard_after_forward);
+    let sharded: Vec<_> = s
+        .fsdp
+        .params
+        .iter()
+        .filter(|p| p.all_gather.bytes_out_per_rank > 0)
+        .collect();
+    let root: Vec<_> = sharded
+        .iter()
+        .filter(|p| s.fsdp.units[p.unit].is_root())
+        .collect();
+    assert_eq!(root.len(), 3);
+    let per_micro_batch = 2 * sharded.len() - root.len();
+    assert_eq!(s.fsdp.collective_counts().0, per_micro_batch);
+    let prod = run_distributed(&s, ExecMode::Production).unwrap();
+    let micro_batches = (s.grad_accum * s.steps) as u64;
+    assert!(
+        s.grad_accum > 1,
+        "several micro-batches exercise the re-gather"
+    );
+    for r in &prod.ranks {
+        assert_eq!(r.fsdp.all_gathers, per_micro_batch as u64 * micro_batches);
+    }
+    // Rank 0's first step: the forward of each micro-batch starts with the root's gathers.
+    let ag: Vec<usize> = prod.traces[0]
+        .iter()
+        .filter(|e| e.kind == CollectiveKind::AllGather)
+        .map(|e| e.input_elements)
+        .collect();
+    assert_eq!(ag.len(), per_micro_batch * s.grad_accum);
+    let root_elems: Vec<usize> = root.iter().map(|p| p.padded_shard_numel as usize).collect();
+    for mb in ag.chunks(per_micro_batch) {
+        assert_eq!(mb[..3], root_elems[..]);
+    }
+    // The root's post-backward fires last: each micro-batch's last three reduce-scatters are
+    // the root's, in unit order.
+    let shard = s.fsdp.groups["dense.shard"].size;
+    let rs: Vec<usize> = prod.traces[0]
+        .iter()
+        .filter(|e| e.kind == CollectiveKind::ReduceScatter)
+        .map(|e| e.input_elements / shard)
+        .collect();
+    assert_eq!(rs.len(), sharded.len() * s.grad_accum);
+    for mb in rs.chunks(sharded.len()) {
+        assert_eq!(mb[mb.len() - 3..], root_elems[..]);
+    }
+}
+
 #[test]
 fn mutated_module_contract_is_caught_with_the_module_named() {
     for (scenario, target) in [

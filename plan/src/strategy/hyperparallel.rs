@@ -1,15 +1,26 @@
 //! HyperParallel-FSDP (`comm_fusion=False`, notes `hyper-parallel.md` 5.2-5.6 and 8.1).
 //!
 //! - **All-gather** per sharded parameter, zero-copy into its persistent buffer, on the
-//!   all-gather stream inside the shard group (FSDP plan sizes and alignment). Prefetch depth
-//!   `d`: before the compute of unit `u` the all-gathers of units `u..=u+d` are issued (forward
-//!   order in forward, reverse order in backward). Every unit reshards after forward when
-//!   `reshard_after_forward` (no root exception: 8.1 counts `2 P_u` all-gathers per unit) and
-//!   after backward when `reshard_after_backward`. (Exp B measured 1,059 FSDP all-gathers,
-//!   1,087 minus the 28 Muon gathers, i.e. `2 x 531 - 3`: the three root parameters,
-//!   embedding, final norm and `lm_head`, gathered once, as FSDP2's root rule would give.
-//!   Not modelled yet: the reference executor and `FsdpPlan::collective_counts`, which the
-//!   verification compares with this program, count `2 P_u` too.)
+//!   all-gather stream inside the shard group (FSDP plan sizes and alignment).
+//! - **Root and blocks** (HyperParallel's trainer, `hyper_models/components/distributed/
+//!   fsdp2.py` `FSDP2Manager.parallelize`): one `fully_shard` per decoder block, then the
+//!   root `fully_shard(model)` holding every other parameter (embedding, final norm,
+//!   `lm_head`: the FSDP plan's non-layer units, [`crate::fsdp::FsdpUnit::is_root`]). The
+//!   root gets `reshard_after_forward=False` whatever the configuration says
+//!   (`_build_fully_shard_kwargs`), so it is gathered once, in its own pre-forward before
+//!   any block, stays gathered through backward (no backward all-gather; its memory stays
+//!   allocated). Its post-backward fires last, in the root callback's fallback (the root's
+//!   forward inputs, token ids, carry no gradient, so its autograd hook never runs): it
+//!   reshards the root and runs the post-backward pipeline below for the root units, after
+//!   every block's (their gradients stay allocated until then). With `reshard_after_forward = true` for the blocks (exp B) that gives
+//!   `2 P - P_root` all-gathers per micro-batch: exp B measured 1,059 FSDP all-gathers
+//!   (1,087 minus the 28 Muon gathers) = `2 x 531 - 3`.
+//! - **Prefetch** links the blocks only (`_configure_prefetch` over the wrapped blocks; the
+//!   root's lists stay empty): with depth `d`, block `k`'s pre-forward gathers `k` (when no
+//!   one prefetched it) and then blocks `k+1..=k+d`; its pre-backward gathers `k` and then
+//!   blocks `k-1..=k-d`. The first block in forward and the last block in backward are
+//!   therefore gathered by their own hook, unprefetched. Blocks reshard after forward when
+//!   `reshard_after_forward` and after backward when `reshard_after_backward`.
 //! - **Reduce-scatter** per sharded parameter, into views of the unit's fused all-reduce
 //!   buffer. All-gathers and reduce-scatters of one shard group run on that group's single
 //!   HCCL stream, in issue order ([`emit::shard_group_stream`]).
@@ -177,6 +188,8 @@ struct Hp<'a, 'c> {
     units: Vec<UnitInfo<'a>>,
     /// Units in forward order.
     order: Vec<usize>,
+    /// The decoder-block units (not the root's) in forward order: the prefetch chain.
+    blocks: Vec<usize>,
     /// Last all-gather op of each unit in the current phase.
     ag: Vec<Option<OpId>>,
     /// Whether each unit's parameters are currently gathered.
@@ -587,10 +600,16 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let n = units.len();
         let mut order: Vec<usize> = (0..n).collect();
         order.sort_by_key(|&u| (ctx.unit_stage[u], u));
+        let blocks = order
+            .iter()
+            .copied()
+            .filter(|&u| !ctx.fsdp.units[u].is_root())
+            .collect();
         let mut hp = Hp {
             e: Emitter::new(ctx, rank, groups).with_names(named),
             units,
             order,
+            blocks,
             ag: vec![None; n],
             gathered: vec![false; n],
             prev_rs: Vec::new(),
@@ -620,19 +639,45 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         stage_units
     }
 
-    /// One micro-batch's forward: each stage waits for its units' all-gathers (prefetching
-    /// `prefetch_depth` units ahead) and reshards them after it when asked.
+    /// Whether unit `u` is part of the root `fully_shard(model)` (never resharded after
+    /// forward, outside the prefetch chain).
+    fn is_root(&self, u: usize) -> bool {
+        self.e.ctx.fsdp.units[u].is_root()
+    }
+
+    /// The units whose all-gathers unit `u`'s pre-forward (`bwd`: pre-backward) hook issues,
+    /// in issue order: `u` itself, then for a block the next `prefetch_depth` blocks of the
+    /// phase (forward order, or reverse order in backward). The root prefetches nothing.
+    fn hook_gathers(&self, u: usize, bwd: bool) -> Vec<usize> {
+        let mut out = vec![u];
+        let Some(k) = self.blocks.iter().position(|&x| x == u) else {
+            return out;
+        };
+        let d = self.e.ctx.opts.prefetch_depth;
+        if bwd {
+            out.extend(self.blocks[k.saturating_sub(d)..k].iter().rev());
+        } else {
+            out.extend(&self.blocks[k + 1..(k + 1 + d).min(self.blocks.len())]);
+        }
+        out
+    }
+
+    /// One micro-batch's forward: the root's pre-forward gathers the root units first; then
+    /// each stage waits for its units' all-gathers (blocks prefetching `prefetch_depth`
+    /// blocks ahead) and reshards its blocks after it when asked (never the root).
     fn forward_pass(&mut self, stage_units: &[Vec<usize>]) {
         let ctx = self.e.ctx;
         let o = &ctx.opts;
-        let (d, n) = (o.prefetch_depth, self.units.len());
         self.ag.iter_mut().for_each(|a| *a = None);
+        for u in self.order.clone() {
+            if self.is_root(u) {
+                self.gather(u, false);
+            }
+        }
         for (si, stage) in ctx.stages.iter().enumerate() {
             let mut deps = Vec::new();
             for &u in &stage_units[si] {
-                let k = self.order.iter().position(|&x| x == u).unwrap_or(0);
-                let ahead: Vec<usize> = self.order[k..=(k + d).min(n - 1)].to_vec();
-                for uj in ahead {
+                for uj in self.hook_gathers(u, false) {
                     self.gather(uj, false);
                 }
                 deps.extend(self.ag[u]);
@@ -641,30 +686,27 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             forward_activations(&mut self.e, stage, last);
             if o.reshard_after_forward {
                 for &u in &stage_units[si] {
-                    if self.gathered[u] {
-                        let b = self.units[u].gathered_bytes;
-                        self.e.free(last, MemTag::Params, b);
-                        self.gathered[u] = false;
+                    if !self.is_root(u) {
+                        self.reshard(u, last);
                     }
                 }
             }
         }
     }
 
-    /// One micro-batch's backward, stages in reverse: gathers (prefetched), the stage's
-    /// backward (with recompute, or DMuon's republication after it), then per unit the
-    /// four-step post-backward pipeline.
+    /// One micro-batch's backward, stages in reverse: gathers (blocks prefetched; the root
+    /// is still gathered), the stage's backward (with recompute, or DMuon's republication
+    /// after it), then per block the four-step post-backward pipeline; the root's
+    /// post-backward (reshard, then the pipeline per root unit) comes after the last stage.
     fn backward_pass(&mut self, stage_units: &[Vec<usize>], m: u64, last_mb: bool) {
         let ctx = self.e.ctx;
         let o = &ctx.opts;
-        let (d, n) = (o.prefetch_depth, self.units.len());
         self.ag.iter_mut().for_each(|a| *a = None);
-        let bwd_order: Vec<usize> = self.order.iter().rev().copied().collect();
+        let mut last_bwd = None;
         for (si, stage) in ctx.stages.iter().enumerate().rev() {
             let mut deps = Vec::new();
             for &u in stage_units[si].iter().rev() {
-                let k = bwd_order.iter().position(|&x| x == u).unwrap_or(0);
-                for &uj in &bwd_order[k..=(k + d).min(n - 1)] {
+                for uj in self.hook_gathers(u, true) {
                     self.gather(uj, true);
                 }
                 deps.extend(self.ag[u]);
@@ -677,33 +719,66 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             } else {
                 backward_with_recompute(&mut self.e, stage, &deps)
             };
+            last_bwd = Some(last);
             for &u in stage_units[si].iter().rev() {
                 self.e
                     .alloc(first, MemTag::Grads, self.units[u].grad_in_bytes);
+                if self.is_root(u) {
+                    continue;
+                }
                 if o.reshard_after_backward || last_mb {
-                    if self.gathered[u] {
-                        let b = self.units[u].gathered_bytes;
-                        self.e.free(last, MemTag::Params, b);
-                    }
-                    self.gathered[u] = false;
+                    self.reshard(u, last);
                 }
-                // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
-                self.settle_prev(last_mb, m > 0);
-                // Step 3: this unit's reduce-scatters.
-                let deps = self.e.issue_point();
-                let per_owner = reduces_per_owner(ctx);
-                let mut rs_ops = self.reduce_scatters(u, m, &deps, per_owner);
-                if per_owner {
-                    rs_ops.extend(self.matrixfsdp_owner_reduces(u, m, &deps));
-                }
-                // Step 4: the previous unit's fused all-reduce (last micro-batch only).
-                if last_mb {
-                    self.all_reduce_prev();
-                }
-                self.prev_rs = rs_ops;
-                self.prev_unit = Some(u);
+                self.post_backward(u, m, last_mb);
             }
         }
+        // The root's post-backward fires last (the root callback's fallback: the root's
+        // forward inputs carry no gradient, so its autograd hook never runs): it reshards the
+        // root, then runs the pipeline for the root units in unit order.
+        let roots: Vec<usize> = self
+            .order
+            .iter()
+            .copied()
+            .filter(|&u| self.is_root(u))
+            .collect();
+        if let Some(last) = last_bwd.filter(|_| o.reshard_after_backward || last_mb) {
+            for &u in &roots {
+                self.reshard(u, last);
+            }
+        }
+        for u in roots {
+            self.post_backward(u, m, last_mb);
+        }
+    }
+
+    /// The four-step post-backward pipeline of unit `u` (notes 5.4), after its gradients
+    /// exist: settle the previous unit's reduce-scatters, issue `u`'s, then the previous
+    /// unit's fused all-reduce (last micro-batch only).
+    fn post_backward(&mut self, u: usize, m: u64, last_mb: bool) {
+        // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
+        self.settle_prev(last_mb, m > 0);
+        // Step 3: this unit's reduce-scatters.
+        let deps = self.e.issue_point();
+        let per_owner = reduces_per_owner(self.e.ctx);
+        let mut rs_ops = self.reduce_scatters(u, m, &deps, per_owner);
+        if per_owner {
+            rs_ops.extend(self.matrixfsdp_owner_reduces(u, m, &deps));
+        }
+        // Step 4: the previous unit's fused all-reduce (last micro-batch only).
+        if last_mb {
+            self.all_reduce_prev();
+        }
+        self.prev_rs = rs_ops;
+        self.prev_unit = Some(u);
+    }
+
+    /// Frees unit `u`'s gathered parameters after `op` (nothing when not gathered).
+    fn reshard(&mut self, u: usize, op: OpId) {
+        if self.gathered[u] {
+            let b = self.units[u].gathered_bytes;
+            self.e.free(op, MemTag::Params, b);
+        }
+        self.gathered[u] = false;
     }
 
     /// Step 3 of the post-backward pipeline: unit `u`'s per-parameter reduce-scatters (a

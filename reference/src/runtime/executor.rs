@@ -158,18 +158,15 @@ impl<'c> Executor<'c> {
         targets: &[usize],
         requires_all_reduce: bool,
     ) -> RtResult<f32> {
-        let depth = self.fsdp.prefetch_depth;
         let n = self.units.len();
         let comm = self.ctx.comm;
         let mut x: Option<DTensor> = None;
         let mut loss = None;
+        // The root's pre-forward gathers the root units before any block.
+        self.fsdp.issue_root_unshards(comm, &self.ctx.topo)?;
         for u in 0..n {
             self.fsdp.wait_unshard(comm, &self.ctx.topo, u)?;
-            for d in 1..=depth {
-                if u + d < n {
-                    self.fsdp.issue_unshard(comm, &self.ctx.topo, u + d)?;
-                }
-            }
+            self.fsdp.prefetch(comm, &self.ctx.topo, u, false)?;
             match self.units[u] {
                 UnitKind::Embed => x = Some(self.embed_fwd(ids)?),
                 UnitKind::Layer(l) => {
@@ -185,19 +182,17 @@ impl<'c> Executor<'c> {
                     loss = Some(self.head_fwd(input, targets)?);
                 }
             }
-            if self.fsdp.reshard_after_forward {
+            // The root is never resharded after forward.
+            if self.fsdp.reshard_after_forward && !self.fsdp.is_root(u) {
                 self.fsdp.reshard(u);
             }
         }
         let loss = loss.ok_or_else(|| RuntimeError::plan("the plan has no head unit"))?;
         let mut dx: Option<DTensor> = None;
+        let mut root_grads: Vec<(usize, UnitGrads)> = Vec::new();
         for u in (0..n).rev() {
             self.fsdp.wait_unshard(comm, &self.ctx.topo, u)?;
-            for d in 1..=depth {
-                if u >= d {
-                    self.fsdp.issue_unshard(comm, &self.ctx.topo, u - d)?;
-                }
-            }
+            self.fsdp.prefetch(comm, &self.ctx.topo, u, true)?;
             let grads = match self.units[u] {
                 UnitKind::Head => {
                     let (g, d) = self.head_bwd()?;
@@ -219,7 +214,18 @@ impl<'c> Executor<'c> {
                     self.embed_bwd(dy)?
                 }
             };
+            if self.fsdp.is_root(u) {
+                root_grads.push((u, grads));
+                continue;
+            }
             self.fsdp.reshard(u);
+            self.fsdp
+                .post_backward(comm, &self.ctx.topo, u, grads, requires_all_reduce)?;
+        }
+        // The root's post-backward fires last: reshard, then its units in unit order.
+        self.fsdp.reshard_root();
+        root_grads.sort_by_key(|(u, _)| *u);
+        for (u, grads) in root_grads {
             self.fsdp
                 .post_backward(comm, &self.ctx.topo, u, grads, requires_all_reduce)?;
         }

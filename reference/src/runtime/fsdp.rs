@@ -6,9 +6,16 @@
 //! - **Unshard.** Per-parameter all-gather (in the gathered-parameter dtype: f32, or bf16 by
 //!   round-to-nearest-even) into a per-parameter buffer. For dim-0 shards the full parameter is
 //!   a view of that buffer (the padded output truncated in place, no copy); other dims are
-//!   reordered into a new buffer (the plan's copy fallback). Prefetch issues the all-gathers of
-//!   the next units before waiting on the current one; reshard drops the storage while the
-//!   parameter slot persists.
+//!   reordered into a new buffer (the plan's copy fallback). Reshard drops the storage while
+//!   the parameter slot persists.
+//! - **Root and blocks** (the plan's [`FsdpUnit::is_root`]): the root units (embedding,
+//!   final norm + `lm_head`) are gathered together before any block, in the root's
+//!   pre-forward, are never resharded after forward (no backward all-gather); the root's
+//!   post-backward fires after every block's (reshard, then the pipeline below for the root
+//!   units in unit order). Prefetch links the blocks only: a block's hook issues the
+//!   all-gathers of the next `prefetch_depth` blocks (forward order in forward, reverse in
+//!   backward) after its own. The step program of the `hyperparallel` strategy follows the
+//!   same schedule, so the two collective traces match one for one.
 //! - **Post-backward pipeline** (notes §5.4, `comm_fusion=False`): step 1 waits the previous
 //!   unit's reduce-scatters that feed a fused all-reduce and writes them into views of the
 //!   fused replica buffer; step 2 waits the previous reduce-scatters that do not; step 3
@@ -29,7 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use hpfsdp_backends::{Buffer, Collective, Handle, ReduceOp, bf16};
 use hpfsdp_plan::chunk_range;
-use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan};
+use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan, FsdpUnit};
 
 use super::error::{RtResult, RuntimeError};
 use super::topo::{MyGroup, RankTopo};
@@ -115,6 +122,10 @@ pub struct FsdpRuntime {
     pub params: Vec<FsdpParam>,
     by_name: HashMap<String, usize>,
     units: Vec<Vec<usize>>,
+    /// Per unit: part of the root `fully_shard(model)`.
+    root: Vec<bool>,
+    /// The non-root units (decoder blocks) in forward order: the prefetch chain.
+    blocks: Vec<usize>,
     param_bf16: bool,
     /// Reshard after forward.
     pub reshard_after_forward: bool,
@@ -213,10 +224,14 @@ impl FsdpRuntime {
             let elem = ar.dtype.bytes().max(1);
             fused_len.insert((ar.unit, ar.domain), (ar.buffer_bytes / elem) as usize);
         }
+        let root: Vec<bool> = plan.units.iter().map(FsdpUnit::is_root).collect();
+        let blocks = (0..root.len()).filter(|&u| !root[u]).collect();
         Ok(FsdpRuntime {
             params,
             by_name,
             units,
+            root,
+            blocks,
             param_bf16,
             reshard_after_forward: plan.reshard_after_forward,
             prefetch_depth: plan.prefetch_depth,
@@ -377,6 +392,58 @@ impl FsdpRuntime {
         if let Some(ids) = self.units.get(unit) {
             for &i in ids {
                 self.params[i].gathered = None;
+            }
+        }
+    }
+
+    /// Whether `unit` belongs to the root `fully_shard(model)` (never resharded after forward,
+    /// outside the prefetch chain).
+    pub fn is_root(&self, unit: usize) -> bool {
+        self.root.get(unit).copied().unwrap_or(false)
+    }
+
+    /// The root's pre-forward: issue the all-gathers of every root unit, in unit order,
+    /// before any block's.
+    pub fn issue_root_unshards(&mut self, comm: &dyn Collective, topo: &RankTopo) -> RtResult<()> {
+        for u in 0..self.root.len() {
+            if self.root[u] {
+                self.issue_unshard(comm, topo, u)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A block's prefetch, after its own unshard: issue the all-gathers of the
+    /// `prefetch_depth` blocks after `unit` in forward order (`backward`: before it, nearest
+    /// first). Nothing for a root unit.
+    pub fn prefetch(
+        &mut self,
+        comm: &dyn Collective,
+        topo: &RankTopo,
+        unit: usize,
+        backward: bool,
+    ) -> RtResult<()> {
+        let Some(k) = self.blocks.iter().position(|&b| b == unit) else {
+            return Ok(());
+        };
+        for d in 1..=self.prefetch_depth {
+            let target = if backward {
+                k.checked_sub(d).map(|j| self.blocks[j])
+            } else {
+                self.blocks.get(k + d).copied()
+            };
+            if let Some(t) = target {
+                self.issue_unshard(comm, topo, t)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The root's post-backward, after every block's: drop the root units' storage.
+    pub fn reshard_root(&mut self) {
+        for u in 0..self.root.len() {
+            if self.root[u] {
+                self.reshard(u);
             }
         }
     }
