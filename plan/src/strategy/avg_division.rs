@@ -124,7 +124,8 @@ pub(crate) fn after_collective(
 
 /// Whether `op` is one of these divisions: a kernel of a gradient-reduction category
 /// (reduce-scatter or all-reduce) on a stream other than the compute stream. The
-/// strategies put nothing else there: the compute-stream kernels of those categories are
+/// strategies put nothing else there (FSDP2's f16 pre- and post-divisions, which run on its
+/// reduction streams too, included); the compute-stream kernels of those categories are
 /// the strategies' own settle work (accumulation, HyperParallel's replica division).
 pub fn is_collective_stream_division(op: &Op) -> bool {
     matches!(op.payload, Payload::Compute(_))

@@ -272,7 +272,8 @@ impl F2<'_> {
                 output_bytes: rs_out,
             };
             // `_div_if_needed(input, predivide_factor)` on the reduce-scatter stream.
-            let pre = self.divide_if_needed(domain, div.pre_factor, rs_in, cin, &gname, "pre");
+            let rs_stream = shard_group_stream(domain);
+            let pre = self.divide_if_needed(rs_stream, div.pre_factor, rs_in, cin, &gname, "pre");
             let Some(rs) = self.e.collective(
                 shard_group_stream(domain),
                 Category::FsdpRs,
@@ -307,9 +308,20 @@ impl F2<'_> {
             );
             let ar =
                 ar.map(|ar| self.npu_avg(div.op, domain, Category::FsdpAr, rs_out, ar, &gname));
-            // `_div_if_needed(reduce_output, postdivide_factor)` on the post-reduce stream.
-            let last = ar.unwrap_or(rs);
-            ops.push(self.divide_if_needed(domain, div.post_factor, rs_out, last, &gname, "post"));
+            // `_div_if_needed(reduce_output, postdivide_factor)` on the post-reduce stream: the
+            // all-reduce stream with replicas, else the reduce-scatter stream.
+            let (last, post_stream) = match ar {
+                Some(ar) => (ar, Stream::AllReduce),
+                None => (rs, rs_stream),
+            };
+            ops.push(self.divide_if_needed(
+                post_stream,
+                div.post_factor,
+                rs_out,
+                last,
+                &gname,
+                "post",
+            ));
         }
         self.reduce_ops[u].extend(ops.iter().copied());
         self.prev_reduce = ops;
@@ -353,11 +365,12 @@ impl F2<'_> {
     }
 
     /// FSDP2's own `_div_if_needed` of `bytes` by `factor` after `dep` (nothing for a factor
-    /// of 1 or less): on the reduce-scatter stream, which the shard group's stream stands for
-    /// ([`shard_group_stream`]). Returns the division, or `dep` when there is none.
+    /// of 1 or less) on `stream` (its reduce-scatter stream is modelled by the shard group's
+    /// stream, [`shard_group_stream`], its all-reduce stream by [`Stream::AllReduce`]).
+    /// Returns the division, or `dep` when there is none.
     fn divide_if_needed(
         &mut self,
-        domain: DataDomain,
+        stream: Stream,
         factor: f64,
         bytes: u64,
         dep: OpId,
@@ -368,9 +381,14 @@ impl F2<'_> {
             return dep;
         }
         let rd = self.e.ctx.opts.reduce_dtype;
+        let category = if stream == Stream::AllReduce {
+            Category::FsdpAr
+        } else {
+            Category::FsdpRs
+        };
         self.e.compute(
-            shard_group_stream(domain),
-            Category::FsdpRs,
+            stream,
+            category,
             super::avg_division::division_work(bytes, rd),
             &[dep],
             &format!("{gname}.rs.{what}_div"),
