@@ -67,6 +67,40 @@ fn shard_bytes(p: &StepProgram, cat: Category, kind: CollectiveKind) -> u64 {
         .sum()
 }
 
+/// The post-reduction divisions of `p` (torch_npu's `ReduceOp.AVG`) as (op index, HBM bytes),
+/// each checked to follow its reduce-scatter directly on that collective's stream and to
+/// read and write exactly the reduce-scatter's output once.
+fn rs_divisions(p: &StepProgram) -> Vec<(usize, u64)> {
+    let mut out = Vec::new();
+    for (i, o) in p.ops.iter().enumerate() {
+        if !hpfsdp_plan::strategy::avg_division::is_collective_stream_division(o) {
+            continue;
+        }
+        let Payload::Compute(w) = &o.payload else {
+            unreachable!()
+        };
+        assert_eq!(w.kernels, 1, "{}", name(p, i));
+        assert_eq!(o.deps.len(), 1, "{}", name(p, i));
+        let coll = &p.ops[o.deps[0].index()];
+        let c = coll
+            .payload
+            .as_collective()
+            .expect("a division follows a collective");
+        assert_eq!(
+            coll.stream,
+            o.stream,
+            "{}: on its collective's stream",
+            name(p, i)
+        );
+        if o.category == Category::FsdpRs {
+            assert_eq!(c.kind, CollectiveKind::ReduceScatter);
+            assert_eq!(w.hbm_bytes, 2 * c.output_bytes, "{}: the shard", name(p, i));
+        }
+        out.push((i, w.hbm_bytes));
+    }
+    out
+}
+
 fn name(p: &StepProgram, i: usize) -> &str {
     p.ops[i].name.as_deref().unwrap_or("")
 }
@@ -139,15 +173,22 @@ fn exp_b_counts_and_bytes() {
         p
     );
     assert_eq!(count(&prog, Category::FsdpAr, CollectiveKind::AllReduce), 0);
-    // Post-reduction division: one kernel per reduce-scattered parameter.
+    // Post-reduction division (torch_npu's ReduceOp.AVG): one in-place division of each
+    // reduce-scatter's shard, right behind it on its HCCL stream; nothing on the compute
+    // stream (one micro-batch: the reduced gradient is assigned, not accumulated).
+    let divs = rs_divisions(&prog);
+    assert_eq!(divs.len(), p);
     let settles = prog
         .ops
         .iter()
         .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(".settle")))
         .count();
-    assert_eq!(settles, p);
+    assert_eq!(settles, 0);
     let hp_ag = shard_bytes(&prog, Category::FsdpAg, CollectiveKind::AllGather);
     let hp_rs = shard_bytes(&prog, Category::FsdpRs, CollectiveKind::ReduceScatter);
+    // Shard-sized: read and write the 3.817 GB of shards once, not the full gradients.
+    let div_bytes: u64 = divs.iter().map(|&(_, b)| b).sum();
+    assert_eq!(div_bytes, 2 * hp_rs);
     // Paper: 3.817 GB reduce-scatter payload per step (bf16 shards of the whole model).
     assert!((hp_rs as f64 / 1e9 - 3.817).abs() < 0.005, "{hp_rs}");
     assert!(hp_ag < 2 * hp_rs, "the root is gathered once");
@@ -289,8 +330,9 @@ fn verify_scenarios_counts() {
         count(&prog, Category::FsdpAr, CollectiveKind::AllReduce),
         units * ga
     );
+    // (The all-reduce's own AVG division on its stream follows the all-reduce.)
     for (i, o) in prog.ops.iter().enumerate() {
-        if o.category == Category::FsdpAr {
+        if o.category == Category::FsdpAr && o.payload.as_collective().is_some() {
             let dep = o.deps[0].index();
             assert_eq!(
                 prog.ops[dep].category,
@@ -381,8 +423,11 @@ fn hyperparallel_four_step_order() {
             let e = m.entry(u).or_insert((i, i));
             e.1 = i;
         };
+        // torch_npu's AVG division belongs to its reduce-scatter (same HCCL stream, same
+        // work); the settle step is the compute-stream accumulation.
+        let division = hpfsdp_plan::strategy::avg_division::is_collective_stream_division(o);
         match o.category {
-            Category::FsdpRs if o.payload.as_collective().is_some() => span(&mut rs),
+            Category::FsdpRs if o.payload.as_collective().is_some() || division => span(&mut rs),
             Category::FsdpRs => span(&mut settle),
             Category::FsdpAr if o.payload.as_collective().is_some() => {
                 ar.insert(u, i);

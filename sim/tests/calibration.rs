@@ -58,6 +58,49 @@ fn derived_collective_counts_are_not_entered() {
     );
 }
 
+/// HyperParallel's "per-parameter post-reduction division" (about 81.7 ms measured in exp B)
+/// is a held-in, gating figure computed from the simulated program: the 531 shard-size
+/// divisions torch_npu runs after the AVG reduce-scatters, i.e. one read and write of every
+/// reduce-scatter output at the profile's memory bandwidth plus one device launch each. It
+/// follows the profile (not an entered value), and FSDP2 has no row (its table entry is for
+/// a per-parameter division, which it does not run).
+#[test]
+fn post_reduction_division_is_computed_from_the_program() {
+    use hpfsdp_sim::calibration::gates::rule_of;
+    use hpfsdp_sim::calibration::params::set;
+    let mut profile =
+        HardwareProfile::load(root().join("scenarios/hardware/ascend-910c-a3.toml")).unwrap();
+    let set_b = CalibrationSet::load(root()).unwrap();
+    let only_b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
+    let c = set_b.compare_where(&profile, only_b).unwrap();
+    let fig = Figure::PostReductionDivisionS;
+    assert!(rule_of(fig).gating);
+    assert!(c.row("PyTorch FSDP2", fig).is_none());
+    let row = c.row("HyperParallel-FSDP", fig).unwrap();
+    assert_eq!(row.measured, 0.0817);
+    let rs_bytes = c
+        .row("HyperParallel-FSDP", Figure::ReduceScatterBytes)
+        .unwrap()
+        .predicted;
+    let expected = |p: &HardwareProfile| {
+        2.0 * rs_bytes / (p.device.hbm_bandwidth_bytes_per_s * p.calibration.hbm_efficiency)
+            + 531.0 * p.calibration.device_launch_us_per_kernel * 1e-6
+    };
+    assert!(
+        (row.predicted / expected(&profile) - 1.0).abs() < 1e-6,
+        "{} vs {}",
+        row.predicted,
+        expected(&profile)
+    );
+    // Half the memory efficiency: the memory part doubles.
+    let eff = profile.calibration.hbm_efficiency;
+    assert!(set(&mut profile, "calibration.hbm_efficiency", eff / 2.0));
+    let slow = set_b.compare_where(&profile, only_b).unwrap();
+    let slow_row = slow.row("HyperParallel-FSDP", fig).unwrap();
+    assert!((slow_row.predicted / expected(&profile) - 1.0).abs() < 1e-6);
+    assert!(slow_row.predicted > 1.8 * row.predicted);
+}
+
 mod joint_fit {
     //! The joint fit on the measured runs: a cheap twin in the suite (two constants, experiment
     //! B only) and the full fit with leave-one-out as an ignored test.

@@ -440,6 +440,12 @@ impl<'a> Emitter<'a> {
         )
     }
 
+    /// Makes the next compute op wait for `ops`: a host-side `Work::wait()`, which blocks the
+    /// current stream on the collective's end event without launching anything.
+    pub fn wait_for(&mut self, ops: &[OpId]) {
+        self.pending.extend_from_slice(ops);
+    }
+
     /// Flushes pending collectives into the dependencies of the next compute op: returns them.
     pub fn drain_pending(&mut self) -> Vec<OpId> {
         std::mem::take(&mut self.pending)

@@ -24,6 +24,11 @@
 //!   issued before it (one HCCL stream per process group). With replicas the
 //!   reduce-scatter output is all-reduced on the all-reduce stream right after it (the
 //!   same-layer RS -> AR chain, 1.4.4), on every micro-batch (FSDP2's default gradient sync).
+//! - **Gradient division** ([`super::avg_division::fsdp2_division`]): with a bf16 or f32
+//!   reduce dtype both collectives are `ReduceOp.AVG`, which torch_npu runs as an HCCL sum
+//!   plus one in-place division of the output on the collective's stream (one per unit
+//!   reduce-scatter, 49 in exp B, and one per all-reduce); other dtypes sum and divide the
+//!   reduce-scatter input before and the output after, on the reduce-scatter stream.
 //! - The root's reduce-scatter runs at the end of backward (its post-backward fires last).
 //! - **All-gathers per step** (exp B: 125 measured = 97 unit all-gathers + 28 Muon gathers).
 //!   Forward: one per unit (49 = root + 48 blocks). Backward: one per block (48); none for
@@ -247,6 +252,10 @@ impl F2<'_> {
                 continue;
             }
             let gname = group_name(&name, domain);
+            let div = super::avg_division::fsdp2_division(
+                rd,
+                self.e.ctx.shard_size[di] * self.e.ctx.replicate_size[di],
+            );
             // The compute stream waits for the previous unit's reduce-scatter, then packs.
             let cin = self.e.copy(
                 Stream::Compute,
@@ -262,6 +271,9 @@ impl F2<'_> {
                 input_bytes: rs_in,
                 output_bytes: rs_out,
             };
+            // `_div_if_needed(input, predivide_factor)` on the reduce-scatter stream.
+            let rs_stream = shard_group_stream(domain);
+            let pre = self.divide_if_needed(rs_stream, div.pre_factor, rs_in, cin, &gname, "pre");
             let Some(rs) = self.e.collective(
                 shard_group_stream(domain),
                 Category::FsdpRs,
@@ -269,7 +281,7 @@ impl F2<'_> {
                 spec,
                 rd,
                 rs_in.is_multiple_of(512),
-                &[cin],
+                &[pre],
                 &format!("{gname}.rs"),
             ) else {
                 continue;
@@ -278,13 +290,13 @@ impl F2<'_> {
             if first_mb {
                 self.e.alloc(rs, MemTag::Grads, rs_out);
             }
-            ops.push(rs);
+            let rs = self.npu_avg(div.op, domain, Category::FsdpRs, rs_out, rs, &gname);
             let spec = CollSpec {
                 kind: CollectiveKind::AllReduce,
                 input_bytes: rs_out,
                 output_bytes: rs_out,
             };
-            if let Some(ar) = self.e.collective(
+            let ar = self.e.collective(
                 Stream::AllReduce,
                 Category::FsdpAr,
                 replicate_group(domain),
@@ -293,12 +305,94 @@ impl F2<'_> {
                 rs_out.is_multiple_of(512),
                 &[rs],
                 &format!("{gname}.ar"),
-            ) {
-                ops.push(ar);
-            }
+            );
+            let ar =
+                ar.map(|ar| self.npu_avg(div.op, domain, Category::FsdpAr, rs_out, ar, &gname));
+            // `_div_if_needed(reduce_output, postdivide_factor)` on the post-reduce stream: the
+            // all-reduce stream with replicas, else the reduce-scatter stream.
+            let (last, post_stream) = match ar {
+                Some(ar) => (ar, Stream::AllReduce),
+                None => (rs, rs_stream),
+            };
+            ops.push(self.divide_if_needed(
+                post_stream,
+                div.post_factor,
+                rs_out,
+                last,
+                &gname,
+                "post",
+            ));
         }
         self.reduce_ops[u].extend(ops.iter().copied());
         self.prev_reduce = ops;
+    }
+}
+
+impl F2<'_> {
+    /// torch_npu's division of an averaged collective's output ([`super::avg_division`]),
+    /// on the stream the collective `coll` ran on; returns the op completing its work.
+    fn npu_avg(
+        &mut self,
+        op: super::avg_division::ReduceOp,
+        domain: DataDomain,
+        category: Category,
+        bytes: u64,
+        coll: OpId,
+        gname: &str,
+    ) -> OpId {
+        if op != super::avg_division::ReduceOp::Avg {
+            return coll;
+        }
+        let stream = match category {
+            Category::FsdpAr => Stream::AllReduce,
+            _ => shard_group_stream(domain),
+        };
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let what = if category == Category::FsdpAr {
+            "ar"
+        } else {
+            "rs"
+        };
+        super::avg_division::after_collective(
+            &mut self.e,
+            stream,
+            category,
+            bytes,
+            rd,
+            coll,
+            &format!("{gname}.{what}.div"),
+        )
+    }
+
+    /// FSDP2's own `_div_if_needed` of `bytes` by `factor` after `dep` (nothing for a factor
+    /// of 1 or less) on `stream` (its reduce-scatter stream is modelled by the shard group's
+    /// stream, [`shard_group_stream`], its all-reduce stream by [`Stream::AllReduce`]).
+    /// Returns the division, or `dep` when there is none.
+    fn divide_if_needed(
+        &mut self,
+        stream: Stream,
+        factor: f64,
+        bytes: u64,
+        dep: OpId,
+        gname: &str,
+        what: &str,
+    ) -> OpId {
+        if factor <= 1.0 {
+            return dep;
+        }
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let category = if stream == Stream::AllReduce {
+            Category::FsdpAr
+        } else {
+            Category::FsdpRs
+        };
+        self.e.compute(
+            stream,
+            category,
+            super::avg_division::division_work(bytes, rd),
+            &[dep],
+            &format!("{gname}.rs.{what}_div"),
+        )
     }
 }
 

@@ -23,11 +23,15 @@
 //!   `reshard_after_forward` and after backward when `reshard_after_backward`.
 //! - **Reduce-scatter** per sharded parameter, into views of the unit's fused all-reduce
 //!   buffer. All-gathers and reduce-scatters of one shard group run on that group's single
-//!   HCCL stream, in issue order ([`emit::shard_group_stream`]).
+//!   HCCL stream, in issue order ([`emit::shard_group_stream`]). The op is `ReduceOp.AVG`,
+//!   which torch_npu runs as an HCCL sum followed by one in-place division of the shard on
+//!   that same stream ([`super::avg_division`]): 531 division kernels per step in exp B, each
+//!   queued between its reduce-scatter and the all-gathers issued after it.
 //! - **Four-step post-backward pipeline** (5.4), per unit `u` after its backward, with `prev`
-//!   the unit processed just before it: (1) wait the reduce-scatters of `prev` and (2) settle
-//!   them: one small division/accumulation kernel per parameter on the compute stream, each
-//!   depending on its reduce-scatter; (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
+//!   the unit processed just before it: (1) wait the reduce-scatters of `prev` (the compute
+//!   stream waits for their divisions) and (2) settle them: nothing on the first micro-batch
+//!   (`apply_reduced_grad` assigns the gradient), one accumulation kernel per parameter on
+//!   the compute stream from the second on; (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
 //!   all-reduce over the replicate group (one per unit and data domain, only when the
 //!   replicate group has more than one rank). The root callback at the end of backward waits
 //!   the last reduce-scatters, issues the last all-reduce and waits all of them; with replicas
@@ -52,6 +56,7 @@
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
+use super::avg_division;
 use super::compute::Stage;
 use super::emit::{self, Emitter, backward_with_recompute, forward_activations};
 use super::muon::{self, OptimizerStrategy, RankView};
@@ -115,6 +120,26 @@ fn grad_out(p: &ParamFsdp, placed: Option<bool>) -> u64 {
         Some(true) => p.reduce_scatter.bytes_in_per_rank,
         Some(false) => 0,
     }
+}
+
+/// torch_npu's division after reduce-scatter `rs` of `p` with HyperParallel's AVG op
+/// ([`avg_division`]): one in-place division of the shard on the shard group's stream.
+/// Returns the op that completes the reduce-scatter's work.
+fn npu_division(e: &mut Emitter, p: &ParamFsdp, rs: OpId, name: &str) -> OpId {
+    let size = e.ctx.shard_size[Ctx::domain_index(p.domain)];
+    if !avg_division::npu_divides(avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP, size) {
+        return rs;
+    }
+    let rd = e.ctx.opts.reduce_dtype;
+    avg_division::after_collective(
+        e,
+        emit::shard_group_stream(p.domain),
+        Category::FsdpRs,
+        p.reduce_scatter.bytes_out_per_rank,
+        rd,
+        rs,
+        &format!("{name}.div"),
+    )
 }
 
 fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
@@ -201,6 +226,9 @@ struct Hp<'a, 'c> {
     ar_ops: Vec<Vec<OpId>>,
     /// TP all-reduces of TP-partial gradients (last micro-batch): the optimizer waits them.
     tp_sync_ops: Vec<OpId>,
+    /// The previous unit's reduce-scatter completions (their divisions) waited at step 1:
+    /// the all-reduces issued after that wait read their outputs.
+    rs_done: Vec<OpId>,
 }
 
 impl<'a, 'c> Hp<'a, 'c> {
@@ -380,37 +408,49 @@ impl<'a, 'c> Hp<'a, 'c> {
         out
     }
 
-    /// Settles the previous unit's reduce-scatters: per parameter the post-reduction
-    /// division, and from the second micro-batch on the accumulation into the gradient held
-    /// so far (hyper-parallel `TorchHSDPParamV2.apply_reduced_grad`: `grad += reduced_grad`
-    /// once `sharded_param.grad` exists; into `reduce_partial_output` when the all-reduce is
-    /// deferred), one kernel each.
+    /// Steps 1 and 2 for the previous unit: the compute stream waits for its reduce-scatters
+    /// (their divisions, [`npu_division`]), then settles each gradient
+    /// (hyper-parallel `TorchHSDPParamV2.apply_reduced_grad`): the first micro-batch assigns
+    /// it (`sharded_param.grad = ...`, no kernel; no cast when the reduce dtype is the
+    /// parameter's), later ones add it into the gradient held so far (`grad += reduced_grad`,
+    /// or into `reduce_partial_output` when the all-reduce is deferred): one kernel reading two
+    /// shards and writing one. Owner-placed matrices keep their division kernel here (see
+    /// [`Hp::reduce_scatters`]).
     fn settle_prev(&mut self, last_mb: bool, accumulate: bool) {
         let rd = self.e.ctx.opts.reduce_dtype;
         let prev = std::mem::take(&mut self.prev_rs);
-        for (pi, rs) in prev {
-            let Some(u) = self.prev_unit else { break };
+        self.rs_done.clear();
+        let Some(u) = self.prev_unit else { return };
+        for (pi, done) in prev {
             let p = self.units[u].params[pi];
-            let out = grad_out(p, self.units[u].placed[pi]);
+            let placed = self.units[u].placed[pi];
+            let out = grad_out(p, placed);
             let elems = out / rd.bytes();
-            // Division (last micro-batch) or accumulation into the partial output: read and
-            // write the shard, plus the partial output when accumulating; after the first
-            // micro-batch the add into the held gradient reads two shards and writes one.
-            let hbm = if last_mb { 2 * out } else { 3 * out };
-            let (add_kernels, add_hbm) = if accumulate { (1, 3 * out) } else { (0, 0) };
+            let (div_kernels, div_hbm) = match placed {
+                Some(_) if last_mb => (1u32, 2 * out),
+                Some(_) => (1, 3 * out),
+                None => (0, 0),
+            };
+            let (add_kernels, add_hbm) = if accumulate { (1u32, 3 * out) } else { (0, 0) };
+            self.rs_done.push(done);
+            if div_kernels + add_kernels == 0 {
+                continue;
+            }
             self.e.compute(
                 Stream::Compute,
                 Category::FsdpRs,
                 ComputeWork {
-                    flops: elems * (1 + add_kernels as u64),
-                    hbm_bytes: hbm + add_hbm,
-                    kernels: 1 + add_kernels,
+                    flops: elems * u64::from(div_kernels + add_kernels),
+                    hbm_bytes: div_hbm + add_hbm,
+                    kernels: div_kernels + add_kernels,
                     mix: None,
                 },
-                &[rs],
+                &[done],
                 &format!("{}.settle", short(&p.name)),
             );
         }
+        let done = self.rs_done.clone();
+        self.e.wait_for(&done);
     }
 
     fn all_reduce_prev(&mut self) {
@@ -459,7 +499,8 @@ impl<'a, 'c> Hp<'a, 'c> {
         label: &str,
     ) -> Option<OpId> {
         let rd = self.e.ctx.opts.reduce_dtype;
-        let deps = self.e.issue_point();
+        let mut deps = self.e.issue_point();
+        deps.extend_from_slice(&self.rs_done);
         let spec = CollSpec {
             kind: crate::CollectiveKind::AllReduce,
             input_bytes: bytes,
@@ -571,6 +612,9 @@ fn emit_model<'a, 'c: 'a>(
         super::step_tail::loss_read_back(&mut hp.e);
     }
     hp.divide_all_reduces();
+    // The root callback waited for the last reduce-scatters: what follows waits for them.
+    let waited = std::mem::take(&mut hp.rs_done);
+    hp.tp_sync_ops.extend(waited);
     // The optimizer step comes after: the optimizer strategy's schedule, or the placeholder
     // AdamW per unit.
     hp.e.set_micro_batch(0);
@@ -616,6 +660,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             prev_unit: None,
             ar_ops: vec![Vec::new(); n],
             tp_sync_ops: Vec::new(),
+            rs_done: Vec::new(),
         };
         let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
         let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
@@ -834,7 +879,13 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
                     self.e.alloc(op, MemTag::Grads, grad_out(p, placed));
                 }
                 self.e.free(op, MemTag::Grads, spec.input_bytes);
-                rs_ops.push((pi, op));
+                let done = match placed {
+                    None => npu_division(&mut self.e, p, op, &name),
+                    // ASSUMPTION: the op of DMuon's / MatrixFSDP's owner reductions is not
+                    // sourced; their division stays in the settle step, as before.
+                    Some(_) => op,
+                };
+                rs_ops.push((pi, done));
             }
         }
         rs_ops

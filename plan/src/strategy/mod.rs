@@ -13,6 +13,7 @@
 //! neighbouring GEMMs, `[train] tp_comm_overlap`) and [`muon`] (the optimizer strategies: the
 //! layout-driven distributed Muon and the Muon baselines, selected by [`OptimizerStrategy`]).
 
+pub mod avg_division;
 pub mod compute;
 mod emit;
 pub mod fsdp2;

@@ -10,6 +10,7 @@ use crate::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::program::{Category, Payload};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::strategy::avg_division;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -72,6 +73,10 @@ pub fn predicted_figures(
     out.insert(Figure::ExposedCommS, b.exposed_comm_ns as f64 * 1e-9);
     out.insert(Figure::OverlapRate, b.overlap_rate);
     out.insert(Figure::CopyS, b.copy_ns as f64 * 1e-9);
+    out.insert(
+        Figure::PostReductionDivisionS,
+        post_reduction_division_s(rank0, profile),
+    );
     let (mut ag, mut rs, mut ag_bytes, mut rs_bytes, mut collectives) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
     for op in &rank0.ops {
@@ -125,6 +130,26 @@ pub fn predicted_figures(
         weighted_fsdp_bandwidth(result, rank0),
     );
     out
+}
+
+/// Device time of rank 0's post-reduction divisions (the kernels
+/// [`avg_division::is_collective_stream_division`] selects), seconds: each op's cost on the
+/// device ([`crate::cost::compute_work_s`]), summed, whatever it overlaps with.
+pub fn post_reduction_division_s(
+    rank0: &hpfsdp_plan::program::StepProgram,
+    profile: &HardwareProfile,
+) -> f64 {
+    rank0
+        .ops
+        .iter()
+        .filter(|op| avg_division::is_collective_stream_division(op))
+        .filter_map(|op| match &op.payload {
+            Payload::Compute(w) => {
+                Some(crate::cost::compute_work_s(w, &rank0.kernel_mixes, profile))
+            }
+            _ => None,
+        })
+        .sum()
 }
 
 /// Bytes of rank 0's FSDP collectives (the larger of send and receive buffer) over the sum of

@@ -15,7 +15,11 @@
 //! 10% on a step time (the run-to-run coefficient of variation was 2.4-4.1%, so 10% is about
 //! three of them; the original exp-B acceptance bound), 25% on one-step profiler figures (a
 //! single profiled step), 2% on counts and payloads (a layout difference, not noise) and
-//! 5 percentage points on an overlap rate. The validation-mode extra CPU operator events get
+//! 5 percentage points on an overlap rate. The post-reduction division device time ("about
+//! 81.7 ms", one profiled step) gates at 25% like the other one-step device times, but is
+//! predicted, not fitted: the only constants that move it (`hbm_efficiency`, the device
+//! launch cost) are shared by every memory-bound kernel, and a dedicated one would be a
+//! constant tuned to this one figure. The validation-mode extra CPU operator events get
 //! 25%: the count is exact in the measurement, but the model's is a census by assumption
 //! (one intercepted operator per forward kernel, fixed events per operator and per contract
 //! entry, `hpfsdp_plan::strategy::validation`), not a layout the plan determines exactly;
@@ -82,7 +86,7 @@ const fn rule(figure: Figure, fit_weight: f64, tolerance: Tolerance, gating: boo
 pub const EXP_B_DIFF_TOLERANCE_PP: f64 = 3.0;
 
 /// Every figure's rule. See the module documentation for the reasoning.
-pub const FIGURE_RULES: [FigureRule; 15] = {
+pub const FIGURE_RULES: [FigureRule; 16] = {
     use Figure::*;
     use Tolerance::*;
     [
@@ -90,6 +94,7 @@ pub const FIGURE_RULES: [FigureRule; 15] = {
         rule(ExposedCommS, 1.0, Relative(0.25), true),
         rule(OverlapRate, 1.0, AbsoluteFraction(0.05), true),
         rule(CopyS, 1.0, Relative(0.25), true),
+        rule(PostReductionDivisionS, 0.0, Relative(0.25), true),
         rule(HostCollectiveS, 1.0, Relative(0.25), true),
         rule(ValidationOverheadS, 1.0, Relative(0.25), true),
         rule(AllGathers, 0.0, Relative(0.02), true),

@@ -25,6 +25,13 @@ pub enum Figure {
     OverlapRate,
     /// FSDP2 copy-in + copy-out device time, seconds.
     CopyS,
+    /// Device time of the divisions that follow the gradient reductions on the collective
+    /// streams (torch_npu's `ReduceOp.AVG`, `hpfsdp_plan::strategy::avg_division`), seconds.
+    /// Measured for HyperParallel only ("per-parameter post-reduction division"): FSDP2's
+    /// table entry is "none" for a per-parameter division, while its 49 per-unit divisions
+    /// are a different granularity the table does not report, so the figure is not listed
+    /// for FSDP2 (not applicable rather than zero).
+    PostReductionDivisionS,
     /// All-gathers per step.
     AllGathers,
     /// Reduce-scatters per step.
@@ -59,6 +66,7 @@ impl Figure {
             Figure::ExposedCommS => "exposed communication (s)",
             Figure::OverlapRate => "communication overlap rate",
             Figure::CopyS => "copy-in/copy-out device time (s)",
+            Figure::PostReductionDivisionS => "post-reduction division device time (s)",
             Figure::AllGathers => "all-gathers per step",
             Figure::ReduceScatters => "reduce-scatters per step",
             Figure::AllGatherBytes => "all-gather payload per step (GB)",
@@ -131,6 +139,7 @@ pub fn measured_runs() -> Vec<MeasuredRun> {
                 f(ExposedCommS, 0.2554),
                 f(OverlapRate, 0.8532),
                 f(CopyS, 0.0),
+                f(PostReductionDivisionS, 0.0817),
                 f(AllGathers, 1087.0),
                 f(ReduceScatters, 531.0),
                 f(AllGatherBytes, 7.670e9),
