@@ -284,7 +284,7 @@ pub(crate) fn build_stages(
             });
             let (f, b) = op_kernels(op, &kctx);
             a.validation_events +=
-                std::mem::take(&mut pending_events) + validation::dispatch_events(&bs, op, &f);
+                std::mem::take(&mut pending_events) + validation::dispatch_events(&bs, op, cfg, &f);
             a.fwd.extend(f);
             a.bwd.push(b);
             if has_local_map && op.kind == ComputeKind::Router {

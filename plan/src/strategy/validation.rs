@@ -19,31 +19,40 @@
 //!   (notes 3.4). Validation mode runs each entry through the generic distributed-tensor path
 //!   (`from_local` -> redistribute -> `to_local`), production through precompiled local ops.
 //!
-//! Event counts (ASSUMPTIONS, chosen from the mechanism before comparing with any
-//! measurement; `hpfsdp calibrate` checks the total against the measured +23,713 events of
-//! experiment A):
-//! - [`EVENTS_PER_DISPATCHED_KERNEL`]: one extra CPU operator event per intercepted operator
-//!   invocation (its dispatch frame around the unchanged local operator), and one operator
-//!   invocation per forward device kernel the op launches (the program's unit of work; view
-//!   and shape operators that launch no kernel are not counted, fused operators that launch
-//!   several are counted once per kernel);
-//! - [`EVENTS_PER_CONTRACT_ENTRY`]: two per contract entry, the wrap into and the unwrap out
-//!   of the distributed tensor around the (shared) redistribution.
+//! Event counts (from the mechanism, chosen before comparing with any measurement;
+//! `hpfsdp calibrate` checks the total against the measured +23,713 events of experiment A):
+//! - every DTensor the forward creates costs [`EVENTS_PER_WRAP`] profiler CPU operator events:
+//!   `DTensor.from_local` (and the overridden `Tensor.to`) build the wrapper with
+//!   `Tensor._make_subclass`, which calls `detach()` on the local tensor
+//!   (pytorch `torch/csrc/autograd/python_variable.cpp`, `THPVariable_make_subclass`): the
+//!   dispatcher records `aten::detach` and its autograd kernel records `detach` again
+//!   (`torch/csrc/autograd/VariableTypeManual.cpp`, `RECORD_FUNCTION("detach", ...)`). The
+//!   local operator itself runs in both modes, so it adds nothing;
+//! - a forward op wraps one DTensor per torch-level call its forward code makes on DTensors
+//!   (per tensor output), from the census in [`op_census`]: shape operators that launch no
+//!   kernel count, fused calls that launch several kernels count once. Ops the census does not
+//!   cover count one single-output call per launched device kernel;
+//! - [`EVENTS_PER_CONTRACT_ENTRY`]: a contract entry wraps the local tensor once
+//!   (`from_local`, then `redistribute` and `to_local`, an attribute read), so it costs one
+//!   wrap's events too.
 //!
 //! Recompute re-runs the module forwards, so a recomputed forward counts again.
 
+pub mod op_census;
+
 use crate::kernel::KernelWork;
-use crate::model::{ComputeKind, ComputeOp};
+use crate::model::{ComputeKind, ComputeOp, ModelConfig};
 use crate::planner::BoundarySpec;
 use crate::planner::boundary::BoundaryType;
 
-/// Extra CPU operator events per intercepted forward operator invocation (ASSUMPTION, see
-/// the module documentation).
-pub const EVENTS_PER_DISPATCHED_KERNEL: u32 = 1;
+/// Profiler CPU operator events per DTensor the validation-mode forward creates:
+/// `aten::detach` and the nested `detach` of `Tensor._make_subclass` (see the module
+/// documentation).
+pub const EVENTS_PER_WRAP: u32 = 2;
 
-/// Extra CPU operator events per boundary contract entry checked in validation mode
-/// (ASSUMPTION: wrap and unwrap, see the module documentation).
-pub const EVENTS_PER_CONTRACT_ENTRY: u32 = 2;
+/// Extra CPU operator events per boundary contract entry checked in validation mode: one
+/// `from_local` wrap ([`EVENTS_PER_WRAP`]).
+pub const EVENTS_PER_CONTRACT_ENTRY: u32 = EVENTS_PER_WRAP;
 
 /// True when boundary `b` encloses the op or module called `name` (equal or a prefix at a
 /// `.`).
@@ -74,14 +83,29 @@ pub fn in_local_region(bs: &[&BoundarySpec], op: &ComputeOp) -> bool {
         .any(|b| encloses(b, &op.name) && local_region_for(b, op))
 }
 
-/// Extra CPU operator events of `op`'s forward kernels `fwd` in validation mode: one per
-/// kernel outside local regions ([`EVENTS_PER_DISPATCHED_KERNEL`]), none inside.
-pub fn dispatch_events(bs: &[&BoundarySpec], op: &ComputeOp, fwd: &[KernelWork]) -> u32 {
+/// DTensors `op`'s forward creates in validation mode outside local regions: the census of
+/// its torch-level calls ([`op_census::forward_calls`]), or one per launched forward kernel
+/// `fwd` when the census has no entry for the op.
+pub fn forward_wraps(op: &ComputeOp, cfg: &ModelConfig, fwd: &[KernelWork]) -> u32 {
+    match op_census::forward_calls(op, cfg) {
+        Some(calls) => op_census::wraps(calls),
+        None => fwd.iter().map(|k| k.count).sum(),
+    }
+}
+
+/// Extra CPU operator events of `op`'s forward in validation mode (`fwd`: its forward
+/// kernels, used where the census has no entry): [`EVENTS_PER_WRAP`] per DTensor it creates
+/// outside local regions ([`forward_wraps`]), none inside.
+pub fn dispatch_events(
+    bs: &[&BoundarySpec],
+    op: &ComputeOp,
+    cfg: &ModelConfig,
+    fwd: &[KernelWork],
+) -> u32 {
     if in_local_region(bs, op) {
         return 0;
     }
-    let kernels: u32 = fwd.iter().map(|k| k.count).sum();
-    kernels * EVENTS_PER_DISPATCHED_KERNEL
+    forward_wraps(op, cfg, fwd) * EVENTS_PER_WRAP
 }
 
 /// Entries of `b`'s `in_plan`: one per name of `in_src` ∪ `in_dst`, identity included.
