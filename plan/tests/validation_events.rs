@@ -327,3 +327,33 @@ fn experiment_a_total_is_the_census_plus_the_contract_entries() {
     assert_eq!(total, expected, "contract events per forward {contracts}");
     eprintln!("exp A mbs2: {total} validation CPU events per step");
 }
+
+#[test]
+fn deepseek_v3_mla_attention_census_follows_the_hf_forward() {
+    let s = scenario("paper/exp-d.toml");
+    let cfg = &s.model.config;
+    assert!(cfg.mla.is_some(), "exp D runs multi-head latent attention");
+    let profile = s.model.compute_profile(4096);
+    let layer0 = profile.iter().find(|l| l.layer == Some(0)).unwrap();
+    let calls = |kind: ComputeKind| {
+        let op = layer0.ops.iter().find(|o| o.kind == kind).unwrap();
+        forward_calls(op, cfg).unwrap()
+    };
+    let core = calls(ComputeKind::Attention);
+    // 16 calls, three of them `torch.split` with two outputs each: 19 wraps.
+    assert_eq!(core.len(), 16);
+    assert_eq!(
+        core.iter()
+            .filter(|c| c.call.starts_with("torch.split"))
+            .count(),
+        3
+    );
+    assert_eq!(op_census::wraps(core), 19);
+    // Interleaved RoPE: the seven rotation calls plus view/transpose/reshape, per q and k.
+    let rope = layer0
+        .ops
+        .iter()
+        .find(|o| o.name.ends_with("rotary_emb"))
+        .unwrap();
+    assert_eq!(forward_calls(rope, cfg).unwrap().len(), 2 * (7 + 3));
+}

@@ -35,12 +35,17 @@
 //! `enable_gqa=True`: no `repeat_kv` expand/reshape. The census assumes that path (it
 //! counts three fewer calls per K and V than the masked path).
 //!
+//! Multi-head latent attention follows `models/deepseek_v3/modeling_deepseek_v3.py`
+//! (`DeepseekV3Attention.forward`, `apply_rotary_pos_emb_interleave`: the HF
+//! `DeepseekV3Config` defaults `rope_interleave = True`, and the checkpoints' `config.json`
+//! does not set it). Its keys and values share one head count (`num_key_value_groups = 1`), so
+//! no `repeat_kv` either way.
+//!
 //! Ops without a census here ([`forward_calls`] returns `None`): routed experts and their
 //! combine (the measured runs replace `Qwen3MoeExperts` by HyperParallel's grouped-GEMM
 //! module, whose torch-level calls are not in a source read for this table; they sit inside the
-//! MoE local region whenever expert parallelism is on), multi-head latent attention and its
-//! rotary embedding (DeepSeek-V3), DeepSeek's router, and ops built by hand. The caller
-//! counts one single-output call per launched device kernel for those.
+//! MoE local region whenever expert parallelism is on), DeepSeek's router, and ops built by
+//! hand. The caller counts one single-output call per launched device kernel for those.
 
 use crate::model::{ComputeOp, EagerRecipe, ModelConfig, ModelFamily, OpShape};
 
@@ -115,6 +120,67 @@ pub const GQA_ATTENTION: &[TorchCall] = &[
     c("Tensor.contiguous (o_proj input)"),
 ];
 
+/// `apply_rotary_pos_emb_interleave` on MLA's rotary parts (`modeling_deepseek_v3.py`): per
+/// tensor `.view(b, h, s, d/2, 2)`, `.transpose(4, 3)`, `.reshape(b, h, s, d)`, then the seven
+/// calls of [`ROPE_QK`]'s per-tensor rotation.
+pub const MLA_ROPE_INTERLEAVED: &[TorchCall] = &[
+    c("Tensor.view (q_rot pairs)"),
+    c("Tensor.transpose (q_rot pairs)"),
+    c("Tensor.reshape (q_rot)"),
+    c("__mul__ (q * cos)"),
+    c("__getitem__ (q[..., :d/2])"),
+    c("__getitem__ (q[..., d/2:])"),
+    c("__neg__ (-q2)"),
+    c("torch.cat (rotate_half q)"),
+    c("__mul__ (rotate_half(q) * sin)"),
+    c("__add__ (q_embed)"),
+    c("Tensor.view (k_rot pairs)"),
+    c("Tensor.transpose (k_rot pairs)"),
+    c("Tensor.reshape (k_rot)"),
+    c("__mul__ (k * cos)"),
+    c("__getitem__ (k[..., :d/2])"),
+    c("__getitem__ (k[..., d/2:])"),
+    c("__neg__ (-k2)"),
+    c("torch.cat (rotate_half k)"),
+    c("__mul__ (rotate_half(k) * sin)"),
+    c("__add__ (k_embed)"),
+];
+
+/// The rest of `DeepseekV3Attention.forward` around its projections, norms and RoPE:
+/// `q_states.view(query_shape).transpose(1, 2)`, `torch.split` into nope and rope parts (two
+/// outputs), `torch.split(compressed_kv)` (two), `kv_b_proj(...).view(key_shape)
+/// .transpose(1, 2)` and its `torch.split` into keys and values (two), `k_rot.view`,
+/// `k_rot.expand`, the two `torch.cat` of query and key parts, `sdpa_attention_forward`
+/// (`F.scaled_dot_product_attention`, `.transpose(1, 2).contiguous()`), and
+/// `.reshape(b, s, -1).contiguous()` before `o_proj`.
+pub const MLA_ATTENTION: &[TorchCall] = &[
+    c("Tensor.view (q)"),
+    c("Tensor.transpose (q)"),
+    TorchCall {
+        call: "torch.split (q_pass, q_rot)",
+        wraps: 2,
+    },
+    TorchCall {
+        call: "torch.split (k_pass, k_rot)",
+        wraps: 2,
+    },
+    c("Tensor.view (kv_b_proj output)"),
+    c("Tensor.transpose (kv_b_proj output)"),
+    TorchCall {
+        call: "torch.split (k_pass, value_states)",
+        wraps: 2,
+    },
+    c("Tensor.view (k_rot)"),
+    c("Tensor.expand (k_rot)"),
+    c("torch.cat (query_states)"),
+    c("torch.cat (key_states)"),
+    c("F.scaled_dot_product_attention"),
+    c("Tensor.transpose (attn_output)"),
+    c("Tensor.contiguous (attn_output)"),
+    c("Tensor.reshape (attn_output)"),
+    c("Tensor.contiguous (o_proj input)"),
+];
+
 /// `Qwen3MoeMLP.forward` between its projections: `self.act_fn(gate)` (`nn.SiLU` ->
 /// `F.silu`) and `* up`.
 pub const SWIGLU: &[TorchCall] = &[c("F.silu"), c("__mul__ (act * up)")];
@@ -161,10 +227,12 @@ pub fn forward_calls(op: &ComputeOp, cfg: &ModelConfig) -> Option<&'static [Torc
     match op.shape {
         OpShape::Linear { .. } => Some(LINEAR),
         OpShape::Attention { .. } if gqa => Some(GQA_ATTENTION),
+        OpShape::Attention { .. } => Some(MLA_ATTENTION),
         OpShape::Router { .. } if cfg.family == ModelFamily::Qwen3Moe => Some(QWEN3_MOE_ROUTER),
         OpShape::MemoryBound { recipe, routed, .. } => match recipe {
             EagerRecipe::RmsNorm => Some(RMS_NORM),
             EagerRecipe::Rope if gqa => Some(ROPE_QK),
+            EagerRecipe::Rope => Some(MLA_ROPE_INTERLEAVED),
             EagerRecipe::SwiGlu if !routed => Some(SWIGLU),
             EagerRecipe::Residual => Some(RESIDUAL),
             EagerRecipe::Embedding => Some(EMBEDDING),
