@@ -19,7 +19,7 @@
 //!   (notes 3.4). Validation mode runs each entry through the generic distributed-tensor path
 //!   (`from_local` -> redistribute -> `to_local`), production through precompiled local ops.
 //!
-//! Event counts (from the mechanism, chosen before comparing with any measurement;
+//! Event counts (from the mechanism and the sources named, not fitted to any measurement;
 //! `hpfsdp calibrate` checks the total against the measured +23,713 events of experiment A):
 //! - every DTensor the forward creates costs [`EVENTS_PER_WRAP`] profiler CPU operator events:
 //!   `DTensor.from_local` (and the overridden `Tensor.to`) build the wrapper with
