@@ -357,3 +357,55 @@ fn deepseek_v3_mla_attention_census_follows_the_hf_forward() {
         .unwrap();
     assert_eq!(forward_calls(rope, cfg).unwrap().len(), 2 * (7 + 3));
 }
+
+/// The measured extra profiler events of `tools/validation_census_probe.py` (torch 2.15
+/// profiler, a HyperParallel-style DTensor wrapper around the HF forward code).
+fn measured_events(key: &str) -> u32 {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/validation_census_torch.toml");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let doc: toml::Table = text.parse().unwrap();
+    let v = doc["extra_events"][key]
+        .as_integer()
+        .unwrap_or_else(|| panic!("{path:?}: extra_events.{key} missing"));
+    u32::try_from(v).unwrap()
+}
+
+/// Census events of the ops of `s`'s layer 0 whose name starts with `module`.
+fn census_events(s: &Scenario, module: &str) -> u32 {
+    let calls = module_calls(s, 0, module);
+    calls.iter().map(|c| c.wraps).sum::<u32>() * EVENTS_PER_WRAP
+}
+
+#[test]
+fn the_census_matches_the_torch_profiler_per_module() {
+    use hpfsdp_plan::strategy::validation::op_census::{
+        CAUSAL_LM_LOSS, EMBEDDING, LINEAR, QWEN3_MOE_ROUTER, RESIDUAL, RMS_NORM, ROPE_QK, SWIGLU,
+    };
+    let ev = |calls: &[TorchCall]| op_census::wraps(calls) * EVENTS_PER_WRAP;
+    assert_eq!(measured_events("wrap"), EVENTS_PER_WRAP);
+    assert_eq!(measured_events("rms_norm"), ev(RMS_NORM));
+    assert_eq!(measured_events("linear"), ev(LINEAR));
+    assert_eq!(measured_events("residual"), ev(RESIDUAL));
+    assert_eq!(measured_events("rope_qk"), ev(ROPE_QK));
+    assert_eq!(measured_events("swiglu"), ev(SWIGLU));
+    assert_eq!(measured_events("embedding"), ev(EMBEDDING));
+    assert_eq!(
+        measured_events("causal_lm_loss_with_lm_head"),
+        ev(LINEAR) + ev(CAUSAL_LM_LOSS)
+    );
+    assert_eq!(measured_events("qwen3_moe_router"), ev(QWEN3_MOE_ROUTER));
+    // Whole attention modules of the real configurations: every op of the profile under
+    // `self_attn` (projections, q/k or latent norms, RoPE, the core) against one profiled
+    // forward of the module.
+    let a = scenario("paper/exp-a-mbs2.toml");
+    assert_eq!(
+        measured_events("gqa_self_attn"),
+        census_events(&a, "model.layers.0.self_attn.")
+    );
+    let d = scenario("paper/exp-d.toml");
+    assert_eq!(
+        measured_events("mla_self_attn"),
+        census_events(&d, "model.layers.0.self_attn.")
+    );
+}

@@ -16,6 +16,15 @@
 //! `.device`) are overridden Python properties: no call, no wrap. Ops on plain tensors only
 //! (rotary `cos`/`sin` built from `position_ids`, labels) are never intercepted.
 //!
+//! Checked against the real profiler: `tools/validation_census_probe.py` wraps these forwards
+//! in a DTensor stand-in with HyperParallel's wrap / dispatch / override mechanism and records
+//! the extra CPU operator events with `torch.profiler` (torch 2.15): every table below, and
+//! the whole GQA and MLA attention modules of the paper's models, add exactly
+//! [`super::EVENTS_PER_WRAP`] events per counted wrap
+//! (`plan/tests/fixtures/validation_census_torch.toml`, replayed by
+//! `plan/tests/validation_events.rs`). That checks the mechanism and the transcription of
+//! the HF code, not HyperParallel's own dispatcher.
+//!
 //! Model code (HuggingFace transformers, the paper's setup names Transformers 5.13 and
 //! `attn_implementation = sdpa`): `src/transformers/models/qwen3_moe/modeling_qwen3_moe.py`
 //! (identical structure in `qwen3/modeling_qwen3.py` and `llama/modeling_llama.py` for
