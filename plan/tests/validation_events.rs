@@ -14,7 +14,7 @@ use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::validation::op_census::{self, TorchCall, forward_calls};
 use hpfsdp_plan::strategy::validation::{
     EVENTS_PER_CONTRACT_ENTRY, EVENTS_PER_WRAP, dispatch_events, in_check_events, in_local_region,
-    in_plan_entries, out_check_events, out_plan_entries,
+    in_plan_entries, in_plan_redistributions, out_check_events, out_plan_entries,
 };
 use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
 use std::path::PathBuf;
@@ -142,18 +142,41 @@ fn contract_entries_count_identity_in_the_in_plan_and_skip_it_in_the_out_plan() 
         .find(|b| b.module == "model.layers.0.input_layernorm")
         .expect("a norm boundary");
     // A norm keeps the sequence-sharded layout: in_src == in_dst (identity, still one
-    // in_plan entry), out_src == out_dst (no out_plan entry).
+    // in_plan entry), out_src == out_dst (no out_plan entry). In validation mode the identity
+    // entry passes the DTensor through: no wrap, no event.
     assert_eq!(norm.in_src, norm.in_dst);
     assert_eq!(in_plan_entries(norm), 1);
+    assert_eq!(in_plan_redistributions(norm), 0);
     assert_eq!(out_plan_entries(norm), 0);
+    assert_eq!(in_check_events(norm) + out_check_events(norm), 0);
     let attn = p
         .boundaries
         .iter()
         .find(|b| b.module == "model.layers.0.self_attn")
         .expect("an attention boundary");
-    // Partial -> sequence-sharded on the way out: one out_plan entry.
+    // Sequence-sharded -> replicated on the way in (all-gather), partial -> sequence-sharded on
+    // the way out (reduce-scatter): one wrap each.
     assert_eq!(in_plan_entries(attn), 1);
+    assert_eq!(in_plan_redistributions(attn), 1);
     assert_eq!(out_plan_entries(attn), 1);
+    assert_eq!(in_check_events(attn), EVENTS_PER_CONTRACT_ENTRY);
+    assert_eq!(out_check_events(attn), EVENTS_PER_CONTRACT_ENTRY);
+    // The MoE block's local map re-wraps its output once more.
+    let mlp = p
+        .boundaries
+        .iter()
+        .find(|b| b.module == "model.layers.0.mlp")
+        .expect("an MoE boundary");
+    assert!(mlp.flags.use_local_map);
+    assert_eq!(out_check_events(mlp), 2 * EVENTS_PER_CONTRACT_ENTRY);
+    // The embedding's token ids enter as a plain tensor: its identity entry wraps them.
+    let embed = p
+        .boundaries
+        .iter()
+        .find(|b| b.module == "model.embed_tokens")
+        .expect("an embedding boundary");
+    assert_eq!(in_plan_redistributions(embed), 0);
+    assert_eq!(in_check_events(embed), EVENTS_PER_CONTRACT_ENTRY);
 }
 
 #[test]
@@ -315,7 +338,7 @@ fn experiment_a_total_is_the_census_plus_the_contract_entries() {
         .sum();
     // Per micro-batch forward: 48 layers of 63 wraps outside the MoE local map, the head
     // (final norm 8, lm_head 1, loss 4), the vocabulary-sharded embedding in its local
-    // region, and every boundary's contract entries once.
+    // region, and every boundary's contract checks once.
     let wraps = 48 * 63 + 8 + 1 + 4;
     let contracts: u64 = p
         .boundaries
@@ -325,6 +348,14 @@ fn experiment_a_total_is_the_census_plus_the_contract_entries() {
     let micro_batches = 32 / 4 / 2;
     let expected = micro_batches * (wraps * u64::from(EVENTS_PER_WRAP) + contracts);
     assert_eq!(total, expected, "contract events per forward {contracts}");
+    // The contract checks per forward, by hand: per layer the attention's all-gather and
+    // reduce-scatter, the MoE block's all-gather, re-wrap and reduce-scatter (the four norms
+    // are identities); the embedding's plain ids, re-wrap and reduce-scatter; lm_head's two
+    // redistributions.
+    assert_eq!(
+        contracts,
+        u64::from(EVENTS_PER_CONTRACT_ENTRY) * (48 * 5 + 3 + 2)
+    );
     eprintln!("exp A mbs2: {total} validation CPU events per step");
 }
 
