@@ -20,7 +20,7 @@ use super::validation;
 use super::{StrategyError, StrategyOptions};
 use crate::fsdp::FsdpPlan;
 use crate::kernel::KernelWork;
-use crate::model::{ComputeKind, ComputeOp, LayerCompute};
+use crate::model::{ComputeKind, ComputeOp, LayerCompute, ModelConfig};
 use crate::planner::{BoundarySpec, ShardingPlan};
 use crate::scenario::Scenario;
 
@@ -269,7 +269,7 @@ fn build_stage(
     let stage_name = short(&piece.name).to_string();
     let mut walk = StageWalk::new(&env.dims, stage_boundaries(plan, piece), &stage_name);
     for op in &piece.ops {
-        walk.add_op(op, &env.kernels);
+        walk.add_op(op, &env.kernels, &env.scenario.model.config);
     }
     let (mut items, trailing_events) = walk.finish();
     ensure_compute_segment(&mut items, &stage_name, weight_bytes);
@@ -370,8 +370,9 @@ impl<'p> StageWalk<'p> {
 
     /// Walks one op: closes the boundaries it leaves and opens the one it enters (their
     /// collectives cut the segment), adds its kernels to the open segment, and places the
-    /// EP exchanges around expert compute under a local map.
-    fn add_op(&mut self, op: &ComputeOp, kernels: &KernelCtx) {
+    /// EP exchanges around expert compute under a local map. `cfg` is the model's config,
+    /// which the validation census reads (head counts and the like).
+    fn add_op(&mut self, op: &ComputeOp, kernels: &KernelCtx, cfg: &ModelConfig) {
         let boundary = boundary_of(&self.boundaries, &op.name);
         self.close_boundaries_outside(boundary);
         if let Some(b) = boundary
@@ -397,7 +398,7 @@ impl<'p> StageWalk<'p> {
         });
         let (fwd, bwd) = op_kernels(op, kernels);
         segment.validation_events += std::mem::take(&mut self.pending_events)
-            + validation::dispatch_events(&self.boundaries, op, &fwd);
+            + validation::dispatch_events(&self.boundaries, op, cfg, &fwd);
         segment.fwd.extend(fwd);
         segment.bwd.push(bwd);
         if self.has_local_map && op.kind == ComputeKind::Router {
