@@ -45,6 +45,7 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+mod cores;
 mod fork;
 mod pending;
 mod queue;
@@ -176,6 +177,9 @@ const HOST: u16 = u16::MAX;
 enum Exec {
     Device {
         duration_ns: u64,
+        /// Expected wait of a side-stream kernel that arrives while this op runs on the
+        /// compute stream ([`cores::side_wait_s`]); 0 for other ops and without core sharing.
+        side_wait_ns: u32,
     },
     /// `coll`: index into the unit's [`UnitStatics::collective`] table (kept out of the
     /// per-op state so that it stays small).
@@ -229,6 +233,8 @@ struct UnitRt<'a> {
     spans: Vec<OpSpan>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
+    /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
+    compute_stream: u16,
     host_next: usize,
     host_busy: bool,
     host_busy_ns: u64,
@@ -243,6 +249,36 @@ struct UnitRt<'a> {
     seq: Vec<u32>,
     mem: MemoryTracker,
 }
+
+impl UnitRt<'_> {
+    /// How long a side-stream kernel that becomes ready at `now` waits for the cores the
+    /// compute stream's running device op holds ([`cores::core_wait_ns`]); 0 when the
+    /// compute stream is idle or runs a collective.
+    fn core_wait_ns(&self, now: u64) -> u64 {
+        let Some(s) = self.streams.get(self.compute_stream as usize) else {
+            return 0;
+        };
+        if !s.busy {
+            return 0;
+        }
+        let op = s.queue[s.head] as usize;
+        match self.ops[op].exec {
+            Exec::Device {
+                duration_ns,
+                side_wait_ns,
+            } if side_wait_ns > 0 => cores::core_wait_ns(
+                now,
+                self.spans[op].start_ns,
+                duration_ns,
+                u64::from(side_wait_ns),
+            ),
+            _ => 0,
+        }
+    }
+}
+
+/// The per-op runtime state stays small: it is touched on every event.
+const _: () = assert!(std::mem::size_of::<OpRt>() <= 40);
 
 struct CommKey {
     label: String,
@@ -381,16 +417,26 @@ fn op_exec(
     let program = place.program;
     let host_ns = costs.op_ns(op);
     let exec = match &op.payload {
-        Payload::Compute(w) => Exec::Device {
-            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
-                // what-if hook: slow rank x jitter (crate::whatif), keyed by the
-                // op's index in the whole program.
-                * workload.whatif.as_ref().map_or(1.0, |m| {
-                    m.compute_scale(program.rank, place.index)
-                })),
-        },
+        Payload::Compute(w) => {
+            // what-if hook: slow rank x jitter (crate::whatif), keyed by the op's index in
+            // the whole program.
+            let scale = workload
+                .whatif
+                .as_ref()
+                .map_or(1.0, |m| m.compute_scale(program.rank, place.index));
+            let side_wait_s = if op.stream == Stream::Compute {
+                cores::side_wait_s(w, &program.kernel_mixes, profile)
+            } else {
+                0.0
+            };
+            Exec::Device {
+                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile) * scale),
+                side_wait_ns: u32::try_from(ns(side_wait_s * scale)).unwrap_or(u32::MAX),
+            }
+        }
         Payload::Copy(w) => Exec::Device {
             duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+            side_wait_ns: 0,
         },
         Payload::Collective(c) => {
             *place.collectives += 1;
@@ -547,6 +593,10 @@ impl<'a> Engine<'a> {
                     transfer_start_ns: None,
                 })
                 .collect(),
+            compute_stream: stream_ids
+                .iter()
+                .position(|&s| s == Stream::Compute)
+                .map_or(HOST, |s| s as u16),
             stream_ids,
             streams,
             host_next: 0,
@@ -683,9 +733,14 @@ impl<'a> Engine<'a> {
         unit.spans[op].start_ns = now;
         unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
-            Exec::Device { duration_ns } => {
+            Exec::Device { duration_ns, .. } => {
+                let wait_ns = if stream == unit.compute_stream {
+                    0
+                } else {
+                    unit.core_wait_ns(now)
+                };
                 self.push(
-                    now + duration_ns,
+                    now + wait_ns + duration_ns,
                     Event::OpDone {
                         unit: u as u32,
                         op: op as u32,
