@@ -98,6 +98,39 @@ fn a_side_kernel_waits_for_the_residual_of_the_compute_kernel_holding_its_cores(
     );
 }
 
+/// A side op with cube work (a Newton-Schulz GEMM on the optimizer stream) needs the cube
+/// cores the compute stream's GEMMs hold: under `wait_for_vector_cores` it waits for every
+/// compute kernel, as under `wait_for_cores`.
+#[test]
+fn a_side_gemm_waits_for_every_compute_kernel() {
+    let side_gemm = KernelWork {
+        class: KernelClass::Gemm {
+            m: 1024,
+            n: 1024,
+            k: 1024,
+            batch: 1,
+        },
+        count: 1,
+        flops: 2 * 1024u64.pow(3),
+        hbm_bytes: 3 * 2 * 1024 * 1024,
+    };
+    let mut b = ProgramBuilder::new(0);
+    let seg = b.compute_kernels(Stream::Compute, Category::Compute, &segment(), &[]);
+    let ns_op = b.compute_kernels(Stream::Optimizer, Category::Optimizer, &[side_gemm], &[]);
+    let program = b.build().unwrap();
+    let p = a3(SideStreamKernels::WaitForVectorCores);
+    let r = run(&program, &p);
+    let (s, x) = (span(&r, seg), span(&r, ns_op));
+    assert!(x.start_ns > s.start_ns && x.start_ns < s.end_ns);
+    let wait = ns(expected_wait_s(&p, true)).min(s.end_ns - x.start_ns);
+    let expected_end = x.start_ns + wait + ns(kernel_s(&side_gemm, &p));
+    assert!(
+        x.end_ns.abs_diff(expected_end) <= 1,
+        "side GEMM ends at {} ns, expected {expected_end} ns",
+        x.end_ns
+    );
+}
+
 /// A side kernel that becomes ready near the end of the compute op waits only until that op
 /// ends, and one that becomes ready while the compute stream is idle does not wait.
 #[test]

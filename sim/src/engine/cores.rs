@@ -16,6 +16,28 @@
 //! vector kernel) count in the denominator only. Every quantity comes from the kernel costs
 //! the simulator already has; there is no fitted constant, and the result is a pure function
 //! of the op, so runs stay deterministic.
+//!
+//! Sources and assumptions:
+//! - SOURCED (hiascend Ascend C guide, "basic architecture", CANN 8.x): Atlas A2 (910B) and
+//!   Atlas A3 (910C) training products are the *separation* architecture: the AI Core is split
+//!   into AI Cube (AIC) and AI Vector (AIV) cores, each with its own scalar unit; the older
+//!   Atlas training products (910) are coupled.
+//! - SOURCED (CANN `SetBlockDim`): in separation mode a vector-only operator starts `blockDim`
+//!   AIV instances, a cube-only operator AIC instances, a mixed operator groups of both;
+//!   `blockDim` is set to the physical core count (or a multiple) to use the whole die.
+//! - SOURCED (torchair "AI Core and Vector Core core-count configuration", A2/A3): "in
+//!   multi-stream scenarios all cores can be occupied by one stream, which lowers operator
+//!   parallelism", hence its per-operator core limits; the example platform file lists 24
+//!   cube and 48 vector cores.
+//! - SOURCED (CUDA programming guide, concurrent kernel execution): kernels of different
+//!   streams overlap only when the SMs have free resources.
+//! - ASSUMPTION: which kernels use which cores: element-wise divisions, copies and the
+//!   memory-bound kernels are AIV kernels, plain and grouped GEMMs AIC-only, fused attention
+//!   mixed; a side kernel is dispatched (first-come) behind the compute kernel already holding
+//!   the cores and gets them as that kernel's last blocks finish (no preemption, no
+//!   per-stream priority); a side op waits once (the divisions are one kernel each); the
+//!   reverse effect (a compute kernel slowed by a side kernel holding cores) and collectives
+//!   expanded on AIV cores are not modelled.
 
 use crate::compute_cost::kernel_s;
 use crate::cost::compute_s;
@@ -24,44 +46,67 @@ use hpfsdp_plan::kernel::{KernelClass, KernelWork, MixId};
 use hpfsdp_plan::program::ComputeWork;
 use std::collections::BTreeMap;
 
-/// Whether a compute kernel of class `class` holds the cores a side-stream kernel needs
-/// under `policy` (side kernels are element-wise divisions and copies: vector work).
-pub(crate) fn holds_side_cores(class: &KernelClass, policy: SideStreamKernels) -> bool {
+/// Whether a compute kernel of class `class` holds cores a side-stream kernel needs under
+/// `policy`; `side_uses_cube` says whether the side op itself has cube work (a GEMM on the
+/// optimizer stream) or is vector work only (element-wise divisions, copies).
+pub(crate) fn holds_side_cores(
+    class: &KernelClass,
+    policy: SideStreamKernels,
+    side_uses_cube: bool,
+) -> bool {
     match policy {
         SideStreamKernels::Concurrent => false,
         SideStreamKernels::WaitForCores => true,
         // Separation architecture: plain and grouped GEMMs run on the AI Cube cores;
         // memory-bound kernels on the AI Vector cores; fused attention is a mixed (cube +
-        // vector) kernel.
+        // vector) kernel. A side op with cube work (and, conservatively, its vector work)
+        // waits for every compute kernel.
         SideStreamKernels::WaitForVectorCores => {
-            matches!(
-                class,
-                KernelClass::MemoryBound | KernelClass::Attention { .. }
-            )
+            side_uses_cube
+                || matches!(
+                    class,
+                    KernelClass::MemoryBound | KernelClass::Attention { .. }
+                )
         }
     }
 }
 
+/// Whether compute work `work` has kernels that run on cube cores (GEMMs, fused attention).
+pub(crate) fn uses_cube_cores(
+    work: &ComputeWork,
+    mixes: &BTreeMap<MixId, Vec<KernelWork>>,
+) -> bool {
+    work.mix
+        .and_then(|id| mixes.get(&id))
+        .is_some_and(|kernels| {
+            kernels
+                .iter()
+                .any(|k| !matches!(k.class, KernelClass::MemoryBound))
+        })
+}
+
 /// Expected wait, seconds, of a side-stream kernel that arrives at a uniformly random time
 /// while the compute stream runs an op of `work` (see the module doc): the length-biased
-/// residual of the op's kernels that hold the side kernel's cores. 0 under
-/// [`SideStreamKernels::Concurrent`].
+/// residual of the op's kernels that hold the side kernel's cores (`side_uses_cube`: see
+/// [`holds_side_cores`]). 0 under [`SideStreamKernels::Concurrent`].
 pub(crate) fn side_wait_s(
     work: &ComputeWork,
     mixes: &BTreeMap<MixId, Vec<KernelWork>>,
     profile: &HardwareProfile,
+    side_uses_cube: bool,
 ) -> f64 {
     let policy = profile.device.side_stream_kernels;
     if policy == SideStreamKernels::Concurrent {
         return 0.0;
     }
+    let holds = |class: &KernelClass| holds_side_cores(class, policy, side_uses_cube);
     let (mut squares_s2, mut total_s) = (0.0, 0.0);
     match work.mix.and_then(|id| mixes.get(&id)) {
         Some(kernels) => {
             for k in kernels {
                 let entry_s = kernel_s(k, profile);
                 total_s += entry_s;
-                if holds_side_cores(&k.class, policy) {
+                if holds(&k.class) {
                     // `count` kernels of `entry_s / count` each: sum of squares.
                     squares_s2 += entry_s * entry_s / f64::from(k.count.max(1));
                 }
@@ -71,7 +116,7 @@ pub(crate) fn side_wait_s(
             // `kernels` equal memory-bound launches.
             let entry_s = compute_s(work.flops, work.hbm_bytes, work.kernels, profile);
             total_s = entry_s;
-            if holds_side_cores(&KernelClass::MemoryBound, policy) {
+            if holds(&KernelClass::MemoryBound) {
                 squares_s2 = entry_s * entry_s / f64::from(work.kernels.max(1));
             }
         }
@@ -114,14 +159,17 @@ mod tests {
         let p = profile(SideStreamKernels::WaitForCores);
         let work = ComputeWork::memory_bound(0, 4_000_000_000, 10);
         let op_s = compute_s(0, 4_000_000_000, 10, &p);
-        let wait = side_wait_s(&work, &BTreeMap::new(), &p);
+        let wait = side_wait_s(&work, &BTreeMap::new(), &p, false);
         // sum(L^2) / (2 sum L) with ten kernels of op_s / 10: half a kernel.
         assert!(
             (wait - op_s / 20.0).abs() < 1e-12 * op_s,
             "{wait} vs {op_s}"
         );
         let concurrent = profile(SideStreamKernels::Concurrent);
-        assert_eq!(side_wait_s(&work, &BTreeMap::new(), &concurrent), 0.0);
+        assert_eq!(
+            side_wait_s(&work, &BTreeMap::new(), &concurrent, false),
+            0.0
+        );
     }
 
     #[test]
@@ -151,8 +199,8 @@ mod tests {
         let (g, n) = (kernel_s(&gemm, &all), kernel_s(&norm, &all));
         let expect_all = (g * g / 2.0 + n * n / 4.0) / (2.0 * (g + n));
         let expect_vector = (n * n / 4.0) / (2.0 * (g + n));
-        let got_all = side_wait_s(&work, &mixes, &all);
-        let got_vector = side_wait_s(&work, &mixes, &vector);
+        let got_all = side_wait_s(&work, &mixes, &all, false);
+        let got_vector = side_wait_s(&work, &mixes, &vector, false);
         assert!(
             (got_all - expect_all).abs() < 1e-12,
             "{got_all} vs {expect_all}"
@@ -162,5 +210,12 @@ mod tests {
             "{got_vector} vs {expect_vector}"
         );
         assert!(got_vector < got_all);
+        // A side op with cube work waits for every compute kernel.
+        assert_eq!(side_wait_s(&work, &mixes, &vector, true), got_all);
+        assert!(uses_cube_cores(&work, &mixes));
+        assert!(!uses_cube_cores(
+            &ComputeWork::memory_bound(0, 1, 1),
+            &mixes
+        ));
     }
 }
