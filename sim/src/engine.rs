@@ -9,6 +9,10 @@
 //! - a device stream runs its ops one at a time in issue order; an op starts when the host has
 //!   launched it, its stream is free and all its dependencies (on any stream) have finished. A
 //!   stream therefore idles when the host falls behind;
+//! - a device kernel on a side stream (not the compute stream) that starts while the compute
+//!   stream runs a device op first waits for the cores that op's current kernel holds, when
+//!   the profile's `device.side_stream_kernels` says they share cores ([`cores`]): its span,
+//!   and its stream, stretch by the expected residual of that kernel;
 //! - a collective occupies its stream from the moment the rank reaches it; data moves only
 //!   once every participant has reached it (**rendezvous**), then runs through the phases of
 //!   [`crate::cost::collective_phases`], each a latency followed by a transfer whose
@@ -34,7 +38,7 @@ use crate::error::SimError;
 use crate::host_cost::HostCosts;
 use crate::memory::MemoryTracker;
 use crate::net::{Finish, Network};
-use crate::profile::HardwareProfile;
+use crate::profile::{HardwareProfile, SideStreamKernels};
 use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::share::SharePlan;
@@ -45,6 +49,7 @@ use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+mod cores;
 mod fork;
 mod pending;
 mod queue;
@@ -176,6 +181,13 @@ const HOST: u16 = u16::MAX;
 enum Exec {
     Device {
         duration_ns: u64,
+        /// Expected wait of a side-stream kernel that arrives while this op runs on the
+        /// compute stream ([`cores::side_wait_s`] for vector side kernels); 0 for other ops
+        /// and without core sharing.
+        side_wait_ns: u32,
+        /// The op has cube work ([`cores::uses_cube_cores`]): on a side stream it waits for
+        /// every compute kernel, not only those holding vector cores.
+        uses_cube: bool,
     },
     /// `coll`: index into the unit's [`UnitStatics::collective`] table (kept out of the
     /// per-op state so that it stays small).
@@ -229,6 +241,8 @@ struct UnitRt<'a> {
     spans: Vec<OpSpan>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
+    /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
+    compute_stream: u16,
     host_next: usize,
     host_busy: bool,
     host_busy_ns: u64,
@@ -243,6 +257,53 @@ struct UnitRt<'a> {
     seq: Vec<u32>,
     mem: MemoryTracker,
 }
+
+impl UnitRt<'_> {
+    /// How long a side-stream kernel that becomes ready at `now` waits for the cores the
+    /// compute stream's running device op holds ([`cores::core_wait_ns`]); 0 when the
+    /// compute stream is idle or runs a collective. `side_uses_cube`: the side op has cube
+    /// work, so its expected wait is recomputed over every kernel of the compute op (rare:
+    /// optimizer-stream GEMMs), with the op's what-if scale.
+    fn core_wait_ns(
+        &self,
+        now: u64,
+        side_uses_cube: bool,
+        profile: &HardwareProfile,
+        whatif: Option<&crate::whatif::WhatIfModel>,
+    ) -> u64 {
+        let Some(s) = self.streams.get(self.compute_stream as usize) else {
+            return 0;
+        };
+        if !s.busy || profile.device.side_stream_kernels == SideStreamKernels::Concurrent {
+            return 0;
+        }
+        let op = s.queue[s.head] as usize;
+        let Exec::Device {
+            duration_ns,
+            side_wait_ns,
+            ..
+        } = self.ops[op].exec
+        else {
+            return 0;
+        };
+        let wait_ns = match &self.program.ops[self.base + op].payload {
+            Payload::Compute(w)
+                if side_uses_cube
+                    && profile.device.side_stream_kernels
+                        == SideStreamKernels::WaitForVectorCores =>
+            {
+                let scale =
+                    whatif.map_or(1.0, |m| m.compute_scale(self.program.rank, self.base + op));
+                ns(cores::side_wait_s(w, &self.program.kernel_mixes, profile, true) * scale)
+            }
+            _ => u64::from(side_wait_ns),
+        };
+        cores::core_wait_ns(now, self.spans[op].start_ns, duration_ns, wait_ns)
+    }
+}
+
+/// The per-op runtime state stays small: it is touched on every event.
+const _: () = assert!(std::mem::size_of::<OpRt>() <= 40);
 
 struct CommKey {
     label: String,
@@ -381,16 +442,28 @@ fn op_exec(
     let program = place.program;
     let host_ns = costs.op_ns(op);
     let exec = match &op.payload {
-        Payload::Compute(w) => Exec::Device {
-            duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile)
-                // what-if hook: slow rank x jitter (crate::whatif), keyed by the
-                // op's index in the whole program.
-                * workload.whatif.as_ref().map_or(1.0, |m| {
-                    m.compute_scale(program.rank, place.index)
-                })),
-        },
+        Payload::Compute(w) => {
+            // what-if hook: slow rank x jitter (crate::whatif), keyed by the op's index in
+            // the whole program.
+            let scale = workload
+                .whatif
+                .as_ref()
+                .map_or(1.0, |m| m.compute_scale(program.rank, place.index));
+            let side_wait_s = if op.stream == Stream::Compute {
+                cores::side_wait_s(w, &program.kernel_mixes, profile, false)
+            } else {
+                0.0
+            };
+            Exec::Device {
+                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile) * scale),
+                side_wait_ns: u32::try_from(ns(side_wait_s * scale)).unwrap_or(u32::MAX),
+                uses_cube: cores::uses_cube_cores(w, &program.kernel_mixes),
+            }
+        }
         Payload::Copy(w) => Exec::Device {
             duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+            side_wait_ns: 0,
+            uses_cube: false,
         },
         Payload::Collective(c) => {
             *place.collectives += 1;
@@ -547,6 +620,10 @@ impl<'a> Engine<'a> {
                     transfer_start_ns: None,
                 })
                 .collect(),
+            compute_stream: stream_ids
+                .iter()
+                .position(|&s| s == Stream::Compute)
+                .map_or(HOST, |s| s as u16),
             stream_ids,
             streams,
             host_next: 0,
@@ -683,9 +760,18 @@ impl<'a> Engine<'a> {
         unit.spans[op].start_ns = now;
         unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
-            Exec::Device { duration_ns } => {
+            Exec::Device {
+                duration_ns,
+                uses_cube,
+                ..
+            } => {
+                let wait_ns = if stream == unit.compute_stream {
+                    0
+                } else {
+                    unit.core_wait_ns(now, uses_cube, self.profile, self.whatif)
+                };
                 self.push(
-                    now + duration_ns,
+                    now + wait_ns + duration_ns,
                     Event::OpDone {
                         unit: u as u32,
                         op: op as u32,

@@ -34,6 +34,38 @@ pub struct DeviceSpec {
     pub hbm_capacity_bytes: u64,
     /// HBM bandwidth in bytes per second.
     pub hbm_bandwidth_bytes_per_s: f64,
+    /// Whether a kernel on a side stream (any stream but the compute stream) shares the
+    /// device's cores with the compute stream's kernels ([`SideStreamKernels`]); profiles
+    /// without the key run side kernels concurrently, as the simulator always did.
+    #[serde(default)]
+    pub side_stream_kernels: SideStreamKernels,
+}
+
+/// How a device kernel issued on a side stream (an all-gather, reduce-scatter, copy or
+/// optimizer stream) shares the compute units with the compute stream's kernels. The engine
+/// applies it in [`crate::engine`] (`engine/cores.rs`): a side kernel that becomes ready while
+/// the compute stream runs a device op first waits for the cores that op's current kernel
+/// holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SideStreamKernels {
+    /// Side kernels run alongside the compute stream for free (no core contention).
+    #[default]
+    Concurrent,
+    /// Every compute kernel holds all the cores a side kernel needs (one pool of cores: the
+    /// SMs of a GPU, the AI Cores of a coupled-architecture NPU): a side kernel waits for the
+    /// expected residual of the compute op's current kernel.
+    WaitForCores,
+    /// Ascend separation architecture (Atlas A2/A3: AI Cube and AI Vector cores are separate):
+    /// side kernels are vector kernels, so they wait only while the compute stream's current
+    /// kernel uses vector cores (memory-bound and fused-attention kernels), not behind a plain
+    /// GEMM, which runs on the cube cores.
+    WaitForVectorCores,
+}
+
+impl SideStreamKernels {
+    /// The key's values as written in a profile.
+    pub const NAMES: [&'static str; 3] = ["concurrent", "wait_for_cores", "wait_for_vector_cores"];
 }
 
 /// How ranks are packed into machines and supernodes (contiguous blocks).

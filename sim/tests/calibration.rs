@@ -63,13 +63,23 @@ fn derived_collective_counts_are_not_entered() {
 /// divisions torch_npu runs after the AVG reduce-scatters, i.e. one read and write of every
 /// reduce-scatter output at the profile's memory bandwidth plus one device launch each. It
 /// follows the profile (not an entered value), and FSDP2 has no row (its table entry is for
-/// a per-parameter division, which it does not run).
+/// a per-parameter division, which it does not run). The figure is the divisions' simulated
+/// spans: with side-stream kernels running concurrently that is exactly their own cost; with
+/// the A3 profile's `wait_for_vector_cores` each division also waits for the vector cores of
+/// the compute stream's current kernel, so the figure is larger.
 #[test]
 fn post_reduction_division_is_computed_from_the_program() {
     use hpfsdp_sim::calibration::gates::rule_of;
     use hpfsdp_sim::calibration::params::set;
-    let mut profile =
+    use hpfsdp_sim::profile::SideStreamKernels;
+    let shipped =
         HardwareProfile::load(root().join("scenarios/hardware/ascend-910c-a3.toml")).unwrap();
+    assert_eq!(
+        shipped.device.side_stream_kernels,
+        SideStreamKernels::WaitForVectorCores
+    );
+    let mut profile = shipped.clone();
+    profile.device.side_stream_kernels = SideStreamKernels::Concurrent;
     let set_b = CalibrationSet::load(root()).unwrap();
     let only_b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
     let c = set_b.compare_where(&profile, only_b).unwrap();
@@ -86,8 +96,9 @@ fn post_reduction_division_is_computed_from_the_program() {
         2.0 * rs_bytes / (p.device.hbm_bandwidth_bytes_per_s * p.calibration.hbm_efficiency)
             + 531.0 * p.calibration.device_launch_us_per_kernel * 1e-6
     };
+    // The figure sums 531 spans of whole nanoseconds: up to 531 ns of rounding on ~8 ms.
     assert!(
-        (row.predicted / expected(&profile) - 1.0).abs() < 1e-6,
+        (row.predicted / expected(&profile) - 1.0).abs() < 1e-4,
         "{} vs {}",
         row.predicted,
         expected(&profile)
@@ -97,8 +108,17 @@ fn post_reduction_division_is_computed_from_the_program() {
     assert!(set(&mut profile, "calibration.hbm_efficiency", eff / 2.0));
     let slow = set_b.compare_where(&profile, only_b).unwrap();
     let slow_row = slow.row("HyperParallel-FSDP", fig).unwrap();
-    assert!((slow_row.predicted / expected(&profile) - 1.0).abs() < 1e-6);
+    assert!((slow_row.predicted / expected(&profile) - 1.0).abs() < 1e-4);
     assert!(slow_row.predicted > 1.8 * row.predicted);
+    // The shipped profile: the same divisions plus their waits for cores.
+    let waiting = set_b.compare_where(&shipped, only_b).unwrap();
+    let waiting_row = waiting.row("HyperParallel-FSDP", fig).unwrap();
+    assert!(
+        waiting_row.predicted > 1.5 * expected(&shipped),
+        "{} vs own cost {}",
+        waiting_row.predicted,
+        expected(&shipped)
+    );
 }
 
 mod joint_fit {

@@ -75,7 +75,8 @@ pub fn predicted_figures(
     out.insert(Figure::CopyS, b.copy_ns as f64 * 1e-9);
     out.insert(
         Figure::PostReductionDivisionS,
-        post_reduction_division_s(rank0, profile),
+        post_reduction_division_span_s(result, rank0)
+            .unwrap_or_else(|| post_reduction_division_s(rank0, profile)),
     );
     let (mut ag, mut rs, mut ag_bytes, mut rs_bytes, mut collectives) =
         (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -150,6 +151,28 @@ pub fn post_reduction_division_s(
             _ => None,
         })
         .sum()
+}
+
+/// Device time of rank 0's post-reduction divisions as a profiler sees it: the sum of their
+/// simulated spans (start to end on their stream, so a division that waited for cores
+/// behind the compute stream counts its wait, as the kernel's measured duration does),
+/// seconds; `None` without a timeline of rank 0.
+pub fn post_reduction_division_span_s(
+    result: &SimResult,
+    rank0: &hpfsdp_plan::program::StepProgram,
+) -> Option<f64> {
+    let t = result.timeline.as_ref().and_then(|t| t.rank(0))?;
+    let ns: u64 = t
+        .spans
+        .iter()
+        .filter(|s| {
+            rank0
+                .op(s.op)
+                .is_some_and(avg_division::is_collective_stream_division)
+        })
+        .map(|s| s.end_ns.saturating_sub(s.start_ns))
+        .sum();
+    Some(ns as f64 * 1e-9)
 }
 
 /// Bytes of rank 0's FSDP collectives (the larger of send and receive buffer) over the sum of
