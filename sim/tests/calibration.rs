@@ -166,9 +166,10 @@ mod joint_fit {
         );
     }
 
-    /// The kernel launch cost's upper bound counts the MODEL's exp-A launches, every start is
-    /// reported, and the host-bound start begins at 90% of that bound. Cheap: one constant,
-    /// exp A only, two iterations per start.
+    /// The kernel launch cost's upper bound is the tighter of its public ceiling and the
+    /// measured exp-A step over the MODEL's exp-A launches, every start is reported, and the
+    /// host-bound start begins at 90% of that bound. Cheap: one constant, exp A only, two
+    /// iterations per start.
     #[test]
     fn the_launch_bound_counts_the_models_launches_and_every_start_is_reported() {
         use hpfsdp_sim::calibration::fit::{HOST_BOUND_START_FRACTION, START_LABELS};
@@ -181,8 +182,9 @@ mod joint_fit {
             .map(|f| c.row("production mode", *f).unwrap().predicted)
             .sum();
         let resolved = param.resolved(&c);
+        // The tighter of the public ceiling and the measured step over the model's launches.
         assert!(
-            (resolved.max - 6.070e6 / launches).abs() < 1e-9,
+            (resolved.max - param.max.min(6.070e6 / launches)).abs() < 1e-9,
             "{resolved:?}"
         );
         let options = LmOptions {
@@ -209,6 +211,35 @@ mod joint_fit {
             .fold(f64::INFINITY, f64::min);
         assert_eq!(out.cost, best);
         assert!(out.params[0].value <= resolved.max);
+    }
+
+    /// Exp A wants more host time per kernel than the public ceiling of an eager launch
+    /// allows (the model's exp-A step is device-bound below it), so a fit of the launch cost
+    /// on exp A alone ends AT that ceiling and says so: the flag that points at host work the
+    /// model does not issue. Cheap: one constant, exp A only, four iterations per start.
+    #[test]
+    fn the_launch_cost_fitted_on_experiment_a_is_flagged_at_its_public_ceiling() {
+        use hpfsdp_sim::calibration::fit::AtBound;
+        use hpfsdp_sim::calibration::params::KERNEL_LAUNCH_CEILING_US;
+        let set_all = CalibrationSet::load(root()).unwrap();
+        let start = a3();
+        let param = *fit_param("calibration.host_launch_us_per_kernel").unwrap();
+        let options = LmOptions {
+            max_iterations: 4,
+            ..LmOptions::default()
+        };
+        let a = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "A mbs2";
+        let out = fit_joint(&set_all, &start, &[param], a, &options).unwrap();
+        let fitted = &out.params[0];
+        assert_eq!(fitted.param.max, KERNEL_LAUNCH_CEILING_US, "{fitted:?}");
+        assert_eq!(fitted.at_bound, Some(AtBound::Upper), "{fitted:?}");
+        assert_eq!(fitted.value, KERNEL_LAUNCH_CEILING_US);
+        // At the ceiling the model still predicts exp A's step short of the measured one.
+        let step = out
+            .comparison
+            .row("production mode", Figure::StepTimeS)
+            .unwrap();
+        assert!(step.predicted < step.measured, "{step:?}");
     }
 
     /// Experiment B is device-bound: its step times move by less than 1% (a tenth of their
