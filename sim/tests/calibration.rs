@@ -213,33 +213,51 @@ mod joint_fit {
         assert!(out.params[0].value <= resolved.max);
     }
 
-    /// Exp A wants more host time per kernel than the public ceiling of an eager launch
-    /// allows (the model's exp-A step is device-bound below it), so a fit of the launch cost
-    /// on exp A alone ends AT that ceiling and says so: the flag that points at host work the
-    /// model does not issue. Cheap: one constant, exp A only, four iterations per start.
+    /// A constant the measurements push past a bound ends ON it and is flagged: fitted on
+    /// exp B alone, the collective host cost is pulled below the measured per-call minimum
+    /// (FSDP2's 9.5 ms over the model's 334 calls is 28 us, HyperParallel's 153.2 ms over its
+    /// 1,781 is 86 us, and their compromise lies under 54.6 us). Cheap: one constant, exp B
+    /// only, four iterations per start.
     #[test]
-    fn the_launch_cost_fitted_on_experiment_a_is_flagged_at_its_public_ceiling() {
+    fn a_constant_pushed_past_its_bound_is_flagged_at_it() {
         use hpfsdp_sim::calibration::fit::AtBound;
-        use hpfsdp_sim::calibration::params::KERNEL_LAUNCH_CEILING_US;
         let set_all = CalibrationSet::load(root()).unwrap();
-        let start = a3();
-        let param = *fit_param("calibration.host_launch_us_per_kernel").unwrap();
+        let param = *fit_param("calibration.host_launch_us_per_collective").unwrap();
         let options = LmOptions {
             max_iterations: 4,
             ..LmOptions::default()
         };
-        let a = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "A mbs2";
-        let out = fit_joint(&set_all, &start, &[param], a, &options).unwrap();
+        let b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
+        let out = fit_joint(&set_all, &a3(), &[param], b, &options).unwrap();
         let fitted = &out.params[0];
-        assert_eq!(fitted.param.max, KERNEL_LAUNCH_CEILING_US, "{fitted:?}");
-        assert_eq!(fitted.at_bound, Some(AtBound::Upper), "{fitted:?}");
-        assert_eq!(fitted.value, KERNEL_LAUNCH_CEILING_US);
-        // At the ceiling the model still predicts exp A's step short of the measured one.
-        let step = out
-            .comparison
-            .row("production mode", Figure::StepTimeS)
-            .unwrap();
-        assert!(step.predicted < step.measured, "{step:?}");
+        assert_eq!(fitted.at_bound, Some(AtBound::Lower), "{fitted:?}");
+        assert_eq!(fitted.value, param.min);
+    }
+
+    /// The finding the public launch bounds make (README "Cost model", Host): even at the
+    /// public ceiling of an eager launch (32.5 us per kernel) the model's exp-A step stays
+    /// more than its 10% tolerance short of the measured 6.070 s, so exp A's host-bound time
+    /// is host work the model does not issue, not launch cost. When the model gains that
+    /// work this test fails: then the fit should land inside the public range instead.
+    #[test]
+    fn the_public_launch_ceiling_leaves_experiment_a_short_of_its_measured_step() {
+        use hpfsdp_sim::calibration::params::KERNEL_LAUNCH_CEILING_US;
+        let set_all = CalibrationSet::load(root()).unwrap();
+        let mut at_ceiling = a3();
+        set(
+            &mut at_ceiling,
+            "calibration.host_launch_us_per_kernel",
+            KERNEL_LAUNCH_CEILING_US,
+        );
+        let a = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "A mbs2";
+        let c = set_all.compare_where(&at_ceiling, a).unwrap();
+        let step = c.row("production mode", Figure::StepTimeS).unwrap();
+        assert!(
+            step.predicted < 0.9 * step.measured,
+            "exp A at {KERNEL_LAUNCH_CEILING_US} us per launch: {} s vs {} s measured",
+            step.predicted,
+            step.measured
+        );
     }
 
     /// Experiment B is device-bound: its step times move by less than 1% (a tenth of their
