@@ -10,8 +10,9 @@
 //! in a device-bound minimum with the GEMM ceiling at 1.0 and the kernel launch cost at its
 //! floor), so it starts from a fixed list ([`START_LABELS`]): the profile's values, the
 //! log-midpoint of every bound, and a **host-bound** start (the profile's values with the
-//! kernel launch cost at 90% of its upper bound, i.e. launches filling 90% of the measured
-//! exp-A step), and keeps the lowest final cost; every start's outcome is reported
+//! kernel launch cost at 90% of its upper bound: the public ceiling of an eager launch, or
+//! launches filling the measured exp-A step when that is tighter), and keeps the lowest final
+//! cost; every start's outcome is reported
 //! ([`StartOutcome`]). Upper bounds that mean "no more host time than the measured step"
 //! count the MODEL's launches ([`super::params::MaxFrom::ModelLaunches`]). A constant that
 //! ends on a bound is flagged: the measurements then want a value its bound's measurement

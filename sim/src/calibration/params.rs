@@ -1,11 +1,13 @@
 //! The residual constants the joint fit adjusts, their bounds and where each bound comes from,
 //! in ONE table ([`FIT_PARAMS`]); reading and writing a constant of a profile by its dotted key.
 //!
-//! Every bound is tied to a direct measurement of `shared/calibration/README.md` where one
-//! exists (the source text says which and how it was derived); the others are marked
-//! ASSUMPTION. A constant that the fit leaves at a bound is flagged in the fit's output: the
-//! measurements then want a value the bound's measurement rules out, which points at a
-//! modelling gap rather than at a constant to move.
+//! Every bound is tied to a direct measurement where one exists: of the measured runs
+//! themselves (`shared/calibration/README.md`) or a public measurement of the same software
+//! path (the source text names the address, hardware, versions and the arithmetic); the
+//! others are marked ASSUMPTION. A constant that the fit leaves at a bound is flagged in the
+//! fit's output: the measurements then want a value the bound's measurement rules out, which
+//! points at a modelling gap rather than at a constant to move. Host constants the fit does
+//! not adjust but public measurements confine are in [`SOURCED_RANGES`].
 
 use super::compare::Comparison;
 use super::measured::Figure;
@@ -16,13 +18,13 @@ use crate::profile::HardwareProfile;
 pub enum MaxFrom {
     /// [`FitParam::max`] as written.
     Fixed,
-    /// A measured step time over the launches the MODEL issues (device kernels plus
-    /// collectives of rank 0's simulated program of the measured run labelled `run`): the
-    /// bound says a serial host cannot spend more than the whole measured step on the
-    /// launches the model charges it for, so it must count the model's launches, not the
-    /// measured ones (the model's per-launch constant stands for however many real launches
-    /// each modelled one represents). [`FitParam::max`] is the value with the measured
-    /// launch counts, used when the run is not in the comparison.
+    /// The tighter of [`FitParam::max`] (a ceiling from public measurements) and a measured
+    /// step time over the launches the MODEL issues (device kernels plus collectives of rank
+    /// 0's simulated program of the measured run labelled `run`): a serial host cannot spend
+    /// more than the whole measured step on the launches the model charges it for, so that
+    /// bound counts the model's launches, not the measured ones (the model's per-launch
+    /// constant stands for however many real launches each modelled one represents).
+    /// [`FitParam::max`] alone applies when the run is not in the comparison.
     ModelLaunches {
         /// Label of the measured run ([`super::MeasuredRun::label`]).
         run: &'static str,
@@ -85,7 +87,8 @@ impl FitParam {
 
     /// This constant with its upper bound resolved against `c` (the comparison of the
     /// starting profile): a [`MaxFrom::ModelLaunches`] bound becomes the measured step over
-    /// the modelled launches of its run; a fixed one is returned as it is.
+    /// the modelled launches of its run when that is tighter than [`FitParam::max`] (and
+    /// above the minimum); a fixed one is returned as it is.
     pub fn resolved(&self, c: &Comparison) -> FitParam {
         let MaxFrom::ModelLaunches { run, step_s } = self.max_from else {
             return *self;
@@ -94,9 +97,9 @@ impl FitParam {
             .iter()
             .map(|f| c.row(run, *f).map(|r| r.predicted))
             .sum::<Option<f64>>();
-        match launches {
-            Some(n) if n > 0.0 && (step_s * 1e6 / n) > self.min => FitParam {
-                max: step_s * 1e6 / n,
+        match launches.map(|n| step_s * 1e6 / n) {
+            Some(per_launch) if per_launch > self.min && per_launch < self.max => FitParam {
+                max: per_launch,
                 ..*self
             },
             _ => *self,
@@ -107,6 +110,57 @@ impl FitParam {
 /// Every constant of `params` with its bounds resolved against `c` ([`FitParam::resolved`]).
 pub fn resolve_bounds(params: &[FitParam], c: &Comparison) -> Vec<FitParam> {
     params.iter().map(|p| p.resolved(c)).collect()
+}
+
+/// Floor of the host time one eager kernel launch takes on torch_npu, microseconds: a
+/// precompiled kernel launched straight from C through torch_npu's task queue on Ascend
+/// 910B2 (8.599 us per enqueue; github.com/triton-lang/triton-ascend/issues/1675). Every eager
+/// launch goes through that queue and adds ATen dispatch and aclnn tiling on top.
+pub const KERNEL_LAUNCH_FLOOR_US: f64 = 8.6;
+
+/// Ceiling of the mean host time of one eager op's dispatch and launch on an A3 host,
+/// microseconds: 130.1 us per `(x.npu() + y.npu()).cpu()` loop (two uploads, an add, a
+/// blocking read-back; Ascend910_9362, torch_npu 2.8.0, CANN 8.5.0, 100 iterations in 13.0
+/// ms; github.com/hw-native-sys/pypto/issues/1919) over its four eager ops.
+pub const KERNEL_LAUNCH_CEILING_US: f64 = 130.1 / 4.0;
+
+/// A profile constant the fit does not adjust (no held-in figure isolates it) but whose
+/// value public measurements confine: its range and where that comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SourcedRange {
+    /// Dotted profile key.
+    pub key: &'static str,
+    /// Lowest plausible value.
+    pub min: f64,
+    /// Highest plausible value.
+    pub max: f64,
+    /// The measurements (address, hardware, versions) and the arithmetic.
+    pub source: &'static str,
+}
+
+/// Public ranges of the host constants the fit leaves alone ([`outside_sourced_ranges`]).
+pub const SOURCED_RANGES: [SourcedRange; 1] = [SourcedRange {
+    key: "calibration.host_d2h_sync_us",
+    min: KERNEL_LAUNCH_FLOOR_US,
+    max: 130.1,
+    source: "min 8.6 us: a blocking read-back enqueues at least one copy task through \
+        torch_npu's task queue, and one launch through it costs 8.599 us on Ascend 910B2 \
+        (github.com/triton-lang/triton-ascend/issues/1675); max 130.1 us: a whole \
+        `(x.npu() + y.npu()).cpu()` loop, its blocking read-back included, on an A3 die \
+        (Ascend910_9362, torch_npu 2.8.0, CANN 8.5.0, 128x128 fp32, 100 iterations in 13.0 ms; \
+        github.com/hw-native-sys/pypto/issues/1919). Older and slower for comparison: \
+        aclrtSynchronizeStream ~230 us, aclrtSynchronizeDevice ~390 us in PaddlePaddle's NPU \
+        path on Ascend 910 (2021; github.com/PaddlePaddle/Paddle/pull/32196)",
+}];
+
+/// The constants of `profile` that lie outside their [`SOURCED_RANGES`], with their values
+/// (a constant the profile does not have is skipped: `get` names every key it knows).
+pub fn outside_sourced_ranges(profile: &HardwareProfile) -> Vec<(SourcedRange, f64)> {
+    SOURCED_RANGES
+        .iter()
+        .filter_map(|r| get(profile, r.key).map(|v| (*r, v)))
+        .filter(|(r, v)| !(r.min..=r.max).contains(v))
+        .collect()
 }
 
 /// The constants of the joint fit. The GEMM ceiling (the shape model's large-square-GEMM
@@ -148,23 +202,32 @@ pub const FIT_PARAMS: [FitParam; 7] = [
     },
     FitParam {
         key: "calibration.host_launch_us_per_kernel",
-        min: 1.0,
-        max: 90.4,
-        bound_source: "max: exp A micro batch 2 production, 6.070 s over the MODEL's rank-0 \
-            launches of that run (device kernels + collectives of the simulated program; a \
-            serial host cannot spend more than the whole measured step on the launches the \
-            model charges; 90.4 us with the measured 57,560 + 9,554); ASSUMPTION min: 1 us, \
-            the fastest eager launch path",
+        min: KERNEL_LAUNCH_FLOOR_US,
+        max: KERNEL_LAUNCH_CEILING_US,
+        bound_source: "PUBLIC MEASUREMENTS of torch_npu's eager launch path (task queue on, its \
+            default): min 8.6 us, the host enqueue time of a precompiled kernel launched straight \
+            from C through the task queue, no Python and no ATen dispatch (Ascend 910B2, 8.599 \
+            us per launch over 5,000 launches timed before the final synchronize; eager \
+            torch.add 12.142 us; github.com/triton-lang/triton-ascend/issues/1675); max 32.5 us, \
+            a quarter of 130.1 us, the host loop time of `(x.npu() + y.npu()).cpu()` on an A3 \
+            die (Ascend910_9362, torch_npu 2.8.0, CANN 8.5.0, 128x128 fp32, 100 iterations in \
+            13.0 ms; github.com/hw-native-sys/pypto/issues/1919): two uploads, an add and a \
+            blocking read-back fit in it, so an eager op's dispatch and launch take at most that \
+            on average. The tighter of that and exp A micro batch 2's 6.070 s over the MODEL's \
+            rank-0 launches (device kernels + collectives of the simulated program, ~110 us; \
+            90.4 us with the measured 57,560 + 9,554): a fit AT this bound says exp A wants more \
+            host time per kernel than a launch takes, i.e. host work the model does not issue",
         max_from: MaxFrom::ModelLaunches {
             run: "production mode",
             step_s: 6.070,
         },
         blind: Some(BlindBounds {
             experiments: &["A mbs2"],
-            min: 1.0,
-            max: 1000.0,
-            source: "without exp A: ASSUMPTION 1 us (the fastest eager launch path) to 1 ms \
-                (no eager stack spends a millisecond of host time per kernel)",
+            min: KERNEL_LAUNCH_FLOOR_US,
+            max: KERNEL_LAUNCH_CEILING_US,
+            source: "without exp A: the public range alone, min 8.6 us (a precompiled kernel \
+                through torch_npu's task queue, Ascend 910B2, triton-ascend#1675) to max 32.5 us \
+                (a quarter of one `(x.npu() + y.npu()).cpu()` loop on an A3 die, pypto#1919)",
         }),
     },
     FitParam {
@@ -190,7 +253,8 @@ pub const FIT_PARAMS: [FitParam; 7] = [
             min 174 ms overhead / 23,713 = 7.34 us (every event on the critical path: a \
             host-bound step shows all of it, a device-bound one less, so the true cost is at \
             least this); max 6.244 s / 23,713 = 263.3 us (the events cannot take longer than \
-            the whole validation step)",
+            the whole validation step). Cross-check, not a bound: one eager torch.add costs \
+            its host 12.1 us on Ascend 910B2 (github.com/triton-lang/triton-ascend/issues/1675)",
         max_from: MaxFrom::Fixed,
         blind: Some(BlindBounds {
             experiments: &["A mbs2"],
@@ -288,6 +352,99 @@ mod tests {
             assert!(p.min > 0.0 && p.min < p.max, "{}: bad range", p.key);
             assert!(!p.bound_source.is_empty());
         }
+    }
+
+    /// Every bound says where it comes from: a measured run, a public measurement (its
+    /// address) or an ASSUMPTION; the host ones name their public measurements and the
+    /// numbers they use.
+    #[test]
+    fn every_bound_names_its_source() {
+        let sourced = |text: &str| {
+            ["ASSUMPTION", "measured", "exp A", "exp B", "github.com/"]
+                .iter()
+                .any(|w| text.contains(w))
+        };
+        for p in FIT_PARAMS {
+            assert!(sourced(p.bound_source), "{}: {}", p.key, p.bound_source);
+            if let Some(b) = p.blind {
+                assert!(sourced(b.source), "{} blind: {}", p.key, b.source);
+            }
+        }
+        let launch = fit_param("calibration.host_launch_us_per_kernel").unwrap();
+        for needle in [
+            "triton-ascend/issues/1675",
+            "pypto/issues/1919",
+            "8.6 us",
+            "32.5 us",
+            "6.070 s",
+            "torch_npu 2.8.0, CANN 8.5.0",
+        ] {
+            assert!(launch.bound_source.contains(needle), "missing {needle}");
+        }
+        assert_eq!(
+            (launch.min, launch.max),
+            (KERNEL_LAUNCH_FLOOR_US, KERNEL_LAUNCH_CEILING_US)
+        );
+        for r in SOURCED_RANGES {
+            assert!(r.min > 0.0 && r.min < r.max, "{}: bad range", r.key);
+            assert!(r.source.matches("github.com/").count() >= 2, "{}", r.key);
+        }
+    }
+
+    /// Leave-one-out blinds exactly the bounds that use the left-out experiment's
+    /// measurements: the launch cost's model-launch bound (exp A) falls back to its public
+    /// range, the collective and GEMM bounds (exp B) to their ASSUMPTIONs, and leaving out
+    /// an experiment a bound does not use changes nothing.
+    #[test]
+    fn leave_one_out_blinds_the_bounds_of_the_left_out_experiment_only() {
+        let launch = *fit_param("calibration.host_launch_us_per_kernel").unwrap();
+        let blind = launch.without("A mbs2");
+        assert_eq!(
+            (blind.min, blind.max, blind.max_from),
+            (
+                KERNEL_LAUNCH_FLOOR_US,
+                KERNEL_LAUNCH_CEILING_US,
+                MaxFrom::Fixed
+            )
+        );
+        assert!(
+            !blind.bound_source.contains("6.070"),
+            "{}",
+            blind.bound_source
+        );
+        assert_eq!(launch.without("B"), launch);
+        let coll = *fit_param("calibration.host_launch_us_per_collective").unwrap();
+        assert_eq!(
+            (coll.without("B").min, coll.without("B").max),
+            (1.0, 1000.0)
+        );
+        assert_eq!(coll.without("A mbs2"), coll);
+        for p in FIT_PARAMS {
+            match p.blind {
+                Some(b) => {
+                    for e in b.experiments {
+                        let w = p.without(e);
+                        assert_eq!((w.min, w.max, w.bound_source), (b.min, b.max, b.source));
+                        assert_eq!(w.max_from, MaxFrom::Fixed);
+                    }
+                }
+                None => assert_eq!(p.without("B"), p),
+            }
+            assert_eq!(p.without("no such experiment"), p);
+        }
+    }
+
+    /// The shipped A3 profile's host constants lie in their public ranges; one outside is
+    /// reported with its value.
+    #[test]
+    fn a_host_constant_outside_its_public_range_is_reported() {
+        let mut profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        assert_eq!(outside_sourced_ranges(&profile), vec![]);
+        assert!(set(&mut profile, "calibration.host_d2h_sync_us", 500.0));
+        let out = outside_sourced_ranges(&profile);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].0.key, "calibration.host_d2h_sync_us");
+        assert_eq!(out[0].1, 500.0);
     }
 
     #[test]
