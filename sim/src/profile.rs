@@ -176,6 +176,12 @@ pub struct Calibration {
     pub copy_efficiency: f64,
     /// Host time to launch one kernel, microseconds (see [`crate::host_cost`]).
     pub host_launch_us_per_kernel: f64,
+    /// Host work per device kernel that no modelled op accounts for (Python model code,
+    /// autograd bookkeeping, CPU-only operators between launches), microseconds: a residual
+    /// the joint fit may set where a measured step is host-bound beyond the launches the
+    /// model charges (see [`crate::host_cost`]); 0 when absent.
+    #[serde(default)]
+    pub host_unmodelled_us_per_kernel: f64,
     /// Host time to launch one collective, microseconds.
     pub host_launch_us_per_collective: f64,
     /// Host time of one device -> host synchronisation call after the device has drained
@@ -496,6 +502,10 @@ impl HardwareProfile {
             (
                 "calibration.host_launch_us_per_kernel",
                 c.host_launch_us_per_kernel,
+            ),
+            (
+                "calibration.host_unmodelled_us_per_kernel",
+                c.host_unmodelled_us_per_kernel,
             ),
             (
                 "calibration.host_launch_us_per_collective",

@@ -424,11 +424,12 @@ fn json(
         })).collect::<Vec<_>>()),
         "tier_fits": tiers,
         "host": comparison.host.iter().map(|h| {
-            let [kernel_s, collective_s, sync_s, validation_s] = h.class_s();
+            let [kernel_s, unmodelled_s, collective_s, sync_s, validation_s] = h.class_s();
             json!({"experiment": h.experiment, "run": h.run, "kernels": h.totals.kernels,
                 "collectives": h.totals.collectives, "d2h_syncs": h.totals.d2h_syncs,
                 "validation_events": h.totals.validation_events,
-                "kernel_launch_s": kernel_s, "collective_launch_s": collective_s,
+                "kernel_launch_s": kernel_s, "unmodelled_per_kernel_s": unmodelled_s,
+                "collective_launch_s": collective_s,
                 "d2h_sync_s": sync_s, "validation_s": validation_s,
                 "host_busy_s": h.host_busy_s, "step_s": h.step_s})
         }).collect::<Vec<_>>(),

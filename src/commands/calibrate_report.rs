@@ -69,6 +69,7 @@ pub fn host_table(c: &hpfsdp_sim::calibration::Comparison) -> Table {
         "d2h syncs",
         "validation events",
         "kernel launch (s)",
+        "unmodelled per kernel (s)",
         "collective launch (s)",
         "d2h sync (s)",
         "validation (s)",

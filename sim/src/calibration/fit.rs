@@ -57,8 +57,12 @@ pub struct FittedParam {
 /// Labels of the fit's starts, in the order they run.
 pub const START_LABELS: [&str; 3] = ["profile", "mid-bounds", "host-bound"];
 
-/// Fraction of its upper bound the kernel launch cost starts at in the host-bound start.
+/// Fraction of its upper bound [`HOST_BOUND_START_KEY`] starts at in the host-bound start.
 pub const HOST_BOUND_START_FRACTION: f64 = 0.9;
+
+/// The constant the host-bound start raises: the unmodelled host work per kernel (the launch
+/// cost itself is confined to its public range, so a host-bound step can only come from it).
+pub const HOST_BOUND_START_KEY: &str = "calibration.host_unmodelled_us_per_kernel";
 
 /// Where one start of the fit began and ended.
 #[derive(Debug, Clone, PartialEq)]
@@ -185,7 +189,7 @@ fn start_points(params: &[FitParam], x0: &[f64], lo: &[f64], hi: &[f64]) -> Vec<
     let mid: Vec<f64> = lo.iter().zip(hi).map(|(l, h)| 0.5 * (l + h)).collect();
     let mut host = x0.to_vec();
     for (j, p) in params.iter().enumerate() {
-        if p.key == "calibration.host_launch_us_per_kernel" {
+        if p.key == HOST_BOUND_START_KEY {
             host[j] = (HOST_BOUND_START_FRACTION * p.max).ln().max(lo[j]);
         }
     }
