@@ -155,6 +155,7 @@ mod tests {
     fn each_class_costs_its_own_constant_and_validation_events_only_in_validation_mode() {
         let mut p = HardwareProfile::builtin("ascend-910c-a3").unwrap();
         p.calibration.host_launch_us_per_kernel = 4.0;
+        p.calibration.host_unmodelled_us_per_kernel = 1.0;
         p.calibration.host_launch_us_per_collective = 50.0;
         p.calibration.host_d2h_sync_us = 20.0;
         p.calibration.validation_us_per_cpu_event = 7.0;
@@ -166,8 +167,9 @@ mod tests {
         let prog = b.build().unwrap();
         let prod = HostCosts::of(&p, false);
         let val = HostCosts::of(&p, true);
-        assert_eq!(prod.op_ns(&prog.ops[k.index()]), 12_000);
-        assert_eq!(val.op_ns(&prog.ops[k.index()]), 12_000 + 70_000);
+        // Three kernels at 4 us launch + 1 us unmodelled host work each.
+        assert_eq!(prod.op_ns(&prog.ops[k.index()]), 15_000);
+        assert_eq!(val.op_ns(&prog.ops[k.index()]), 15_000 + 70_000);
         assert_eq!(prod.op_ns(&prog.ops[free.index()]), 1_000);
         assert_eq!(prod.op_ns(&prog.ops[sync.index()]), 21_000);
         let t = HostTotals::of(prog.ops.iter());
@@ -175,6 +177,6 @@ mod tests {
             (t.kernels, t.collectives, t.d2h_syncs, t.validation_events),
             (3, 0, 1, 10)
         );
-        assert!((t.host_s(&val) - (12.0 + 20.0 + 70.0) * 1e-6).abs() < 1e-12);
+        assert!((t.host_s(&val) - (15.0 + 20.0 + 70.0) * 1e-6).abs() < 1e-12);
     }
 }

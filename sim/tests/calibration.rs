@@ -186,23 +186,23 @@ mod joint_fit {
         );
     }
 
-    /// The kernel launch cost's upper bound is the tighter of its public ceiling and the
+    /// The unmodelled host work's upper bound is the tighter of its fixed ceiling and the
     /// measured exp-A step over the MODEL's exp-A launches, every start is reported, and the
     /// host-bound start begins at 90% of that bound. Cheap: one constant, exp A only, two
     /// iterations per start.
     #[test]
-    fn the_launch_bound_counts_the_models_launches_and_every_start_is_reported() {
+    fn the_host_bound_counts_the_models_launches_and_every_start_is_reported() {
         use hpfsdp_sim::calibration::fit::{HOST_BOUND_START_FRACTION, START_LABELS};
         let set_all = CalibrationSet::load(root()).unwrap();
         let start = a3();
-        let param = *fit_param("calibration.host_launch_us_per_kernel").unwrap();
+        let param = *fit_param("calibration.host_unmodelled_us_per_kernel").unwrap();
         let c = set_all.compare(&start).unwrap();
         let launches: f64 = [Figure::DeviceKernels, Figure::Collectives]
             .iter()
             .map(|f| c.row("production mode", *f).unwrap().predicted)
             .sum();
         let resolved = param.resolved(&c);
-        // The tighter of the public ceiling and the measured step over the model's launches.
+        // The tighter of the fixed ceiling and the measured step over the model's launches.
         assert!(
             (resolved.max - param.max.min(6.070e6 / launches)).abs() < 1e-9,
             "{resolved:?}"
@@ -255,10 +255,11 @@ mod joint_fit {
     }
 
     /// The finding the public launch bounds make (README "Cost model", Host): even at the
-    /// public ceiling of an eager launch (32.5 us per kernel) the model's exp-A step stays
-    /// more than its 10% tolerance short of the measured 6.070 s, so exp A's host-bound time
-    /// is host work the model does not issue, not launch cost. When the model gains that
-    /// work this test fails: then the fit should land inside the public range instead.
+    /// public ceiling of an eager launch (32.5 us per kernel) and without the fitted
+    /// unmodelled host work, the model's exp-A step stays more than its 10% tolerance short
+    /// of the measured 6.070 s, so exp A's host-bound time is host work the model does not
+    /// issue, not launch cost (hence `host_unmodelled_us_per_kernel`). When the model gains
+    /// that work this test fails: then the residual should fit near its floor.
     #[test]
     fn the_public_launch_ceiling_leaves_experiment_a_short_of_its_measured_step() {
         use hpfsdp_sim::calibration::params::KERNEL_LAUNCH_CEILING_US;
@@ -268,6 +269,11 @@ mod joint_fit {
             &mut at_ceiling,
             "calibration.host_launch_us_per_kernel",
             KERNEL_LAUNCH_CEILING_US,
+        );
+        set(
+            &mut at_ceiling,
+            "calibration.host_unmodelled_us_per_kernel",
+            0.0,
         );
         let a = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "A mbs2";
         let c = set_all.compare_where(&at_ceiling, a).unwrap();
@@ -281,17 +287,21 @@ mod joint_fit {
     }
 
     /// Experiment B is device-bound: its step times move by less than 1% (a tenth of their
-    /// tolerance) when the kernel launch cost goes from 5 to 100 us (host busy ~1.7 s against
-    /// a ~2.8 s device step; only the launches between the Muon optimizer's 28 strictly
-    /// ordered gather / NS / relay batches reach the critical path, +0.4% on HyperParallel),
-    /// so a host-bound exp-A solution costs exp B next to nothing.
+    /// tolerance) when the host time per kernel goes from 5 us to the shipped profile's
+    /// (launch plus unmodelled host work, ~115 us: host busy ~1.8 s against a ~2.6 s device
+    /// step; only the launches between the Muon optimizer's 28 strictly ordered gather / NS /
+    /// relay batches reach the critical path), so the host-bound exp-A solution costs exp B
+    /// next to nothing.
     #[test]
-    fn experiment_b_is_insensitive_to_the_kernel_launch_cost_up_to_100_us() {
+    fn experiment_b_is_insensitive_to_the_host_cost_per_kernel() {
         let set_all = CalibrationSet::load(root()).unwrap();
         let mut low = a3();
         set(&mut low, "calibration.host_launch_us_per_kernel", 5.0);
-        let mut high = a3();
-        set(&mut high, "calibration.host_launch_us_per_kernel", 100.0);
+        set(&mut low, "calibration.host_unmodelled_us_per_kernel", 0.0);
+        let high = a3();
+        let per_kernel = get(&high, "calibration.host_launch_us_per_kernel").unwrap()
+            + get(&high, "calibration.host_unmodelled_us_per_kernel").unwrap();
+        assert!(per_kernel > 100.0, "shipped host cost per kernel {per_kernel} us");
         let b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
         let (cl, ch) = (
             set_all.compare_where(&low, b).unwrap(),
@@ -304,7 +314,7 @@ mod joint_fit {
             );
             assert!(
                 (h / l - 1.0).abs() < 1e-2,
-                "{run}: {l} s at 5 us, {h} s at 100 us"
+                "{run}: {l} s at 5 us, {h} s at {per_kernel} us"
             );
         }
     }

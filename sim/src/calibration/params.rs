@@ -393,11 +393,17 @@ mod tests {
             "pypto/issues/1919",
             "8.6 us",
             "32.5 us",
-            "6.070 s",
             "torch_npu 2.8.0, CANN 8.5.0",
         ] {
             assert!(launch.bound_source.contains(needle), "missing {needle}");
         }
+        // What a host-bound step wants beyond the launch goes to the named residual, whose
+        // ceiling is the measured exp-A step over the model's launches.
+        let residual = fit_param("calibration.host_unmodelled_us_per_kernel").unwrap();
+        for needle in ["RESIDUAL", "6.070 s", "MODEL's rank-0"] {
+            assert!(residual.bound_source.contains(needle), "missing {needle}");
+        }
+        assert!(matches!(residual.max_from, MaxFrom::ModelLaunches { .. }));
         assert_eq!(
             (launch.min, launch.max),
             (KERNEL_LAUNCH_FLOOR_US, KERNEL_LAUNCH_CEILING_US)
