@@ -351,7 +351,7 @@ impl<'a, 'c> Hp<'a, 'c> {
             } else if info.placed.iter().all(Option::is_none) {
                 k.clear();
             }
-            (k, "pub.copy_in")
+            (k, ("pub", "copy_in"))
         } else {
             let shards: Vec<&ParamFsdp> = info
                 .params
@@ -362,17 +362,20 @@ impl<'a, 'c> Hp<'a, 'c> {
                 .collect();
             let elems = shards.iter().map(|p| p.padded_shard_numel).sum();
             let k = hp_mixed_precision::param_cast(elems, shards.len() as u32, master, pd);
-            (k.into_iter().collect(), "ag.cast")
+            (k.into_iter().collect(), ("ag", "cast"))
         };
         if kernels.is_empty() {
             return None;
         }
+        // `<unit>.pub.copy_in`, `<unit>.ag.bwd.cast`...: the phase sits before the last part so
+        // that names ending in `.bwd` stay the backward compute and collectives.
         let phase = if bwd { ".bwd" } else { "" };
-        let name = format!("{}.{label}{phase}", short(&self.e.ctx.fsdp.units[u].name));
+        let unit = short(&self.e.ctx.fsdp.units[u].name);
+        let name = format!("{unit}.{}{phase}.{}", label.0, label.1);
         let deps = self.e.issue_point();
         Some(
             self.e
-                .compute_kernels(Stream::Compute, Category::FsdpAg, &kernels, &deps, &name),
+                .compute_kernels(Stream::Compute, Category::Copy, &kernels, &deps, &name),
         )
     }
 
@@ -1068,7 +1071,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let deps = self.e.issue_point();
         Some(
             self.e
-                .compute_kernels(Stream::Compute, Category::FsdpRs, &[k], &deps, &name),
+                .compute_kernels(Stream::Compute, Category::Copy, &[k], &deps, &name),
         )
     }
 
@@ -1105,7 +1108,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let name = format!("{}.{label}", short(&self.e.ctx.fsdp.units[u].name));
         let deps = self.e.issue_point();
         self.e
-            .compute_kernels(Stream::Compute, Category::FsdpRs, &kernels, &deps, &name);
+            .compute_kernels(Stream::Compute, Category::Copy, &kernels, &deps, &name);
     }
 
     /// After the last micro-batch: wait every fused all-reduce, then split and divide by the
