@@ -52,7 +52,13 @@
 //!   program IR has no reduce kind; HCCL's A3 reduce and broadcast both move `2 (p-1)/p n`
 //!   per rank, `sim/src/cost.rs`). DMuon reduces per matrix; MatrixFSDP, as its
 //!   `reduce_owner_rank_chunks_1d_async` does, once per owner rank of the unit
-//!   (`Hp::matrixfsdp_owner_reduces`). The owner holds the full master parameter and receives
+//!   (`Hp::matrixfsdp_owner_reduces`), and publishes once per owner rank of the unit
+//!   (`Hp::matrixfsdp_publications`), with its flat buffer's casts and copies around both
+//!   (`strategy::muon::matrixfsdp_buffers`).
+//! - **Mixed precision** (5.2, 5.6; `strategy::hp_mixed_precision`): with a master dtype
+//!   unlike `param_dtype`, one cast per all-gathered shard before the unit's all-gathers;
+//!   with `param_dtype` unlike the reduce dtype, one cast per gradient before the unit's
+//!   reduce-scatters (one compute op per unit each). The owner holds the full master parameter and receives
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
