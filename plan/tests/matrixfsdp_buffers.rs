@@ -9,12 +9,14 @@
 //! - it casts every gradient of the unit to f32, then zeroes and packs the compact owner
 //!   workspace, before the per-owner reduces read it (`collect_grad_bucket`,
 //!   `_fill_compact_owner_reduce_scatter_input`);
+//! - every unit with owner-placed matrices keeps its f32 compact workspace resident across
+//!   steps (`ElasticParamBuffer.acquire_persistent_rank_chunk_workspace`);
 //! - the owner divides its chunk and copies it out once the reduces are waited
 //!   (`reduce_owner_rank_chunks_1d_async`), nothing on a rank that owns nothing of the unit;
 //! - HyperParallel casts each all-gathered shard from the FP32 master and each gradient to the
 //!   reduce dtype (notes `hyper-parallel.md` 5.2, 5.6), and casts nothing in bf16-only exp B.
 
-use hpfsdp_plan::program::{Payload, StepProgram};
+use hpfsdp_plan::program::{MemTag, Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 use std::collections::HashMap;
@@ -137,6 +139,7 @@ fn matrixfsdp_packs_its_gradient_bucket_and_settles_owned_chunks() {
     let mut settled = 0;
     for rank in [0usize, 7] {
         let p = program(&x, OptimizerStrategy::MatrixFsdp, rank);
+        let mut workspaces = 0u64;
         for l in 0..layers {
             let lc = layer_comm(&p, l);
             // Whole-gradient elements of the layer and its sharded parameters (7 matrices and
@@ -146,6 +149,7 @@ fn matrixfsdp_packs_its_gradient_bucket_and_settles_owned_chunks() {
             let pack = find(&p, &format!("layers.{l}.grad.pack")).expect("bucket packing");
             assert_eq!(mix_totals(&p, cast), (11, 6 * full), "layer {l}");
             assert_eq!(mix_totals(&p, pack), (1 + 11, 12 * full), "layer {l}");
+            workspaces += 4 * full;
             assert!(cast < pack);
             // The previous unit (layer l + 1) is settled between the casts and the packing.
             if let Some(prev) = find(&p, &format!("layers.{}.reduce.settle", l + 1)) {
@@ -169,6 +173,15 @@ fn matrixfsdp_packs_its_gradient_bucket_and_settles_owned_chunks() {
                 None => assert_eq!(owned, 0, "rank {rank} layer {l}: owned chunk unsettled"),
             }
         }
+        // Each layer's persistent compact f32 workspace (the whole layer's numel) stays
+        // resident across steps.
+        let resident: u64 = p
+            .resident
+            .iter()
+            .filter(|r| r.tag == MemTag::Buffers)
+            .map(|r| r.bytes)
+            .sum();
+        assert_eq!(resident, workspaces, "rank {rank}: persistent workspaces");
     }
     assert!(settled > 0);
 }

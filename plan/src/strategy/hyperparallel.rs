@@ -816,6 +816,10 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
         let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
         hp.e.resident(MemTag::Params, master_elems * o.master_dtype.bytes());
+        let workspaces = hp.matrixfsdp_workspace_bytes();
+        if workspaces > 0 {
+            hp.e.resident(MemTag::Buffers, workspaces);
+        }
         if !ctx.opt.strategy.is_muon() {
             hp.e.resident(
                 MemTag::Optimizer,
@@ -1087,7 +1091,8 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
     /// sharded gradient of the unit to the reduce dtype
     /// ([`matrixfsdp_buffers::reduce_cast`]), `pack = true` the workspace's `zero_` and one
     /// copy per gradient into it ([`matrixfsdp_buffers::reduce_pack`]), which the owner
-    /// reductions then read.
+    /// reductions then read (the persistent workspace is resident memory, see
+    /// [`Hp::matrixfsdp_workspace_bytes`]).
     fn matrixfsdp_bucket(&mut self, u: usize, pack: bool) {
         let o = &self.e.ctx.opts;
         let (pd, rd) = (o.param_dtype, o.reduce_dtype);
@@ -1115,6 +1120,31 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let deps = self.e.issue_point();
         self.e
             .compute_kernels(Stream::Compute, Category::Copy, &kernels, &deps, &name);
+    }
+
+    /// MatrixFSDP's persistent compact gradient workspaces on this rank: a unit with
+    /// owner-placed matrices packs its reduce-dtype gradients into
+    /// `ElasticParamBuffer.acquire_persistent_rank_chunk_workspace` (`flat_buffer.py`
+    /// `start_reduce_grad_bucket_to_local_shard_with_stats`), one workspace per unit of the
+    /// unit's whole numel, allocated at its first use and kept across steps (released leases
+    /// are only marked free), so in the steady state they are all resident. Units without
+    /// placed matrices pack into a transient padded workspace (not counted). 0 for other
+    /// optimizers.
+    fn matrixfsdp_workspace_bytes(&self) -> u64 {
+        if !reduces_per_owner(self.e.ctx) {
+            return 0;
+        }
+        self.units
+            .iter()
+            .filter(|u| u.placed.iter().any(Option::is_some))
+            .map(|u| {
+                u.params
+                    .iter()
+                    .filter(|p| sharded(p))
+                    .map(|p| p.reduce_scatter.bytes_in_per_rank)
+                    .sum::<u64>()
+            })
+            .sum()
     }
 
     /// After the last micro-batch: wait every fused all-reduce, then split and divide by the
