@@ -1,16 +1,19 @@
 //! The mixed-precision casts of HyperParallel's per-parameter FSDP (`fully_shard`, Torch
-//! backend, `TorchHSDPParamV2`; notes `hyper-parallel.md` 5.2 and 5.6) when the master,
-//! parameter and reduce dtypes differ. Both run on the compute stream, per parameter:
+//! backend, `TorchHSDPParamV2` in `hyper_parallel/platform/torch/fully_shard/param.py`;
+//! notes `hyper-parallel.md` 5.2 and 5.6) when the master, parameter and reduce dtypes
+//! differ. Both run on the compute stream, per parameter:
 //!
-//! - **parameter cast** ([`param_cast`]): with `param_dtype` unlike the master dtype the
-//!   all-gather input is the local shard cast to `param_dtype` ("a `param_dtype` cast
-//!   creates a new communication input, which breaks zero-copy", 5.6), one cast kernel per
-//!   parameter per unshard over its padded shard;
-//! - **gradient cast** ([`grad_cast`]): `reduce_scatter_grad()` casts the unsharded gradient
-//!   (computed in `param_dtype`) to the reduce dtype before `reduce_scatter_tensor` (5.2),
-//!   one cast kernel per parameter over the whole gradient.
+//! - **parameter cast** ([`param_cast`]): `all_gather_inputs` returns
+//!   `sharded_param_data.to(self.param_dtype)` when `param_dtype` is unlike the master dtype
+//!   ("a `param_dtype` cast creates a new communication input, which breaks zero-copy",
+//!   5.6), one cast kernel per parameter per unshard over its padded shard;
+//! - **gradient cast** ([`grad_cast`]): `reduce_scatter_grad()` runs `grad.to(reduce_dtype)`
+//!   on the unsharded gradient (computed in `param_dtype`) before `reduce_scatter_tensor`
+//!   (5.2), one cast kernel per parameter over the whole gradient.
 //!
-//! With one dtype throughout (experiments A and B) neither exists.
+//! With one dtype throughout (experiments A and B) neither exists. Not modelled:
+//! `apply_reduced_grad`'s cast of the reduced shard back to the parameter's dtype when the
+//! reduce dtype is wider (bf16 master, f32 reduction), one kernel over the 1/S shard.
 
 use crate::DType;
 use crate::kernel::KernelWork;
