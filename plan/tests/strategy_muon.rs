@@ -718,9 +718,17 @@ fn dmuon_republishes_after_the_recompute_forward() {
                 assert!(norms_bwd.iter().all(|&i| !after_recompute(i)));
             }
             _ => {
+                // MatrixFSDP publishes per owner (`<unit>.pub.o<owner>.bwd`,
+                // `broadcast_rank_segments_1d_into_async`): one broadcast per distinct owner
+                // of the layer's seven matrices.
+                let per_owner: Vec<usize> = named(".bwd")
+                    .into_iter()
+                    .filter(|&i| p.ops[i].name.as_deref().unwrap().contains(".pub.o"))
+                    .collect();
                 assert!(named(".pub.recompute").is_empty(), "{o}");
-                assert_eq!(pub_bwd.len(), 7, "{o}");
-                assert!(pub_bwd.iter().all(|&i| !after_recompute(i)), "{o}");
+                assert!(pub_bwd.is_empty(), "{o}: no per-matrix publication");
+                assert!((1..=7).contains(&per_owner.len()), "{o}: {per_owner:?}");
+                assert!(per_owner.iter().all(|&i| !after_recompute(i)), "{o}");
             }
         }
     }

@@ -52,14 +52,21 @@
 //!   program IR has no reduce kind; HCCL's A3 reduce and broadcast both move `2 (p-1)/p n`
 //!   per rank, `sim/src/cost.rs`). DMuon reduces per matrix; MatrixFSDP, as its
 //!   `reduce_owner_rank_chunks_1d_async` does, once per owner rank of the unit
-//!   (`Hp::matrixfsdp_owner_reduces`). The owner holds the full master parameter and receives
+//!   (`Hp::matrixfsdp_owner_reduces`), and publishes once per owner rank of the unit
+//!   (`Hp::matrixfsdp_publications`), with its flat buffer's casts and copies around both
+//!   (`strategy::muon::matrixfsdp_buffers`).
+//! - **Mixed precision** (5.2, 5.6; `strategy::hp_mixed_precision`): with a master dtype
+//!   unlike `param_dtype`, one cast per all-gathered shard before the unit's all-gathers;
+//!   with `param_dtype` unlike the reduce dtype, one cast per gradient before the unit's
+//!   reduce-scatters (one compute op per unit each). The owner holds the full master parameter and receives
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
 use super::avg_division;
 use super::compute::Stage;
 use super::emit::{self, Emitter, backward_with_recompute, forward_activations};
-use super::muon::{self, OptimizerStrategy, RankView};
+use super::hp_mixed_precision;
+use super::muon::{self, OptimizerStrategy, RankView, matrixfsdp_buffers};
 use super::optimizer::optimizer_step;
 use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
@@ -270,10 +277,19 @@ impl<'a, 'c> Hp<'a, 'c> {
         republish: bool,
     ) -> Option<OpId> {
         let pd = self.e.ctx.opts.param_dtype;
+        let per_owner = reduces_per_owner(self.e.ctx);
+        let copy_in = if republish {
+            None
+        } else {
+            self.publication_copy_in(u, bwd)
+        };
+        let deps: Vec<OpId> = copy_in.map_or_else(|| deps.to_vec(), |op| vec![op]);
+        let deps = deps.as_slice();
         let mut last = None;
         for (pi, p) in self.units[u].params.iter().enumerate() {
             let placed = self.units[u].placed[pi].is_some();
-            if !sharded(p) || (republish && !placed) {
+            // MatrixFSDP publishes its placed matrices per owner (`matrixfsdp_publications`).
+            if !sharded(p) || (republish && !placed) || (per_owner && placed) {
                 continue;
             }
             let (shard, _) = domain_groups(p.domain);
@@ -312,6 +328,109 @@ impl<'a, 'c> Hp<'a, 'c> {
                 if !republish {
                     self.e.alloc(op, MemTag::Params, full);
                 }
+                last = Some(op);
+            }
+        }
+        if per_owner && !republish {
+            last = self.matrixfsdp_publications(u, bwd, deps).or(last);
+        }
+        last
+    }
+
+    /// The compute-stream work before unit `u`'s publication (returns its op, `None` when
+    /// there is none). MatrixFSDP (`flat_buffer.py` `start_all_gather_full_params`,
+    /// `collectives.py` `broadcast_rank_segments_1d_into_async`): the cast of the rank's
+    /// whole local shard of the unit to the parameter dtype and its copy into the full
+    /// buffer ([`matrixfsdp_buffers::publication_copy_in`]). Otherwise HyperParallel's
+    /// per-parameter cast of the shards it all-gathers when the master dtype differs
+    /// ([`hp_mixed_precision::param_cast`]; DMuon's publications are not sourced for it).
+    fn publication_copy_in(&mut self, u: usize, bwd: bool) -> Option<OpId> {
+        let o = &self.e.ctx.opts;
+        let (master, pd) = (o.master_dtype, o.param_dtype);
+        let info = &self.units[u];
+        let (kernels, label) = if reduces_per_owner(self.e.ctx) {
+            // A unit without owner-placed matrices takes `all_gather_equal_1d_into_async`,
+            // which gathers straight into the full buffer: only the cast.
+            let mut k = matrixfsdp_buffers::publication_copy_in(info.master_elems, master, pd);
+            if info.placed.iter().all(Option::is_none) && master != pd {
+                k.truncate(1);
+            } else if info.placed.iter().all(Option::is_none) {
+                k.clear();
+            }
+            (k, ("pub", "copy_in"))
+        } else {
+            let shards: Vec<&ParamFsdp> = info
+                .params
+                .iter()
+                .zip(&info.placed)
+                .filter(|(p, pl)| pl.is_none() && sharded(p))
+                .map(|(p, _)| *p)
+                .collect();
+            let elems = shards.iter().map(|p| p.padded_shard_numel).sum();
+            let k = hp_mixed_precision::param_cast(elems, shards.len() as u32, master, pd);
+            (k.into_iter().collect(), ("ag", "cast"))
+        };
+        if kernels.is_empty() {
+            return None;
+        }
+        // `<unit>.pub.copy_in`, `<unit>.ag.bwd.cast`...: the phase sits before the last part so
+        // that names ending in `.bwd` stay the backward compute and collectives.
+        let phase = if bwd { ".bwd" } else { "" };
+        let unit = short(&self.e.ctx.fsdp.units[u].name);
+        let name = format!("{unit}.{}{phase}.{}", label.0, label.1);
+        let deps = self.e.issue_point();
+        Some(
+            self.e
+                .compute_kernels(Stream::Compute, Category::Copy, &kernels, &deps, &name),
+        )
+    }
+
+    /// The placed parameters of unit `u`, grouped by (data domain, owner position), owners
+    /// ascending.
+    fn owner_groups(&self, u: usize) -> std::collections::BTreeMap<(usize, usize), Vec<usize>> {
+        let mut by_owner: std::collections::BTreeMap<(usize, usize), Vec<usize>> =
+            std::collections::BTreeMap::new();
+        for (pi, p) in self.units[u].params.iter().enumerate() {
+            if let (true, Some(owner)) = (sharded(p), self.units[u].owners[pi]) {
+                let d = Ctx::domain_index(p.domain);
+                by_owner.entry((d, owner)).or_default().push(pi);
+            }
+        }
+        by_owner
+    }
+
+    /// MatrixFSDP's publication of unit `u`'s placed matrices as
+    /// `broadcast_rank_segments_1d_into_async` issues it: the owner segments are coalesced
+    /// per source rank (`coalesce_rank_segments`; a compact owner layout makes each owner's
+    /// matrices of the unit one segment), then **one `dist.broadcast` per owner** in
+    /// ascending source order, carrying all of that owner's matrices of the unit. Returns
+    /// the last broadcast.
+    fn matrixfsdp_publications(&mut self, u: usize, bwd: bool, deps: &[OpId]) -> Option<OpId> {
+        let pd = self.e.ctx.opts.param_dtype;
+        let unit = short(&self.e.ctx.fsdp.units[u].name).to_string();
+        let phase = if bwd { ".bwd" } else { "" };
+        let mut last = None;
+        for ((_, owner), pis) in self.owner_groups(u) {
+            let params: Vec<&ParamFsdp> = pis.iter().map(|&pi| self.units[u].params[pi]).collect();
+            let full: u64 = params.iter().map(|p| p.all_gather.bytes_out_per_rank).sum();
+            let spec = CollSpec {
+                kind: crate::CollectiveKind::Broadcast,
+                input_bytes: full,
+                output_bytes: full,
+            };
+            let (shard, _) = domain_groups(params[0].domain);
+            let name = format!("{unit}.pub.o{owner}{phase}");
+            if let Some(op) = self.e.collective(
+                emit::shard_group_stream(params[0].domain),
+                Category::FsdpAg,
+                shard,
+                spec,
+                pd,
+                true,
+                deps,
+                &name,
+            ) {
+                self.e.alloc(op, MemTag::Params, full);
                 last = Some(op);
             }
         }
@@ -360,14 +479,7 @@ impl<'a, 'c> Hp<'a, 'c> {
     /// `sim/src/cost.rs`). Returns (parameter, op) for each placed parameter.
     fn matrixfsdp_owner_reduces(&mut self, u: usize, m: u64, deps: &[OpId]) -> Vec<(usize, OpId)> {
         let rd = self.e.ctx.opts.reduce_dtype;
-        let mut by_owner: std::collections::BTreeMap<(usize, usize), Vec<usize>> =
-            std::collections::BTreeMap::new();
-        for (pi, p) in self.units[u].params.iter().enumerate() {
-            if let (true, Some(owner)) = (sharded(p), self.units[u].owners[pi]) {
-                let d = Ctx::domain_index(p.domain);
-                by_owner.entry((d, owner)).or_default().push(pi);
-            }
-        }
+        let by_owner = self.owner_groups(u);
         let unit = short(&self.e.ctx.fsdp.units[u].name).to_string();
         let mut out = Vec::new();
         for ((_, owner), pis) in by_owner {
@@ -421,10 +533,22 @@ impl<'a, 'c> Hp<'a, 'c> {
         let prev = std::mem::take(&mut self.prev_rs);
         self.rs_done.clear();
         let Some(u) = self.prev_unit else { return };
+        let per_owner = reduces_per_owner(self.e.ctx);
+        let mut owner_done: Vec<OpId> = Vec::new();
+        let mut owned_elems = 0u64;
         for (pi, done) in prev {
             let p = self.units[u].params[pi];
             let placed = self.units[u].placed[pi];
             let out = grad_out(p, placed);
+            if per_owner && placed.is_some() {
+                // MatrixFSDP settles the unit's owner reductions together (below).
+                self.rs_done.push(done);
+                if !owner_done.contains(&done) {
+                    owner_done.push(done);
+                }
+                owned_elems += out / rd.bytes();
+                continue;
+            }
             let elems = out / rd.bytes();
             let (div_kernels, div_hbm) = match placed {
                 Some(_) if last_mb => (1u32, 2 * out),
@@ -449,8 +573,35 @@ impl<'a, 'c> Hp<'a, 'c> {
                 &format!("{}.settle", short(&p.name)),
             );
         }
+        if !owner_done.is_empty() {
+            self.matrixfsdp_settle(u, owned_elems, accumulate, &owner_done);
+        }
         let done = self.rs_done.clone();
         self.e.wait_for(&done);
+    }
+
+    /// MatrixFSDP's settle of unit `u`'s owner reductions once they are waited
+    /// (`reduce_owner_rank_chunks_1d_async`'s `wait()`): the division of the rank's own chunk
+    /// of `owned_elems` elements and its copy into the local gradient shard
+    /// ([`matrixfsdp_buffers::reduce_settle`]), then on later micro-batches the add into the
+    /// gradient held so far (`accumulate_local_grad_shard`: `existing.add_`). Nothing on a
+    /// rank that owns nothing of the unit.
+    fn matrixfsdp_settle(&mut self, u: usize, owned_elems: u64, accumulate: bool, deps: &[OpId]) {
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let mut kernels = matrixfsdp_buffers::reduce_settle(owned_elems, rd);
+        if accumulate && owned_elems > 0 {
+            kernels.push(crate::kernel::KernelWork::memory_bound(
+                1,
+                owned_elems,
+                3 * rd.bytes() * owned_elems,
+            ));
+        }
+        if kernels.is_empty() {
+            return;
+        }
+        let name = format!("{}.reduce.settle", short(&self.e.ctx.fsdp.units[u].name));
+        self.e
+            .compute_kernels(Stream::Compute, Category::FsdpRs, &kernels, deps, &name);
     }
 
     fn all_reduce_prev(&mut self) {
@@ -665,6 +816,10 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let shard_elems: u64 = hp.units.iter().map(|u| u.shard_elems).sum();
         let master_elems: u64 = hp.units.iter().map(|u| u.master_elems).sum();
         hp.e.resident(MemTag::Params, master_elems * o.master_dtype.bytes());
+        let workspaces = hp.matrixfsdp_workspace_bytes();
+        if workspaces > 0 {
+            hp.e.resident(MemTag::Buffers, workspaces);
+        }
         if !ctx.opt.strategy.is_muon() {
             hp.e.resident(
                 MemTag::Optimizer,
@@ -800,11 +955,19 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
     /// exist: settle the previous unit's reduce-scatters, issue `u`'s, then the previous
     /// unit's fused all-reduce (last micro-batch only).
     fn post_backward(&mut self, u: usize, m: u64, last_mb: bool) {
+        let per_owner = reduces_per_owner(self.e.ctx);
+        // MatrixFSDP's `collect_grad_bucket` casts the unit's gradients before the scheduler
+        // waits the previous unit's reductions (`before_backward_reduce`).
+        if per_owner {
+            self.matrixfsdp_bucket(u, false);
+        }
         // Steps 1 and 2: wait and settle the previous unit's reduce-scatters.
         self.settle_prev(last_mb, m > 0);
-        // Step 3: this unit's reduce-scatters.
+        // Step 3: this unit's reduce-scatters (MatrixFSDP: after packing its bucket).
+        if per_owner {
+            self.matrixfsdp_bucket(u, true);
+        }
         let deps = self.e.issue_point();
-        let per_owner = reduces_per_owner(self.e.ctx);
         let mut rs_ops = self.reduce_scatters(u, m, &deps, per_owner);
         if per_owner {
             rs_ops.extend(self.matrixfsdp_owner_reduces(u, m, &deps));
@@ -836,6 +999,9 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         deps: &[OpId],
         per_owner: bool,
     ) -> Vec<(usize, OpId)> {
+        let cast = if per_owner { None } else { self.grad_casts(u) };
+        let deps: Vec<OpId> = cast.map_or_else(|| deps.to_vec(), |op| vec![op]);
+        let deps = deps.as_slice();
         let o = &self.e.ctx.opts;
         let rd = o.reduce_dtype;
         let mut rs_ops = Vec::new();
@@ -889,6 +1055,96 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             }
         }
         rs_ops
+    }
+
+    /// HyperParallel's `reduce_scatter_grad()` casts of unit `u`'s unplaced sharded
+    /// gradients to the reduce dtype ([`hp_mixed_precision::grad_cast`]), one compute op
+    /// before the unit's reduce-scatters; `None` when the dtypes agree. (DMuon's owner
+    /// reductions are not sourced for a cast.)
+    fn grad_casts(&mut self, u: usize) -> Option<OpId> {
+        let o = &self.e.ctx.opts;
+        let (pd, rd) = (o.param_dtype, o.reduce_dtype);
+        let info = &self.units[u];
+        let grads: Vec<&ParamFsdp> = info
+            .params
+            .iter()
+            .zip(&info.placed)
+            .filter(|(p, pl)| pl.is_none() && sharded(p))
+            .map(|(p, _)| *p)
+            .collect();
+        let elems = grads
+            .iter()
+            .map(|p| p.reduce_scatter.bytes_in_per_rank / rd.bytes())
+            .sum();
+        let k = hp_mixed_precision::grad_cast(elems, grads.len() as u32, pd, rd)?;
+        let name = format!("{}.rs.cast", short(&self.e.ctx.fsdp.units[u].name));
+        let deps = self.e.issue_point();
+        Some(
+            self.e
+                .compute_kernels(Stream::Compute, Category::Copy, &[k], &deps, &name),
+        )
+    }
+
+    /// MatrixFSDP's gradient bucket of unit `u` on the compute stream
+    /// (`flat_buffer.py`, `collect_grad_bucket` then
+    /// `_fill_compact_owner_reduce_scatter_input`): `pack = false` emits the casts of every
+    /// sharded gradient of the unit to the reduce dtype
+    /// ([`matrixfsdp_buffers::reduce_cast`]), `pack = true` the workspace's `zero_` and one
+    /// copy per gradient into it ([`matrixfsdp_buffers::reduce_pack`]), which the owner
+    /// reductions then read (the persistent workspace is resident memory, see
+    /// [`Hp::matrixfsdp_workspace_bytes`]).
+    fn matrixfsdp_bucket(&mut self, u: usize, pack: bool) {
+        let o = &self.e.ctx.opts;
+        let (pd, rd) = (o.param_dtype, o.reduce_dtype);
+        let grads: Vec<&ParamFsdp> = self.units[u]
+            .params
+            .iter()
+            .copied()
+            .filter(|p| sharded(p))
+            .collect();
+        let elems: u64 = grads
+            .iter()
+            .map(|p| p.reduce_scatter.bytes_in_per_rank / rd.bytes())
+            .sum();
+        let n = grads.len() as u32;
+        let (kernels, label) = if pack {
+            (matrixfsdp_buffers::reduce_pack(elems, n, rd), "grad.pack")
+        } else {
+            let k = matrixfsdp_buffers::reduce_cast(elems, n, pd, rd);
+            (k.into_iter().collect(), "grad.cast")
+        };
+        if kernels.is_empty() {
+            return;
+        }
+        let name = format!("{}.{label}", short(&self.e.ctx.fsdp.units[u].name));
+        let deps = self.e.issue_point();
+        self.e
+            .compute_kernels(Stream::Compute, Category::Copy, &kernels, &deps, &name);
+    }
+
+    /// MatrixFSDP's persistent compact gradient workspaces on this rank: a unit with
+    /// owner-placed matrices packs its reduce-dtype gradients into
+    /// `ElasticParamBuffer.acquire_persistent_rank_chunk_workspace` (`flat_buffer.py`
+    /// `start_reduce_grad_bucket_to_local_shard_with_stats`), one workspace per unit of the
+    /// unit's whole numel, allocated at its first use and kept across steps (released leases
+    /// are only marked free), so in the steady state they are all resident. Units without
+    /// placed matrices pack into a transient padded workspace (not counted). 0 for other
+    /// optimizers.
+    fn matrixfsdp_workspace_bytes(&self) -> u64 {
+        if !reduces_per_owner(self.e.ctx) {
+            return 0;
+        }
+        self.units
+            .iter()
+            .filter(|u| u.placed.iter().any(Option::is_some))
+            .map(|u| {
+                u.params
+                    .iter()
+                    .filter(|p| sharded(p))
+                    .map(|p| p.reduce_scatter.bytes_in_per_rank)
+                    .sum::<u64>()
+            })
+            .sum()
     }
 
     /// After the last micro-batch: wait every fused all-reduce, then split and divide by the

@@ -12,7 +12,9 @@
 //!   `matrix_collective_backend = "owner_broadcast"` (`matrix_fsdp/api.py`):
 //!   - **publication**: the unit's all-gather becomes `broadcast_rank_segments_1d_into_async`
 //!     (`runtime/collectives.py`), one async `dist.broadcast` of each owner's whole-matrix
-//!     segment from its owner, on the unit's process group. On Ascend that is HCCL's
+//!     segment from its owner (the owner's matrices of the unit coalesced into one segment:
+//!     one broadcast per owner and unit, `Hp::matrixfsdp_publications`), on the unit's
+//!     process group. On Ascend that is HCCL's
 //!     broadcast, a scatter then an all-gather (`sim/src/cost.rs`), so a publication moves
 //!     twice the bytes an all-gather of the unit would. The other paths do not apply here:
 //!     the "custom" owner-segment P2P kernels and the uneven all-gather need NCCL
@@ -29,6 +31,20 @@
 //!   - **reduction**: `reduce_owner_rank_chunks_1d_async` issues one `dist.reduce` per owner
 //!     rank with a non-empty chunk of the unit, costed as a broadcast of the same bytes
 //!     (HCCL's A3 reduce is a reduce-scatter then a gather).
+//! - **Flat-buffer work around the owner collectives** (`runtime/flat_buffer.py`, with
+//!   `use_zero_copy_grad_bucket = False` and `bucket_reduce_scatter`, the `fully_shard`
+//!   defaults): before each publication the owner casts its FP32 local shard to bf16 and
+//!   copies it into the full buffer; after each unit's backward every rank casts the unit's
+//!   bf16 gradients to f32, zeroes the packed owner workspace and copies every gradient into
+//!   it before the reduces; once they are waited the owner divides its chunk and copies it
+//!   out. All on the compute stream (`strategy::muon::matrixfsdp_buffers`).
+//! - **No host synchronisation** on this path: the owner-collective signature check
+//!   (`all_gather_object`) runs only with `MATRIX_FSDP_VALIDATE_OWNER_COLLECTIVE_SIGNATURE`
+//!   set, the prefetch-epoch barrier only for the `custom` backend, the post-optimizer event
+//!   and cache trimming only with CUDA (`MatrixFSDPCommContext`), and `work.wait()` of an
+//!   asynchronous HCCL collective makes the current stream wait, not the host. Its Python
+//!   runtime events (`runtime_trace_enabled`, on by default) are host-only bookkeeping and
+//!   are not modelled (the host is far from the critical path at these layer sizes).
 //! - **Communication-free optimizer step** (paper Table: "None in the optimizer step"): the
 //!   owner runs momentum, NS and the update on its whole matrices; the momentum lives only
 //!   there.

@@ -23,6 +23,7 @@ pub mod dmuon;
 pub mod flexshard;
 pub mod hyperparallel;
 pub mod matrixfsdp;
+pub mod matrixfsdp_buffers;
 pub mod moonlight;
 pub mod naive;
 pub mod ns_cost;
