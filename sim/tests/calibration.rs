@@ -301,7 +301,10 @@ mod joint_fit {
         let high = a3();
         let per_kernel = get(&high, "calibration.host_launch_us_per_kernel").unwrap()
             + get(&high, "calibration.host_unmodelled_us_per_kernel").unwrap();
-        assert!(per_kernel > 100.0, "shipped host cost per kernel {per_kernel} us");
+        assert!(
+            per_kernel > 100.0,
+            "shipped host cost per kernel {per_kernel} us"
+        );
         let b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
         let (cl, ch) = (
             set_all.compare_where(&low, b).unwrap(),
