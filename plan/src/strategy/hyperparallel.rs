@@ -1003,7 +1003,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let deps: Vec<OpId> = cast.map_or_else(|| deps.to_vec(), |op| vec![op]);
         let deps = deps.as_slice();
         let o = &self.e.ctx.opts;
-        let rd = o.reduce_dtype;
+        let (rd, pd) = (o.reduce_dtype, o.param_dtype);
         let mut rs_ops = Vec::new();
         for (pi, p) in self.units[u].params.iter().enumerate() {
             if !sharded(p) || (per_owner && self.units[u].placed[pi].is_some()) {
@@ -1012,16 +1012,23 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             let (shard, _) = domain_groups(p.domain);
             let placed = self.units[u].placed[pi];
             let full = p.reduce_scatter.bytes_in_per_rank;
-            let (spec, name) = match placed {
-                // Reduce to the owner, costed as a broadcast of the whole gradient.
-                Some(_) => (
-                    CollSpec {
-                        kind: crate::CollectiveKind::Broadcast,
-                        input_bytes: full,
-                        output_bytes: full,
-                    },
-                    format!("{}.reduce", short(&p.name)),
-                ),
+            let (spec, name, dtype) = match placed {
+                // Reduce to the owner, costed as a broadcast of the whole gradient. DMuon (the
+                // only owner strategy reducing here) reduces the gradient as autograd produced
+                // it, in the parameter dtype, with no cast to the reduce dtype
+                // (`dmuon/_backends/fsdp2/group.py` `reduce_grads`).
+                Some(_) => {
+                    let bytes = full / rd.bytes() * pd.bytes();
+                    (
+                        CollSpec {
+                            kind: crate::CollectiveKind::Broadcast,
+                            input_bytes: bytes,
+                            output_bytes: bytes,
+                        },
+                        format!("{}.reduce", short(&p.name)),
+                        pd,
+                    )
+                }
                 None => (
                     CollSpec {
                         kind: crate::CollectiveKind::ReduceScatter,
@@ -1029,6 +1036,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
                         output_bytes: p.reduce_scatter.bytes_out_per_rank,
                     },
                     format!("{}.rs", short(&p.name)),
+                    rd,
                 ),
             };
             if let Some(op) = self.e.collective(
@@ -1036,7 +1044,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
                 Category::FsdpRs,
                 shard,
                 spec,
-                rd,
+                dtype,
                 p.reduce_scatter.aligned_512 || placed.is_some(),
                 deps,
                 &name,
@@ -1044,7 +1052,8 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
                 if m == 0 {
                     self.e.alloc(op, MemTag::Grads, grad_out(p, placed));
                 }
-                self.e.free(op, MemTag::Grads, spec.input_bytes);
+                // The unsharded gradient buffer (sized in the reduce dtype by the plan).
+                self.e.free(op, MemTag::Grads, full);
                 let done = match placed {
                     None => npu_division(&mut self.e, p, op, &name),
                     // ASSUMPTION: the op of DMuon's / MatrixFSDP's owner reductions is not
