@@ -99,6 +99,20 @@ struct UnitInfo<'a> {
     shard_elems: u64,
 }
 
+impl<'a> UnitInfo<'a> {
+    /// The unit's sharded parameters that no owner holds whole: the ones HyperParallel's
+    /// own `TorchHSDPParamV2` all-gathers and reduce-scatters (and casts under mixed
+    /// precision).
+    fn unplaced_sharded(&self) -> Vec<&'a ParamFsdp> {
+        self.params
+            .iter()
+            .zip(&self.placed)
+            .filter(|(p, pl)| pl.is_none() && sharded(p))
+            .map(|(p, _)| *p)
+            .collect()
+    }
+}
+
 fn short(name: &str) -> &str {
     name.strip_prefix("model.").unwrap_or(name)
 }
@@ -359,13 +373,7 @@ impl<'a, 'c> Hp<'a, 'c> {
             }
             (k, ("pub", "copy_in"))
         } else {
-            let shards: Vec<&ParamFsdp> = info
-                .params
-                .iter()
-                .zip(&info.placed)
-                .filter(|(p, pl)| pl.is_none() && sharded(p))
-                .map(|(p, _)| *p)
-                .collect();
+            let shards = info.unplaced_sharded();
             let elems = shards.iter().map(|p| p.padded_shard_numel).sum();
             let k = hp_mixed_precision::param_cast(elems, shards.len() as u32, master, pd);
             (k.into_iter().collect(), ("ag", "cast"))
@@ -1074,13 +1082,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
         let o = &self.e.ctx.opts;
         let (pd, rd) = (o.param_dtype, o.reduce_dtype);
         let info = &self.units[u];
-        let grads: Vec<&ParamFsdp> = info
-            .params
-            .iter()
-            .zip(&info.placed)
-            .filter(|(p, pl)| pl.is_none() && sharded(p))
-            .map(|(p, _)| *p)
-            .collect();
+        let grads = info.unplaced_sharded();
         let elems = grads
             .iter()
             .map(|p| p.reduce_scatter.bytes_in_per_rank / rd.bytes())
