@@ -204,8 +204,8 @@ fn print_text(
 ) {
     if let Some(f) = fit {
         println!(
-            "joint fit: cost {:.4} -> {:.4} after {} iterations, {} simulations",
-            f.cost_start, f.cost, f.iterations, f.evaluations
+            "joint fit (MAP): cost {:.4} -> {:.4} (figures {:.4} + priors {:.4}) after {} iterations, {} simulations",
+            f.cost_start, f.cost, f.data_cost, f.prior_cost, f.iterations, f.evaluations
         );
         for p in &f.params {
             if p.at_bound.is_some() {
@@ -224,10 +224,18 @@ fn print_text(
                 );
             }
         }
-        println!("{}", without_last_column(&params_table(f)).to_markdown());
+        println!("{}", without_sources(&params_table(f)).to_markdown());
         println!("starts:\n{}", starts_table(f).to_markdown());
         if let Some(folds) = folds {
             for fold in folds {
+                println!(
+                    "constants without {} (MAP cost {:.4} = figures {:.4} + priors {:.4}):\n{}",
+                    fold.left_out,
+                    fold.fit.cost,
+                    fold.fit.data_cost,
+                    fold.fit.prior_cost,
+                    without_sources(&params_table(&fold.fit)).to_markdown()
+                );
                 println!(
                     "starts without {}:\n{}",
                     fold.left_out,
@@ -272,8 +280,9 @@ fn print_text(
     }
 }
 
-fn without_last_column(t: &Table) -> Table {
-    let cut = |r: &Vec<String>| r[..r.len().saturating_sub(1)].to_vec();
+/// The constants table without its two source columns (bounds, prior): the terminal view.
+fn without_sources(t: &Table) -> Table {
+    let cut = |r: &Vec<String>| r[..r.len().saturating_sub(2)].to_vec();
     Table {
         headers: cut(&t.headers),
         rows: t.rows.iter().map(cut).collect(),
@@ -334,7 +343,10 @@ fn write_profile(
                 key: p.param.key.to_string(),
                 value: EditValue::Number(p.value),
                 comment: format!(
-                    "FITTED jointly by `hpfsdp calibrate --fit` (bounds [{}, {}]{})",
+                    "FITTED jointly (MAP) by `hpfsdp calibrate --fit` (prior {} x/ {:.2}, data share {:.2}; bounds [{}, {}]{})",
+                    p.param.prior.centre,
+                    p.param.prior.log_width.exp(),
+                    p.data_share,
                     p.param.min,
                     p.param.max,
                     if p.at_bound.is_some() {
@@ -394,7 +406,12 @@ fn json(
             .map(|p| {
                 json!({"key": p.param.key, "start": p.start, "value": p.value,
                        "min": p.param.min, "max": p.param.max, "flag": flag(p),
-                       "bound_source": p.param.bound_source})
+                       "bound_source": p.param.bound_source,
+                       "prior_centre": p.param.prior.centre,
+                       "prior_log_width": p.param.prior.log_width,
+                       "prior_sigmas": p.prior_sigmas, "data_share": p.data_share,
+                       "identified_by_data": p.identified(),
+                       "prior_source": p.param.prior.source})
             })
             .collect()
     };
@@ -414,6 +431,7 @@ fn json(
         "exp_b_diff_error_pp": checked.exp_b_diff_error_pp,
         "rows": rows,
         "fit": fit.map(|f| json!({"cost_start": f.cost_start, "cost": f.cost,
+                                  "data_cost": f.data_cost, "prior_cost": f.prior_cost,
             "iterations": f.iterations, "evaluations": f.evaluations, "params": params(f),
             "starts": f.starts.iter().map(|s| json!({"label": s.label, "start": s.start,
                 "end": s.end, "cost_start": s.cost_start, "cost": s.cost,

@@ -45,7 +45,7 @@ pub fn flag(p: &FittedParam) -> &'static str {
     match (p.at_bound, p.unidentified) {
         (Some(AtBound::Lower), _) => "AT LOWER BOUND",
         (Some(AtBound::Upper), _) => "AT UPPER BOUND",
-        (None, true) => "not identified (kept)",
+        (None, true) => "no figure depends on it (prior)",
         (None, false) => "-",
     }
 }
@@ -190,24 +190,29 @@ pub fn figure_table(checked: &Checked) -> Table {
     }
 }
 
-/// The fitted constants: start, fitted, bounds, flag and the source of the bounds.
+/// The fitted constants: start, fitted, bounds, prior (centre and one-sigma factor), the
+/// fitted value's distance from the prior in sigmas, the data share (fraction of the prior
+/// variance the figures removed) and who sets the value (the figures or the prior), the
+/// bound flag, then the sources of the bounds and of the prior (the last two columns).
 pub fn params_table(fit: &FitOutcome) -> Table {
     let rows = fit
         .params
         .iter()
         .map(|p| {
+            let prior = p.param.prior;
             vec![
                 p.param.key.to_string(),
                 format!("{:.4}", p.start),
                 format!("{:.4}", p.value),
                 format!("{:.4}", p.param.min),
                 format!("{:.4}", p.param.max),
+                format!("{:.4} x/ {:.2}", prior.centre, prior.log_width.exp()),
+                format!("{:+.2}", p.prior_sigmas),
+                format!("{:.2}", p.data_share),
+                if p.identified() { "data" } else { "prior" }.to_string(),
                 flag(p).to_string(),
-                p.param
-                    .bound_source
-                    .split_whitespace()
-                    .collect::<Vec<_>>()
-                    .join(" "),
+                one_line(p.param.bound_source),
+                one_line(prior.source),
             ]
         })
         .collect();
@@ -218,10 +223,35 @@ pub fn params_table(fit: &FitOutcome) -> Table {
             "fitted",
             "min",
             "max",
+            "prior (centre x/ one-sigma factor)",
+            "fitted vs prior (sigmas)",
+            "data share",
+            "set by",
             "flag",
             "bound source",
+            "prior source",
         ]),
         rows,
+    }
+}
+
+fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The keys (last segment) of the constants the data did not identify (data share below
+/// one half), or "-".
+fn prior_dominated(fit: &FitOutcome) -> String {
+    let keys: Vec<&str> = fit
+        .params
+        .iter()
+        .filter(|p| !p.identified())
+        .map(|p| p.param.key.rsplit('.').next().unwrap_or(p.param.key))
+        .collect();
+    if keys.is_empty() {
+        "-".into()
+    } else {
+        keys.join(", ")
     }
 }
 
@@ -250,7 +280,11 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
             vec![
                 f.left_out.to_string(),
                 compact_params(&f.fit),
-                format!("{:.4}", f.fit.cost),
+                prior_dominated(&f.fit),
+                format!(
+                    "{:.4} ({:.4} + {:.4})",
+                    f.fit.cost, f.fit.data_cost, f.fit.prior_cost
+                ),
                 format!("{:.3}", f.rms_log_error()),
                 format!("{passed} / {}", gating.len()),
                 if f.held_out.passed { "pass" } else { "FAIL" }.to_string(),
@@ -280,7 +314,8 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
             headers: strings(&[
                 "left out",
                 "constants fitted without it (* = at a bound)",
-                "fit cost",
+                "left at their prior (data share < 0.5)",
+                "fit cost (figures + priors)",
                 "rms ln(predicted / measured) of the left-out fitted figures",
                 "gating rows within tolerance",
                 "result",
@@ -373,20 +408,28 @@ pub fn page(
         sections.push(Section {
             heading: "Fitted constants".into(),
             text: format!(
-                "Joint bounded least squares on the log residuals of every fitted figure: cost \
-                 {:.4} -> {:.4} in {} iterations ({} simulations of the measured runs). A \
-                 constant at a bound means the measurements want a value its bound's \
-                 measurement rules out: a modelling gap, not a constant to move.",
-                fit.cost_start, fit.cost, fit.iterations, fit.evaluations
+                "Joint bounded MAP fit on the log residuals of every fitted figure plus one \
+                 prior residual per constant (public sources, sim/src/calibration/params.rs): \
+                 cost {:.4} -> {:.4} (figures {:.4} + priors {:.4}) in {} iterations ({} \
+                 simulations of the measured runs). Data share: the fraction of a constant's \
+                 prior variance the figures removed; below 0.5 the prior sets it. A constant \
+                 at a bound means the measurements want a value its bound's measurement rules \
+                 out: a modelling gap, not a constant to move.",
+                fit.cost_start,
+                fit.cost,
+                fit.data_cost,
+                fit.prior_cost,
+                fit.iterations,
+                fit.evaluations
             ),
             table: params_table(fit),
         });
         sections.push(Section {
             heading: "Fit starts".into(),
             text: "Every start of the joint fit (the profile's values, the log-midpoint of every \
-                   bound, and the host-bound start with the kernel launch cost at 90% of its \
-                   bound), its cost before and after and the constants it ended at; the lowest \
-                   final cost is kept."
+                   bound, the host-bound start with the unmodelled host work at 90% of its \
+                   bound, and the priors), its cost before and after and the constants it ended \
+                   at; the lowest final cost is kept."
                 .into(),
             table: starts_table(fit),
         });
@@ -402,8 +445,11 @@ pub fn page(
         let (summary, detail) = loo_tables(folds);
         sections.push(Section {
             heading: "Leave-one-out".into(),
-            text: "Each experiment left out in turn: the constants are refitted on the others \
-                   and the left-out experiment is predicted with them."
+            text: "Each experiment left out in turn: the constants are refitted (MAP) on the \
+                   others, starting from the priors, the bound midpoints and the host-bound \
+                   start, never from the profile's fitted values, with bounds that use none of \
+                   the left-out experiment's measurements; the left-out experiment is \
+                   predicted with them."
                 .into(),
             table: summary,
         });
@@ -412,6 +458,17 @@ pub fn page(
             text: String::new(),
             table: detail,
         });
+        for fold in folds {
+            sections.push(Section {
+                heading: format!("Leave-one-out: constants fitted without {}", fold.left_out),
+                text: format!(
+                    "MAP cost {:.4} (figures {:.4} + priors {:.4}); set by = who sets each \
+                     constant in this fold.",
+                    fold.fit.cost, fold.fit.data_cost, fold.fit.prior_cost
+                ),
+                table: params_table(&fold.fit),
+            });
+        }
     }
     sections.extend(extra);
     CalibrationPage {

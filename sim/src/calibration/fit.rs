@@ -1,29 +1,38 @@
 //! The joint fit: a few residual constants ([`super::params::FIT_PARAMS`]) fitted together
-//! by bounded least squares on the log residuals of every fitted figure
-//! ([`super::gates::FIGURE_RULES`]) of every selected measured run.
+//! on the log residuals of every fitted figure ([`super::gates::FIGURE_RULES`]) of every
+//! selected measured run, as a **maximum a posteriori** fit: each constant's prior
+//! ([`super::prior::Prior`], public sources only) adds one residual
+//! `(ln v - ln centre) / log_width`, so constants the figures pin follow the figures and the
+//! others stay at their priors instead of drifting in an underdetermined fit.
 //!
-//! Each evaluation re-simulates the selected runs with trial constants; the solver
+//! Each evaluation re-simulates the selected runs with trial constants; the bounded solver
 //! ([`super::lm`]) works on the logarithm of each constant (so efficiencies and microseconds
 //! move by relative steps) with forward finite differences. The calibration's cost is not
 //! convex (from the profile alone the fit stopped at cost 0.65 on one start and 0.25 on
 //! another that differed only in `hbm_efficiency`; with too few modelled kernels it settled
 //! in a device-bound minimum with the GEMM ceiling at 1.0 and the kernel launch cost at its
-//! floor), so it starts from a fixed list ([`START_LABELS`]): the profile's values, the
-//! log-midpoint of every bound, and a **host-bound** start (the profile's values with the
-//! kernel launch cost at 90% of its upper bound: the public ceiling of an eager launch, or
-//! launches filling the measured exp-A step when that is tighter), and keeps the lowest final
-//! cost; every start's outcome is reported
-//! ([`StartOutcome`]). Upper bounds that mean "no more host time than the measured step"
-//! count the MODEL's launches ([`super::params::MaxFrom::ModelLaunches`]). A constant that
-//! ends on a bound is flagged: the measurements then want a value its bound's measurement
-//! rules out.
+//! floor), so it starts from a fixed list and keeps the lowest final cost; every start's
+//! outcome is reported ([`StartOutcome`]). [`Starts::WithProfile`] (the full fit,
+//! [`START_LABELS`]): the profile's values, the log-midpoint of every bound, a **host-bound**
+//! start (the profile's values with the unmodelled host work at 90% of its upper bound) and
+//! the priors. [`Starts::Blind`] (leave-one-out, [`BLIND_START_LABELS`]): the priors, the
+//! log-midpoints and the host-bound start built on the priors: a fold never reads the
+//! profile's values of the fitted constants, because the shipped profile IS the joint fit
+//! over every experiment, the left-out one included.
+//!
+//! Upper bounds that mean "no more host time than the measured step" count the MODEL's
+//! launches ([`super::params::MaxFrom::ModelLaunches`]). A constant that ends on a bound is
+//! flagged: the measurements then want a value its bound's measurement rules out. Per
+//! constant the fit also reports how much of its prior variance the data removed
+//! ([`super::prior::data_shares`]): identified by the data, or still its prior.
 
 use super::compare::{CalibrationSet, Comparison, FigureRow};
 use super::error::CalibrationError;
 use super::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance, rule_of};
-use super::lm::{LmOptions, minimise};
+use super::lm::{LmOptions, LmOutcome, jacobian, minimise};
 use super::measured::MeasuredRun;
 use super::params::{FitParam, MaxFrom, get, resolve_bounds, set};
+use super::prior::{IDENTIFIED_DATA_SHARE, data_shares, prior_cost, prior_residuals};
 use crate::profile::HardwareProfile;
 
 /// Residual given to a fitted figure the simulation could not predict (NaN or <= 0): as
@@ -42,20 +51,47 @@ pub enum AtBound {
 /// One constant after the fit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FittedParam {
-    /// The constant and its bounds.
+    /// The constant, its bounds and its prior.
     pub param: FitParam,
-    /// Its value in the starting profile.
+    /// Its value at the first start (the profile's value in the full fit, its prior centre
+    /// clipped into the bounds in a blind fit).
     pub start: f64,
     /// Its fitted value.
     pub value: f64,
     /// The bound it ended on, if any (flag it: see the module documentation).
     pub at_bound: Option<AtBound>,
-    /// No fitted figure of the selected runs depends on it, so the fit kept its start value.
+    /// No fitted figure of the selected runs depends on it (a zero column of the data
+    /// Jacobian at the fitted point): its value is its prior's.
     pub unidentified: bool,
+    /// Fraction of its prior variance the selected figures removed, in [0, 1]
+    /// ([`super::prior::data_shares`]): near 1 the data set it, near 0 the prior does.
+    pub data_share: f64,
+    /// Its prior residual at the fitted value, in sigmas (`(ln v - ln centre) / width`).
+    pub prior_sigmas: f64,
 }
 
-/// Labels of the fit's starts, in the order they run.
-pub const START_LABELS: [&str; 3] = ["profile", "mid-bounds", "host-bound"];
+impl FittedParam {
+    /// True when the data removed at least [`IDENTIFIED_DATA_SHARE`] of its prior variance.
+    pub fn identified(&self) -> bool {
+        self.data_share >= IDENTIFIED_DATA_SHARE
+    }
+}
+
+/// Which start points a fit uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Starts {
+    /// The full fit: the profile's values first, then the blind starts ([`START_LABELS`]).
+    WithProfile,
+    /// Leave-one-out: never the profile's values of the fitted constants
+    /// ([`BLIND_START_LABELS`]).
+    Blind,
+}
+
+/// Labels of the full fit's starts, in the order they run.
+pub const START_LABELS: [&str; 4] = ["profile", "mid-bounds", "host-bound", "priors"];
+
+/// Labels of a blind fit's starts (leave-one-out), in the order they run.
+pub const BLIND_START_LABELS: [&str; 3] = ["priors", "mid-bounds", "host-bound"];
 
 /// Fraction of its upper bound [`HOST_BOUND_START_KEY`] starts at in the host-bound start.
 pub const HOST_BOUND_START_FRACTION: f64 = 0.9;
@@ -67,13 +103,13 @@ pub const HOST_BOUND_START_KEY: &str = "calibration.host_unmodelled_us_per_kerne
 /// Where one start of the fit began and ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StartOutcome {
-    /// Which start ([`START_LABELS`]).
+    /// Which start ([`START_LABELS`] or [`BLIND_START_LABELS`]).
     pub label: &'static str,
     /// Constant values it started from, in the fit's parameter order.
     pub start: Vec<f64>,
     /// Constant values it ended at.
     pub end: Vec<f64>,
-    /// Half the sum of squared residuals at its start.
+    /// Half the sum of squared residuals (data and prior) at its start.
     pub cost_start: f64,
     /// The same at its end.
     pub cost: f64,
@@ -90,16 +126,22 @@ pub struct FitOutcome {
     pub comparison: Comparison,
     /// The fitted constants.
     pub params: Vec<FittedParam>,
-    /// Half the sum of squared weighted log residuals before the fit.
+    /// Half the sum of squared residuals (data and prior) at the first start.
     pub cost_start: f64,
-    /// The same after the fit.
+    /// The same after the fit: [`FitOutcome::data_cost`] plus [`FitOutcome::prior_cost`].
     pub cost: f64,
+    /// The data part of `cost`: half the sum of squared figure residuals.
+    pub data_cost: f64,
+    /// The prior part of `cost`: half the sum of squared prior residuals.
+    pub prior_cost: f64,
     /// Solver iterations.
     pub iterations: usize,
     /// Simulations of the selected run set.
     pub evaluations: usize,
-    /// Every start's outcome, in [`START_LABELS`] order (the kept one has the lowest cost,
-    /// the earliest on a tie).
+    /// Which start list ran.
+    pub start_set: Starts,
+    /// Every start's outcome, in label order (the kept one has the lowest cost, the earliest
+    /// on a tie).
     pub starts: Vec<StartOutcome>,
 }
 
@@ -181,19 +223,52 @@ fn from_log(param: &FitParam, z: f64) -> f64 {
     z.exp().clamp(param.min, param.max)
 }
 
-/// The log start points of the fit ([`START_LABELS`]): the profile's values `x0`, the
-/// log-midpoint of every bound, and the host-bound start (`x0` with the kernel launch cost at
-/// [`HOST_BOUND_START_FRACTION`] of its upper bound; the same as `x0` when that constant is
-/// not fitted).
-fn start_points(params: &[FitParam], x0: &[f64], lo: &[f64], hi: &[f64]) -> Vec<Vec<f64>> {
-    let mid: Vec<f64> = lo.iter().zip(hi).map(|(l, h)| 0.5 * (l + h)).collect();
-    let mut host = x0.to_vec();
+/// `start` with every fitted constant at its prior centre (clipped into its bounds): the
+/// base a blind fit builds on, so nothing of it depends on the profile's fitted values.
+fn with_priors(start: &HardwareProfile, params: &[FitParam]) -> HardwareProfile {
+    let mut p = start.clone();
+    for param in params {
+        set(
+            &mut p,
+            param.key,
+            param.prior.centre.clamp(param.min, param.max),
+        );
+    }
+    p
+}
+
+/// `base` with the host-bound constant at [`HOST_BOUND_START_FRACTION`] of its upper bound
+/// (unchanged when that constant is not fitted).
+fn host_bound(params: &[FitParam], base: &[f64], lo: &[f64]) -> Vec<f64> {
+    let mut host = base.to_vec();
     for (j, p) in params.iter().enumerate() {
         if p.key == HOST_BOUND_START_KEY {
             host[j] = (HOST_BOUND_START_FRACTION * p.max).ln().max(lo[j]);
         }
     }
-    vec![x0.to_vec(), mid, host]
+    host
+}
+
+/// The labelled log start points of a fit ([`START_LABELS`] or [`BLIND_START_LABELS`]):
+/// `x0` is the profile's values (full fit only), `prior` the prior centres clipped into the
+/// bounds.
+fn start_points(
+    starts: Starts,
+    params: &[FitParam],
+    (x0, prior): (&[f64], &[f64]),
+    (lo, hi): (&[f64], &[f64]),
+) -> Vec<(&'static str, Vec<f64>)> {
+    let mid: Vec<f64> = lo.iter().zip(hi).map(|(l, h)| 0.5 * (l + h)).collect();
+    match starts {
+        Starts::WithProfile => START_LABELS
+            .into_iter()
+            .zip([x0.to_vec(), mid, host_bound(params, x0, lo), prior.to_vec()])
+            .collect(),
+        Starts::Blind => BLIND_START_LABELS
+            .into_iter()
+            .zip([prior.to_vec(), mid, host_bound(params, prior, lo)])
+            .collect(),
+    }
 }
 
 /// `params` with their upper bounds resolved against the starting profile's comparison of
@@ -213,12 +288,14 @@ fn resolved(
     }
 }
 
-/// The fitted constants at log values `x` with their bound flags.
+/// The fitted constants at the solver's outcome with their bound flags and what the data
+/// identify (`shares`, `zero_columns` from the data Jacobian at the fitted point).
 fn fitted_params(
     params: &[FitParam],
-    x0: &[f64],
-    out: &super::lm::LmOutcome,
+    first_start: &[f64],
+    out: &LmOutcome,
     (lo, hi): (&[f64], &[f64]),
+    (shares, zero_columns): (&[f64], &[bool]),
 ) -> Vec<FittedParam> {
     params
         .iter()
@@ -233,19 +310,20 @@ fn fitted_params(
             };
             FittedParam {
                 param: *p,
-                start: x0[j].exp(),
+                start: first_start[j].exp(),
                 value: from_log(p, out.x[j]),
                 at_bound,
-                unidentified: out.unidentified[j],
+                unidentified: zero_columns[j],
+                data_share: shares[j],
+                prior_sigmas: p.prior.residual(out.x[j]),
             }
         })
         .collect()
 }
 
 /// Fits `params` jointly on the runs of `set` that `keep` selects, from every start of
-/// [`START_LABELS`] (the lowest final cost wins, the earliest on a tie). Upper bounds that
-/// follow the model are resolved first ([`super::params::FitParam::resolved`]).
-/// Deterministic. Errors name an unknown key or the simulation that failed.
+/// [`START_LABELS`] (the profile's values first): [`fit_joint_with`] with
+/// [`Starts::WithProfile`].
 pub fn fit_joint(
     set: &CalibrationSet,
     start: &HardwareProfile,
@@ -253,33 +331,66 @@ pub fn fit_joint(
     keep: impl Fn(&MeasuredRun) -> bool + Copy,
     options: &LmOptions,
 ) -> Result<FitOutcome, CalibrationError> {
-    let params = resolved(set, start, params)?;
+    fit_joint_with(set, start, params, keep, options, Starts::WithProfile)
+}
+
+/// Fits `params` jointly (MAP: figure residuals plus prior residuals) on the runs of `set`
+/// that `keep` selects, from every start of `starts` (the lowest final cost wins, the
+/// earliest on a tie). Upper bounds that follow the model are resolved first
+/// ([`super::params::FitParam::resolved`]), against `start` in the full fit and against
+/// `start` with the fitted constants at their priors in a blind one, so a blind fit's result
+/// does not depend on the profile's values of the fitted constants. Then the data Jacobian
+/// at the fitted point gives each constant's data share. Deterministic. Errors name an
+/// unknown key or the simulation that failed.
+pub fn fit_joint_with(
+    set: &CalibrationSet,
+    start: &HardwareProfile,
+    params: &[FitParam],
+    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    options: &LmOptions,
+    starts: Starts,
+) -> Result<FitOutcome, CalibrationError> {
+    let base = match starts {
+        Starts::WithProfile => start.clone(),
+        Starts::Blind => with_priors(start, params),
+    };
+    let params = resolved(set, &base, params)?;
     let params = params.as_slice();
     let mut x0 = Vec::with_capacity(params.len());
     for p in params {
-        let v = get(start, p.key).ok_or_else(|| CalibrationError::UnknownKey {
+        let v = get(&base, p.key).ok_or_else(|| CalibrationError::UnknownKey {
             key: p.key.to_string(),
         })?;
         x0.push(v.max(f64::MIN_POSITIVE).ln());
     }
     let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
     let hi: Vec<f64> = params.iter().map(|p| p.max.ln()).collect();
-    let mut f = |z: &[f64]| {
-        let c = set.compare_where(&with_values(start, params, z), keep)?;
+    let prior: Vec<f64> = params
+        .iter()
+        .map(|p| p.prior.centre.clamp(p.min, p.max).ln())
+        .collect();
+    let mut data = |z: &[f64]| {
+        let c = set.compare_where(&with_values(&base, params, z), keep)?;
         Ok::<_, CalibrationError>(residuals(&c))
+    };
+    let mut f = |z: &[f64]| {
+        let mut r = data(z)?;
+        r.extend(prior_residuals(params, z));
+        Ok::<_, CalibrationError>(r)
     };
     let values =
         |z: &[f64]| -> Vec<f64> { params.iter().zip(z).map(|(p, z)| from_log(p, *z)).collect() };
-    let mut starts = Vec::new();
-    let mut best: Option<super::lm::LmOutcome> = None;
+    let points = start_points(starts, params, (&x0, &prior), (&lo, &hi));
+    let mut outcomes = Vec::new();
+    let mut best: Option<LmOutcome> = None;
     let (mut iterations, mut evaluations) = (0, 0);
-    for (label, z0) in START_LABELS.iter().zip(start_points(params, &x0, &lo, &hi)) {
-        let out = minimise(&z0, &lo, &hi, options, &mut f)?;
+    for (label, z0) in &points {
+        let out = minimise(z0, &lo, &hi, options, &mut f)?;
         iterations += out.iterations;
         evaluations += out.evaluations;
-        starts.push(StartOutcome {
-            label,
-            start: values(&z0),
+        outcomes.push(StartOutcome {
+            label: *label,
+            start: values(z0),
             end: values(&out.x),
             cost_start: out.cost_start,
             cost: out.cost,
@@ -289,18 +400,35 @@ pub fn fit_joint(
             best = Some(out);
         }
     }
-    let out = best.expect("START_LABELS is not empty");
-    let profile = with_values(start, params, &out.x);
+    let out = best.expect("every start list is non-empty");
+    let profile = with_values(&base, params, &out.x);
     let comparison = set.compare_where(&profile, keep)?;
+    let r_data = residuals(&comparison);
+    let jac = jacobian(&out.x, &r_data, &hi, options.fd_step, &mut data)?;
+    let widths: Vec<f64> = params.iter().map(|p| p.prior.log_width).collect();
+    let shares = data_shares(&jac, &widths);
+    let zero_columns: Vec<bool> = (0..params.len())
+        .map(|j| jac.iter().all(|row| row[j] == 0.0))
+        .collect();
+    let data_cost = cost(&comparison);
     Ok(FitOutcome {
+        params: fitted_params(
+            params,
+            &points[0].1,
+            &out,
+            (&lo, &hi),
+            (&shares, &zero_columns),
+        ),
         profile,
         comparison,
-        params: fitted_params(params, &x0, &out, (&lo, &hi)),
-        cost_start: starts[0].cost_start,
+        cost_start: outcomes[0].cost_start,
         cost: out.cost,
+        data_cost,
+        prior_cost: prior_cost(params, &out.x),
         iterations,
-        evaluations: evaluations + 1,
-        starts,
+        evaluations: evaluations + 2 + params.len(),
+        start_set: starts,
+        starts: outcomes,
     })
 }
 
@@ -320,6 +448,11 @@ mod tests {
             bound_source: "test",
             max_from: crate::calibration::params::MaxFrom::Fixed,
             blind: None,
+            prior: crate::calibration::prior::Prior {
+                centre: 70.0,
+                log_width: 1.0,
+                source: "test",
+            },
         };
         assert!(
             54.6f64.ln().exp() < 54.6,

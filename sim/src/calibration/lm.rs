@@ -54,7 +54,7 @@ fn cost_of(r: &[f64]) -> f64 {
 
 /// Solves the square system `a x = b` by Gaussian elimination with partial pivoting; `None`
 /// when it is singular.
-fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
+pub(crate) fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
     let n = b.len();
     for col in 0..n {
         let pivot = (col..n).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
@@ -83,7 +83,7 @@ fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
 
 /// Forward-difference Jacobian (`m x n`, row per residual) at `x`, stepping inward at an
 /// upper bound.
-fn jacobian<E>(
+pub(crate) fn jacobian<E>(
     x: &[f64],
     r: &[f64],
     hi: &[f64],

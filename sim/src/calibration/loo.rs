@@ -1,10 +1,16 @@
 //! Leave-one-out: refit without each experiment in turn and predict the one left out, so a
 //! pass means the constants carry over to a setup they were not fitted on (not a tautology:
 //! the left-out figures never enter the fit that predicts them).
+//!
+//! Nothing of the left-out experiment may reach a fold by another path either: bounds that
+//! come from its measurements are replaced by blind ones ([`FitParam::without`]), and the
+//! fold starts from the priors ([`Starts::Blind`]), never from the profile's values of the
+//! fitted constants, which are the joint fit over every experiment, the left-out one
+//! included. A fold's result therefore does not change when those values change.
 
 use super::compare::CalibrationSet;
 use super::error::CalibrationError;
-use super::fit::{FitOutcome, fit_joint};
+use super::fit::{FitOutcome, Starts, fit_joint_with};
 use super::lm::LmOptions;
 use super::params::FitParam;
 use super::verdict::{Checked, check};
@@ -39,7 +45,9 @@ impl Fold {
     }
 }
 
-/// Runs one fold per experiment of `set`, in the set's order.
+/// Runs one fold per experiment of `set`, in the set's order: a blind MAP fit
+/// ([`Starts::Blind`]) on the other experiments, then the left-out one predicted with it.
+/// `start` supplies only the constants the fit does not adjust.
 pub fn leave_one_out(
     set: &CalibrationSet,
     start: &HardwareProfile,
@@ -51,7 +59,14 @@ pub fn leave_one_out(
         // Bounds that come from the left-out experiment's measurements are replaced by
         // their blind ASSUMPTION bounds: the fold must not see that experiment at all.
         let blind: Vec<FitParam> = params.iter().map(|p| p.without(left_out)).collect();
-        let fit = fit_joint(set, start, &blind, |r| r.experiment != left_out, options)?;
+        let fit = fit_joint_with(
+            set,
+            start,
+            &blind,
+            |r| r.experiment != left_out,
+            options,
+            Starts::Blind,
+        )?;
         let predicted = set.compare_where(&fit.profile, |r| r.experiment == left_out)?;
         folds.push(Fold {
             left_out,

@@ -6,7 +6,8 @@
 //! - [`host_rows`]: each run's launches and host seconds by class, host busy vs step;
 //! - [`gates`]: which figures are fitted and which gate, with their tolerances (one table);
 //! - [`verdict`]: every row checked against its tolerance, and the overall verdict;
-//! - [`params`]: the residual constants of the fit, their bounds and sources (one table);
+//! - [`params`]: the residual constants of the fit, their bounds, priors and sources (one table);
+//! - [`prior`]: the priors' residuals and how much of each prior the data identify;
 //! - [`lm`]: the bounded least-squares solver;
 //! - [`fit`]: the joint fit of the constants on every fitted figure;
 //! - [`loo`]: leave-one-out refits, one per experiment;
@@ -25,6 +26,7 @@ pub mod lm;
 pub mod loo;
 pub mod measured;
 pub mod params;
+pub mod prior;
 pub mod profile_edit;
 pub mod verdict;
 

@@ -11,6 +11,7 @@
 
 use super::compare::Comparison;
 use super::measured::Figure;
+use super::prior::Prior;
 use crate::profile::HardwareProfile;
 
 /// Where a constant's upper bound comes from.
@@ -50,6 +51,9 @@ pub struct FitParam {
     /// measurements these bounds come from ([`FitParam::without`]); `None` when no bound
     /// comes from a measurement.
     pub blind: Option<BlindBounds>,
+    /// The constant's prior (centre, log width, public source): the MAP fit's pull toward
+    /// what is known without the held-in measurements ([`super::prior`]).
+    pub prior: Prior,
 }
 
 /// Bounds that use no measurement of the listed experiments: a leave-one-out fold that leaves
@@ -167,8 +171,25 @@ pub fn outside_sourced_ranges(profile: &HardwareProfile) -> Vec<(SourcedRange, f
         .collect()
 }
 
+/// Public BF16 `torch.matmul` throughput of square GEMMs on one Ascend 910B2 (torch 2.5.1;
+/// github.com/zzc0721/torch-performance-test-data/issues/109): `(n, TFLOPS)` for
+/// `[n, n] x [n, n]`. The `calibration.gemm_ceiling` prior's centre is their geometric mean
+/// efficiency over the shape model's `s(n)^3` (a test recomputes it).
+pub const GEMM_CEILING_PUBLIC_POINTS: [(f64, f64); 4] = [
+    (2048.0, 248.30),
+    (4096.0, 315.36),
+    (8192.0, 301.23),
+    (10240.0, 300.94),
+];
+
+/// The BF16 peak those points are divided by, TFLOPS: a 910B2 or a 910C die
+/// (backends-hardware.md 5.1, medium confidence), the A3 profile's `bf16_flops_per_s`.
+pub const GEMM_CEILING_PUBLIC_PEAK_TFLOPS: f64 = 376.0;
+
 /// The constants of the joint fit. The GEMM ceiling (the shape model's large-square-GEMM
-/// efficiency, see `crate::compute_cost`) cannot be below the measured whole-step MFU.
+/// efficiency, see `crate::compute_cost`) cannot be below the measured whole-step MFU. Each
+/// carries a [`Prior`] from public sources or first principles only (never from the held-in
+/// figures, which are the fit's data); edit a row to change a constant's bounds or prior.
 pub const FIT_PARAMS: [FitParam; 8] = [
     FitParam {
         key: "calibration.gemm_ceiling",
@@ -185,6 +206,18 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             source: "without exp B: ASSUMPTION min 0.05 (no eager GEMM stack runs large GEMMs below \
                 5% of peak); max: the device's BF16 peak",
         }),
+        prior: Prior {
+            centre: 0.92,
+            log_width: 0.2,
+            source: "PUBLIC MEASUREMENT: torch.matmul BF16 square GEMMs on Ascend 910B2 (torch \
+                2.5.1; github.com/zzc0721/torch-performance-test-data/issues/109) ran 248.30 / \
+                315.36 / 301.23 / 300.94 TFLOPS at n = 2048 / 4096 / 8192 / 10240, i.e. 0.660 / \
+                0.839 / 0.801 / 0.800 of the 376 TFLOPS BF16 peak of a 910B2 or 910C die \
+                (backends-hardware.md 5.1); over the shape model's (n / (n + 256))^3 that is a \
+                ceiling of 0.940 / 1.006 / 0.879 / 0.862, geometric mean 0.920 \
+                (GEMM_CEILING_PUBLIC_POINTS). log width 0.2: their spread (0.07) and the \
+                peak's uncertainty (~0.15; 320 TFLOPS is also quoted) combined, rounded up",
+        },
     },
     FitParam {
         key: "calibration.hbm_efficiency",
@@ -194,6 +227,14 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             isolates memory-bound kernels); max: the nominal 1.6 TB/s",
         max_from: MaxFrom::Fixed,
         blind: None,
+        prior: Prior {
+            centre: 0.6,
+            log_width: 0.405,
+            source: "PUBLIC DEFAULT: Huawei msModeling's A3 die profile (A3_752T_128G_DIE: \
+                mem_eff 0.6, compute_eff 0.7; shared/reference/notes/simulators.md section 4), \
+                the official roofline tool's fraction of HBM bandwidth for memory-bound \
+                operators; log width ln 1.5 (ASSUMPTION: a tool default, not a measurement)",
+        },
     },
     FitParam {
         key: "calibration.copy_efficiency",
@@ -203,6 +244,14 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             launch-bound; max: the nominal 1.6 TB/s",
         max_from: MaxFrom::Fixed,
         blind: None,
+        prior: Prior {
+            centre: 0.6,
+            log_width: 0.405,
+            source: "ASSUMPTION anchored on a public default: a streaming device copy is a \
+                memory-bound kernel, so msModeling's A3 memory efficiency 0.6 \
+                (shared/reference/notes/simulators.md section 4); no public copy-bandwidth \
+                measurement of an Ascend die was found; log width ln 1.5",
+        },
     },
     FitParam {
         key: "calibration.host_launch_us_per_kernel",
@@ -221,6 +270,15 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             calibration.host_unmodelled_us_per_kernel",
         max_from: MaxFrom::Fixed,
         blind: None,
+        prior: Prior {
+            centre: 12.1,
+            log_width: 0.5,
+            source: "PUBLIC MEASUREMENT: an eager torch.add costs its host 12.142 us on Ascend \
+                910B2 with torch_npu's task queue on (github.com/triton-lang/triton-ascend/issues/1675), \
+                the one public per-op host time through the whole eager path (ATen dispatch, \
+                aclnn tiling, enqueue); log width 0.5 puts the A3 per-op ceiling 32.5 us \
+                (github.com/hw-native-sys/pypto/issues/1919) at two sigma",
+        },
     },
     FitParam {
         key: "calibration.host_unmodelled_us_per_kernel",
@@ -240,10 +298,20 @@ pub const FIT_PARAMS: [FitParam; 8] = [
         blind: Some(BlindBounds {
             experiments: &["A mbs2"],
             min: UNMODELLED_HOST_FLOOR_US,
-            max: 1.0,
-            source: "without exp A: ASSUMPTION at most 1 us (no other held-in figure is \
-                host-bound, so nothing shows host work beyond the modelled launches)",
+            max: 1000.0,
+            source: "without exp A: no measured step bounds it (ASSUMPTION: at most 1 ms of \
+                host work per kernel); what is known without exp A is its prior",
         }),
+        prior: Prior {
+            centre: 3.0,
+            log_width: 2.303,
+            source: "ASSUMPTION (first principles, weak): host work per kernel beyond its own \
+                dispatch and launch (Python model code between ops, autograd node bookkeeping, \
+                module hooks) is a few microseconds: a few dozen CPython bytecodes at ~50 ns \
+                each plus one autograd node (~1-2 us). A factor 10 at one sigma (log width ln \
+                10): nothing public measures it on torch_npu. A complete host model leaves it \
+                near its prior; a fit far above it marks host work the model does not issue",
+        },
     },
     FitParam {
         key: "calibration.host_launch_us_per_collective",
@@ -259,6 +327,17 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             max: 1000.0,
             source: "without exp B: ASSUMPTION 1 us to 1 ms per collective call",
         }),
+        prior: Prior {
+            centre: 25.8,
+            log_width: 0.916,
+            source: "ASSUMPTION from public launch costs: a collective through torch_npu's \
+                ProcessGroupHCCL enqueues at least three tasks (the wait on the compute \
+                stream's event, the HCCL kernel, the completion event), 3 x 8.6 us per enqueue \
+                on Ascend 910B2 (github.com/triton-lang/triton-ascend/issues/1675) = 25.8 us. \
+                Cross-check: a 128-B torch.distributed all_reduce on 8 x H100 completes in 19.2 \
+                us end to end (github.com/ByteDance-Seed/Triton-distributed/issues/57). Log width \
+                ln 2.5: HCCL's host-side task preparation is not measured publicly",
+        },
     },
     FitParam {
         key: "calibration.validation_us_per_cpu_event",
@@ -277,6 +356,17 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             max: 1000.0,
             source: "without exp A: ASSUMPTION 0.1 us to 1 ms per extra CPU operator event",
         }),
+        prior: Prior {
+            centre: 12.1,
+            log_width: 1.099,
+            source: "PUBLIC MEASUREMENT, by analogy: an extra CPU operator event is an eager \
+                ATen op on the host, and an eager torch.add costs its host 12.1 us on Ascend \
+                910B2 (github.com/triton-lang/triton-ascend/issues/1675). Log width ln 3: \
+                metadata-only ops take 1.5-4.6 us each in a public profile \
+                (github.com/pytorch/pytorch/issues/147596: aten::empty_strided 1.5 us, \
+                aten::unsqueeze 3.4 us, aten::narrow 4.6 us), and an op that also runs DTensor \
+                sharding propagation costs more",
+        },
     },
     FitParam {
         key: "tiers.intra_machine.efficiency",
@@ -294,6 +384,15 @@ pub const FIT_PARAMS: [FitParam; 8] = [
             source: "without exp B: ASSUMPTION min 0.05 of the nominal UB bandwidth; max: the \
                 nominal 196 GB/s",
         }),
+        prior: Prior {
+            centre: 0.699,
+            log_width: 0.405,
+            source: "PUBLIC MEASUREMENT: NPU-to-NPU write bandwidth inside a CloudMatrix384 node, \
+                137 of the 196 GB/s nominal per die = 0.699 (arXiv:2506.12708 Table 1; \
+                backends-hardware.md 5.1; the profile's intra-supernode tier uses the same \
+                table, 135 / 196). Log width ln 1.5: a collective adds algorithm steps and \
+                AICPU expansion to raw writes (reads measured 167 GB/s = 0.852)",
+        },
     },
 ];
 
@@ -468,6 +567,61 @@ mod tests {
         assert_eq!(out.len(), 1);
         assert_eq!(out[0].0.key, "calibration.host_d2h_sync_us");
         assert_eq!(out[0].1, 500.0);
+    }
+
+    /// Every prior is positive, says where it comes from (a public source or an
+    /// ASSUMPTION) and uses none of the held-in figures: they are the fit's data, and a prior
+    /// built on them would count them twice and leak them into leave-one-out.
+    #[test]
+    fn every_prior_is_sourced_and_blind_to_the_held_in_figures() {
+        for p in FIT_PARAMS {
+            let prior = p.prior;
+            assert!(prior.centre > 0.0 && prior.log_width > 0.0, "{}", p.key);
+            assert!(
+                ["PUBLIC", "ASSUMPTION"]
+                    .iter()
+                    .any(|w| prior.source.contains(w)),
+                "{}: {}",
+                p.key,
+                prior.source
+            );
+            for held_in in [
+                "exp A", "exp B", "6.070", "6.244", "2.614", "3.720", "23,713", "153.2", "9.5 ms",
+                "451.1", "51.13",
+            ] {
+                assert!(
+                    !prior.source.contains(held_in),
+                    "{}: prior source mentions held-in figure {held_in}",
+                    p.key
+                );
+            }
+        }
+    }
+
+    /// The GEMM ceiling's prior centre is what its public points give through the shape
+    /// model (default half-saturation 256, the A3 profile's): the geometric mean of
+    /// `TFLOPS / peak / s(n)^3`.
+    #[test]
+    fn the_gemm_ceiling_prior_follows_its_public_points() {
+        let shape = crate::compute_cost::ComputeSpec::default();
+        let profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        assert_eq!(
+            profile.compute.shape_factor(4096.0, 4096.0, 4096.0),
+            shape.shape_factor(4096.0, 4096.0, 4096.0)
+        );
+        let logs: Vec<f64> = GEMM_CEILING_PUBLIC_POINTS
+            .iter()
+            .map(|(n, tflops)| {
+                (tflops / GEMM_CEILING_PUBLIC_PEAK_TFLOPS / shape.shape_factor(*n, *n, *n)).ln()
+            })
+            .collect();
+        let centre = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+        let prior = fit_param("calibration.gemm_ceiling").unwrap().prior;
+        assert!(
+            (prior.centre - centre).abs() < 0.005,
+            "{} vs {centre}",
+            prior.centre
+        );
     }
 
     #[test]
