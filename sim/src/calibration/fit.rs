@@ -436,6 +436,37 @@ pub fn fit_joint_with(
 mod tests {
     use super::*;
 
+    /// A blind fit's starts never contain the profile's values: the priors first, then the
+    /// bound midpoints and the host-bound start built on the priors; the full fit runs the
+    /// profile first and the priors last.
+    #[test]
+    fn blind_starts_never_use_the_profiles_values() {
+        let params = [
+            *crate::calibration::params::fit_param("calibration.gemm_ceiling").unwrap(),
+            *crate::calibration::params::fit_param(HOST_BOUND_START_KEY).unwrap(),
+        ];
+        let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
+        let hi: Vec<f64> = params.iter().map(|p| p.max.ln()).collect();
+        let x0 = [0.5f64.ln(), 42.0f64.ln()];
+        let prior: Vec<f64> = params.iter().map(|p| p.prior.centre.ln()).collect();
+        let blind = start_points(Starts::Blind, &params, (&x0, &prior), (&lo, &hi));
+        let labels: Vec<&str> = blind.iter().map(|(l, _)| *l).collect();
+        assert_eq!(labels, BLIND_START_LABELS);
+        assert_eq!(blind[0].1, prior);
+        for (_, z) in &blind {
+            for (j, v) in z.iter().enumerate() {
+                assert_ne!(*v, x0[j], "a blind start uses the profile's value");
+            }
+        }
+        assert_eq!(blind[2].1[0], prior[0]);
+        assert!((blind[2].1[1] - (HOST_BOUND_START_FRACTION * params[1].max).ln()).abs() < 1e-12);
+        let full = start_points(Starts::WithProfile, &params, (&x0, &prior), (&lo, &hi));
+        let labels: Vec<&str> = full.iter().map(|(l, _)| *l).collect();
+        assert_eq!(labels, START_LABELS);
+        assert_eq!(full[0].1, x0.to_vec());
+        assert_eq!(full[3].1, prior);
+    }
+
     /// A constant fitted onto its bound reports a value inside the bound, not one ulp outside
     /// (the full joint fit in CI stopped `host_launch_us_per_collective` at 54.599999999999994
     /// with a lower bound of 54.6).
