@@ -389,7 +389,7 @@ pub fn fit_joint_with(
         iterations += out.iterations;
         evaluations += out.evaluations;
         outcomes.push(StartOutcome {
-            label: *label,
+            label,
             start: values(z0),
             end: values(&out.x),
             cost_start: out.cost_start,
