@@ -239,6 +239,22 @@ fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
+/// The profile constants measured on a fold's left-out experiment, with the blind value the
+/// fold used instead, or "-".
+fn blinded(fold: &Fold) -> String {
+    if fold.blinded.is_empty() {
+        return "-".into();
+    }
+    fold.blinded
+        .iter()
+        .map(|m| {
+            let key = m.key.rsplit('.').next().unwrap_or(m.key);
+            format!("{key}={}", m.blind_value)
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The keys (last segment) of the constants the data did not identify (data share below
 /// one half), or "-".
 fn prior_dominated(fit: &FitOutcome) -> String {
@@ -281,6 +297,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
                 f.left_out.to_string(),
                 compact_params(&f.fit),
                 prior_dominated(&f.fit),
+                blinded(f),
                 format!(
                     "{:.4} ({:.4} + {:.4})",
                     f.fit.cost, f.fit.data_cost, f.fit.prior_cost
@@ -315,6 +332,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
                 "left out",
                 "constants fitted without it (* = at a bound)",
                 "left at their prior (data share < 0.5)",
+                "measured constants replaced (blind value)",
                 "fit cost (figures + priors)",
                 "rms ln(predicted / measured) of the left-out fitted figures",
                 "gating rows within tolerance",

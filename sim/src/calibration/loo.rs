@@ -12,7 +12,7 @@ use super::compare::CalibrationSet;
 use super::error::CalibrationError;
 use super::fit::{FitOutcome, Starts, fit_joint_with};
 use super::lm::LmOptions;
-use super::params::FitParam;
+use super::params::{FitParam, MeasuredConstant, blind_profile};
 use super::verdict::{Checked, check};
 use crate::profile::HardwareProfile;
 
@@ -25,6 +25,9 @@ pub struct Fold {
     pub fit: FitOutcome,
     /// The left-out experiment's figures predicted with that fit, checked against tolerance.
     pub held_out: Checked,
+    /// Profile constants measured on the left-out experiment that this fold replaced by
+    /// their blind values ([`super::params::MEASURED_CONSTANTS`]).
+    pub blinded: Vec<MeasuredConstant>,
 }
 
 impl Fold {
@@ -47,7 +50,8 @@ impl Fold {
 
 /// Runs one fold per experiment of `set`, in the set's order: a blind MAP fit
 /// ([`Starts::Blind`]) on the other experiments, then the left-out one predicted with it.
-/// `start` supplies only the constants the fit does not adjust.
+/// `start` supplies only the constants the fit does not adjust, those measured on the
+/// left-out experiment replaced by their blind values ([`blind_profile`]).
 pub fn leave_one_out(
     set: &CalibrationSet,
     start: &HardwareProfile,
@@ -59,9 +63,11 @@ pub fn leave_one_out(
         // Bounds that come from the left-out experiment's measurements are replaced by
         // their blind ASSUMPTION bounds: the fold must not see that experiment at all.
         let blind: Vec<FitParam> = params.iter().map(|p| p.without(left_out)).collect();
+        // Constants measured directly on the left-out experiment take their blind values.
+        let (start, blinded) = blind_profile(start, left_out)?;
         let fit = fit_joint_with(
             set,
-            start,
+            &start,
             &blind,
             |r| r.experiment != left_out,
             options,
@@ -72,6 +78,7 @@ pub fn leave_one_out(
             left_out,
             fit,
             held_out: check(&predicted, false),
+            blinded,
         });
     }
     Ok(folds)

@@ -10,6 +10,7 @@
 //! not adjust but public measurements confine are in [`SOURCED_RANGES`].
 
 use super::compare::Comparison;
+use super::error::CalibrationError;
 use super::measured::Figure;
 use super::prior::Prior;
 use crate::profile::HardwareProfile;
@@ -169,6 +170,54 @@ pub fn outside_sourced_ranges(profile: &HardwareProfile) -> Vec<(SourcedRange, f
         .filter_map(|r| get(profile, r.key).map(|v| (*r, v)))
         .filter(|(r, v)| !(r.min..=r.max).contains(v))
         .collect()
+}
+
+/// A profile constant measured directly on one held-in experiment (not fitted): a
+/// leave-one-out fold that leaves that experiment out must not use it either, so it uses
+/// `blind_value` instead ([`blind_profile`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MeasuredConstant {
+    /// Dotted profile key.
+    pub key: &'static str,
+    /// Label of the experiment it was measured on (`B`, `A mbs2`).
+    pub experiment: &'static str,
+    /// Its value in a fold without that experiment.
+    pub blind_value: f64,
+    /// Where the blind value comes from (public source or ASSUMPTION).
+    pub blind_source: &'static str,
+}
+
+/// The profile constants measured directly on a held-in experiment.
+pub const MEASURED_CONSTANTS: [MeasuredConstant; 1] = [MeasuredConstant {
+    key: "calibration.unaligned_bandwidth_factor",
+    experiment: "B",
+    blind_value: 1.0,
+    blind_source: "without exp B: ASSUMPTION no penalty (1.0): the shipped 0.5015 is exp B's \
+        51.13 / 101.96 GB/s, non-aligned vs aligned FSDP2 all-gathers, and no public figure of \
+        HCCL's bandwidth on buffers not aligned to 512 bytes was found",
+}];
+
+/// `profile` as a fold without experiment `left_out` may use it: every
+/// [`MEASURED_CONSTANTS`] entry measured on that experiment at its blind value; returns the
+/// entries it replaced. Errors name a key this module cannot write.
+pub fn blind_profile(
+    profile: &HardwareProfile,
+    left_out: &str,
+) -> Result<(HardwareProfile, Vec<MeasuredConstant>), CalibrationError> {
+    let mut p = profile.clone();
+    let mut replaced = Vec::new();
+    for m in MEASURED_CONSTANTS
+        .iter()
+        .filter(|m| m.experiment == left_out)
+    {
+        if !set(&mut p, m.key, m.blind_value) {
+            return Err(CalibrationError::UnknownKey {
+                key: m.key.to_string(),
+            });
+        }
+        replaced.push(*m);
+    }
+    Ok((p, replaced))
 }
 
 /// Public BF16 `torch.matmul` throughput of square GEMMs on one Ascend 910B2 (torch 2.5.1;
@@ -622,6 +671,22 @@ mod tests {
             "{} vs {centre}",
             prior.centre
         );
+    }
+
+    /// A fold without exp B does not use the unaligned-buffer factor measured on exp B; a
+    /// fold without exp A keeps it.
+    #[test]
+    fn a_constant_measured_on_the_left_out_experiment_is_blinded() {
+        let profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        let key = "calibration.unaligned_bandwidth_factor";
+        assert!(get(&profile, key).unwrap() < 0.9);
+        let (without_b, replaced) = blind_profile(&profile, "B").unwrap();
+        assert_eq!(get(&without_b, key), Some(1.0));
+        assert_eq!(replaced.len(), 1);
+        assert!(replaced[0].blind_source.contains("ASSUMPTION"));
+        let (without_a, replaced) = blind_profile(&profile, "A mbs2").unwrap();
+        assert_eq!(get(&without_a, key), get(&profile, key));
+        assert!(replaced.is_empty());
     }
 
     #[test]
