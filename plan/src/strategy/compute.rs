@@ -10,12 +10,12 @@
 //!   every projection a separate `Gemm` entry, in launch order.
 //! - A layer covered by the recompute spec repeats its forward (and its forward collectives)
 //!   just before its backward.
-//! - Saved activations: half of the forward activation traffic (each op's output is saved for
-//!   backward); a recomputed layer keeps only its input (`tokens * hidden * 2` bytes) and
-//!   re-materializes the rest during recompute.
+//! - Saved activations: what autograd keeps in the real modules ([`super::saved_activations`]);
+//!   a recomputed layer keeps only its input and re-materializes the rest during recompute.
 
 use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
+use super::saved_activations;
 use super::validation;
 use super::{StrategyError, StrategyOptions};
 use crate::fsdp::FsdpPlan;
@@ -152,8 +152,8 @@ struct StageEnv<'s> {
     dims: ParDims,
     /// Shapes of each op's kernels on one rank.
     kernels: KernelCtx,
-    /// Tokens one rank computes per micro-batch, `micro_batch * seq_len / (tp * cp)`.
-    rank_tokens: f64,
+    /// What the rank's saved activations depend on ([`saved_activations`]).
+    saved: saved_activations::SavedLayout,
 }
 
 impl<'s> StageEnv<'s> {
@@ -185,11 +185,20 @@ impl<'s> StageEnv<'s> {
             act_wire_bytes: opts.param_dtype.bytes(),
             routed_imbalance: kernels.routed.map_or(1.0, |r| r.imbalance()),
         };
+        let saved = saved_activations::SavedLayout {
+            local_tokens: rank_tokens,
+            sequence_tokens: tokens as f64 / cp as f64,
+            tp,
+            act_bytes: kernels.act_bytes,
+            routed: kernels.routed,
+            loss_parallel: scenario.file.train.loss_parallel,
+            positions: opts.seq_len as f64 / cp as f64,
+        };
         StageEnv {
             scenario,
             dims,
             kernels,
-            rank_tokens,
+            saved,
         }
     }
 }
@@ -284,9 +293,9 @@ fn build_stage(
     let recompute = piece
         .layer
         .is_some_and(|l| env.scenario.recompute.covers(l));
-    let full_act_bytes = (piece.fwd_bytes_per_token() * env.rank_tokens / 2.0).round() as u64;
-    let checkpoint_bytes =
-        (env.scenario.model.config.hidden_size as f64 * 2.0 * env.rank_tokens).round() as u64;
+    let cfg = &env.scenario.model.config;
+    let full_act_bytes = saved_activations::stage_bytes(cfg, piece, &env.saved);
+    let checkpoint_bytes = saved_activations::checkpoint_bytes(cfg, &env.saved).round() as u64;
     Stage {
         name: stage_name,
         layer: piece.layer,

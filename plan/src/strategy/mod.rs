@@ -25,6 +25,7 @@ pub mod muon;
 pub mod optimizer;
 pub mod parallel;
 pub mod routing;
+pub mod saved_activations;
 mod step_tail;
 pub mod tp_grad_sync;
 pub mod tp_overlap;

@@ -1,0 +1,194 @@
+//! Saved activations: the formulas of `plan/src/strategy/saved_activations.rs` against the
+//! bytes autograd really saves in the HuggingFace modules (fixture written by
+//! `tools/saved_activations_probe.py`, two sizes of Qwen3-MoE and dense Qwen3), and the step
+//! programs allocating exactly those bytes per stage.
+
+use hpfsdp_plan::fsdp::build_fsdp_plan;
+use hpfsdp_plan::model::{ModelConfig, ModelFamily};
+use hpfsdp_plan::planner::plan;
+use hpfsdp_plan::program::{MemTag, StepProgram};
+use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::strategy::saved_activations::{
+    SavedLayout, checkpoint_bytes, embed_bytes, head_bytes, layer_bytes,
+};
+use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
+use std::path::PathBuf;
+
+fn scenario(rel: &str) -> Scenario {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../scenarios")
+        .join(rel);
+    Scenario::load(&path).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+fn fixture() -> toml::Table {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/saved_activations_torch.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    text.parse().unwrap()
+}
+
+fn int(t: &toml::Table, key: &str) -> u64 {
+    t.get(key)
+        .and_then(|v| v.as_integer())
+        .unwrap_or_else(|| panic!("fixture key {key} missing")) as u64
+}
+
+/// The probe's two-layer model as a `ModelConfig`: Qwen3-30B-A3B's config with the probed
+/// dimensions (dense: no experts, the dense Qwen3 family).
+fn probed_config(base: &ModelConfig, t: &toml::Table) -> ModelConfig {
+    let mut cfg = base.clone();
+    cfg.hidden_size = int(t, "hidden");
+    cfg.num_attention_heads = int(t, "heads");
+    cfg.num_key_value_heads = int(t, "kv_heads");
+    cfg.head_dim = int(t, "head_dim");
+    cfg.intermediate_size = int(t, "intermediate");
+    cfg.vocab_size = int(t, "vocab");
+    cfg.num_hidden_layers = 2;
+    cfg.mtp_layers = 0;
+    if int(t, "experts") == 0 {
+        cfg.moe = None;
+        cfg.family = ModelFamily::Qwen3;
+    } else {
+        let moe = cfg.moe.as_mut().unwrap();
+        moe.num_experts = int(t, "experts");
+        moe.experts_per_token = int(t, "top_k");
+        moe.moe_intermediate_size = int(t, "moe_intermediate");
+        moe.shared_experts = 0;
+        moe.first_dense_layers = 0;
+        moe.extra_dense_layers.clear();
+    }
+    cfg
+}
+
+/// One rank holding the whole micro-batch (no TP/CP/EP): what the probe ran.
+fn single_rank(t: &toml::Table) -> SavedLayout {
+    let tokens = (int(t, "batch") * int(t, "seq")) as f64;
+    SavedLayout {
+        local_tokens: tokens,
+        sequence_tokens: tokens,
+        tp: 1,
+        act_bytes: 2,
+        routed: None,
+        loss_parallel: false,
+        positions: int(t, "seq") as f64,
+    }
+}
+
+#[test]
+fn formulas_match_what_autograd_saves_in_the_hf_modules() {
+    let base = scenario("paper/exp-b.toml").model.config;
+    let fx = fixture();
+    let sizes: Vec<_> = fx
+        .iter()
+        .filter_map(|(k, v)| Some((k, v.as_table()?)))
+        .collect();
+    assert_eq!(sizes.len(), 4, "two MoE and two dense sizes");
+    for (name, t) in sizes {
+        let cfg = probed_config(&base, t);
+        let l = single_rank(t);
+        // Layer 1: a steady-state layer; layer 0 also saves the rotary tables first.
+        assert_eq!(
+            layer_bytes(&cfg, 1, &l),
+            int(t, "saved_layer1_bytes") as f64,
+            "{name} layer"
+        );
+        let rope = int(t, "saved_layer0_bytes") - int(t, "saved_layer1_bytes");
+        let embed = int(t, "saved_embed_bytes") + int(t, "saved_shared_bytes") + rope;
+        assert_eq!(
+            embed_bytes(&cfg, &l),
+            embed as f64,
+            "{name} embedding + rotary tables"
+        );
+        assert_eq!(
+            head_bytes(&cfg, &l),
+            int(t, "saved_head_bytes") as f64,
+            "{name} head"
+        );
+        for layer in ["checkpointed_layer0_bytes", "checkpointed_layer1_bytes"] {
+            assert_eq!(
+                checkpoint_bytes(&cfg, &l),
+                int(t, layer) as f64,
+                "{name} {layer}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_parallel() {
+    let cfg = scenario("paper/exp-b.toml").model.config;
+    let one = SavedLayout {
+        local_tokens: 8192.0,
+        sequence_tokens: 8192.0,
+        tp: 1,
+        act_bytes: 2,
+        routed: None,
+        loss_parallel: false,
+        positions: 4096.0,
+    };
+    let tp4 = SavedLayout {
+        local_tokens: 2048.0,
+        tp: 4,
+        ..one
+    };
+    // Every per-head and per-feature term shrinks 4x, the gathered layer inputs do not.
+    let dense_attention_share = layer_bytes(&cfg, 0, &tp4) / layer_bytes(&cfg, 0, &one);
+    assert!(dense_attention_share > 0.25 && dense_attention_share < 0.5);
+    // Logits are replicated before HF's loss: the f32 log-softmax stays whole-vocabulary.
+    let logsoftmax = 4.0 * cfg.vocab_size as f64 * 8192.0;
+    assert!(head_bytes(&cfg, &tp4) > logsoftmax);
+    let parallel = SavedLayout {
+        loss_parallel: true,
+        ..tp4
+    };
+    assert!(head_bytes(&cfg, &parallel) < logsoftmax / 3.0);
+}
+
+fn program(s: &Scenario, kind: StrategyKind) -> StepProgram {
+    let p = plan(&s.model, &s.planner_input());
+    let f = build_fsdp_plan(s, &p);
+    ProgramGenerator::new(s, &p, &f, kind)
+        .unwrap()
+        .program(0)
+        .unwrap()
+}
+
+/// Activation bytes allocated by the forward ops named `name.*` (recompute excluded).
+fn forward_alloc(p: &StepProgram, prefix: &str) -> u64 {
+    p.ops
+        .iter()
+        .filter(|o| {
+            o.name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(prefix) && !n.contains("recompute"))
+        })
+        .flat_map(|o| o.memory.iter())
+        .filter(|m| m.tag == MemTag::Activations)
+        .map(|m| m.alloc_bytes)
+        .sum()
+}
+
+#[test]
+fn experiment_b_programs_keep_the_measured_rules_per_layer() {
+    let s = scenario("paper/exp-b.toml");
+    let cfg = &s.model.config;
+    let l = SavedLayout {
+        local_tokens: 8192.0,
+        sequence_tokens: 8192.0,
+        tp: 1,
+        act_bytes: 2,
+        routed: None,
+        loss_parallel: false,
+        positions: 4096.0,
+    };
+    // 32 sequences over 16 ranks at micro batch 2: one micro-batch per step.
+    for kind in [StrategyKind::HyperParallel, StrategyKind::Fsdp2] {
+        let p = program(&s, kind);
+        // Layers 0..26 recompute: they keep their input; layer 30 keeps what autograd saves.
+        let recomputed = forward_alloc(&p, "layers.3.");
+        let kept = forward_alloc(&p, "layers.30.");
+        assert_eq!(recomputed, checkpoint_bytes(cfg, &l) as u64, "{kind:?}");
+        assert_eq!(kept, layer_bytes(cfg, 30, &l).round() as u64, "{kind:?}");
+    }
+}
