@@ -154,8 +154,8 @@ fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_
         ..one
     };
     // Every per-head and per-feature term shrinks 4x, the gathered layer inputs do not.
-    let dense_attention_share = layer_bytes(&cfg, 0, &tp4) / layer_bytes(&cfg, 0, &one);
-    assert!(dense_attention_share > 0.25 && dense_attention_share < 0.5);
+    let share = layer_bytes(&cfg, 0, &tp4) / layer_bytes(&cfg, 0, &one);
+    assert!(share > 0.25 && share < 0.5, "{share}");
     // Logits are replicated before HF's loss: the f32 log-softmax stays whole-vocabulary.
     let logsoftmax = 4.0 * cfg.vocab_size as f64 * 8192.0;
     assert!(head_bytes(&cfg, &tp4) > logsoftmax);
