@@ -1,12 +1,12 @@
 //! Saved activations: the formulas of `plan/src/strategy/saved_activations.rs` against the
 //! bytes autograd really saves in the HuggingFace modules (fixture written by
 //! `tools/saved_activations_probe.py`, two sizes of Qwen3-MoE and dense Qwen3), and the step
-//! programs allocating exactly those bytes per stage, plus the loss's backward temporaries.
+//! programs allocating exactly those bytes per stage.
 
 use hpfsdp_plan::fsdp::build_fsdp_plan;
 use hpfsdp_plan::model::{LayerCompute, ModelConfig, ModelFamily};
 use hpfsdp_plan::planner::plan;
-use hpfsdp_plan::program::{MemTag, MemoryEffect, StepProgram};
+use hpfsdp_plan::program::{MemTag, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::strategy::saved_activations::{
     SavedLayout, checkpoint_bytes, embed_bytes, head_bytes, layer_bytes, loss_backward_bytes,
@@ -211,23 +211,5 @@ fn experiment_b_programs_keep_the_measured_rules_per_layer() {
         let kept = forward_alloc(&p, "layers.30.");
         assert_eq!(recomputed, checkpoint_bytes(cfg, &l) as u64, "{kind:?}");
         assert_eq!(kept, layer_bytes(cfg, 30, &l).round() as u64, "{kind:?}");
-        // The head's backward holds the loss's two f32 [tokens, vocab] gradients, released by
-        // its last op.
-        let head = |f: fn(&MemoryEffect) -> u64| -> u64 {
-            p.ops
-                .iter()
-                .filter(|o| {
-                    o.name
-                        .as_deref()
-                        .is_some_and(|n| n.starts_with("lm_head.bwd"))
-                })
-                .flat_map(|o| o.memory.iter())
-                .filter(|m| m.tag == MemTag::Other)
-                .map(f)
-                .sum()
-        };
-        let loss_grads = 2 * 4 * cfg.vocab_size * 8192;
-        assert_eq!(head(|m| m.alloc_bytes), loss_grads, "{kind:?}");
-        assert_eq!(head(|m| m.free_bytes), loss_grads, "{kind:?}");
     }
 }
