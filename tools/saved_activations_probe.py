@@ -15,8 +15,7 @@ attributed to the module whose forward first saved it: `embed` (the embedding), 
 cos/sin computed once per forward and saved by every layer's RoPE) and `head` (final norm,
 `lm_head`, the f32 upcast and cross entropy of `ForCausalLMLoss`).
 
-It measures the temporaries live at the backward's memory peak with
-`torch.distributed._tools.mem_tracker.MemTracker` (the loss's f32 gradients), and a layer under `torch.utils.checkpoint` (non-reentrant, what
+It also measures a layer under `torch.utils.checkpoint` (non-reentrant, what
 `gradient_checkpointing_enable(use_reentrant=False)` uses): what the checkpointed layer keeps
 from forward to backward.
 
@@ -32,7 +31,6 @@ import os
 
 import torch
 import transformers
-from torch.distributed._tools.mem_tracker import MemTracker
 from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 SIZES = {
@@ -126,26 +124,6 @@ def census(name, checkpoint):
     return c.bytes
 
 
-def loss_backward_temp(name):
-    """Bytes of temporaries live at the backward's memory peak (`MemTracker`'s `Temp`), on
-    top of the saved activations: with a vocabulary larger than the hidden size it is the
-    loss's backward, the dense f32 gradient `nll_loss` returns and the f32 gradient
-    `log_softmax` computes from it, both `[tokens, vocab]`."""
-    torch.manual_seed(0)
-    model = build(name)
-    *_, vocab, batch, seq = SIZES[name]
-    ids = torch.randint(0, vocab, (batch, seq))
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-    peak = tracker.get_tracker_snapshot("peak")
-    return sum(
-        v for dev in peak.values() for k, v in dev.items() if str(k).endswith("TEMP")
-    )
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="plan/tests/fixtures")
@@ -170,7 +148,6 @@ def main():
             lines.append(f"saved_{scope}_bytes = {plain.get(scope, 0)}")
         lines.append(f"checkpointed_layer0_bytes = {ckpt.get('layer0', 0)}")
         lines.append(f"checkpointed_layer1_bytes = {ckpt.get('layer1', 0)}")
-        lines.append(f"loss_backward_temp_bytes = {loss_backward_temp(name)}")
         lines.append("")
         print(name, "plain", plain, "checkpointed", ckpt)
     path = os.path.join(args.out, "saved_activations_torch.toml")

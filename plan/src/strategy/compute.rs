@@ -70,9 +70,6 @@ pub struct Stage {
     pub saved_bytes: u64,
     /// Activation bytes of a full forward (what recompute re-materializes).
     pub full_act_bytes: u64,
-    /// Temporaries the stage's loss backward holds on top of the saved bytes (the f32 loss
-    /// gradients, [`saved_activations::loss_backward_bytes`]; 0 without a loss).
-    pub loss_backward_bytes: u64,
 }
 
 impl Stage {
@@ -310,7 +307,6 @@ fn build_stage(
             full_act_bytes
         },
         full_act_bytes,
-        loss_backward_bytes: saved_activations::loss_backward_bytes(cfg, piece, &env.saved),
     }
 }
 

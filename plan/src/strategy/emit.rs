@@ -484,22 +484,13 @@ pub(crate) fn forward_activations(e: &mut Emitter, stage: &Stage, last_fwd: OpId
 }
 
 /// Emits a stage's backward, with recompute first when the stage recomputes, and the
-/// activation memory effects (the loss's f32 gradients held through its backward as
-/// [`MemTag::Other`]). `deps` are waited for by the first op (recompute or backward).
+/// activation memory effects. `deps` are waited for by the first op (recompute or backward).
 /// Returns (first, last) backward compute op.
 pub(crate) fn backward_with_recompute(
     e: &mut Emitter,
     stage: &Stage,
     deps: &[OpId],
 ) -> (OpId, OpId) {
-    let (first, last) = backward_with_recompute_inner(e, stage, deps);
-    e.alloc(first, MemTag::Other, stage.loss_backward_bytes);
-    e.free(last, MemTag::Other, stage.loss_backward_bytes);
-    (first, last)
-}
-
-/// [`backward_with_recompute`] without the loss temporaries.
-fn backward_with_recompute_inner(e: &mut Emitter, stage: &Stage, deps: &[OpId]) -> (OpId, OpId) {
     let mut deps = deps.to_vec();
     if stage.recompute {
         let (_, last_re) = e.stage_forward(stage, &deps, true);

@@ -24,9 +24,6 @@
 //!   vocabulary (`4V`, HF upcasts logits to f32 before the cross entropy) and the int64
 //!   shifted labels (`8`); the embedding saves its int64 token ids (`8`).
 //!
-//! The loss's backward also holds two f32 `[tokens, vocabulary]` gradients at once on top of
-//! the saved bytes ([`loss_backward_bytes`], the probe's `MemTracker` peak temporaries).
-//!
 //! A layer under `torch.utils.checkpoint` keeps only its input (`a H` per token): the probe
 //! measures it for the non-reentrant checkpoint HF's gradient checkpointing uses.
 //!
@@ -204,7 +201,11 @@ pub fn embed_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
 /// vocabulary columns and the int64 labels (plus the f32 scalar loss normaliser).
 pub fn head_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
     let h = cfg.hidden_size as f64;
-    let vocab = vocab_columns(cfg, l);
+    let vocab = if l.loss_parallel {
+        l.split(cfg.vocab_size)
+    } else {
+        cfg.vocab_size as f64
+    };
     norm_per_token(h, 1.0, l.a()) * l.local_tokens
         + (l.a() * h + F32_BYTES * vocab + I64_BYTES) * l.sequence_tokens
         + F32_BYTES
@@ -219,32 +220,6 @@ pub fn stage_bytes(cfg: &ModelConfig, piece: &LayerCompute, l: &SavedLayout) -> 
         None => head_bytes(cfg, l),
     };
     bytes.round() as u64
-}
-
-/// Bytes of the temporaries one piece's loss backward holds on top of the saved activations:
-/// `nll_loss`'s dense f32 gradient and the f32 gradient `log_softmax` computes from it, both
-/// `[tokens, vocabulary columns]`, live together while the log-softmax backward runs
-/// (measured with `MemTracker` as the backward's peak temporaries). The head and every MTP
-/// layer (its own loss) have one; other pieces 0.
-pub fn loss_backward_bytes(cfg: &ModelConfig, piece: &LayerCompute, l: &SavedLayout) -> u64 {
-    let has_loss = match piece.layer {
-        Some(layer) => layer >= cfg.num_hidden_layers,
-        None => piece.name != "model.embed_tokens",
-    };
-    if !has_loss {
-        return 0;
-    }
-    (2.0 * F32_BYTES * vocab_columns(cfg, l) * l.sequence_tokens).round() as u64
-}
-
-/// Vocabulary columns of the rank's logits in the loss: `V / tp` with a parallel loss, the
-/// whole vocabulary otherwise.
-fn vocab_columns(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
-    if l.loss_parallel {
-        l.split(cfg.vocab_size)
-    } else {
-        cfg.vocab_size as f64
-    }
 }
 
 /// Bytes a layer under `torch.utils.checkpoint` keeps: its input on the rank's tokens.
