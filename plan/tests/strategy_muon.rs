@@ -1130,3 +1130,104 @@ fn dmuon_ignores_ns_steps() {
     );
     assert_eq!(m3 * 5, m5 * 3, "torch.optim.Muon runs ns_steps iterations");
 }
+
+/// HyperParallel's `apply_reduced_grad` (`TorchHSDPParamV2`, `platform/torch/fully_shard/
+/// param.py`) casts the reduced shard to the parameter's own dtype before assigning it
+/// (`reduced_grad.to(self.orig_dtype)` when they differ and no FP32 main grad is kept). With a
+/// bf16 master and an f32 reduction (muon-vs-dmuon, one micro-batch, no replicas) every
+/// reduce-scatter output is cast once on the compute stream after its division: one kernel
+/// per parameter reading 4 and writing 2 bytes per element of the shard, so the settle ops
+/// move 1.5 times the reduce-scatter output bytes. With FP32 master weights
+/// (muon-vs-matrixfsdp) there is no cast and, on one micro-batch, no settle op at all for the
+/// reduce-scattered parameters.
+#[test]
+fn reduced_gradients_are_cast_back_to_the_master_dtype() {
+    let settles = |rel: &str| -> (usize, u64, usize, u64) {
+        let x = load(rel);
+        let g = gen_with(
+            &x,
+            StrategyKind::HyperParallel,
+            OptimizerStrategy::HyperParallelMuon,
+        );
+        let p = g.program(0).unwrap();
+        let rs: Vec<u64> = p
+            .ops
+            .iter()
+            .filter(|o| o.category == Category::FsdpRs)
+            .filter_map(|o| o.payload.as_collective())
+            .filter(|c| c.kind == CollectiveKind::ReduceScatter)
+            .map(|c| c.output_bytes)
+            .collect();
+        let settle: Vec<(u32, u64)> = p
+            .ops
+            .iter()
+            .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(".settle")))
+            .filter_map(|o| match &o.payload {
+                Payload::Compute(w) => Some((w.kernels, w.hbm_bytes)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            settle.iter().all(|&(k, _)| k == 1),
+            "{rel}: one cast kernel per parameter"
+        );
+        (
+            rs.len(),
+            rs.iter().sum(),
+            settle.len(),
+            settle.iter().map(|x| x.1).sum(),
+        )
+    };
+    let (n_rs, rs_bytes, n_settle, settle_bytes) = settles("paper/muon-vs-dmuon.toml");
+    assert!(n_rs > 100, "{n_rs} reduce-scatters");
+    assert_eq!(n_settle, n_rs, "one cast per reduced shard");
+    assert_eq!(2 * settle_bytes, 3 * rs_bytes, "read f32, write bf16");
+    let (n_rs, _, n_settle, _) = settles("paper/muon-vs-matrixfsdp.toml");
+    assert!(n_rs > 100, "{n_rs} reduce-scatters");
+    assert_eq!(n_settle, 0, "FP32 master weights: nothing to cast");
+}
+
+/// DMuon's Stage-1 reduces of a layer sit in one `dist._coalescing_manager` block
+/// (`dmuon/_backends/fsdp2/group.py` `reduce_grads`), which fuses nothing on an NPU:
+/// `reduce` is not one of c10d's fast-path coalesced collectives, and torch_npu's
+/// `ProcessGroupHCCL::collective` launches each `HcclReduce` on the group's stream at call
+/// time. So a layer still issues one reduce per matrix, all together after the layer's
+/// backward (same stream, same dependencies, no compute issued between them), each carrying
+/// its whole bf16 gradient.
+#[test]
+fn dmuon_layer_reduces_run_back_to_back() {
+    let x = load("paper/muon-vs-dmuon.toml");
+    let g = gen_with(&x, StrategyKind::HyperParallel, OptimizerStrategy::DMuon);
+    let p = g.program(0).unwrap();
+    for layer in ["layers.0.", "layers.17.", "layers.29."] {
+        let idx: Vec<usize> = p
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| {
+                o.name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(layer) && n.ends_with(".reduce"))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(idx.len(), 7, "{layer}: one reduce per matrix");
+        let first = &p.ops[idx[0]];
+        // Only the layer's norms' reduce-scatters and their in-place AVG divisions come
+        // between them, all on the same HCCL stream: nothing on the compute stream.
+        for o in (idx[0]..=idx[6]).map(|i| &p.ops[i]) {
+            assert!(
+                o.stream == first.stream,
+                "{layer}: {:?} between the reduces {idx:?}",
+                o.name
+            );
+        }
+        for &i in &idx {
+            let o = &p.ops[i];
+            assert_eq!(o.stream, first.stream, "{layer}: one HCCL stream");
+            assert_eq!(o.deps, first.deps, "{layer}: one issue point");
+            let c = o.payload.as_collective().unwrap();
+            assert_eq!(c.dtype, hpfsdp_plan::model::DType::Bf16, "{layer}: no cast");
+        }
+    }
+}
