@@ -1138,12 +1138,21 @@ fn dmuon_ignores_ns_steps() {
 /// reduce-scatter output is cast once on the compute stream after its division: one kernel
 /// per parameter reading 4 and writing 2 bytes per element of the shard, so the settle ops
 /// move 1.5 times the reduce-scatter output bytes. With FP32 master weights
-/// (muon-vs-matrixfsdp) there is no cast and, on one micro-batch, no settle op at all for the
-/// reduce-scattered parameters.
+/// (muon-vs-matrixfsdp) or an FP32 `main_grad` (`[fsdp] fp32_main_grad`) there is no cast
+/// and, on one micro-batch, no settle op at all for the reduce-scattered parameters.
 #[test]
 fn reduced_gradients_are_cast_back_to_the_master_dtype() {
-    let settles = |rel: &str| -> (usize, u64, usize, u64) {
-        let x = load(rel);
+    let settles = |rel: &str, main_grad: bool| -> (usize, u64, usize, u64) {
+        let x = if main_grad {
+            let from = "reduce_dtype = \"f32\"";
+            edited(
+                rel,
+                &[(from, &format!("{from}\nfp32_main_grad = true"))],
+                "",
+            )
+        } else {
+            load(rel)
+        };
         let g = gen_with(
             &x,
             StrategyKind::HyperParallel,
@@ -1178,13 +1187,18 @@ fn reduced_gradients_are_cast_back_to_the_master_dtype() {
             settle.iter().map(|x| x.1).sum(),
         )
     };
-    let (n_rs, rs_bytes, n_settle, settle_bytes) = settles("paper/muon-vs-dmuon.toml");
+    let (n_rs, rs_bytes, n_settle, settle_bytes) = settles("paper/muon-vs-dmuon.toml", false);
     assert!(n_rs > 100, "{n_rs} reduce-scatters");
     assert_eq!(n_settle, n_rs, "one cast per reduced shard");
     assert_eq!(2 * settle_bytes, 3 * rs_bytes, "read f32, write bf16");
-    let (n_rs, _, n_settle, _) = settles("paper/muon-vs-matrixfsdp.toml");
+    let (n_rs, _, n_settle, _) = settles("paper/muon-vs-matrixfsdp.toml", false);
     assert!(n_rs > 100, "{n_rs} reduce-scatters");
     assert_eq!(n_settle, 0, "FP32 master weights: nothing to cast");
+    // `[fsdp] fp32_main_grad = true` (`apply_grad_on_fp32_main_grad`): the f32 reduced shard
+    // becomes the FP32 main gradient as it is.
+    let (n_rs, _, n_settle, _) = settles("paper/muon-vs-dmuon.toml", true);
+    assert!(n_rs > 100, "{n_rs} reduce-scatters");
+    assert_eq!(n_settle, 0, "FP32 main_grad: nothing to cast");
 }
 
 /// DMuon's Stage-1 reduces of a layer sit in one `dist._coalescing_manager` block

@@ -18,7 +18,9 @@
 //!   one cast kernel per parameter over its 1/S shard, each time the reduced gradient is
 //!   applied (every micro-batch without replicas; after the replica all-reduce otherwise).
 //!   It exists with a bf16 master and an f32 reduction (muon-vs-dmuon, muon-vs-flexshard,
-//!   exp C, exp D), not with FP32 master weights (muon-vs-matrixfsdp).
+//!   exp C), not with FP32 master weights (muon-vs-matrixfsdp) nor with an FP32 `main_grad`
+//!   (`[fsdp] fp32_main_grad`, `apply_grad_on_fp32_main_grad`: exp D's "fp32 master
+//!   gradients").
 //!
 //! With one dtype throughout (experiments A and B) none exists.
 

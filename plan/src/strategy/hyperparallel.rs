@@ -32,8 +32,9 @@
 //!   stream waits for their divisions) and (2) settle them: nothing on the first micro-batch
 //!   (`apply_reduced_grad` assigns the gradient), one accumulation kernel per parameter on
 //!   the compute stream from the second on, each preceded by `apply_reduced_grad`'s cast to
-//!   the master dtype when the reduce dtype differs (`hp_mixed_precision::reduced_grad_cast`;
-//!   with replicas the cast follows the all-reduce division instead); (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
+//!   the master dtype when the reduce dtype differs and no FP32 `main_grad` is kept
+//!   (`hp_mixed_precision::reduced_grad_cast`, `[fsdp] fp32_main_grad`; with replicas the
+//!   cast follows the all-reduce division instead); (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
 //!   all-reduce over the replicate group (one per unit and data domain, only when the
 //!   replicate group has more than one rank). The root callback at the end of backward waits
 //!   the last reduce-scatters, issues the last all-reduce and waits all of them; with replicas
@@ -570,14 +571,7 @@ impl<'a, 'c> Hp<'a, 'c> {
             // is applied here (no deferred replica all-reduce), then assigns or adds it in
             // that dtype.
             let cast = (placed.is_none() && !self.defers_apply(u, p))
-                .then(|| {
-                    hp_mixed_precision::reduced_grad_cast(
-                        elems,
-                        1,
-                        rd,
-                        self.e.ctx.opts.master_dtype,
-                    )
-                })
+                .then(|| self.reduced_grad_cast(elems))
                 .flatten();
             let add_bytes = if cast.is_some() {
                 3 * elems * self.e.ctx.opts.master_dtype.bytes()
@@ -613,6 +607,18 @@ impl<'a, 'c> Hp<'a, 'c> {
         }
         let done = self.rs_done.clone();
         self.e.wait_for(&done);
+    }
+
+    /// `apply_reduced_grad`'s cast of one reduced shard of `elems` elements back to the
+    /// master dtype ([`hp_mixed_precision::reduced_grad_cast`]); `None` with an FP32
+    /// `main_grad` (`[fsdp] fp32_main_grad`: the reduced gradient is kept as it is) or when
+    /// the dtypes agree.
+    fn reduced_grad_cast(&self, elems: u64) -> Option<crate::kernel::KernelWork> {
+        let o = &self.e.ctx.opts;
+        if o.fp32_main_grad {
+            return None;
+        }
+        hp_mixed_precision::reduced_grad_cast(elems, 1, o.reduce_dtype, o.master_dtype)
     }
 
     /// Whether parameter `p` of unit `u` applies its reduced gradient only after the replica
@@ -1202,7 +1208,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             if ars.is_empty() {
                 continue;
             }
-            let (rd, master) = (o.reduce_dtype, o.master_dtype);
+            let rd = o.reduce_dtype;
             let mut last = None;
             for i in 0..self.units[u].params.len() {
                 let p = self.units[u].params[i];
@@ -1211,9 +1217,7 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
                 // ([`hp_mixed_precision::reduced_grad_cast`]).
                 let cast = self.units[u].placed[i]
                     .is_none()
-                    .then(|| {
-                        hp_mixed_precision::reduced_grad_cast(p.padded_shard_numel, 1, rd, master)
-                    })
+                    .then(|| self.reduced_grad_cast(p.padded_shard_numel))
                     .flatten();
                 let (cast_kernels, cast_hbm) = cast.map_or((0, 0), |k| (k.count, k.hbm_bytes));
                 let op = self.e.compute(
