@@ -644,13 +644,19 @@ fn owner_placement_baselines() {
             );
             mom += g.optimizer_state_bytes(r).unwrap().0;
         }
-        // The Qwen3-14B matrices of this scenario are all placed: one momentum copy in total.
+        // The Qwen3-14B matrices of this scenario are all placed: one momentum copy in total,
+        // in the dtype of the gradient the owner reads: MatrixFSDP's f32 workspace, DMuon's
+        // bf16 reduced gradient (`zeros_like(grad)`).
         let m = build_muon_plan(&x.s, &x.p, &x.f);
+        let grad_bytes = match o {
+            OptimizerStrategy::DMuon => 2,
+            _ => 4,
+        };
         let full: u64 = m
             .params
             .iter()
             .filter(|p| p.route == OptimizerRoute::Muon)
-            .map(|p| p.numel() * 4)
+            .map(|p| p.numel() * grad_bytes)
             .sum();
         assert_eq!(mom, full, "{o}");
     }
@@ -1244,4 +1250,45 @@ fn dmuon_layer_reduces_run_back_to_back() {
             assert_eq!(c.dtype, hpfsdp_plan::model::DType::Bf16, "{layer}: no cast");
         }
     }
+}
+
+/// The optimizer reads the gradient in the dtype the FSDP runtime leaves it: after
+/// `apply_reduced_grad`'s cast, the bf16 master dtype (muon-vs-dmuon), so HyperParallel's
+/// Muon momentum (`zeros_like(grad)`) takes 2 bytes per element; with an FP32 `main_grad`
+/// (`[fsdp] fp32_main_grad = true`) it takes 4, and the momentum kernels move f32 gradients.
+#[test]
+fn momentum_follows_the_applied_gradient_dtype() {
+    let rel = "paper/muon-vs-dmuon.toml";
+    let from = "reduce_dtype = \"f32\"";
+    let main_grad = edited(
+        rel,
+        &[(from, &format!("{from}\nfp32_main_grad = true"))],
+        "",
+    );
+    let cast = load(rel);
+    let state_and_bytes = |x: &Plans| -> (u64, u64) {
+        let g = gen_with(
+            x,
+            StrategyKind::HyperParallel,
+            OptimizerStrategy::HyperParallelMuon,
+        );
+        let p = g.program(0).unwrap();
+        let momentum: u64 = p
+            .ops
+            .iter()
+            .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(".momentum")))
+            .filter_map(|o| match &o.payload {
+                Payload::Compute(w) => Some(w.hbm_bytes),
+                _ => None,
+            })
+            .sum();
+        (g.optimizer_state_bytes(0).unwrap().0, momentum)
+    };
+    let (bf16_state, bf16_bytes) = state_and_bytes(&cast);
+    let (f32_state, f32_bytes) = state_and_bytes(&main_grad);
+    assert!(bf16_state > 0 && bf16_bytes > 0);
+    assert_eq!(2 * bf16_state, f32_state);
+    // Read gradient and momentum, write momentum in that dtype, plus the bf16 NS input:
+    // 3 x 4 + 2 against 3 x 2 + 2 bytes per element.
+    assert_eq!(8 * f32_bytes, 14 * bf16_bytes);
 }

@@ -232,7 +232,7 @@ fn gathers(
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     adamw_routed_units(ctx, view, &mut s);
-    let grad_bytes = ctx.opts.reduce_dtype.bytes();
+    let grad_bytes = super::grad_dtype(ctx).bytes();
     let batches = rank_batches(ctx, view);
     s.momentum_bytes = batches
         .iter()
