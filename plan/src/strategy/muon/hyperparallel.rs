@@ -45,10 +45,13 @@
 //! rank-independent sequence of (slot, memory batch) steps, so every member of a
 //! communicator issues its collectives in the same order.
 //!
-//! **Paper and code agree on this order** (checked against every HyperParallel revision of
-//! `hyper_parallel/core/optimizer/muon.py` in the public index: 3ad2a77 and the earlier
-//! `_gather_and_compute_shard_updates(valid_params, ..., lr, rms, ns_steps, buffer_cache)`
-//! one run the shard path exactly as above). The paper's Algorithm "One distributed Muon
+//! **Paper and code agree on this order** (checked against the three versions of
+//! `hyper_parallel/core/optimizer/muon.py` with a shard path in the public index: 3ad2a77 and
+//! the earlier `_gather_and_compute_shard_updates(valid_params, ..., lr, rms, ns_steps,
+//! buffer_cache)` one run it exactly as above; the first one is more serial still, one
+//! owner per batch (`compute_flat = batch_idx % total_shard_size`) and a blocking
+//! `dist.broadcast` per parameter followed by a host read of its learning rate
+//! (`lrs_to_broadcast[p].item()`) before its apply). The paper's Algorithm "One distributed Muon
 //! step" (`hyperparallel-fsdp-paper.tex` lines 1807-1829) loops over the batches: "fused-gather
 //! ... owners: batched NS ... issue-async relay broadcast of B along shard axes / subgroup
 //! shard ranks: slice from relay; apply with decay / replica owners: issue-async per-axis
