@@ -31,7 +31,10 @@
 //!   the unit processed just before it: (1) wait the reduce-scatters of `prev` (the compute
 //!   stream waits for their divisions) and (2) settle them: nothing on the first micro-batch
 //!   (`apply_reduced_grad` assigns the gradient), one accumulation kernel per parameter on
-//!   the compute stream from the second on; (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
+//!   the compute stream from the second on, each preceded by `apply_reduced_grad`'s cast to
+//!   the master dtype when the reduce dtype differs and no FP32 `main_grad` is kept
+//!   (`hp_mixed_precision::reduced_grad_cast`, `[fsdp] fp32_main_grad`; with replicas the
+//!   cast follows the all-reduce division instead); (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
 //!   all-reduce over the replicate group (one per unit and data domain, only when the
 //!   replicate group has more than one rank). The root callback at the end of backward waits
 //!   the last reduce-scatters, issues the last all-reduce and waits all of them; with replicas
@@ -58,7 +61,8 @@
 //! - **Mixed precision** (5.2, 5.6; `strategy::hp_mixed_precision`): with a master dtype
 //!   unlike `param_dtype`, one cast per all-gathered shard before the unit's all-gathers;
 //!   with `param_dtype` unlike the reduce dtype, one cast per gradient before the unit's
-//!   reduce-scatters (one compute op per unit each). The owner holds the full master parameter and receives
+//!   reduce-scatters (one compute op per unit each); with the reduce dtype unlike the master
+//!   dtype, one cast per reduced shard back to the master dtype where it is applied. The owner holds the full master parameter and receives
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
@@ -563,18 +567,35 @@ impl<'a, 'c> Hp<'a, 'c> {
                 Some(_) => (1, 3 * out),
                 None => (0, 0),
             };
-            let (add_kernels, add_hbm) = if accumulate { (1u32, 3 * out) } else { (0, 0) };
+            // `apply_reduced_grad` casts the reduced shard to the master dtype first when it
+            // is applied here (no deferred replica all-reduce), then assigns or adds it in
+            // that dtype.
+            let cast = (placed.is_none() && !self.defers_apply(u, p))
+                .then(|| self.reduced_grad_cast(elems))
+                .flatten();
+            let add_bytes = if cast.is_some() {
+                3 * elems * self.e.ctx.opts.master_dtype.bytes()
+            } else {
+                3 * out
+            };
+            let (add_kernels, add_hbm) = if accumulate {
+                (1u32, add_bytes)
+            } else {
+                (0, 0)
+            };
+            let (cast_kernels, cast_hbm) = cast.map_or((0, 0), |k| (k.count, k.hbm_bytes));
             self.rs_done.push(done);
-            if div_kernels + add_kernels == 0 {
+            let kernels = div_kernels + add_kernels + cast_kernels;
+            if kernels == 0 {
                 continue;
             }
             self.e.compute(
                 Stream::Compute,
                 Category::FsdpRs,
                 ComputeWork {
-                    flops: elems * u64::from(div_kernels + add_kernels),
-                    hbm_bytes: div_hbm + add_hbm,
-                    kernels: div_kernels + add_kernels,
+                    flops: elems * u64::from(kernels),
+                    hbm_bytes: div_hbm + add_hbm + cast_hbm,
+                    kernels,
                     mix: None,
                 },
                 &[done],
@@ -586,6 +607,26 @@ impl<'a, 'c> Hp<'a, 'c> {
         }
         let done = self.rs_done.clone();
         self.e.wait_for(&done);
+    }
+
+    /// `apply_reduced_grad`'s cast of one reduced shard of `elems` elements back to the
+    /// master dtype ([`hp_mixed_precision::reduced_grad_cast`]); `None` with an FP32
+    /// `main_grad` (`[fsdp] fp32_main_grad`: the reduced gradient is kept as it is) or when
+    /// the dtypes agree.
+    fn reduced_grad_cast(&self, elems: u64) -> Option<crate::kernel::KernelWork> {
+        let o = &self.e.ctx.opts;
+        if o.fp32_main_grad {
+            return None;
+        }
+        hp_mixed_precision::reduced_grad_cast(elems, 1, o.reduce_dtype, o.master_dtype)
+    }
+
+    /// Whether parameter `p` of unit `u` applies its reduced gradient only after the replica
+    /// all-reduce (its domain's replicate group has more than one rank): the settle step then
+    /// accumulates into `reduce_partial_output` in the reduce dtype, and
+    /// `apply_reduced_grad` runs after the all-reduce ([`Hp::divide_all_reduces`]).
+    fn defers_apply(&self, u: usize, p: &ParamFsdp) -> bool {
+        self.units[u].ar_bytes[Ctx::domain_index(p.domain)] > 0
     }
 
     /// MatrixFSDP's settle of unit `u`'s owner reductions once they are waited
@@ -1172,13 +1213,20 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             for i in 0..self.units[u].params.len() {
                 let p = self.units[u].params[i];
                 let bytes = p.padded_shard_numel * rd.bytes();
+                // Then `apply_reduced_grad`'s cast of the divided shard to the master dtype
+                // ([`hp_mixed_precision::reduced_grad_cast`]).
+                let cast = self.units[u].placed[i]
+                    .is_none()
+                    .then(|| self.reduced_grad_cast(p.padded_shard_numel))
+                    .flatten();
+                let (cast_kernels, cast_hbm) = cast.map_or((0, 0), |k| (k.count, k.hbm_bytes));
                 let op = self.e.compute(
                     Stream::Compute,
                     Category::FsdpAr,
                     ComputeWork {
-                        flops: p.padded_shard_numel,
-                        hbm_bytes: 2 * bytes,
-                        kernels: 1,
+                        flops: p.padded_shard_numel * u64::from(1 + cast_kernels),
+                        hbm_bytes: 2 * bytes + cast_hbm,
+                        kernels: 1 + cast_kernels,
                         mix: None,
                     },
                     &ars,

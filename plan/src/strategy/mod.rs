@@ -208,6 +208,9 @@ pub struct StrategyOptions {
     pub reduce_dtype: DType,
     /// Master (sharded parameter) dtype.
     pub master_dtype: DType,
+    /// Reduced gradients kept in an FP32 `main_grad`, not cast back to the master dtype
+    /// (`[fsdp] fp32_main_grad`).
+    pub fp32_main_grad: bool,
     /// Micro-batches per optimizer step (gradient accumulation steps).
     pub grad_accum_steps: u64,
     /// Sequences per micro-batch per data-parallel rank.
@@ -261,6 +264,7 @@ impl StrategyOptions {
             param_dtype: scenario.param_dtype,
             reduce_dtype: scenario.reduce_dtype,
             master_dtype: scenario.master_dtype,
+            fp32_main_grad: f.fp32_main_grad,
             grad_accum_steps: t.global_batch / per_step,
             micro_batch: t.micro_batch,
             seq_len: t.seq_len,
