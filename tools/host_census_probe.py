@@ -311,11 +311,13 @@ def host_us_per_event():
 
     plain_events = vp.events(lambda: fn(*plain_args))
     wrapped_events = vp.events(lambda: fn(*wrapped_args))
-    best = None
-    for _ in range(5):  # best of five: the least disturbed run
+    runs = []
+    for _ in range(9):  # the median of nine: robust to a disturbed run on a shared host
         t_plain, t_wrapped = per_call(plain_args), per_call(wrapped_args)
-        cand = (t_plain / plain_events, (t_wrapped - t_plain) / (wrapped_events - plain_events))
-        best = cand if best is None or cand[0] < best[0] else best
+        runs.append((t_plain / plain_events,
+                     (t_wrapped - t_plain) / (wrapped_events - plain_events)))
+    runs.sort(key=lambda r: r[1] / r[0])
+    best = runs[len(runs) // 2]
     return {"production_us_per_event": round(best[0], 3),
             "validation_us_per_extra_event": round(best[1], 3),
             "validation_over_production": round(best[1] / best[0], 3),

@@ -116,12 +116,13 @@ pub const FALLBACK_BWD_EVENTS_PER_KERNEL: (u32, u32) = (672, 109);
 /// How much more host time one extra validation-mode event costs than one production event,
 /// measured like for like by `tools/host_census_probe.py` (the validation probe's GQA
 /// attention forward on plain tensors, time per event, against its DTensor stand-in, extra
-/// time per extra event; x86, torch CPU build, best of five; repeated runs gave 2.4 to 3.6):
+/// time per extra event; x86, torch CPU build, the median of nine; repeated probe runs gave
+/// 2.3 to 2.7):
 /// a validation event carries the Python `__torch_function__` dispatch and wrap around it, a
 /// production event only the C++ dispatcher and the Python module code between calls. The
 /// simulator derives the production per-event cost from the validation one with it when the
 /// profile gives none (`hpfsdp_sim::host_cost`).
-pub const VALIDATION_OVER_PRODUCTION_EVENT_COST: f64 = 2.398;
+pub const VALIDATION_OVER_PRODUCTION_EVENT_COST: f64 = 2.521;
 
 /// The census entry of `op`, if the probe measured its module (see the module documentation).
 pub fn census(op: &ComputeOp, cfg: &ModelConfig) -> Option<PassEvents> {
