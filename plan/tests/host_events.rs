@@ -101,6 +101,10 @@ fn census_tables_replay_the_torch_profiler() {
     );
     // The Qwen3-MoE decoder layer with a dense MLP runs the same code as Qwen3's.
     assert_eq!(net(&f, "qwen3_moe_layer_dense_mlp"), layer);
+    assert_eq!(
+        host_events::ADAMW_FOREACH_EVENTS_PER_PARAM as i64,
+        get(&f, "adamw_foreach", "per_param_device_path")
+    );
     let ratio = f["timing"]["validation_over_production"]
         .as_float()
         .unwrap();
@@ -180,4 +184,30 @@ fn programs_carry_the_census_on_forward_recompute_and_backward() {
         !moe_fwd.is_empty() && moe_fwd.iter().all(|&e| e > 0),
         "{moe_fwd:?}"
     );
+}
+
+#[test]
+fn placeholder_adamw_steps_carry_the_foreach_census() {
+    // `[optimizer] kind = "adamw"`: the placeholder AdamW on every unit.
+    let s = scenario("fixtures/whatif-tiny.toml");
+    let p = program(&s, StrategyKind::HyperParallel);
+    let adamw: Vec<_> = p
+        .ops
+        .iter()
+        .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(".optimizer")))
+        .collect();
+    assert!(
+        !adamw.is_empty(),
+        "the placeholder optimizer steps every unit"
+    );
+    for o in adamw {
+        let Payload::Compute(w) = o.payload else {
+            panic!("an optimizer step is compute")
+        };
+        // One multi-tensor kernel per parameter tensor, four host events per parameter.
+        assert_eq!(
+            o.host_cpu_events,
+            host_events::ADAMW_FOREACH_EVENTS_PER_PARAM * w.kernels
+        );
+    }
 }

@@ -31,9 +31,12 @@
 //! its interleaved RoPE, DeepSeek's router, ops built by hand. They are charged at the
 //! measured events per launched kernel of the whole dense decoder layer
 //! ([`FALLBACK_FWD_EVENTS_PER_KERNEL`], [`FALLBACK_BWD_EVENTS_PER_KERNEL`]). Ops outside the
-//! model path (optimizer steps, FSDP copies and casts, the step tail) carry no census here:
-//! the simulator charges them one event per launched kernel, the floor (every launch is at
-//! least one operator event).
+//! model path carry no census here except the placeholder AdamW step
+//! ([`ADAMW_FOREACH_EVENTS_PER_PARAM`]): the Muon pipelines (their AdamW units included), FSDP copies and casts and the step tail are charged one event per launched
+//! kernel by the simulator, the floor (every launch is at least one operator event). The
+//! probe also measures `torch.optim.Muon`'s per-matrix step (112 events per matrix on the CPU
+//! backend, fixture `muon_per_matrix`); the programs' Muon ops are shape-batched or bucketed
+//! per strategy, so that per-matrix figure is recorded, not charged.
 
 use crate::kernel::KernelWork;
 use crate::model::{ComputeOp, EagerRecipe, ModelConfig, ModelFamily, OpShape};
@@ -123,6 +126,17 @@ pub const FALLBACK_BWD_EVENTS_PER_KERNEL: (u32, u32) = (672, 109);
 /// simulator derives the production per-event cost from the validation one with it when the
 /// profile gives none (`hpfsdp_sim::host_cost`).
 pub const VALIDATION_OVER_PRODUCTION_EVENT_COST: f64 = 2.521;
+
+/// Host CPU operator events per parameter of one `torch.optim.AdamW(foreach=True)` step on a
+/// device backend with fused foreach kernels (the probe's `adamw_foreach.per_param_device_path`:
+/// the events outside the CPU fallback's per-tensor loops nested in `aten::_foreach_*`, which a
+/// device backend replaces by multi-tensor launches). The step's fixed part (15 events per
+/// parameter group and step) is not charged: the programs emit AdamW per FSDP unit, not per
+/// group. Charged on [`super::optimizer::optimizer_step`] ops (the placeholder `adamw`
+/// optimizer) instead of the one-per-kernel floor; the AdamW units of the Muon strategies are
+/// lowered from their schedule (`super::muon::schedule`), whose ops carry no host events yet,
+/// and stay at the floor.
+pub const ADAMW_FOREACH_EVENTS_PER_PARAM: u32 = 4;
 
 /// The census entry of `op`, if the probe measured its module (see the module documentation).
 pub fn census(op: &ComputeOp, cfg: &ModelConfig) -> Option<PassEvents> {
