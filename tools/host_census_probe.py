@@ -20,7 +20,10 @@ runs local tensors, no DTensor dispatch):
   backward: the re-run forward plus the checkpoint machinery;
 - `*_kernels`: how many of those events are leaf compute ops, i.e. would launch a device
   kernel on an accelerator: an `aten::` event with no nested event that is not a view,
-  allocation or metadata op (`VIEW_OR_META`).
+  allocation or metadata op (`VIEW_OR_META`) and calls nothing but such ops. Caveat: this
+  follows the CPU backend's decompositions (a CPU `mean` is `sum` into a `fill_`-initialised
+  output, slice backward `zero_`s a buffer, casts are `copy_`), so it bounds, not counts, the
+  kernels an NPU launches for the same module.
 Plus the optimizer step (`torch.optim.AdamW(foreach=True)` and `torch.optim.Muon`, the
 per-matrix Muon of the matrixfsdp baseline) at two parameter counts, giving a fixed and a
 per-parameter part.
