@@ -17,6 +17,7 @@ pub mod avg_division;
 pub mod compute;
 mod emit;
 pub mod fsdp2;
+pub mod host_events;
 pub mod hp_mixed_precision;
 pub mod hyperparallel;
 pub mod kernels;

@@ -517,6 +517,8 @@ mod tests {
             fwd,
             bwd,
             fwd_validation_events: 0,
+            fwd_host_events: 0,
+            bwd_host_events: 0,
         })
     }
 
