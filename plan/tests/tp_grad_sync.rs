@@ -88,3 +88,29 @@ fn no_tp_all_reduce_without_sequence_parallelism() {
     let (prog, _) = program_of(&s);
     assert!(tp_all_reduces(&prog).is_empty());
 }
+
+#[test]
+fn exp_a_tp_all_reduces_average_so_torch_npu_divides_each() {
+    // HyperParallel passes the state's `reduce_op_type` (AVG, as for its reduce-scatters);
+    // HCCL has no AVG, torch_npu's `allreduce` sums and divides the output on its stream.
+    let s = Scenario::load(&path("paper/exp-a-mbs2.toml")).unwrap();
+    let (prog, _) = program_of(&s);
+    let divs: Vec<_> = prog
+        .ops
+        .iter()
+        .filter(|o| {
+            o.name
+                .as_deref()
+                .is_some_and(|n| n.ends_with(".grad_sync.tp.div"))
+        })
+        .collect();
+    assert_eq!(divs.len(), (48 * 5 + 1) * 4);
+    for d in divs {
+        assert_eq!(d.category, Category::Tp);
+        assert_eq!(d.stream, hpfsdp_plan::program::Stream::AllReduce);
+        assert!(matches!(
+            d.payload,
+            hpfsdp_plan::program::Payload::Compute(ref w) if w.kernels == 1
+        ));
+    }
+}

@@ -680,10 +680,17 @@ impl<'a, 'c> Hp<'a, 'c> {
     /// issues one `dist.all_reduce(reduced_grad, group=<flattened Replicate axes of the
     /// parameter's source mesh>, async_op=False)` (`param.py`), i.e. one blocking all-reduce
     /// per TP-partial parameter per micro-batch, of its reduced shard
-    /// ([`super::tp_grad_sync`]). The next compute waits for each (a synchronous call).
-    /// Returns the all-reduces issued.
+    /// ([`super::tp_grad_sync`]). The op is the state's `reduce_op_type`, the one its
+    /// reduce-scatters use ([`avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP`]): with AVG,
+    /// torch_npu's `allreduce` divides the result on the HCCL stream
+    /// ([`avg_division`]). The next compute waits for each (a synchronous call). Returns
+    /// the all-reduces' completions.
     fn tp_replicate_reduce(&mut self) -> Vec<OpId> {
         let mut issued = Vec::new();
+        let rd = self.e.ctx.opts.reduce_dtype;
+        // Only parameters partial over a TP group of more than one rank get here
+        // (`tp_grad_sync::partial_over_tp`), so AVG always divides.
+        let divides = avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP == avg_division::ReduceOp::Avg;
         for u in self.order.clone() {
             for pi in self.units[u].tp_sync.clone() {
                 let p = self.units[u].params[pi];
@@ -692,10 +699,24 @@ impl<'a, 'c> Hp<'a, 'c> {
                     continue;
                 }
                 let label = format!("{}.grad_sync.tp", short(&p.name));
-                if let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) {
-                    self.e.wait_for(&[op]);
-                    issued.push(op);
-                }
+                let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) else {
+                    continue;
+                };
+                let done = if divides {
+                    avg_division::after_collective(
+                        &mut self.e,
+                        Stream::AllReduce,
+                        Category::Tp,
+                        bytes,
+                        rd,
+                        op,
+                        &format!("{label}.div"),
+                    )
+                } else {
+                    op
+                };
+                self.e.wait_for(&[done]);
+                issued.push(done);
             }
         }
         issued
