@@ -96,9 +96,9 @@ struct UnitInfo<'a> {
     grad_out_bytes: u64,
     /// Fused all-reduce buffer bytes per domain (0: no all-reduce).
     ar_bytes: [u64; 2],
-    /// Fused TP all-reduce buffer bytes of the unit's TP-partial gradients
-    /// ([`super::tp_grad_sync`]; 0: none).
-    tp_sync_bytes: u64,
+    /// Positions in `params` of the unit's TP-partial gradients, each all-reduced over `tp`
+    /// on its own in the root callback of every micro-batch ([`super::tp_grad_sync`]).
+    tp_sync: Vec<usize>,
     /// Local shard elements.
     shard_elems: u64,
 }
@@ -217,12 +217,12 @@ fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
                     .map(|(p, pl)| grad_out(p, *pl))
                     .sum(),
                 ar_bytes: ar.map(round_up_512),
-                tp_sync_bytes: super::tp_grad_sync::fused_bytes(
-                    idx.iter()
-                        .filter(|&&i| ctx.tp_partial_grad[i as usize])
-                        .map(|&i| ctx.fsdp.params[i as usize].padded_shard_numel),
-                    rd,
-                ),
+                tp_sync: idx
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, i)| ctx.tp_partial_grad[**i as usize])
+                    .map(|(pi, _)| pi)
+                    .collect(),
                 shard_elems: params.iter().map(|p| p.padded_shard_numel).sum(),
                 params,
                 placed,
@@ -671,21 +671,55 @@ impl<'a, 'c> Hp<'a, 'c> {
                 self.ar_ops[u].push(op);
             }
         }
-        self.tp_sync(u);
     }
 
-    /// Unit `u`'s fused all-reduce over `tp` of its TP-partial gradients, issued with its
-    /// replica all-reduce ([`super::tp_grad_sync`]); the buffer lives until the optimizer.
-    fn tp_sync(&mut self, u: usize) {
-        let bytes = self.units[u].tp_sync_bytes;
-        if bytes == 0 {
-            return;
+    /// The root callback's `launch_tp_replicate_reduce_and_apply` (HyperParallel
+    /// `platform/torch/fully_shard/scheduler.py`, run by `_root_backward_hook` after
+    /// `_finalize_per_param_reductions` at the end of every backward): for every unit and
+    /// every parameter holding a reduced gradient, `all_reduce_source_replicate_grad_inplace`
+    /// issues one `dist.all_reduce(reduced_grad, group=<flattened Replicate axes of the
+    /// parameter's source mesh>, async_op=False)` (`param.py`), i.e. one blocking all-reduce
+    /// per TP-partial parameter per micro-batch, of its reduced shard
+    /// ([`super::tp_grad_sync`]). The op is the state's `reduce_op_type`, the one its
+    /// reduce-scatters use ([`avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP`]): with AVG,
+    /// torch_npu's `allreduce` divides the result on the HCCL stream
+    /// ([`avg_division`]). The next compute waits for each (a synchronous call). Returns
+    /// the all-reduces' completions.
+    fn tp_replicate_reduce(&mut self) -> Vec<OpId> {
+        let mut issued = Vec::new();
+        let rd = self.e.ctx.opts.reduce_dtype;
+        // Only parameters partial over a TP group of more than one rank get here
+        // (`tp_grad_sync::partial_over_tp`), so AVG always divides.
+        let divides = avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP == avg_division::ReduceOp::Avg;
+        for u in self.order.clone() {
+            for pi in self.units[u].tp_sync.clone() {
+                let p = self.units[u].params[pi];
+                let bytes = grad_out(p, self.units[u].placed[pi]);
+                if bytes == 0 {
+                    continue;
+                }
+                let label = format!("{}.grad_sync.tp", short(&p.name));
+                let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) else {
+                    continue;
+                };
+                let done = if divides {
+                    avg_division::after_collective(
+                        &mut self.e,
+                        Stream::AllReduce,
+                        Category::Tp,
+                        bytes,
+                        rd,
+                        op,
+                        &format!("{label}.div"),
+                    )
+                } else {
+                    op
+                };
+                self.e.wait_for(&[done]);
+                issued.push(done);
+            }
         }
-        let name = short(&self.e.ctx.fsdp.units[u].name).to_string();
-        let label = format!("{name}.grad_sync.tp");
-        if let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) {
-            self.tp_sync_ops.push(op);
-        }
+        issued
     }
 
     /// One asynchronous all-reduce of `bytes` gradient bytes (reduce dtype) over `group` on
@@ -807,6 +841,11 @@ fn emit_model<'a, 'c: 'a>(
         hp.settle_prev(last_mb, m > 0);
         if last_mb {
             hp.all_reduce_prev();
+        }
+        // Then the TP-replicate gradient all-reduces of every micro-batch.
+        let tp_synced = hp.tp_replicate_reduce();
+        if last_mb {
+            hp.tp_sync_ops.extend(tp_synced);
         }
         hp.prev_unit = None;
         super::step_tail::loss_read_back(&mut hp.e);

@@ -356,7 +356,7 @@ pub(crate) struct Ctx {
     /// Whether classes differ by the `ep` coordinate.
     pub per_expert_owner: bool,
     /// Per FSDP parameter: its gradient is a partial sum over `tp` that FSDP completes with
-    /// a fused TP all-reduce ([`tp_grad_sync`]).
+    /// its own TP all-reduce every micro-batch ([`tp_grad_sync`]).
     pub tp_partial_grad: Vec<bool>,
     /// The trainer's own work around the model (loss metrics, gradient clipping).
     pub trainer: step_tail::TrainerTail,
