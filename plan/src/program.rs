@@ -387,6 +387,12 @@ pub struct Op {
     /// [`crate::strategy::validation`]; the simulator charges them only in validation mode.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub validation_cpu_events: u32,
+    /// Host CPU operator events eager PyTorch records for this op in both modes (aten ops
+    /// including views and allocations, autograd engine nodes, `AccumulateGrad`), counted by
+    /// [`crate::strategy::host_events`] for model-path compute ops; 0 where no census is
+    /// known (the simulator then charges one event per launched kernel, the floor).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub host_cpu_events: u32,
 }
 
 /// True for 0 (serde: an op without validation events serialises as before the field).
@@ -956,6 +962,7 @@ impl ProgramBuilder {
             payload,
             memory: OpMemory::new(),
             validation_cpu_events: 0,
+            host_cpu_events: 0,
         });
         id
     }
@@ -1082,6 +1089,14 @@ impl ProgramBuilder {
     pub fn validation_events(&mut self, op: OpId, events: u32) -> &mut Self {
         if let Some(o) = self.op_mut(op) {
             o.validation_cpu_events = events;
+        }
+        self
+    }
+
+    /// Sets the production host CPU operator events of `op` ([`Op::host_cpu_events`]).
+    pub fn host_events(&mut self, op: OpId, events: u32) -> &mut Self {
+        if let Some(o) = self.op_mut(op) {
+            o.host_cpu_events = events;
         }
         self
     }

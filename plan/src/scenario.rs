@@ -234,6 +234,11 @@ pub struct FsdpSection {
     /// Dtype of gradient reduction.
     #[serde(default = "default_f32")]
     pub reduce_dtype: String,
+    /// Keep reduced gradients in an FP32 `main_grad` (HyperParallel's
+    /// `MixedPrecisionPolicy.apply_grad_on_fp32_main_grad`, default false) instead of casting
+    /// each reduced shard back to the master dtype in `apply_reduced_grad`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fp32_main_grad: bool,
     /// Per-strategy option changes, e.g. `[fsdp.variant.fsdp2] prefetch_depth = 0`.
     #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub variant: IndexMap<String, FsdpVariant>,

@@ -644,13 +644,19 @@ fn owner_placement_baselines() {
             );
             mom += g.optimizer_state_bytes(r).unwrap().0;
         }
-        // The Qwen3-14B matrices of this scenario are all placed: one momentum copy in total.
+        // The Qwen3-14B matrices of this scenario are all placed: one momentum copy in total,
+        // in the dtype of the gradient the owner reads: MatrixFSDP's f32 workspace, DMuon's
+        // bf16 reduced gradient (`zeros_like(grad)`).
         let m = build_muon_plan(&x.s, &x.p, &x.f);
+        let grad_bytes = match o {
+            OptimizerStrategy::DMuon => 2,
+            _ => 4,
+        };
         let full: u64 = m
             .params
             .iter()
             .filter(|p| p.route == OptimizerRoute::Muon)
-            .map(|p| p.numel() * 4)
+            .map(|p| p.numel() * grad_bytes)
             .sum();
         assert_eq!(mom, full, "{o}");
     }
@@ -1129,4 +1135,160 @@ fn dmuon_ignores_ns_steps() {
         flops(&three, OptimizerStrategy::MatrixFsdp),
     );
     assert_eq!(m3 * 5, m5 * 3, "torch.optim.Muon runs ns_steps iterations");
+}
+
+/// HyperParallel's `apply_reduced_grad` (`TorchHSDPParamV2`, `platform/torch/fully_shard/
+/// param.py`) casts the reduced shard to the parameter's own dtype before assigning it
+/// (`reduced_grad.to(self.orig_dtype)` when they differ and no FP32 main grad is kept). With a
+/// bf16 master and an f32 reduction (muon-vs-dmuon, one micro-batch, no replicas) every
+/// reduce-scatter output is cast once on the compute stream after its division: one kernel
+/// per parameter reading 4 and writing 2 bytes per element of the shard, so the settle ops
+/// move 1.5 times the reduce-scatter output bytes. With FP32 master weights
+/// (muon-vs-matrixfsdp) or an FP32 `main_grad` (`[fsdp] fp32_main_grad`) there is no cast
+/// and, on one micro-batch, no settle op at all for the reduce-scattered parameters.
+#[test]
+fn reduced_gradients_are_cast_back_to_the_master_dtype() {
+    let settles = |rel: &str, main_grad: bool| -> (usize, u64, usize, u64) {
+        let x = if main_grad {
+            let from = "reduce_dtype = \"f32\"";
+            edited(
+                rel,
+                &[(from, &format!("{from}\nfp32_main_grad = true"))],
+                "",
+            )
+        } else {
+            load(rel)
+        };
+        let g = gen_with(
+            &x,
+            StrategyKind::HyperParallel,
+            OptimizerStrategy::HyperParallelMuon,
+        );
+        let p = g.program(0).unwrap();
+        let rs: Vec<u64> = p
+            .ops
+            .iter()
+            .filter(|o| o.category == Category::FsdpRs)
+            .filter_map(|o| o.payload.as_collective())
+            .filter(|c| c.kind == CollectiveKind::ReduceScatter)
+            .map(|c| c.output_bytes)
+            .collect();
+        let settle: Vec<(u32, u64)> = p
+            .ops
+            .iter()
+            .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(".settle")))
+            .filter_map(|o| match &o.payload {
+                Payload::Compute(w) => Some((w.kernels, w.hbm_bytes)),
+                _ => None,
+            })
+            .collect();
+        assert!(
+            settle.iter().all(|&(k, _)| k == 1),
+            "{rel}: one cast kernel per parameter"
+        );
+        (
+            rs.len(),
+            rs.iter().sum(),
+            settle.len(),
+            settle.iter().map(|x| x.1).sum(),
+        )
+    };
+    let (n_rs, rs_bytes, n_settle, settle_bytes) = settles("paper/muon-vs-dmuon.toml", false);
+    assert!(n_rs > 100, "{n_rs} reduce-scatters");
+    assert_eq!(n_settle, n_rs, "one cast per reduced shard");
+    assert_eq!(2 * settle_bytes, 3 * rs_bytes, "read f32, write bf16");
+    let (n_rs, _, n_settle, _) = settles("paper/muon-vs-matrixfsdp.toml", false);
+    assert!(n_rs > 100, "{n_rs} reduce-scatters");
+    assert_eq!(n_settle, 0, "FP32 master weights: nothing to cast");
+    // `[fsdp] fp32_main_grad = true` (`apply_grad_on_fp32_main_grad`): the f32 reduced shard
+    // becomes the FP32 main gradient as it is.
+    let (n_rs, _, n_settle, _) = settles("paper/muon-vs-dmuon.toml", true);
+    assert!(n_rs > 100, "{n_rs} reduce-scatters");
+    assert_eq!(n_settle, 0, "FP32 main_grad: nothing to cast");
+}
+
+/// DMuon's Stage-1 reduces of a layer sit in one `dist._coalescing_manager` block
+/// (`dmuon/_backends/fsdp2/group.py` `reduce_grads`), which fuses nothing on an NPU:
+/// `reduce` is not one of c10d's fast-path coalesced collectives, and torch_npu's
+/// `ProcessGroupHCCL::collective` launches each `HcclReduce` on the group's stream at call
+/// time. So a layer still issues one reduce per matrix, all together after the layer's
+/// backward (same stream, same dependencies, no compute issued between them), each carrying
+/// its whole bf16 gradient.
+#[test]
+fn dmuon_layer_reduces_run_back_to_back() {
+    let x = load("paper/muon-vs-dmuon.toml");
+    let g = gen_with(&x, StrategyKind::HyperParallel, OptimizerStrategy::DMuon);
+    let p = g.program(0).unwrap();
+    for layer in ["layers.0.", "layers.17.", "layers.29."] {
+        let idx: Vec<usize> = p
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| {
+                o.name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(layer) && n.ends_with(".reduce"))
+            })
+            .map(|(i, _)| i)
+            .collect();
+        assert_eq!(idx.len(), 7, "{layer}: one reduce per matrix");
+        let first = &p.ops[idx[0]];
+        // Only the layer's norms' reduce-scatters and their in-place AVG divisions come
+        // between them, all on the same HCCL stream: nothing on the compute stream.
+        for o in (idx[0]..=idx[6]).map(|i| &p.ops[i]) {
+            assert!(
+                o.stream == first.stream,
+                "{layer}: {:?} between the reduces {idx:?}",
+                o.name
+            );
+        }
+        for &i in &idx {
+            let o = &p.ops[i];
+            assert_eq!(o.stream, first.stream, "{layer}: one HCCL stream");
+            assert_eq!(o.deps, first.deps, "{layer}: one issue point");
+            let c = o.payload.as_collective().unwrap();
+            assert_eq!(c.dtype, hpfsdp_plan::model::DType::Bf16, "{layer}: no cast");
+        }
+    }
+}
+
+/// The optimizer reads the gradient in the dtype the FSDP runtime leaves it: after
+/// `apply_reduced_grad`'s cast, the bf16 master dtype (muon-vs-dmuon), so HyperParallel's
+/// Muon momentum (`zeros_like(grad)`) takes 2 bytes per element; with an FP32 `main_grad`
+/// (`[fsdp] fp32_main_grad = true`) it takes 4, and the momentum kernels move f32 gradients.
+#[test]
+fn momentum_follows_the_applied_gradient_dtype() {
+    let rel = "paper/muon-vs-dmuon.toml";
+    let from = "reduce_dtype = \"f32\"";
+    let main_grad = edited(
+        rel,
+        &[(from, &format!("{from}\nfp32_main_grad = true"))],
+        "",
+    );
+    let cast = load(rel);
+    let state_and_bytes = |x: &Plans| -> (u64, u64) {
+        let g = gen_with(
+            x,
+            StrategyKind::HyperParallel,
+            OptimizerStrategy::HyperParallelMuon,
+        );
+        let p = g.program(0).unwrap();
+        let momentum: u64 = p
+            .ops
+            .iter()
+            .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(".momentum")))
+            .filter_map(|o| match &o.payload {
+                Payload::Compute(w) => Some(w.hbm_bytes),
+                _ => None,
+            })
+            .sum();
+        (g.optimizer_state_bytes(0).unwrap().0, momentum)
+    };
+    let (bf16_state, bf16_bytes) = state_and_bytes(&cast);
+    let (f32_state, f32_bytes) = state_and_bytes(&main_grad);
+    assert!(bf16_state > 0 && bf16_bytes > 0);
+    assert_eq!(2 * bf16_state, f32_state);
+    // Read gradient and momentum, write momentum in that dtype, plus the bf16 NS input:
+    // 3 x 4 + 2 against 3 x 2 + 2 bytes per element.
+    assert_eq!(8 * f32_bytes, 14 * bf16_bytes);
 }

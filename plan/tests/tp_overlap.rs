@@ -119,7 +119,9 @@ fn chunk(name: &str) -> Option<(&str, usize)> {
 /// TP collectives by base name: (ops, input bytes, output bytes, kind).
 fn tp_collectives(p: &StepProgram) -> HashMap<String, (usize, u64, u64, CollectiveKind)> {
     let mut out: HashMap<String, (usize, u64, u64, CollectiveKind)> = HashMap::new();
-    for o in p.ops.iter().filter(|o| o.category == Category::Tp) {
+    // Collectives only (the TP gradient all-reduces' AVG divisions are TP kernels).
+    let colls = p.ops.iter().filter(|o| o.payload.as_collective().is_some());
+    for o in colls.filter(|o| o.category == Category::Tp) {
         let n = name(p, o.id);
         let base = chunk(n).map_or(n, |(b, _)| b);
         let c = o.payload.as_collective().unwrap();

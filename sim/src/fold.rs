@@ -161,6 +161,8 @@ fn hash_op(op: &Op, sink: &mut StreamSink) {
     op.memory.hash(sink);
     // Validation-mode host events change the op's host cost.
     op.validation_cpu_events.hash(sink);
+    // So do its production host events.
+    op.host_cpu_events.hash(sink);
 }
 
 /// [`ops_digest`], hashing a shared op prefix ([`hpfsdp_plan::program::OpSeq`]) once per

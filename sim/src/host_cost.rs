@@ -5,8 +5,21 @@
 //!
 //! Classes and their profile constants (`[calibration]`, each documented with its source or
 //! marked ASSUMPTION / FITTED in `scenarios/hardware/*.toml`):
+//! - **production CPU operator events** (`host_us_per_cpu_event`): per profiler CPU operator
+//!   event eager PyTorch records for the op in both modes
+//!   ([`hpfsdp_plan::program::Op::host_cpu_events`], counted by
+//!   `hpfsdp_plan::strategy::host_events` from probe-measured HF modules: aten ops including
+//!   views and allocations, autograd engine nodes, `AccumulateGrad`); an op without a census
+//!   (optimizer, FSDP copies, step tail) is charged one event per launched kernel, the floor.
+//!   Absent from the profile, the cost is `validation_us_per_cpu_event` over
+//!   `VALIDATION_OVER_PRODUCTION_EVENT_COST` (a validation event costs the host that many
+//!   production events, measured like for like by `tools/host_census_probe.py`): the measured
+//!   validation overhead of experiment A then pins the production host time, a structural
+//!   check instead of a free constant;
 //! - **kernel launch** (`host_launch_us_per_kernel`): per device kernel a compute or copy op
-//!   stands for (the framework's eager dispatch plus the driver launch);
+//!   stands for: the launch proper (torch_npu's task queue and the aclnn / driver submit).
+//!   The framework's dispatch of the op that launches it is one of its CPU operator events,
+//!   charged above, so the two do not count the same work twice;
 //! - **unmodelled host work per kernel** (`host_unmodelled_us_per_kernel`): a residual per
 //!   device kernel for host work no modelled op accounts for (Python model code, autograd
 //!   bookkeeping, CPU-only operators between launches). Public measurements bound the launch
@@ -27,6 +40,22 @@
 
 use crate::profile::HardwareProfile;
 use hpfsdp_plan::program::{Op, Payload};
+use hpfsdp_plan::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST;
+
+/// Production host CPU operator events of `op`: its census
+/// ([`Op::host_cpu_events`]), or for a compute or copy op without one, one event per
+/// launched kernel (the floor: every launch is at least one operator event); collectives
+/// and host ops none (their host time is their own class).
+pub fn production_events(op: &Op) -> u32 {
+    if op.host_cpu_events > 0 {
+        return op.host_cpu_events;
+    }
+    match &op.payload {
+        Payload::Compute(w) => w.kernels,
+        Payload::Copy(w) => w.kernels,
+        Payload::Collective(_) | Payload::Host { .. } => 0,
+    }
+}
 
 /// Seconds to integer nanoseconds (rounded, never negative).
 fn ns(seconds: f64) -> u64 {
@@ -40,6 +69,8 @@ pub struct HostCosts {
     pub kernel_launch_us: f64,
     /// Unmodelled host work per device kernel, microseconds (charged with each launch).
     pub kernel_unmodelled_us: f64,
+    /// Host time per production CPU operator event, microseconds.
+    pub cpu_event_us: f64,
     /// Host time per collective call, microseconds.
     pub collective_launch_us: f64,
     /// Host time of one device -> host synchronisation call after the drain, microseconds.
@@ -56,6 +87,9 @@ impl HostCosts {
         Self {
             kernel_launch_us: c.host_launch_us_per_kernel,
             kernel_unmodelled_us: c.host_unmodelled_us_per_kernel,
+            cpu_event_us: c
+                .host_us_per_cpu_event
+                .unwrap_or(c.validation_us_per_cpu_event / VALIDATION_OVER_PRODUCTION_EVENT_COST),
             collective_launch_us: c.host_launch_us_per_collective,
             d2h_sync_us: c.host_d2h_sync_us,
             validation_event_us: if validation_mode {
@@ -87,13 +121,19 @@ impl HostCosts {
         }
     }
 
+    /// Host time of `events` production CPU operator events, nanoseconds.
+    pub fn cpu_events_ns(&self, events: u32) -> u64 {
+        ns(f64::from(events) * self.cpu_event_us * 1e-6)
+    }
+
     /// Host time of `events` validation-mode CPU operator events, nanoseconds.
     pub fn validation_ns(&self, events: u32) -> u64 {
         ns(f64::from(events) * self.validation_event_us * 1e-6)
     }
 
     /// Everything `op` costs the host: its launches (or, for a host op, its duration and
-    /// sync) plus its validation-mode events, nanoseconds.
+    /// sync), its production CPU operator events ([`production_events`]) and its
+    /// validation-mode events, nanoseconds.
     pub fn op_ns(&self, op: &Op) -> u64 {
         let base = match &op.payload {
             Payload::Compute(w) => self.kernels_ns(w.kernels),
@@ -101,7 +141,8 @@ impl HostCosts {
             Payload::Collective(_) => self.collective_ns(),
             Payload::Host { duration_ns } => self.host_op_ns(*duration_ns, op.deps.len()),
         };
-        base + self.validation_ns(op.validation_cpu_events)
+        base + self.cpu_events_ns(production_events(op))
+            + self.validation_ns(op.validation_cpu_events)
     }
 }
 
@@ -115,6 +156,10 @@ pub struct HostTotals {
     pub collectives: u64,
     /// Device -> host synchronisations (host ops with dependencies).
     pub d2h_syncs: u64,
+    /// Production CPU operator events ([`production_events`]).
+    pub cpu_events: u64,
+    /// Of those, events of ops without a census (charged one per launched kernel).
+    pub floor_events: u64,
     /// Extra validation-mode CPU operator events (counted in both modes; charged only in
     /// validation mode).
     pub validation_events: u64,
@@ -132,6 +177,11 @@ impl HostTotals {
                 Payload::Host { .. } => t.d2h_syncs += u64::from(!op.deps.is_empty()),
             }
             t.validation_events += u64::from(op.validation_cpu_events);
+            let events = u64::from(production_events(op));
+            t.cpu_events += events;
+            if op.host_cpu_events == 0 {
+                t.floor_events += events;
+            }
         }
         t
     }
@@ -141,6 +191,7 @@ impl HostTotals {
         (self.kernels as f64 * (costs.kernel_launch_us + costs.kernel_unmodelled_us)
             + self.collectives as f64 * costs.collective_launch_us
             + self.d2h_syncs as f64 * costs.d2h_sync_us
+            + self.cpu_events as f64 * costs.cpu_event_us
             + self.validation_events as f64 * costs.validation_event_us)
             * 1e-6
     }
@@ -159,6 +210,7 @@ mod tests {
         p.calibration.host_launch_us_per_collective = 50.0;
         p.calibration.host_d2h_sync_us = 20.0;
         p.calibration.validation_us_per_cpu_event = 7.0;
+        p.calibration.host_us_per_cpu_event = Some(2.0);
         let mut b = ProgramBuilder::new(0);
         let k = b.compute(ComputeWork::memory_bound(0, 0, 3), &[]);
         b.validation_events(k, 10);
@@ -167,9 +219,10 @@ mod tests {
         let prog = b.build().unwrap();
         let prod = HostCosts::of(&p, false);
         let val = HostCosts::of(&p, true);
-        // Three kernels at 4 us launch + 1 us unmodelled host work each.
-        assert_eq!(prod.op_ns(&prog.ops[k.index()]), 15_000);
-        assert_eq!(val.op_ns(&prog.ops[k.index()]), 15_000 + 70_000);
+        // Three kernels at 4 us launch + 1 us unmodelled host work each, and (no census on
+        // the op) one production event per kernel at 2 us.
+        assert_eq!(prod.op_ns(&prog.ops[k.index()]), 21_000);
+        assert_eq!(val.op_ns(&prog.ops[k.index()]), 21_000 + 70_000);
         assert_eq!(prod.op_ns(&prog.ops[free.index()]), 1_000);
         assert_eq!(prod.op_ns(&prog.ops[sync.index()]), 21_000);
         let t = HostTotals::of(prog.ops.iter());
@@ -177,6 +230,28 @@ mod tests {
             (t.kernels, t.collectives, t.d2h_syncs, t.validation_events),
             (3, 0, 1, 10)
         );
-        assert!((t.host_s(&val) - (15.0 + 20.0 + 70.0) * 1e-6).abs() < 1e-12);
+        assert_eq!((t.cpu_events, t.floor_events), (3, 3));
+        assert!((t.host_s(&val) - (15.0 + 6.0 + 20.0 + 70.0) * 1e-6).abs() < 1e-12);
+    }
+
+    #[test]
+    fn census_events_replace_the_floor_and_the_default_cost_follows_validation_events() {
+        let mut p = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        p.calibration.host_launch_us_per_kernel = 4.0;
+        p.calibration.host_unmodelled_us_per_kernel = 0.0;
+        p.calibration.validation_us_per_cpu_event = 7.0;
+        p.calibration.host_us_per_cpu_event = None;
+        let mut b = ProgramBuilder::new(0);
+        let k = b.compute(ComputeWork::memory_bound(0, 0, 2), &[]);
+        b.host_events(k, 50);
+        let prog = b.build().unwrap();
+        let costs = HostCosts::of(&p, false);
+        let per_event = 7.0 / VALIDATION_OVER_PRODUCTION_EVENT_COST;
+        assert!((costs.cpu_event_us - per_event).abs() < 1e-12);
+        assert_eq!(production_events(&prog.ops[k.index()]), 50);
+        let want = 2.0 * 4_000.0 + 50.0 * per_event * 1e3;
+        assert_eq!(costs.op_ns(&prog.ops[k.index()]), want.round() as u64);
+        let t = HostTotals::of(prog.ops.iter());
+        assert_eq!((t.cpu_events, t.floor_events), (50, 0));
     }
 }

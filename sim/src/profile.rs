@@ -197,6 +197,14 @@ pub struct Calibration {
     /// (`hpfsdp_plan::program::Op::validation_cpu_events`), microseconds. Replaces
     /// `validation_dispatch_us_per_op`, which charged every kernel and collective launch.
     pub validation_us_per_cpu_event: f64,
+    /// Host time per production CPU operator event
+    /// (`hpfsdp_plan::program::Op::host_cpu_events`: the eager framework's aten, autograd and
+    /// `AccumulateGrad` events, in both modes), microseconds. Absent: the validation
+    /// per-event cost over the probe-measured ratio
+    /// `hpfsdp_plan::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST` (see
+    /// [`crate::host_cost`]), so experiment A's measured validation overhead pins it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_us_per_cpu_event: Option<f64>,
 }
 
 /// Profile keys that were replaced, with the key that replaced them and why: a profile that
@@ -526,6 +534,9 @@ impl HardwareProfile {
             ),
         ] {
             non_negative(key, v)?;
+        }
+        if let Some(v) = c.host_us_per_cpu_event {
+            non_negative("calibration.host_us_per_cpu_event", v)?;
         }
         Ok(())
     }

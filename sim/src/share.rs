@@ -54,6 +54,7 @@ fn same_op(a: &Op, b: &Op) -> bool {
         && a.payload == b.payload
         && a.memory == b.memory
         && a.validation_cpu_events == b.validation_cpu_events
+        && a.host_cpu_events == b.host_cpu_events
 }
 
 /// Number of leading ops `a` and `b` have in common from op `start` on (ops before `start`

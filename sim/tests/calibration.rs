@@ -288,7 +288,7 @@ mod joint_fit {
 
     /// Experiment B is device-bound: its step times move by less than 1% (a tenth of their
     /// tolerance) when the host time per kernel goes from 5 us to the shipped profile's
-    /// (launch plus unmodelled host work, ~115 us: host busy ~1.8 s against a ~2.6 s device
+    /// (launch plus unmodelled host work, ~97 us, against a ~2.6 s device
     /// step; only the launches between the Muon optimizer's 28 strictly ordered gather / NS /
     /// relay batches reach the critical path), so the host-bound exp-A solution costs exp B
     /// next to nothing.
@@ -302,8 +302,8 @@ mod joint_fit {
         let per_kernel = get(&high, "calibration.host_launch_us_per_kernel").unwrap()
             + get(&high, "calibration.host_unmodelled_us_per_kernel").unwrap();
         assert!(
-            per_kernel > 100.0,
-            "shipped host cost per kernel {per_kernel} us"
+            per_kernel > 50.0,
+            "shipped host cost per kernel {per_kernel} us: the comparison needs a host-heavy profile"
         );
         let b = |r: &hpfsdp_sim::calibration::MeasuredRun| r.experiment == "B";
         let (cl, ch) = (

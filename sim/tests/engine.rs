@@ -19,6 +19,13 @@ fn ns(s: f64) -> u64 {
     (s * 1e9).round() as u64
 }
 
+/// Host time of a one-kernel compute op without a host census: its launch, the unmodelled
+/// host work per kernel, and its one production CPU operator event (the floor).
+fn one_kernel_host_ns(p: &HardwareProfile) -> u64 {
+    let c = hpfsdp_sim::host_cost::HostCosts::of(p, false);
+    c.kernels_ns(1) + c.cpu_events_ns(1)
+}
+
 fn work(flops: u64) -> ComputeWork {
     ComputeWork {
         flops,
@@ -46,9 +53,7 @@ fn compute_waits_for_host_launch() {
     let mut b = ProgramBuilder::new(0);
     b.compute(work(1_000_000_000_000), &[]);
     let r = simulate_programs(vec![b.build().unwrap()], &p, false, &SimOptions::default()).unwrap();
-    let launch = ns((p.calibration.host_launch_us_per_kernel
-        + p.calibration.host_unmodelled_us_per_kernel)
-        * 1e-6);
+    let launch = one_kernel_host_ns(&p);
     let expected = launch + ns(compute_s(1_000_000_000_000, 0, 1, &p));
     assert_eq!(r.step_time_ns, expected);
     assert_eq!(r.breakdown.idle_ns, launch);
@@ -69,9 +74,7 @@ fn host_bound_programs_idle_the_device_and_validation_mode_costs_more() {
     }
     let prog = b.build().unwrap();
     let r = simulate_programs(vec![prog.clone()], &p, false, &SimOptions::default()).unwrap();
-    let launch = ns((p.calibration.host_launch_us_per_kernel
-        + p.calibration.host_unmodelled_us_per_kernel)
-        * 1e-6);
+    let launch = one_kernel_host_ns(&p);
     let kernel = ns(compute_s(1, 0, 1, &p));
     assert!(launch > kernel, "the test needs launch-bound kernels");
     assert_eq!(r.step_time_ns, 100 * launch + kernel);
@@ -122,9 +125,7 @@ fn collectives_rendezvous_and_finish_together() {
     let t = r.timeline.as_ref().unwrap();
     let (s0, s1) = (&t.ranks[0].spans, &t.ranks[1].spans);
     // Rank 0's all-gather starts after one launch, rank 1's after its compute.
-    let launch_k = ns((p.calibration.host_launch_us_per_kernel
-        + p.calibration.host_unmodelled_us_per_kernel)
-        * 1e-6);
+    let launch_k = one_kernel_host_ns(&p);
     let launch_c = ns(p.calibration.host_launch_us_per_collective * 1e-6);
     assert_eq!(s0[0].start_ns, launch_c);
     let arrive1 = launch_k + ns(compute_s(flops, 0, 1, &p));
@@ -211,9 +212,7 @@ fn host_ops_wait_for_the_device() {
     let sync = ns(p.calibration.host_d2h_sync_us * 1e-6);
     assert!(sync > 0, "the A3 profile charges the sync call");
     assert_eq!(s[1].end_ns, s[0].end_ns + 1_000 + sync);
-    let launch = ns((p.calibration.host_launch_us_per_kernel
-        + p.calibration.host_unmodelled_us_per_kernel)
-        * 1e-6);
+    let launch = one_kernel_host_ns(&p);
     assert_eq!(s[2].start_ns, s[1].end_ns + launch);
 }
 

@@ -127,8 +127,9 @@ fn experiment_a_collectives_follow_the_hyperparallel_sources() {
         collectives(&a, "self_attn.in.hidden_states.tp.fwd"),
         mb_layers
     );
-    // One TP gradient sync per unit holding TP-replicated parameters, once per step.
-    assert_eq!(collectives(&a, "grad_sync.tp"), 49);
+    // One TP gradient all-reduce per TP-replicated parameter (48 x 5 + the final norm) in
+    // the root callback of every micro-batch (`launch_tp_replicate_reduce_and_apply`).
+    assert_eq!(collectives(&a, "grad_sync.tp"), (48 * 5 + 1) * 4);
     // Trainer: three scalar all-reduces per micro-batch with SP, five for the clip norm.
     assert_eq!(collectives(&a, "loss_metrics.tokens.tp"), 4);
     assert_eq!(collectives(&a, "loss_metrics.step_tokens.dp"), 4);

@@ -442,8 +442,11 @@ fn json(
         })).collect::<Vec<_>>()),
         "tier_fits": tiers,
         "host": comparison.host.iter().map(|h| {
-            let [kernel_s, unmodelled_s, collective_s, sync_s, validation_s] = h.class_s();
+            let [kernel_s, unmodelled_s, cpu_event_s, collective_s, sync_s, validation_s] =
+                h.class_s();
             json!({"experiment": h.experiment, "run": h.run, "kernels": h.totals.kernels,
+                "cpu_events": h.totals.cpu_events, "cpu_events_floor": h.totals.floor_events,
+                "cpu_event_s": cpu_event_s,
                 "collectives": h.totals.collectives, "d2h_syncs": h.totals.d2h_syncs,
                 "validation_events": h.totals.validation_events,
                 "kernel_launch_s": kernel_s, "unmodelled_per_kernel_s": unmodelled_s,

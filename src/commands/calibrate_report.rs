@@ -60,19 +60,25 @@ fn result_word(r: &CheckedRow) -> &'static str {
 
 /// The host model's figures of every run: rank 0's launches by class, the host seconds each
 /// class costs, and host busy time against the step (host-bound when they are close).
+/// Columns: device kernels; production CPU operator events (`cpu events`; the JSON output
+/// also gives how many come from ops without a census, one per kernel); collective calls; device -> host
+/// syncs (`syncs`); validation-mode events; then seconds per class: kernel launches, the unmodelled
+/// residual per kernel, production events, collective launches, syncs, validation events.
 pub fn host_table(c: &hpfsdp_sim::calibration::Comparison) -> Table {
     let headers = [
         "experiment",
         "run",
         "kernels",
+        "cpu events",
         "collectives",
-        "d2h syncs",
-        "validation events",
-        "kernel launch (s)",
-        "unmodelled per kernel (s)",
-        "collective launch (s)",
-        "d2h sync (s)",
-        "validation (s)",
+        "syncs",
+        "val. events",
+        "launch (s)",
+        "unmodelled (s)",
+        "cpu events (s)",
+        "coll. launch (s)",
+        "sync (s)",
+        "val. (s)",
         "host busy (s)",
         "step (s)",
     ]
@@ -87,6 +93,7 @@ pub fn host_table(c: &hpfsdp_sim::calibration::Comparison) -> Table {
                 h.experiment.to_string(),
                 h.run.to_string(),
                 t.kernels.to_string(),
+                t.cpu_events.to_string(),
                 t.collectives.to_string(),
                 t.d2h_syncs.to_string(),
                 t.validation_events.to_string(),

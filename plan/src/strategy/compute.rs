@@ -13,6 +13,7 @@
 //! - Saved activations: what autograd keeps in the real modules ([`super::saved_activations`]);
 //!   a recomputed layer keeps only its input and re-materializes the rest during recompute.
 
+use super::host_events::{self, PassEvents};
 use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
 use super::saved_activations;
@@ -37,6 +38,11 @@ pub struct Segment {
     /// validation mode (DTensor dispatch and boundary contract checks,
     /// [`super::validation`]); backward adds none.
     pub fwd_validation_events: u32,
+    /// Production host CPU operator events of one forward of this segment (both modes;
+    /// [`super::host_events`]); a recompute re-runs them.
+    pub fwd_host_events: u32,
+    /// Production host CPU operator events of one backward of this segment.
+    pub bwd_host_events: u32,
 }
 
 impl Segment {
@@ -93,6 +99,8 @@ struct OpenSegment {
     bwd: Vec<Vec<KernelWork>>,
     /// Validation-mode CPU events of the forward ([`Segment::fwd_validation_events`]).
     validation_events: u32,
+    /// Production host events of the forward and backward ([`Segment::fwd_host_events`]).
+    host_events: PassEvents,
 }
 
 impl OpenSegment {
@@ -103,6 +111,7 @@ impl OpenSegment {
             fwd: Vec::new(),
             bwd: Vec::new(),
             validation_events: 0,
+            host_events: PassEvents::default(),
         }
     }
 
@@ -114,6 +123,8 @@ impl OpenSegment {
             fwd: self.fwd,
             bwd: self.bwd.into_iter().rev().flatten().collect(),
             fwd_validation_events: self.validation_events,
+            fwd_host_events: self.host_events.fwd,
+            bwd_host_events: self.host_events.bwd,
         })
     }
 }
@@ -337,6 +348,8 @@ fn ensure_compute_segment(items: &mut Vec<Item>, stage_name: &str, weight_bytes:
             fwd: vec![KernelWork::memory_bound(1, 0, weight_bytes)],
             bwd: vec![KernelWork::memory_bound(2, 0, 2 * weight_bytes)],
             fwd_validation_events: 0,
+            fwd_host_events: 0,
+            bwd_host_events: 0,
         }),
     );
 }
@@ -408,6 +421,9 @@ impl<'p> StageWalk<'p> {
         let (fwd, bwd) = op_kernels(op, kernels);
         segment.validation_events += std::mem::take(&mut self.pending_events)
             + validation::dispatch_events(&self.boundaries, op, cfg, &fwd);
+        let host = host_events::op_events(op, cfg, &fwd, &bwd);
+        segment.host_events.fwd += host.fwd;
+        segment.host_events.bwd += host.bwd;
         segment.fwd.extend(fwd);
         segment.bwd.push(bwd);
         if self.has_local_map && op.kind == ComputeKind::Router {

@@ -7,6 +7,7 @@
 //! before it ([`Emitter::issue_point`]).
 
 use super::compute::{Item, Stage};
+use super::host_events;
 use super::parallel::{CollSpec, ParAxis, ParColl};
 use super::tp_overlap::{self, Pass, SegmentSplit};
 use super::{Ctx, GroupKind};
@@ -317,6 +318,16 @@ impl<'a> Emitter<'a> {
                     };
                     if pass == Pass::Forward && s.fwd_validation_events > 0 {
                         self.b.validation_events(f, s.fwd_validation_events);
+                    }
+                    let host = match pass {
+                        Pass::Forward if suffix == "recompute" && first.is_none() => {
+                            s.fwd_host_events + host_events::RECOMPUTE_OVERHEAD_PER_LAYER
+                        }
+                        Pass::Forward => s.fwd_host_events,
+                        Pass::Backward => s.bwd_host_events,
+                    };
+                    if host > 0 {
+                        self.b.host_events(f, host);
                     }
                     first.get_or_insert(f);
                     last = Some(l);

@@ -11,9 +11,18 @@
 //!   on the unsharded gradient (computed in `param_dtype`) before `reduce_scatter_tensor`
 //!   (5.2), one cast kernel per parameter over the whole gradient.
 //!
-//! With one dtype throughout (experiments A and B) neither exists. Not modelled:
-//! `apply_reduced_grad`'s cast of the reduced shard back to the parameter's dtype when the
-//! reduce dtype is wider (bf16 master, f32 reduction), one kernel over the 1/S shard.
+//! - **reduced-gradient cast** ([`reduced_grad_cast`]): `apply_reduced_grad()` casts the
+//!   reduced shard back to the sharded parameter's own dtype (`orig_dtype`, the master dtype)
+//!   before assigning or accumulating it (`if not mp_policy.apply_grad_on_fp32_main_grad and
+//!   reduced_grad.dtype != self.orig_dtype: reduced_grad = reduced_grad.to(self.orig_dtype)`),
+//!   one cast kernel per parameter over its 1/S shard, each time the reduced gradient is
+//!   applied (every micro-batch without replicas; after the replica all-reduce otherwise).
+//!   It exists with a bf16 master and an f32 reduction (muon-vs-dmuon, muon-vs-flexshard,
+//!   exp C), not with FP32 master weights (muon-vs-matrixfsdp) nor with an FP32 `main_grad`
+//!   (`[fsdp] fp32_main_grad`, `apply_grad_on_fp32_main_grad`: exp D's "fp32 master
+//!   gradients").
+//!
+//! With one dtype throughout (experiments A and B) none exists.
 
 use crate::DType;
 use crate::kernel::KernelWork;
@@ -42,6 +51,18 @@ pub fn grad_cast(grad_elems: u64, tensors: u32, param: DType, reduce: DType) -> 
     param_cast(grad_elems, tensors, param, reduce)
 }
 
+/// The casts of `tensors` reduced gradient shards totalling `shard_elems` elements from
+/// `reduce` back to the `master` dtype of the sharded parameter (reads `reduce`, writes
+/// `master`); `None` when the dtypes agree or nothing is cast.
+pub fn reduced_grad_cast(
+    shard_elems: u64,
+    tensors: u32,
+    reduce: DType,
+    master: DType,
+) -> Option<KernelWork> {
+    param_cast(shard_elems, tensors, reduce, master)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -55,5 +76,10 @@ mod tests {
         assert_eq!((g.count, g.hbm_bytes), (7, 1000 * 6));
         assert!(grad_cast(1000, 7, DType::Bf16, DType::Bf16).is_none());
         assert!(grad_cast(0, 7, DType::Bf16, DType::F32).is_none());
+        // apply_reduced_grad: f32 reduced shard back to a bf16 master; nothing for an f32
+        // master.
+        let r = reduced_grad_cast(500, 4, DType::F32, DType::Bf16).unwrap();
+        assert_eq!((r.count, r.hbm_bytes), (4, 500 * 6));
+        assert!(reduced_grad_cast(500, 4, DType::F32, DType::F32).is_none());
     }
 }

@@ -31,7 +31,10 @@
 //!   the unit processed just before it: (1) wait the reduce-scatters of `prev` (the compute
 //!   stream waits for their divisions) and (2) settle them: nothing on the first micro-batch
 //!   (`apply_reduced_grad` assigns the gradient), one accumulation kernel per parameter on
-//!   the compute stream from the second on; (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
+//!   the compute stream from the second on, each preceded by `apply_reduced_grad`'s cast to
+//!   the master dtype when the reduce dtype differs and no FP32 `main_grad` is kept
+//!   (`hp_mixed_precision::reduced_grad_cast`, `[fsdp] fp32_main_grad`; with replicas the
+//!   cast follows the all-reduce division instead); (3) issue `u`'s reduce-scatters; (4) issue `prev`'s fused
 //!   all-reduce over the replicate group (one per unit and data domain, only when the
 //!   replicate group has more than one rank). The root callback at the end of backward waits
 //!   the last reduce-scatters, issues the last all-reduce and waits all of them; with replicas
@@ -58,7 +61,8 @@
 //! - **Mixed precision** (5.2, 5.6; `strategy::hp_mixed_precision`): with a master dtype
 //!   unlike `param_dtype`, one cast per all-gathered shard before the unit's all-gathers;
 //!   with `param_dtype` unlike the reduce dtype, one cast per gradient before the unit's
-//!   reduce-scatters (one compute op per unit each). The owner holds the full master parameter and receives
+//!   reduce-scatters (one compute op per unit each); with the reduce dtype unlike the master
+//!   dtype, one cast per reduced shard back to the master dtype where it is applied. The owner holds the full master parameter and receives
 //!   the full gradient; the other ranks hold nothing for it. HSDP all-reduce buffers keep
 //!   the sharded sizes (the baselines' scenarios have no replicas).
 
@@ -92,9 +96,9 @@ struct UnitInfo<'a> {
     grad_out_bytes: u64,
     /// Fused all-reduce buffer bytes per domain (0: no all-reduce).
     ar_bytes: [u64; 2],
-    /// Fused TP all-reduce buffer bytes of the unit's TP-partial gradients
-    /// ([`super::tp_grad_sync`]; 0: none).
-    tp_sync_bytes: u64,
+    /// Positions in `params` of the unit's TP-partial gradients, each all-reduced over `tp`
+    /// on its own in the root callback of every micro-batch ([`super::tp_grad_sync`]).
+    tp_sync: Vec<usize>,
     /// Local shard elements.
     shard_elems: u64,
 }
@@ -213,12 +217,12 @@ fn unit_infos(ctx: &Ctx, rank: usize) -> Vec<UnitInfo<'_>> {
                     .map(|(p, pl)| grad_out(p, *pl))
                     .sum(),
                 ar_bytes: ar.map(round_up_512),
-                tp_sync_bytes: super::tp_grad_sync::fused_bytes(
-                    idx.iter()
-                        .filter(|&&i| ctx.tp_partial_grad[i as usize])
-                        .map(|&i| ctx.fsdp.params[i as usize].padded_shard_numel),
-                    rd,
-                ),
+                tp_sync: idx
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, i)| ctx.tp_partial_grad[**i as usize])
+                    .map(|(pi, _)| pi)
+                    .collect(),
                 shard_elems: params.iter().map(|p| p.padded_shard_numel).sum(),
                 params,
                 placed,
@@ -563,18 +567,35 @@ impl<'a, 'c> Hp<'a, 'c> {
                 Some(_) => (1, 3 * out),
                 None => (0, 0),
             };
-            let (add_kernels, add_hbm) = if accumulate { (1u32, 3 * out) } else { (0, 0) };
+            // `apply_reduced_grad` casts the reduced shard to the master dtype first when it
+            // is applied here (no deferred replica all-reduce), then assigns or adds it in
+            // that dtype.
+            let cast = (placed.is_none() && !self.defers_apply(u, p))
+                .then(|| self.reduced_grad_cast(elems))
+                .flatten();
+            let add_bytes = if cast.is_some() {
+                3 * elems * self.e.ctx.opts.master_dtype.bytes()
+            } else {
+                3 * out
+            };
+            let (add_kernels, add_hbm) = if accumulate {
+                (1u32, add_bytes)
+            } else {
+                (0, 0)
+            };
+            let (cast_kernels, cast_hbm) = cast.map_or((0, 0), |k| (k.count, k.hbm_bytes));
             self.rs_done.push(done);
-            if div_kernels + add_kernels == 0 {
+            let kernels = div_kernels + add_kernels + cast_kernels;
+            if kernels == 0 {
                 continue;
             }
             self.e.compute(
                 Stream::Compute,
                 Category::FsdpRs,
                 ComputeWork {
-                    flops: elems * u64::from(div_kernels + add_kernels),
-                    hbm_bytes: div_hbm + add_hbm,
-                    kernels: div_kernels + add_kernels,
+                    flops: elems * u64::from(kernels),
+                    hbm_bytes: div_hbm + add_hbm + cast_hbm,
+                    kernels,
                     mix: None,
                 },
                 &[done],
@@ -586,6 +607,26 @@ impl<'a, 'c> Hp<'a, 'c> {
         }
         let done = self.rs_done.clone();
         self.e.wait_for(&done);
+    }
+
+    /// `apply_reduced_grad`'s cast of one reduced shard of `elems` elements back to the
+    /// master dtype ([`hp_mixed_precision::reduced_grad_cast`]); `None` with an FP32
+    /// `main_grad` (`[fsdp] fp32_main_grad`: the reduced gradient is kept as it is) or when
+    /// the dtypes agree.
+    fn reduced_grad_cast(&self, elems: u64) -> Option<crate::kernel::KernelWork> {
+        let o = &self.e.ctx.opts;
+        if o.fp32_main_grad {
+            return None;
+        }
+        hp_mixed_precision::reduced_grad_cast(elems, 1, o.reduce_dtype, o.master_dtype)
+    }
+
+    /// Whether parameter `p` of unit `u` applies its reduced gradient only after the replica
+    /// all-reduce (its domain's replicate group has more than one rank): the settle step then
+    /// accumulates into `reduce_partial_output` in the reduce dtype, and
+    /// `apply_reduced_grad` runs after the all-reduce ([`Hp::divide_all_reduces`]).
+    fn defers_apply(&self, u: usize, p: &ParamFsdp) -> bool {
+        self.units[u].ar_bytes[Ctx::domain_index(p.domain)] > 0
     }
 
     /// MatrixFSDP's settle of unit `u`'s owner reductions once they are waited
@@ -630,21 +671,55 @@ impl<'a, 'c> Hp<'a, 'c> {
                 self.ar_ops[u].push(op);
             }
         }
-        self.tp_sync(u);
     }
 
-    /// Unit `u`'s fused all-reduce over `tp` of its TP-partial gradients, issued with its
-    /// replica all-reduce ([`super::tp_grad_sync`]); the buffer lives until the optimizer.
-    fn tp_sync(&mut self, u: usize) {
-        let bytes = self.units[u].tp_sync_bytes;
-        if bytes == 0 {
-            return;
+    /// The root callback's `launch_tp_replicate_reduce_and_apply` (HyperParallel
+    /// `platform/torch/fully_shard/scheduler.py`, run by `_root_backward_hook` after
+    /// `_finalize_per_param_reductions` at the end of every backward): for every unit and
+    /// every parameter holding a reduced gradient, `all_reduce_source_replicate_grad_inplace`
+    /// issues one `dist.all_reduce(reduced_grad, group=<flattened Replicate axes of the
+    /// parameter's source mesh>, async_op=False)` (`param.py`), i.e. one blocking all-reduce
+    /// per TP-partial parameter per micro-batch, of its reduced shard
+    /// ([`super::tp_grad_sync`]). The op is the state's `reduce_op_type`, the one its
+    /// reduce-scatters use ([`avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP`]): with AVG,
+    /// torch_npu's `allreduce` divides the result on the HCCL stream
+    /// ([`avg_division`]). The next compute waits for each (a synchronous call). Returns
+    /// the all-reduces' completions.
+    fn tp_replicate_reduce(&mut self) -> Vec<OpId> {
+        let mut issued = Vec::new();
+        let rd = self.e.ctx.opts.reduce_dtype;
+        // Only parameters partial over a TP group of more than one rank get here
+        // (`tp_grad_sync::partial_over_tp`), so AVG always divides.
+        let divides = avg_division::HYPERPARALLEL_REDUCE_SCATTER_OP == avg_division::ReduceOp::Avg;
+        for u in self.order.clone() {
+            for pi in self.units[u].tp_sync.clone() {
+                let p = self.units[u].params[pi];
+                let bytes = grad_out(p, self.units[u].placed[pi]);
+                if bytes == 0 {
+                    continue;
+                }
+                let label = format!("{}.grad_sync.tp", short(&p.name));
+                let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) else {
+                    continue;
+                };
+                let done = if divides {
+                    avg_division::after_collective(
+                        &mut self.e,
+                        Stream::AllReduce,
+                        Category::Tp,
+                        bytes,
+                        rd,
+                        op,
+                        &format!("{label}.div"),
+                    )
+                } else {
+                    op
+                };
+                self.e.wait_for(&[done]);
+                issued.push(done);
+            }
         }
-        let name = short(&self.e.ctx.fsdp.units[u].name).to_string();
-        let label = format!("{name}.grad_sync.tp");
-        if let Some(op) = self.all_reduce(Category::Tp, GroupKind::Tp, bytes, &label) {
-            self.tp_sync_ops.push(op);
-        }
+        issued
     }
 
     /// One asynchronous all-reduce of `bytes` gradient bytes (reduce dtype) over `group` on
@@ -766,6 +841,11 @@ fn emit_model<'a, 'c: 'a>(
         hp.settle_prev(last_mb, m > 0);
         if last_mb {
             hp.all_reduce_prev();
+        }
+        // Then the TP-replicate gradient all-reduces of every micro-batch.
+        let tp_synced = hp.tp_replicate_reduce();
+        if last_mb {
+            hp.tp_sync_ops.extend(tp_synced);
         }
         hp.prev_unit = None;
         super::step_tail::loss_read_back(&mut hp.e);
@@ -1172,13 +1252,20 @@ impl<'a, 'c: 'a> Hp<'a, 'c> {
             for i in 0..self.units[u].params.len() {
                 let p = self.units[u].params[i];
                 let bytes = p.padded_shard_numel * rd.bytes();
+                // Then `apply_reduced_grad`'s cast of the divided shard to the master dtype
+                // ([`hp_mixed_precision::reduced_grad_cast`]).
+                let cast = self.units[u].placed[i]
+                    .is_none()
+                    .then(|| self.reduced_grad_cast(p.padded_shard_numel))
+                    .flatten();
+                let (cast_kernels, cast_hbm) = cast.map_or((0, 0), |k| (k.count, k.hbm_bytes));
                 let op = self.e.compute(
                     Stream::Compute,
                     Category::FsdpAr,
                     ComputeWork {
-                        flops: p.padded_shard_numel,
-                        hbm_bytes: 2 * bytes,
-                        kernels: 1,
+                        flops: p.padded_shard_numel * u64::from(1 + cast_kernels),
+                        hbm_bytes: 2 * bytes + cast_hbm,
+                        kernels: 1 + cast_kernels,
                         mix: None,
                     },
                     &ars,

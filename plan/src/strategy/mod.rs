@@ -17,6 +17,7 @@ pub mod avg_division;
 pub mod compute;
 mod emit;
 pub mod fsdp2;
+pub mod host_events;
 pub mod hp_mixed_precision;
 pub mod hyperparallel;
 pub mod kernels;
@@ -209,6 +210,9 @@ pub struct StrategyOptions {
     pub reduce_dtype: DType,
     /// Master (sharded parameter) dtype.
     pub master_dtype: DType,
+    /// Reduced gradients kept in an FP32 `main_grad`, not cast back to the master dtype
+    /// (`[fsdp] fp32_main_grad`).
+    pub fp32_main_grad: bool,
     /// Micro-batches per optimizer step (gradient accumulation steps).
     pub grad_accum_steps: u64,
     /// Sequences per micro-batch per data-parallel rank.
@@ -262,6 +266,7 @@ impl StrategyOptions {
             param_dtype: scenario.param_dtype,
             reduce_dtype: scenario.reduce_dtype,
             master_dtype: scenario.master_dtype,
+            fp32_main_grad: f.fp32_main_grad,
             grad_accum_steps: t.global_batch / per_step,
             micro_batch: t.micro_batch,
             seq_len: t.seq_len,
@@ -352,7 +357,7 @@ pub(crate) struct Ctx {
     /// Whether classes differ by the `ep` coordinate.
     pub per_expert_owner: bool,
     /// Per FSDP parameter: its gradient is a partial sum over `tp` that FSDP completes with
-    /// a fused TP all-reduce ([`tp_grad_sync`]).
+    /// its own TP all-reduce every micro-batch ([`tp_grad_sync`]).
     pub tp_partial_grad: Vec<bool>,
     /// The trainer's own work around the model (loss metrics, gradient clipping).
     pub trainer: step_tail::TrainerTail,

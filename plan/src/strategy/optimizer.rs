@@ -7,6 +7,7 @@
 //! kernel launch per parameter tensor (PyTorch's `foreach` AdamW chunks per tensor).
 
 use super::emit::Emitter;
+use super::host_events::ADAMW_FOREACH_EVENTS_PER_PARAM;
 use crate::model::DType;
 use crate::program::{Category, ComputeWork, OpId, Stream};
 
@@ -37,11 +38,13 @@ pub(crate) fn optimizer_step(
     deps: &[OpId],
 ) -> OpId {
     let work = adamw_work(elems, tensors, e.ctx.opts.master_dtype, grad_dtype);
-    e.compute(
+    let op = e.compute(
         Stream::Compute,
         Category::Optimizer,
         work,
         deps,
         &format!("{name}.optimizer"),
-    )
+    );
+    e.b.host_events(op, ADAMW_FOREACH_EVENTS_PER_PARAM * tensors.max(1));
+    op
 }

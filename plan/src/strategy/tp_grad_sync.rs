@@ -6,19 +6,27 @@
 //! (RMSNorm weights, `q_norm`/`k_norm`, the router gate, the final norm) is then a partial sum
 //! over the TP ranks. HyperParallel's FSDP takes each parameter's TP placement from the
 //! sharding plan (`apply_sharding_plan` returns `source_shard_info = {fqn: (tp_placement,
-//! tp_mesh)}`; design doc "FSDP combination (interface contract)": a `Replicate` TP placement
-//! makes FSDP all-reduce the gradient over the TP group, a `Shard` one must not be, and routed
-//! experts under TP-extend-EP are marked `Shard` and never TP-synchronised) and reduces those
-//! gradients like an HSDP replica axis: reduce-scatter over the shard group, then one fused
-//! all-reduce per (FSDP unit, process group, reduce dtype) into a zero-padded buffer rounded
-//! up to 512 bytes, issued at step 4 of the post-backward pipeline on the last micro-batch
-//! (notes `hyper-parallel.md` 5.3 and 5.4, `AllReduceParamGroup`). Experiment A (TP 4, SP)
-//! thus issues one TP all-reduce per decoder layer (both layer norms, `q_norm`, `k_norm`,
-//! `mlp.gate`) and one for the root unit's `model.norm`: 49 per step.
+//! tp_mesh)}`; its DTensor is forward-only, so the backward leaves these gradients partial:
+//! `testing/grad_equiv.py`, "TP-Replicate parameters ... must first go through the
+//! source_shard_info bypass all-reduce"). The reduction is not fused: the root backward hook
+//! (`platform/torch/fully_shard/scheduler.py` `_root_backward_hook`, queued at the start of
+//! every backward) drains the reduce-scatter/all-reduce pipeline, then
+//! `launch_tp_replicate_reduce_and_apply` walks every FSDP state and parameter holding a
+//! reduced gradient and calls `all_reduce_source_replicate_grad_inplace` (`param.py`): one
+//! blocking `dist.all_reduce(reduced_grad, async_op=False)` of the parameter's reduced shard
+//! over the flattened `Replicate` axes of its source mesh (nothing when that group has one
+//! rank; the torch unit test `test_hsdp_param_v2_pure_tp_no_param_shard_all_reduce` checks the
+//! sum, `..._pure_tp_sharded_param_skips_all_reduce` that a `Shard` placement issues none).
+//! Experiment A (TP 4, SP, 4 micro-batches) thus issues one TP all-reduce per TP-partial
+//! parameter per micro-batch: (48 x 5 + 1) x 4 = 964 per step.
 //!
 //! Without sequence parallelism the layer norms and the router see every token on every TP
 //! rank and their gradients are already whole; the program issues nothing then (the verify
 //! reference executor, which rejects `sequence_parallel` with `tp > 1`, runs that case).
+//! HyperParallel's `all_reduce_source_replicate_grad_inplace` itself has no sequence-parallel
+//! test: it would still all-reduce those whole gradients (a `Replicate` placement with a
+//! group of more than one rank); that case is not modelled (no measured run has TP without
+//! SP).
 
 use crate::fsdp::{DataDomain, FsdpPlan};
 use crate::planner::ShardingPlan;
@@ -43,14 +51,6 @@ pub fn partial_over_tp(
                 })
         })
         .collect()
-}
-
-/// Bytes of one unit's fused TP all-reduce buffer: the padded shard gradients of its
-/// TP-partial parameters back to back in the reduce dtype, rounded up to 512 bytes (0 when the
-/// unit has none).
-pub fn fused_bytes(padded_shard_numels: impl IntoIterator<Item = u64>, reduce_bytes: u64) -> u64 {
-    let total: u64 = padded_shard_numels.into_iter().sum::<u64>() * reduce_bytes;
-    total.div_ceil(512) * 512
 }
 
 #[cfg(test)]
@@ -103,13 +103,5 @@ mod tests {
         // Without SP (or without TP) nothing is partial.
         assert!(!partial_over_tp(&p, &f, 4, false).iter().any(|x| *x));
         assert!(!partial_over_tp(&p, &f, 1, true).iter().any(|x| *x));
-    }
-
-    #[test]
-    fn fused_buffer_rounds_up_to_512_bytes() {
-        assert_eq!(fused_bytes([], 2), 0);
-        assert_eq!(fused_bytes([1], 2), 512);
-        assert_eq!(fused_bytes([128, 128], 2), 512);
-        assert_eq!(fused_bytes([512, 1], 2), 1536);
     }
 }

@@ -517,6 +517,8 @@ mod tests {
             fwd,
             bwd,
             fwd_validation_events: 0,
+            fwd_host_events: 0,
+            bwd_host_events: 0,
         })
     }
 
@@ -963,7 +965,10 @@ mod tests {
             assert_eq!(compute_flops(&none), compute_flops(&fused));
             let tp = |p: &StepProgram| -> HashMap<String, (u64, u64, u64)> {
                 let mut m: HashMap<String, (u64, u64, u64)> = HashMap::new();
-                for o in p.ops.iter().filter(|o| o.category == Category::Tp) {
+                // TP collectives only (the TP gradient all-reduces' AVG divisions are TP
+                // kernels).
+                let colls = p.ops.iter().filter(|o| o.payload.as_collective().is_some());
+                for o in colls.filter(|o| o.category == Category::Tp) {
                     let n = name(p, o.id);
                     let base = match chunk_index(n) {
                         Some(_) => n.rsplit_once(".c").unwrap().0,

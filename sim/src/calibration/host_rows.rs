@@ -42,14 +42,16 @@ impl HostRow {
         }
     }
 
-    /// Host seconds by class: kernel launches, unmodelled host work per kernel, collective
-    /// launches, device -> host sync calls, validation-mode events (zero in production mode).
-    pub fn class_s(&self) -> [f64; 5] {
+    /// Host seconds by class: kernel launches, unmodelled host work per kernel, production
+    /// CPU operator events, collective launches, device -> host sync calls, validation-mode
+    /// events (zero in production mode).
+    pub fn class_s(&self) -> [f64; 6] {
         let t = &self.totals;
         let c = &self.costs;
         [
             t.kernels as f64 * c.kernel_launch_us * 1e-6,
             t.kernels as f64 * c.kernel_unmodelled_us * 1e-6,
+            t.cpu_events as f64 * c.cpu_event_us * 1e-6,
             t.collectives as f64 * c.collective_launch_us * 1e-6,
             t.d2h_syncs as f64 * c.d2h_sync_us * 1e-6,
             t.validation_events as f64 * c.validation_event_us * 1e-6,

@@ -133,6 +133,19 @@ pub const KERNEL_LAUNCH_FLOOR_US: f64 = 8.6;
 /// ms; github.com/hw-native-sys/pypto/issues/1919) over its four eager ops.
 pub const KERNEL_LAUNCH_CEILING_US: f64 = 130.1 / 4.0;
 
+/// Host time of one whole eager op on torch_npu, microseconds: an eager `torch.add` on Ascend
+/// 910B2 with the task queue on, 12.142 us (github.com/triton-lang/triton-ascend/issues/1675):
+/// its ATen dispatch, aclnn tiling and enqueue. Since the host census charges every op's
+/// framework dispatch as production CPU operator events (`hpfsdp_plan::strategy::host_events`),
+/// the kernel launch cost stands for the launch proper (aclnn submit and task-queue enqueue),
+/// which cannot exceed the whole eager op: the upper bound of `host_launch_us_per_kernel`.
+pub const EAGER_OP_HOST_US: f64 = 12.142;
+
+/// Prior centre of the launch proper, microseconds: the geometric midpoint of its public
+/// floor ([`KERNEL_LAUNCH_FLOOR_US`], a precompiled kernel through the task queue) and ceiling
+/// ([`EAGER_OP_HOST_US`], a whole eager op), sqrt(8.6 x 12.142) = 10.22.
+pub const KERNEL_LAUNCH_PRIOR_US: f64 = 10.22;
+
 /// A profile constant the fit does not adjust (no held-in figure isolates it) but whose
 /// value public measurements confine: its range and where that comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -305,28 +318,30 @@ pub const FIT_PARAMS: [FitParam; 8] = [
     FitParam {
         key: "calibration.host_launch_us_per_kernel",
         min: KERNEL_LAUNCH_FLOOR_US,
-        max: KERNEL_LAUNCH_CEILING_US,
+        max: EAGER_OP_HOST_US,
         bound_source: "PUBLIC MEASUREMENTS of torch_npu's eager launch path (task queue on, its \
             default): min 8.6 us, the host enqueue time of a precompiled kernel launched straight \
             from C through the task queue, no Python and no ATen dispatch (Ascend 910B2, 8.599 \
             us per launch over 5,000 launches timed before the final synchronize; eager \
-            torch.add 12.142 us; github.com/triton-lang/triton-ascend/issues/1675); max 32.5 us, \
-            a quarter of 130.1 us, the host loop time of `(x.npu() + y.npu()).cpu()` on an A3 \
-            die (Ascend910_9362, torch_npu 2.8.0, CANN 8.5.0, 128x128 fp32, 100 iterations in \
-            13.0 ms; github.com/hw-native-sys/pypto/issues/1919): two uploads, an add and a \
-            blocking read-back fit in it, so an eager op's dispatch and launch take at most that \
-            on average. Host time a measured step wants beyond this goes to \
+            torch.add 12.142 us; github.com/triton-lang/triton-ascend/issues/1675); max 12.142 \
+            us, that whole eager op (ATen dispatch, aclnn tiling, enqueue): the host census \
+            charges every op's framework dispatch as production CPU operator events, so the \
+            launch proper cannot exceed the whole op. For scale, the whole-op ceiling on an A3 \
+            host is 32.5 us, a quarter of 130.1 us, the host loop time of `(x.npu() + \
+            y.npu()).cpu()` on an A3 die (Ascend910_9362, torch_npu 2.8.0, CANN 8.5.0, 128x128 \
+            fp32, 100 iterations in 13.0 ms; github.com/hw-native-sys/pypto/issues/1919). Host \
+            time a measured step wants beyond the launches and the census's events goes to \
             calibration.host_unmodelled_us_per_kernel",
         max_from: MaxFrom::Fixed,
         blind: None,
         prior: Prior {
-            centre: 12.1,
-            log_width: 0.5,
-            source: "PUBLIC MEASUREMENT: an eager torch.add costs its host 12.142 us on Ascend \
-                910B2 with torch_npu's task queue on (github.com/triton-lang/triton-ascend/issues/1675), \
-                the one public per-op host time through the whole eager path (ATen dispatch, \
-                aclnn tiling, enqueue); log width 0.5 puts the A3 per-op ceiling 32.5 us \
-                (github.com/hw-native-sys/pypto/issues/1919) at two sigma",
+            centre: KERNEL_LAUNCH_PRIOR_US,
+            log_width: 0.172,
+            source: "PUBLIC MEASUREMENTS: the launch proper lies between a precompiled kernel \
+                enqueued from C through torch_npu's task queue (8.599 us) and a whole eager \
+                torch.add (12.142 us, ATen dispatch included), both on Ascend 910B2 \
+                (github.com/triton-lang/triton-ascend/issues/1675); centre their geometric \
+                midpoint 10.22 us, log width ln(12.142 / 8.6) / 2 = 0.172 puts both at one sigma",
         },
     },
     FitParam {
@@ -541,6 +556,7 @@ mod tests {
             "pypto/issues/1919",
             "8.6 us",
             "32.5 us",
+            "12.142",
             "torch_npu 2.8.0, CANN 8.5.0",
         ] {
             assert!(launch.bound_source.contains(needle), "missing {needle}");
@@ -554,7 +570,10 @@ mod tests {
         assert!(matches!(residual.max_from, MaxFrom::ModelLaunches { .. }));
         assert_eq!(
             (launch.min, launch.max),
-            (KERNEL_LAUNCH_FLOOR_US, KERNEL_LAUNCH_CEILING_US)
+            (KERNEL_LAUNCH_FLOOR_US, EAGER_OP_HOST_US)
+        );
+        assert!(
+            (launch.prior.centre - (KERNEL_LAUNCH_FLOOR_US * EAGER_OP_HOST_US).sqrt()).abs() < 0.01
         );
         for r in SOURCED_RANGES {
             assert!(r.min > 0.0 && r.min < r.max, "{}: bad range", r.key);
@@ -572,11 +591,7 @@ mod tests {
         let blind = launch.without("A mbs2");
         assert_eq!(
             (blind.min, blind.max, blind.max_from),
-            (
-                KERNEL_LAUNCH_FLOOR_US,
-                KERNEL_LAUNCH_CEILING_US,
-                MaxFrom::Fixed
-            )
+            (KERNEL_LAUNCH_FLOOR_US, EAGER_OP_HOST_US, MaxFrom::Fixed)
         );
         assert!(
             !blind.bound_source.contains("6.070"),

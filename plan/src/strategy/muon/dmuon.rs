@@ -76,6 +76,19 @@ pub(crate) enum OwnerLoop {
 }
 
 impl OwnerLoop {
+    /// The dtype of the whole gradients the owner reads: DMuon reduces each placed gradient
+    /// as autograd produced it, in the parameter (compute) dtype, and keeps it so
+    /// (`dmuon/_backends/fsdp2/group.py` `reduce_grads`: `dist.reduce(grad, ...)` with no
+    /// cast, `wait_for_reduce`: `_reduced_grad = new_grad.clone()`); MatrixFSDP reduces and
+    /// divides its f32 workspace in the reduce dtype
+    /// ([`matrixfsdp_buffers`](super::matrixfsdp_buffers)).
+    fn grad_dtype(self, ctx: &Ctx) -> DType {
+        match self {
+            OwnerLoop::TorchMuon => ctx.opts.reduce_dtype,
+            OwnerLoop::DMuon => ctx.opts.param_dtype,
+        }
+    }
+
     /// Its Newton-Schulz kernels.
     fn ns_impl(self) -> NsImpl {
         match self {
@@ -149,7 +162,7 @@ pub(crate) fn owner_step(
     if owned.is_empty() {
         return owned;
     }
-    let (grad, master) = (ctx.opts.reduce_dtype, ctx.opts.master_dtype);
+    let (grad, master) = (owner_loop.grad_dtype(ctx), ctx.opts.master_dtype);
     let elems: u64 = owned.iter().map(|&i| oc.params[i].plan_elems).sum();
     let tensors = owned.len() as u32;
     s.momentum_bytes += elems * grad.bytes();
@@ -212,7 +225,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .collect();
     let elems: u64 = rest.iter().map(|&i| oc.params[i].local_elems).sum();
     if !rest.is_empty() {
-        s.momentum_bytes += elems * ctx.opts.reduce_dtype.bytes();
+        s.momentum_bytes += elems * super::grad_dtype(ctx).bytes();
         momentum(
             ctx,
             &mut s,

@@ -61,7 +61,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .map(|&i| oc.params[i].local_elems)
         .sum();
     let tensors = order.iter().map(|k| groups[k].len()).sum::<usize>() + local.len();
-    s.momentum_bytes = all * ctx.opts.reduce_dtype.bytes();
+    s.momentum_bytes = all * super::grad_dtype(ctx).bytes();
     if tensors > 0 {
         momentum(ctx, &mut s, "muon.momentum".into(), all, tensors as u32);
     }

@@ -45,6 +45,33 @@
 //! rank-independent sequence of (slot, memory batch) steps, so every member of a
 //! communicator issues its collectives in the same order.
 //!
+//! **Paper and code agree on this order** (checked against the three versions of
+//! `hyper_parallel/core/optimizer/muon.py` with a shard path in the public index: 3ad2a77 and
+//! the earlier `_gather_and_compute_shard_updates(valid_params, ..., lr, rms, ns_steps,
+//! buffer_cache)` one run it exactly as above; the first one is more serial still, one
+//! owner per batch (`compute_flat = batch_idx % total_shard_size`) and a blocking
+//! `dist.broadcast` per parameter followed by a host read of its learning rate
+//! (`lrs_to_broadcast[p].item()`) before its apply). The paper's Algorithm "One distributed Muon
+//! step" (`hyperparallel-fsdp-paper.tex` lines 1807-1829) loops over the batches: "fused-gather
+//! ... owners: batched NS ... issue-async relay broadcast of B along shard axes / subgroup
+//! shard ranks: slice from relay; apply with decay / replica owners: issue-async per-axis
+//! broadcast" with the comment "<= 1 in flight; new batch settles oldest" on the *replica*
+//! line. Its text (lines 1831-1841) says which broadcast is pipelined: "Each batch's replica
+//! broadcast is issued asynchronously as soon as the batch finishes, with at most one batch
+//! in flight. Admitting a new batch settles the oldest ...; dimension-by-dimension relay
+//! removes host-side bubbles." The "async" relay is `_batched_relay_broadcast`'s
+//! `async_op=True` broadcasts within one dimension, waited before the next dimension
+//! (its docstring: "By operating asynchronously within each dimension, we eliminate CPU
+//! overhead bubbles while strictly preserving the multidimensional relay dependency"), and the
+//! apply of the same batch consumes the relay. The pipelining with at most one batch in
+//! flight is `AsyncReplicateBroadcaster` (`optimizer.py`: `_max_inflight_batches = 1`,
+//! `flush_group` issues the async hierarchical broadcast then `_wait_and_release_oldest`
+//! while more than one is in flight, `wait_all` is the final drain), modelled in step 4.
+//! On a pure FSDP mesh (the dense Muon comparisons) there is no replica broadcast, so
+//! nothing of the optimizer step's communication is sunk beneath compute, in the paper's
+//! algorithm as in the code; Figure "Batched orthogonalization and pipelining" (b) draws
+//! the replica-broadcast case.
+//!
 //! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
 //! doing the same work get identical programs and fold in the simulator.
 
@@ -208,7 +235,7 @@ fn gathers(
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
     adamw_routed_units(ctx, view, &mut s);
-    let grad_bytes = ctx.opts.reduce_dtype.bytes();
+    let grad_bytes = super::grad_dtype(ctx).bytes();
     let batches = rank_batches(ctx, view);
     s.momentum_bytes = batches
         .iter()

@@ -83,7 +83,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     if rest.is_empty() {
         return s;
     }
-    s.momentum_bytes += elems * ctx.opts.reduce_dtype.bytes();
+    s.momentum_bytes += elems * super::grad_dtype(ctx).bytes();
     momentum(
         ctx,
         &mut s,

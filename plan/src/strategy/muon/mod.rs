@@ -839,7 +839,7 @@ fn emit_adamw_units(
         s.adamw_state_bytes += elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM;
         let name = &ctx.fsdp.units[u].name;
         let name = name.strip_prefix("model.").unwrap_or(name);
-        let work = work(elems, tensors, ctx.opts.master_dtype, ctx.opts.reduce_dtype);
+        let work = work(elems, tensors, ctx.opts.master_dtype, grad_dtype(ctx));
         let name = s.name(|| format!("{name}.adamw"));
         s.compute(name, work, vec![Dep::Ready, Dep::Issue]);
     }
@@ -858,7 +858,7 @@ pub(crate) fn unpadded_gathers(
     members: &[usize],
 ) -> (Option<u32>, u64) {
     let oc = &ctx.opt;
-    let gb = ctx.opts.reduce_dtype.bytes();
+    let gb = grad_dtype(ctx).bytes();
     let (mut last, mut buf) = (None, 0);
     let Some(&f) = members.first() else {
         return (last, buf);
@@ -881,7 +881,7 @@ pub(crate) fn unpadded_gathers(
             CollectiveKind::AllGather,
             input,
             out,
-            ctx.opts.reduce_dtype,
+            grad_dtype(ctx),
             deps,
         ) {
             s.alloc(op, MemTag::Buffers, out);
@@ -892,10 +892,26 @@ pub(crate) fn unpadded_gathers(
     (last, buf)
 }
 
+/// Dtype of the sharded gradients the optimizer reads from the FSDP runtime. HyperParallel's
+/// `apply_reduced_grad` (`TorchHSDPParamV2`: `reduced_grad.to(self.orig_dtype)`) and FSDP2's
+/// `foreach_reduce` (`_to_dtype_if_needed(reduce_output, orig_dtype)`) cast each reduced
+/// shard back to the parameter's own dtype, the master dtype, so the momentum buffer
+/// (`zeros_like(grad)`), the foreach momentum kernels and AdamW read that dtype; with an FP32
+/// `main_grad` (`[fsdp] fp32_main_grad`) and under Megatron (FP32 main grads) the gradient
+/// stays in the reduce dtype.
+pub(crate) fn grad_dtype(ctx: &Ctx) -> crate::DType {
+    let o = &ctx.opts;
+    if o.fp32_main_grad || o.kind == StrategyKind::MegatronDdp {
+        o.reduce_dtype
+    } else {
+        o.master_dtype
+    }
+}
+
 /// Momentum update over `elems` local elements in `tensors` tensors (memory-bound foreach
 /// kernels), once the gradients are reduced.
 pub(crate) fn momentum(ctx: &Ctx, s: &mut Schedule, name: String, elems: u64, tensors: u32) -> u32 {
-    let k = ns_cost::momentum_kernels(elems, tensors, ctx.opts.reduce_dtype);
+    let k = ns_cost::momentum_kernels(elems, tensors, grad_dtype(ctx));
     s.kernels(name, k, vec![Dep::Ready, Dep::Issue])
 }
 
@@ -1019,7 +1035,8 @@ pub(crate) fn ns_ops(
                     r,
                     c,
                     ns_cost::DMUON_COEFFICIENT_SETS,
-                    ctx.opts.reduce_dtype,
+                    // DMuon's input: its reduced gradient, in the parameter dtype.
+                    ctx.opts.param_dtype,
                 ),
             };
             kernels.extend(call.into_iter().map(|w| w.repeated(times)));

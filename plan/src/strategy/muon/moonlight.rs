@@ -32,7 +32,7 @@ pub fn bucket_elems(dp: u64) -> u64 {
 /// The Moonlight schedule of one rank.
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let gb = ctx.opts.reduce_dtype.bytes();
+    let gb = super::grad_dtype(ctx).bytes();
     adamw_routed_units(ctx, view, &mut s);
     // Buckets per sharding domain (same shard axes), reverse model order.
     let mut domains: BTreeMap<Vec<(String, usize)>, Vec<Vec<usize>>> = BTreeMap::new();

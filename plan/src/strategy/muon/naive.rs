@@ -54,7 +54,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         .filter(|&i| oc.params[i].route == OptimizerRoute::Muon && oc.params[i].held_by(view.class))
         .collect();
     let elems: u64 = muon.iter().map(|&i| oc.params[i].local_elems).sum();
-    s.momentum_bytes = elems * ctx.opts.reduce_dtype.bytes();
+    s.momentum_bytes = elems * super::grad_dtype(ctx).bytes();
     if !muon.is_empty() {
         momentum(
             ctx,
