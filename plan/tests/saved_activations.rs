@@ -3,6 +3,7 @@
 //! `tools/saved_activations_probe.py`, two sizes of Qwen3-MoE and dense Qwen3), and the step
 //! programs allocating exactly those bytes per stage.
 
+use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::fsdp::build_fsdp_plan;
 use hpfsdp_plan::model::{ModelConfig, ModelFamily};
 use hpfsdp_plan::planner::plan;
@@ -67,6 +68,7 @@ fn single_rank(t: &toml::Table) -> SavedLayout {
     SavedLayout {
         local_tokens: tokens,
         sequence_tokens: tokens,
+        linear_input_tokens: tokens,
         tp: 1,
         act_bytes: 2,
         routed: None,
@@ -121,6 +123,7 @@ fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_
     let one = SavedLayout {
         local_tokens: 8192.0,
         sequence_tokens: 8192.0,
+        linear_input_tokens: 8192.0,
         tp: 1,
         act_bytes: 2,
         routed: None,
@@ -176,6 +179,7 @@ fn experiment_b_programs_keep_the_measured_rules_per_layer() {
     let l = SavedLayout {
         local_tokens: 8192.0,
         sequence_tokens: 8192.0,
+        linear_input_tokens: 8192.0,
         tp: 1,
         act_bytes: 2,
         routed: None,
@@ -190,5 +194,157 @@ fn experiment_b_programs_keep_the_measured_rules_per_layer() {
         let kept = forward_alloc(&p, "layers.30.");
         assert_eq!(recomputed, checkpoint_bytes(cfg, &l) as u64, "{kind:?}");
         assert_eq!(kept, layer_bytes(cfg, 30, &l).round() as u64, "{kind:?}");
+    }
+}
+
+/// Activation bytes each forward stage of micro-batch 0 allocates, in forward order
+/// (embedding, decoder and MTP layers, head).
+fn stage_allocs_mb0(p: &StepProgram) -> Vec<u64> {
+    p.ops
+        .iter()
+        .filter(|o| {
+            o.name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("mb0.") && n.ends_with(".fwd"))
+        })
+        .flat_map(|o| o.memory.iter())
+        .filter(|m| m.tag == MemTag::Activations && m.alloc_bytes > 0)
+        .map(|m| m.alloc_bytes)
+        .collect()
+}
+
+/// Collectives of `p` whose name ends with `suffix`: (kind, input bytes, output bytes).
+fn collectives(p: &StepProgram, suffix: &str) -> Vec<(CollectiveKind, u64, u64)> {
+    p.ops
+        .iter()
+        .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(suffix)))
+        .filter_map(|o| o.payload.as_collective())
+        .map(|c| (c.kind, c.input_bytes, c.output_bytes))
+        .collect()
+}
+
+/// Experiment C's rank layout: 4 x 4096 tokens per micro-batch, TP4 with sequence
+/// parallelism; `linear` the tokens a column-parallel linear's saved input covers.
+fn exp_c_layout(linear: f64, loss_parallel: bool) -> SavedLayout {
+    SavedLayout {
+        local_tokens: 4096.0,
+        sequence_tokens: 16384.0,
+        linear_input_tokens: linear,
+        tp: 4,
+        act_bytes: 2,
+        routed: None,
+        loss_parallel,
+        positions: 4096.0,
+    }
+}
+
+#[test]
+fn megatron_sequence_parallel_linears_keep_the_local_input_and_gather_it_again_in_backward() {
+    let s = scenario("paper/exp-c.toml");
+    let cfg = &s.model.config;
+    let megatron = program(&s, StrategyKind::MegatronDdp);
+    let hp = program(&s, StrategyKind::HyperParallel);
+    let (m, h) = (stage_allocs_mb0(&megatron), stage_allocs_mb0(&hp));
+    // Embedding, 39 decoder layers, 4 MTP layers, head.
+    assert_eq!((m.len(), h.len()), (45, 45));
+    // LinearWithGradAccumulationAndAsyncCommunication saves the [s/tp, b, h] input;
+    // HyperParallel's q/k/v and gate/up nn.Linear save what the boundary gathered.
+    let local = exp_c_layout(4096.0, true);
+    let gathered = exp_c_layout(16384.0, false);
+    assert_eq!(m[6], layer_bytes(cfg, 5, &local).round() as u64);
+    assert_eq!(h[6], layer_bytes(cfg, 5, &gathered).round() as u64);
+    // Two column-parallel inputs per dense layer (linear_qkv, linear_fc1), 3/4 of each.
+    assert_eq!(h[6] - m[6], 2 * 2 * 4096 * (16384 - 4096));
+    // The MTP layer's eh_proj input ([s, b, 2h]) too.
+    assert_eq!(m[40], layer_bytes(cfg, 39, &local).round() as u64);
+    // Backward gathers each input again: linear_qkv and linear_fc1 of the 43 layers and
+    // the output layer, per micro-batch (3), at the forward gather's size.
+    let regathers = collectives(&megatron, ".regather.hidden_states.tp.bwd");
+    assert_eq!(regathers.len(), (43 * 2 + 1) * 3);
+    let gathered_bytes = 16384 * 4096 * 2;
+    assert!(regathers.iter().all(|&r| r
+        == (
+            CollectiveKind::AllGather,
+            gathered_bytes / 4,
+            gathered_bytes
+        )));
+    assert!(collectives(&hp, ".regather.hidden_states.tp.bwd").is_empty());
+    assert!(collectives(&megatron, ".regather.hidden_states.tp.fwd").is_empty());
+}
+
+#[test]
+fn megatron_loss_is_vocab_parallel_and_hyperparallel_gathers_the_logits_by_default() {
+    let s = scenario("paper/exp-c.toml");
+    assert!(
+        !s.file.train.loss_parallel,
+        "exp C leaves HyperParallel's default"
+    );
+    let cfg = &s.model.config;
+    let megatron = program(&s, StrategyKind::MegatronDdp);
+    let hp = program(&s, StrategyKind::HyperParallel);
+    let (m, h) = (stage_allocs_mb0(&megatron), stage_allocs_mb0(&hp));
+    // _VocabParallelCrossEntropy keeps the f32 softmax of the rank's V/4 columns;
+    // HF's loss on HyperParallel's replicated logits the f32 log-softmax of all V.
+    let head_m = head_bytes(cfg, &exp_c_layout(4096.0, true));
+    let head_h = head_bytes(cfg, &exp_c_layout(16384.0, false));
+    assert_eq!(m[44], head_m.round() as u64);
+    assert_eq!(h[44], head_h.round() as u64);
+    let v = cfg.vocab_size as f64;
+    // Per token: f32 of V/4 columns + int64 target + bool mask; f32 of V + int64 labels.
+    let norm = (4.0 * 4096.0 + 4.0 + 2.0 * 4096.0) * 4096.0;
+    assert_eq!(
+        head_m,
+        norm + 2.0 * 4096.0 * 4096.0 + (4.0 * (v / 4.0).ceil() + 8.0 + 1.0) * 16384.0 + 4.0
+    );
+    assert_eq!(
+        head_h,
+        norm + 2.0 * 4096.0 * 16384.0 + (4.0 * v + 8.0) * 16384.0 + 4.0
+    );
+    // Megatron never gathers the logits: three f32 all-reduces per token row instead
+    // (logits max, predicted logit, exp sum), forward only, per micro-batch.
+    assert!(collectives(&megatron, ".out.logits.tp.fwd").is_empty());
+    let reduces = collectives(&megatron, "lm_head.loss.logits_max.tp.fwd");
+    assert_eq!(
+        reduces,
+        vec![(CollectiveKind::AllReduce, 16384 * 4, 16384 * 4); 3]
+    );
+    assert_eq!(
+        collectives(&megatron, ".tp.fwd")
+            .iter()
+            .filter(|c| c.1 == 16384 * 4)
+            .count(),
+        9
+    );
+    // HyperParallel without loss_parallel gathers the bf16 logits and reduces nothing.
+    let logits = collectives(&hp, "lm_head.out.logits.tp.fwd");
+    let full = (16384 * cfg.vocab_size * 2) as u64;
+    assert_eq!(logits.len(), 3);
+    assert_eq!(logits[0].0, CollectiveKind::AllGather);
+    assert_eq!(logits[0].2, full.div_ceil(4) * 4);
+    assert!(collectives(&hp, "lm_head.loss.max.tp.fwd").is_empty());
+}
+
+#[test]
+fn hyperparallel_loss_parallel_keeps_the_local_log_softmax_and_reduces_three_scalars() {
+    let mut s = scenario("paper/exp-c.toml");
+    s.file.train.loss_parallel = true;
+    let cfg = s.model.config.clone();
+    let hp = program(&s, StrategyKind::HyperParallel);
+    let h = stage_allocs_mb0(&hp);
+    // DistributedCrossEntropyFunction saves the f32 local log-probabilities, the int64
+    // targets and the bool mask; the lm_head input stays gathered.
+    assert_eq!(
+        h[44],
+        head_bytes(&cfg, &exp_c_layout(16384.0, true)).round() as u64
+    );
+    assert!(collectives(&hp, ".out.logits.tp.fwd").is_empty());
+    // MAX and SUM per token row in distributed_log_softmax, then the summed loss.
+    for (what, bytes) in [("max", 16384 * 4), ("sum_exp", 16384 * 4), ("loss_sum", 4)] {
+        let c = collectives(&hp, &format!("lm_head.loss.{what}.tp.fwd"));
+        assert_eq!(
+            c,
+            vec![(CollectiveKind::AllReduce, bytes, bytes); 3],
+            "{what}"
+        );
     }
 }

@@ -12,16 +12,23 @@
 //!   just before its backward.
 //! - Saved activations: what autograd keeps in the real modules ([`super::saved_activations`]);
 //!   a recomputed layer keeps only its input and re-materializes the rest during recompute.
+//! - Strategy TP lowering on top of the plan's boundary collectives: Megatron-LM's
+//!   sequence-parallel column-parallel linears gather their input again in backward
+//!   ([`super::megatron_sp`]), and a vocab-parallel loss (Megatron-LM always, HyperParallel
+//!   with `loss_parallel`) all-reduces per-token scalars instead of gathering the logits
+//!   ([`super::vocab_parallel_loss`]).
 
 use super::host_events::{self, PassEvents};
 use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
 use super::saved_activations;
 use super::validation;
-use super::{StrategyError, StrategyOptions};
+use super::{StrategyError, StrategyKind, StrategyOptions};
+use super::{megatron_sp, vocab_parallel_loss};
 use crate::fsdp::FsdpPlan;
 use crate::kernel::KernelWork;
 use crate::model::{ComputeKind, ComputeOp, LayerCompute, ModelConfig};
+use crate::planner::boundary::BoundaryType;
 use crate::planner::{BoundarySpec, ShardingPlan};
 use crate::scenario::Scenario;
 
@@ -165,6 +172,20 @@ struct StageEnv<'s> {
     kernels: KernelCtx,
     /// What the rank's saved activations depend on ([`saved_activations`]).
     saved: saved_activations::SavedLayout,
+    /// How the strategy lowers TP around the linears and the loss.
+    tp_lowering: TpLowering,
+}
+
+/// Strategy-specific TP lowering on top of the plan's boundary collectives.
+#[derive(Debug, Clone, Copy)]
+struct TpLowering {
+    /// The strategy whose stages these are.
+    kind: StrategyKind,
+    /// Column-parallel linears keep their sequence-parallel input un-gathered and gather
+    /// it again in backward ([`megatron_sp`]).
+    sp_regather: bool,
+    /// The loss runs on vocabulary-sharded logits ([`vocab_parallel_loss`]).
+    vocab_parallel_loss: bool,
 }
 
 impl<'s> StageEnv<'s> {
@@ -182,11 +203,21 @@ impl<'s> StageEnv<'s> {
         };
         let rank_tokens = tokens as f64 / (tp * cp) as f64;
         let kernels = KernelCtx::new(scenario, opts, rank_tokens);
+        let sequence_parallel = sequence_parallel && tp > 1;
+        let tp_lowering = TpLowering {
+            kind: opts.kind,
+            sp_regather: megatron_sp::saves_local_input(opts.kind, sequence_parallel),
+            vocab_parallel_loss: vocab_parallel_loss::runs(
+                opts.kind,
+                scenario.file.train.loss_parallel,
+            ),
+        };
+        let sequence_tokens = tokens as f64 / cp as f64;
         let dims = ParDims {
             tp,
             cp,
             ep: m.ep.max(1) as u64,
-            sequence_parallel: sequence_parallel && tp > 1,
+            sequence_parallel,
             tokens,
             hidden: cfg.hidden_size,
             vocab: cfg.vocab_size,
@@ -198,11 +229,16 @@ impl<'s> StageEnv<'s> {
         };
         let saved = saved_activations::SavedLayout {
             local_tokens: rank_tokens,
-            sequence_tokens: tokens as f64 / cp as f64,
+            sequence_tokens,
+            linear_input_tokens: if tp_lowering.sp_regather {
+                rank_tokens
+            } else {
+                sequence_tokens
+            },
             tp,
             act_bytes: kernels.act_bytes,
             routed: kernels.routed,
-            loss_parallel: scenario.file.train.loss_parallel,
+            loss_parallel: tp_lowering.vocab_parallel_loss,
             positions: opts.seq_len as f64 / cp as f64,
         };
         StageEnv {
@@ -210,6 +246,7 @@ impl<'s> StageEnv<'s> {
             dims,
             kernels,
             saved,
+            tp_lowering,
         }
     }
 }
@@ -287,7 +324,12 @@ fn build_stage(
     weight_bytes: u64,
 ) -> Stage {
     let stage_name = short(&piece.name).to_string();
-    let mut walk = StageWalk::new(&env.dims, stage_boundaries(plan, piece), &stage_name);
+    let mut walk = StageWalk::new(
+        &env.dims,
+        env.tp_lowering,
+        stage_boundaries(plan, piece),
+        &stage_name,
+    );
     for op in &piece.ops {
         walk.add_op(op, &env.kernels, &env.scenario.model.config);
     }
@@ -359,6 +401,8 @@ fn ensure_compute_segment(items: &mut Vec<Item>, stage_name: &str, weight_bytes:
 struct StageWalk<'p> {
     /// Sizes of the collectives the boundaries issue.
     dims: &'p ParDims,
+    /// The strategy's TP lowering around linears and the loss.
+    tp_lowering: TpLowering,
     /// The plan boundaries of this stage.
     boundaries: Vec<&'p BoundarySpec>,
     /// Whether an expert boundary runs a local map (EP dispatch/combine exchanges).
@@ -371,21 +415,32 @@ struct StageWalk<'p> {
     open_segment: Option<OpenSegment>,
     /// Open boundaries, outermost first (a nested boundary sits inside its parent).
     open_boundaries: Vec<&'p BoundarySpec>,
+    /// The backward re-gather of each open boundary's input ([`megatron_sp`]), issued
+    /// when the boundary closes.
+    open_regathers: Vec<Option<ParColl>>,
     /// Validation-mode contract-check events not yet attached to a segment.
     pending_events: u32,
 }
 
 impl<'p> StageWalk<'p> {
-    /// A walk of a stage named `stage_name` whose plan boundaries are `boundaries`.
-    fn new(dims: &'p ParDims, boundaries: Vec<&'p BoundarySpec>, stage_name: &'p str) -> Self {
+    /// A walk of a stage named `stage_name` whose plan boundaries are `boundaries`, under
+    /// `tp_lowering`.
+    fn new(
+        dims: &'p ParDims,
+        tp_lowering: TpLowering,
+        boundaries: Vec<&'p BoundarySpec>,
+        stage_name: &'p str,
+    ) -> Self {
         StageWalk {
             dims,
+            tp_lowering,
             has_local_map: boundaries.iter().any(|b| b.flags.use_local_map),
             boundaries,
             stage_name,
             items: Vec::new(),
             open_segment: None,
             open_boundaries: Vec::new(),
+            open_regathers: Vec::new(),
             pending_events: 0,
         }
     }
@@ -440,11 +495,23 @@ impl<'p> StageWalk<'p> {
                 break;
             }
             self.open_boundaries.pop();
+            let regather = self.open_regathers.pop().flatten();
             self.add_events(validation::out_check_events(top));
-            let colls = match self.open_boundaries.last() {
+            let mut colls = match self.open_boundaries.last() {
                 Some(parent) => parallel::nested_collectives(top, parent, Side::Out, self.dims),
                 None => parallel::boundary_collectives(top, Side::Out, self.dims),
             };
+            if self.tp_lowering.vocab_parallel_loss && top.ty == BoundaryType::LmHead {
+                // The loss reduces per-token scalars instead of gathering the logits.
+                colls.retain(|c| !vocab_parallel_loss::is_logits_gather(c));
+                colls.extend(vocab_parallel_loss::all_reduces(
+                    short(&top.module),
+                    self.dims,
+                    self.tp_lowering.kind,
+                ));
+            }
+            // After the body in forward order: issued before the body's backward.
+            self.push_collectives(regather.into_iter().collect());
             self.push_collectives(colls);
         }
     }
@@ -453,14 +520,19 @@ impl<'p> StageWalk<'p> {
     /// parallelism's attention exchange) cut the segment; its input checks wait for the
     /// next op.
     fn open_boundary(&mut self, b: &'p BoundarySpec) {
+        let nested = !self.open_boundaries.is_empty();
         let mut colls = match self.open_boundaries.last() {
             Some(parent) => parallel::nested_collectives(b, parent, Side::In, self.dims),
             None => parallel::boundary_collectives(b, Side::In, self.dims),
         };
+        let regather = (self.tp_lowering.sp_regather && !nested)
+            .then(|| megatron_sp::backward_regather(b, &colls))
+            .flatten();
         colls.extend(parallel::cp_attention(b, self.dims));
         self.push_collectives(colls);
         self.pending_events += validation::in_check_events(b);
         self.open_boundaries.push(b);
+        self.open_regathers.push(regather);
     }
 
     /// Adds validation-mode events to the open segment, or keeps them for the next one.

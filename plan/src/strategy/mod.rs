@@ -22,6 +22,7 @@ pub mod hp_mixed_precision;
 pub mod hyperparallel;
 pub mod kernels;
 pub mod megatron;
+pub mod megatron_sp;
 pub mod muon;
 pub mod optimizer;
 pub mod parallel;
@@ -31,6 +32,7 @@ mod step_tail;
 pub mod tp_grad_sync;
 pub mod tp_overlap;
 pub mod validation;
+pub mod vocab_parallel_loss;
 
 pub use muon::OptimizerStrategy;
 

@@ -22,17 +22,25 @@
 //!   index: `26 + 4 a H + 8 a I` with bf16 (int32 group offsets `4E` once per micro-batch);
 //! - head: the final norm, the `lm_head` input, `ForCausalLMLoss`'s f32 log-softmax over the
 //!   vocabulary (`4V`, HF upcasts logits to f32 before the cross entropy) and the int64
-//!   shifted labels (`8`); the embedding saves its int64 token ids (`8`).
+//!   shifted labels (`8`); the embedding saves its int64 token ids (`8`);
+//! - a vocab-parallel loss ([`super::vocab_parallel_loss`]: Megatron-LM's
+//!   `_VocabParallelCrossEntropy`, HyperParallel's `DistributedCrossEntropyFunction`) keeps
+//!   the f32 softmax or log-softmax of the rank's `V / tp` columns, the int64 target and the
+//!   bool target mask (`4 V / tp + 8 + 1`).
 //!
 //! A layer under `torch.utils.checkpoint` keeps only its input (`a H` per token): the probe
 //! measures it for the non-reentrant checkpoint HF's gradient checkpointing uses.
 //!
 //! Parallel layout (the conventions of [`super::kernels`]): norms, the router and the MoE
-//! bookkeeping on the rank's share of tokens `T / (cp tp)` (sequence-sharded with SP); linear
-//! inputs and attention on the whole CP-local sequence `T / cp` with heads and intermediate
-//! features split by `tp`; routed copies those of the busiest EP rank; the loss's log-softmax
-//! over `V / tp` columns with a parallel loss, over the whole vocabulary otherwise (the
-//! logits are replicated before HF's loss).
+//! bookkeeping on the rank's share of tokens `T / (cp tp)` (sequence-sharded with SP);
+//! attention and the row-parallel linears' inputs on the whole CP-local sequence `T / cp`
+//! with heads and intermediate features split by `tp`; the column-parallel linears' inputs
+//! (attention and MLP inputs, `eh_proj`, `lm_head`) on [`SavedLayout::linear_input_tokens`]:
+//! the gathered `T / cp` where the module's `nn.Linear` saves what the boundary gathered
+//! (HyperParallel, FSDP2), the rank's `T / (cp tp)` under Megatron-LM's sequence parallelism
+//! ([`super::megatron_sp`]); routed copies those of the busiest EP rank; the loss's
+//! softmax over `V / tp` columns with a vocab-parallel loss, over the whole vocabulary
+//! otherwise (the logits are replicated before HF's loss).
 //!
 //! Not probed, derived with the same rules: MLA attention (DeepSeek-V3: its low-rank norms,
 //! the per-head query and key built by concatenation, value and output of `v_head_dim`),
@@ -48,14 +56,21 @@ const F32_BYTES: f64 = 4.0;
 const I64_BYTES: f64 = 8.0;
 /// Bytes of an int32 element (grouped-GEMM group offsets).
 const I32_BYTES: f64 = 4.0;
+/// Bytes of a bool element (the vocab-parallel loss's target mask).
+const BOOL_BYTES: f64 = 1.0;
 
 /// What the saved bytes of one rank depend on besides the model.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SavedLayout {
     /// Tokens of the rank's share for norms, the router and MoE bookkeeping, `T / (cp tp)`.
     pub local_tokens: f64,
-    /// Tokens every linear input and the attention cover, `T / cp`.
+    /// Tokens the attention and the row-parallel linear inputs cover, `T / cp`.
     pub sequence_tokens: f64,
+    /// Tokens of the saved input of a column-parallel linear (attention and MLP inputs,
+    /// `eh_proj`, `lm_head`): `sequence_tokens` when the gathered input is saved,
+    /// `local_tokens` when the sequence-parallel input is saved un-gathered and gathered
+    /// again in backward (Megatron-LM, [`super::megatron_sp`]).
+    pub linear_input_tokens: f64,
     /// Tensor-parallel degree (splits heads and intermediate features).
     pub tp: u64,
     /// Bytes per activation element (the compute dtype).
@@ -63,7 +78,7 @@ pub struct SavedLayout {
     /// Routed copies the busiest EP rank computes per MoE layer (`None`: the balanced
     /// figure, `local_tokens * top_k`).
     pub routed: Option<RoutedLoad>,
-    /// Whether the loss stays vocab-sharded (`[train] loss_parallel`).
+    /// Whether the loss stays vocab-sharded ([`super::vocab_parallel_loss::runs`]).
     pub loss_parallel: bool,
     /// Positions of one CP-local sequence, `seq_len / cp` (rows of the rotary tables).
     pub positions: f64,
@@ -90,15 +105,15 @@ fn norm_per_token(width: f64, groups: f64, a: f64) -> f64 {
 pub fn layer_bytes(cfg: &ModelConfig, layer: usize, l: &SavedLayout) -> f64 {
     let h = cfg.hidden_size as f64;
     let a = l.a();
-    // The two norms at the rank's share; their outputs read by the attention projections on
-    // the whole sequence (gathered under SP).
+    // The two norms at the rank's share; their outputs read by the attention and MLP
+    // projections, saved gathered or local (`linear_input_tokens`).
     let norms = 2.0 * norm_per_token(h, 1.0, a) * l.local_tokens;
-    let attn_input = a * h * l.sequence_tokens;
+    let attn_input = a * h * l.linear_input_tokens;
     let attention = attention_bytes(cfg, l);
     let mlp = if cfg.is_moe_layer(layer) {
         moe_bytes(cfg, l)
     } else {
-        a * h * l.sequence_tokens + swiglu_bytes(cfg.intermediate_size, l)
+        a * h * l.linear_input_tokens + swiglu_bytes(cfg.intermediate_size, l)
     };
     let mtp = if layer >= cfg.num_hidden_layers {
         mtp_extra_bytes(cfg, l)
@@ -169,7 +184,7 @@ fn moe_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
     let offsets = I32_BYTES * local_experts;
     let shared = if moe.shared_experts > 0 {
         let width = cfg.shared_expert_intermediate_size();
-        a * h * l.sequence_tokens + swiglu_bytes(width, l)
+        a * h * l.linear_input_tokens + swiglu_bytes(width, l)
     } else {
         0.0
     };
@@ -183,7 +198,7 @@ fn mtp_extra_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
     let a = l.a();
     let inputs = I64_BYTES * l.local_tokens
         + 2.0 * norm_per_token(h, 1.0, a) * l.local_tokens
-        + 2.0 * a * h * l.sequence_tokens;
+        + 2.0 * a * h * l.linear_input_tokens;
     inputs + head_bytes(cfg, l)
 }
 
@@ -198,16 +213,18 @@ pub fn embed_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
 }
 
 /// Bytes the head keeps: final norm, `lm_head` input, the f32 log-softmax over the rank's
-/// vocabulary columns and the int64 labels (plus the f32 scalar loss normaliser).
+/// vocabulary columns and the int64 labels (plus the f32 scalar loss normaliser); a
+/// vocab-parallel loss also keeps its bool target mask.
 pub fn head_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
     let h = cfg.hidden_size as f64;
-    let vocab = if l.loss_parallel {
-        l.split(cfg.vocab_size)
+    let (vocab, mask) = if l.loss_parallel {
+        (l.split(cfg.vocab_size), BOOL_BYTES)
     } else {
-        cfg.vocab_size as f64
+        (cfg.vocab_size as f64, 0.0)
     };
     norm_per_token(h, 1.0, l.a()) * l.local_tokens
-        + (l.a() * h + F32_BYTES * vocab + I64_BYTES) * l.sequence_tokens
+        + l.a() * h * l.linear_input_tokens
+        + (F32_BYTES * vocab + I64_BYTES + mask) * l.sequence_tokens
         + F32_BYTES
 }
 
