@@ -317,7 +317,7 @@ fn megatron_loss_is_vocab_parallel_and_hyperparallel_gathers_the_logits_by_defau
     );
     // HyperParallel without loss_parallel gathers the bf16 logits and reduces nothing.
     let logits = collectives(&hp, "lm_head.out.logits.tp.fwd");
-    let full = (16384 * cfg.vocab_size * 2) as u64;
+    let full = 16384 * cfg.vocab_size * 2;
     assert_eq!(logits.len(), 3);
     assert_eq!(logits[0].0, CollectiveKind::AllGather);
     assert_eq!(logits[0].2, full.div_ceil(4) * 4);

@@ -113,12 +113,15 @@ mod tests {
     #[test]
     fn column_parallel_inputs_are_gathered_again_in_backward_only() {
         let g = gather("layers.0.self_attn.in.hidden_states.tp");
-        let re = backward_regather(&boundary(BoundaryType::Attention), &[g.clone()]).unwrap();
+        let re = backward_regather(&boundary(BoundaryType::Attention), std::slice::from_ref(&g))
+            .unwrap();
         assert_eq!(re.name, "layers.0.self_attn.regather.hidden_states.tp");
         assert!(re.fwd.is_none());
         assert_eq!(re.bwd, g.fwd, "the forward gather's size, in backward");
         // A norm or router boundary holds no column-parallel linear.
-        assert!(backward_regather(&boundary(BoundaryType::Norm), &[g.clone()]).is_none());
+        assert!(
+            backward_regather(&boundary(BoundaryType::Norm), std::slice::from_ref(&g)).is_none()
+        );
         assert!(backward_regather(&boundary(BoundaryType::MoeGate), &[g]).is_none());
         // No sequence-parallel gather, nothing to re-gather.
         assert!(backward_regather(&boundary(BoundaryType::Mlp), &[]).is_none());
