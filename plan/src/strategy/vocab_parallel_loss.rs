@@ -20,7 +20,9 @@
 //!   `examples/recipes/llama_tp.yaml` leaves it unset) the `lm_head` output is gathered to
 //!   replicated logits and the HF loss runs on the whole vocabulary (the chunked loss,
 //!   `ChunkedCausalLMLoss.bind_model`, refuses `tp_size != 1`).
-//! - PyTorch FSDP2 (no TP in the scenarios it runs) follows the scenario's `loss_parallel`.
+//! - PyTorch FSDP2 (no TP in the shipped scenarios) follows the scenario's `loss_parallel` and
+//!   is charged HyperParallel's three reduces (torch's `loss_parallel` DTensor cross entropy
+//!   likewise reduces the maximum, the exp sum and the picked log-probabilities).
 
 use super::StrategyKind;
 use super::parallel::{CollSpec, ParAxis, ParColl, ParDims};
