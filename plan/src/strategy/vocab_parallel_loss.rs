@@ -21,8 +21,9 @@
 //!   replicated logits and the HF loss runs on the whole vocabulary (the chunked loss,
 //!   `ChunkedCausalLMLoss.bind_model`, refuses `tp_size != 1`).
 //! - PyTorch FSDP2 (no TP in the shipped scenarios) follows the scenario's `loss_parallel` and
-//!   is charged HyperParallel's three reduces (torch's `loss_parallel` DTensor cross entropy
-//!   likewise reduces the maximum, the exp sum and the picked log-probabilities).
+//!   is charged HyperParallel's three reduces (torch's `loss_parallel`,
+//!   `torch/distributed/tensor/parallel/loss.py::_log_softmax`, all-reduces the maximum and
+//!   the exp sum per row; the picked log-probabilities leave as a partial sum).
 
 use super::StrategyKind;
 use super::parallel::{CollSpec, ParAxis, ParColl, ParDims};
