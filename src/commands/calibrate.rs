@@ -7,7 +7,9 @@
 use super::calibrate_report::{
     figure_table, flag, host_table, label, loo_tables, page, params_table, starts_table, value,
 };
-use super::calibrate_tables::{FromTables, apply_tables, sections, write_gemm_outputs};
+use super::calibrate_tables::{
+    FromTables, apply_tables, sections, sourced_ranges_table, write_gemm_outputs,
+};
 use anyhow::{Context, Result, bail};
 use hpfsdp_reports::table::Table;
 use hpfsdp_sim::HardwareProfile;
@@ -142,6 +144,16 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
             table: host_table(&comparison),
         },
     );
+    extra.insert(
+        1,
+        hpfsdp_reports::table::Section {
+            heading: "Unfitted constants with public ranges".into(),
+            text: "Constants no held-in figure isolates, so the fit leaves them alone; public \
+                   measurements confine them (sim/src/calibration/params.rs SOURCED_RANGES)."
+                .into(),
+            table: sourced_ranges_table(&profile),
+        },
+    );
     let report = page(
         &comparison.profile,
         &checked,
@@ -165,6 +177,16 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
             fit.as_ref(),
             folds.as_deref(),
             &report.report,
+        );
+        let ranges = sourced_ranges_table(&profile);
+        let cut = |r: &Vec<String>| r[..r.len() - 1].to_vec();
+        let brief = Table {
+            headers: cut(&ranges.headers),
+            rows: ranges.rows.iter().map(cut).collect(),
+        };
+        println!(
+            "unfitted constants with public ranges (sources in the report):\n{}",
+            brief.to_markdown()
         );
     }
     write_report(
@@ -249,6 +271,7 @@ fn print_text(
         "host model (rank 0 launches by class, host seconds at the profile's constants; host busy of the critical rank vs the step):\n{}",
         host_table(comparison).to_markdown()
     );
+
     if let Some(folds) = folds {
         let (summary, _) = loo_tables(folds);
         println!("leave-one-out:\n{}", summary.to_markdown());
