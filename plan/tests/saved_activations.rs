@@ -274,11 +274,14 @@ fn megatron_sequence_parallel_linears_keep_the_local_input_and_gather_it_again_i
 
 #[test]
 fn megatron_loss_is_vocab_parallel_and_hyperparallel_gathers_the_logits_by_default() {
-    let s = scenario("paper/exp-c.toml");
+    let mut s = scenario("paper/exp-c.toml");
     assert!(
-        !s.file.train.loss_parallel,
-        "exp C leaves HyperParallel's default"
+        s.file.train.loss_parallel,
+        "exp C ships loss_parallel = true (inferred: see the scenario's comment)"
     );
+    // HyperParallel's default (AcceleratorConfig.loss_parallel = False); Megatron's loss is
+    // vocab-parallel whatever the flag says.
+    s.file.train.loss_parallel = false;
     let cfg = &s.model.config;
     let megatron = program(&s, StrategyKind::MegatronDdp);
     let hp = program(&s, StrategyKind::HyperParallel);

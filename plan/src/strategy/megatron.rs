@@ -29,7 +29,7 @@ use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
 use crate::CollectiveKind;
 use crate::fsdp::DataDomain;
-use crate::program::{Category, ComputeWork, Group, MemTag, StepProgram, Stream};
+use crate::program::{Category, ComputeWork, Group, MemTag, OpId, StepProgram, Stream};
 use crate::topology::Tier;
 
 /// Parameter start alignment in the buffer, in elements (4.2).
@@ -143,7 +143,9 @@ fn dp_group(d: DataDomain) -> GroupKind {
     }
 }
 
-/// Generates the Megatron DDP program of `rank`.
+/// Generates the Megatron DDP program of `rank`: resident state, then per micro-batch a
+/// forward (parameter all-gathers on the first, one bucket ahead) and a backward (bucket
+/// reduce-scatters on the last), then the optimizer on the shard.
 pub(crate) fn generate(
     ctx: &Ctx,
     layout: &Layout,
@@ -152,127 +154,14 @@ pub(crate) fn generate(
     named: bool,
 ) -> Result<StepProgram, StrategyError> {
     let o = &ctx.opts;
-    let (pd, gd) = (o.param_dtype, o.reduce_dtype);
     let mut e = Emitter::new(ctx, rank, groups).with_names(named);
-    let grad_buffer: u64 = layout
-        .buckets
-        .iter()
-        .map(|b| b.padded_elems * gd.bytes())
-        .sum();
-    let shard_elems: u64 = layout
-        .buckets
-        .iter()
-        .map(|b| b.padded_elems / b.dp.max(1))
-        .sum();
-    e.resident(MemTag::Params, layout.param_elems * pd.bytes());
-    e.resident(MemTag::Grads, grad_buffer);
-    // fp32 main parameters plus two fp32 AdamW moments (or the optimizer strategy's state)
-    // on the shard.
-    let sched = ctx
-        .opt
-        .strategy
-        .is_muon()
-        .then(|| muon::schedule(ctx, rank, named));
-    e.resident(
-        MemTag::Optimizer,
-        shard_elems * 4
-            + match &sched {
-                Some(s) => s.momentum_bytes + s.adamw_state_bytes,
-                None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
-            },
-    );
-
-    // Buckets in forward order of first use (stable by buffer position, reversed).
-    let mut fwd_order: Vec<usize> = (0..layout.buckets.len()).rev().collect();
-    fwd_order.sort_by_key(|&b| layout.buckets[b].stage);
+    let sched = reserve_state(&mut e, ctx, layout, rank, named);
     let mut rs_ops = vec![None; layout.buckets.len()];
     for m in 0..o.grad_accum_steps {
-        let last_mb = m + 1 == o.grad_accum_steps;
         e.set_micro_batch(m);
-        let mut ag_ops = vec![None; layout.buckets.len()];
-        let mut next = 0usize;
-        for (si, stage) in ctx.stages.iter().enumerate() {
-            let mut deps = Vec::new();
-            if m == 0 {
-                // Dispatch every bucket first used here (and not prefetched), then 1 ahead.
-                let issue =
-                    |e: &mut Emitter, k: usize, ag_ops: &mut Vec<Option<crate::program::OpId>>| {
-                        let b = &layout.buckets[k];
-                        let full = b.padded_elems * pd.bytes();
-                        let spec = CollSpec {
-                            kind: CollectiveKind::AllGather,
-                            input_bytes: full / b.dp.max(1),
-                            output_bytes: full,
-                        };
-                        let dl = e.issue_point();
-                        ag_ops[k] = e.collective(
-                            Stream::AllGather,
-                            Category::FsdpAg,
-                            dp_group(b.domain),
-                            spec,
-                            pd,
-                            full.is_multiple_of(512),
-                            &dl,
-                            &format!("bucket{k}.param_ag"),
-                        );
-                    };
-                while next < fwd_order.len() && layout.buckets[fwd_order[next]].stage <= si {
-                    issue(&mut e, fwd_order[next], &mut ag_ops);
-                    next += 1;
-                }
-                deps.extend(
-                    fwd_order[..next]
-                        .iter()
-                        .filter(|&&k| layout.buckets[k].stage == si)
-                        .filter_map(|&k| ag_ops[k]),
-                );
-                if next < fwd_order.len() {
-                    issue(&mut e, fwd_order[next], &mut ag_ops);
-                    next += 1;
-                }
-            }
-            let (_, last) = e.stage_forward(stage, &deps, false);
-            forward_activations(&mut e, stage, last);
-        }
-        for (si, stage) in ctx.stages.iter().enumerate().rev() {
-            backward_with_recompute(&mut e, stage, &[]);
-            if !last_mb {
-                continue;
-            }
-            for (k, b) in layout.buckets.iter().enumerate() {
-                if b.stage != si {
-                    continue;
-                }
-                let bytes = b.padded_elems * gd.bytes();
-                let scale = e.compute(
-                    Stream::Compute,
-                    Category::FsdpRs,
-                    ComputeWork {
-                        flops: b.padded_elems,
-                        hbm_bytes: 2 * bytes,
-                        kernels: 1,
-                        mix: None,
-                    },
-                    &[],
-                    &format!("bucket{k}.grad_scale"),
-                );
-                let spec = CollSpec {
-                    kind: CollectiveKind::ReduceScatter,
-                    input_bytes: bytes,
-                    output_bytes: bytes / b.dp.max(1),
-                };
-                rs_ops[k] = e.collective(
-                    Stream::ReduceScatter,
-                    Category::FsdpRs,
-                    dp_group(b.domain),
-                    spec,
-                    gd,
-                    bytes.is_multiple_of(512),
-                    &[scale],
-                    &format!("bucket{k}.grad_rs"),
-                );
-            }
-        }
+        forward_micro_batch(&mut e, ctx, layout, m == 0);
+        let last_mb = m + 1 == o.grad_accum_steps;
+        backward_micro_batch(&mut e, ctx, layout, last_mb.then_some(&mut rs_ops));
     }
     // finish_grad_sync waits every reduce-scatter; optimizer per bucket on the shard.
     e.mb_prefix.clear();
@@ -290,11 +179,156 @@ pub(crate) fn generate(
             &format!("bucket{k}"),
             b.padded_elems / b.dp.max(1),
             b.params,
-            gd,
+            ctx.opts.reduce_dtype,
             &deps,
         );
     }
     e.build()
+}
+
+/// Resident memory: the whole bf16 model, the gradient buffer in the reduce dtype, and on the
+/// shard fp32 main parameters plus two fp32 AdamW moments (or the Muon schedule's state,
+/// returned for the optimizer tail).
+fn reserve_state(
+    e: &mut Emitter,
+    ctx: &Ctx,
+    layout: &Layout,
+    rank: usize,
+    named: bool,
+) -> Option<muon::schedule::Schedule> {
+    let (pd, gd) = (ctx.opts.param_dtype, ctx.opts.reduce_dtype);
+    let grad_buffer: u64 = layout
+        .buckets
+        .iter()
+        .map(|b| b.padded_elems * gd.bytes())
+        .sum();
+    let shard_elems: u64 = layout
+        .buckets
+        .iter()
+        .map(|b| b.padded_elems / b.dp.max(1))
+        .sum();
+    e.resident(MemTag::Params, layout.param_elems * pd.bytes());
+    e.resident(MemTag::Grads, grad_buffer);
+    let sched = ctx
+        .opt
+        .strategy
+        .is_muon()
+        .then(|| muon::schedule(ctx, rank, named));
+    e.resident(
+        MemTag::Optimizer,
+        shard_elems * 4
+            + match &sched {
+                Some(s) => s.momentum_bytes + s.adamw_state_bytes,
+                None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+            },
+    );
+    sched
+}
+
+/// The parameter all-gather of bucket `k` (distributed optimizer: the shard's updated
+/// parameters gathered into the full buffer before its first use).
+fn gather_bucket(e: &mut Emitter, ctx: &Ctx, layout: &Layout, k: usize) -> Option<OpId> {
+    let pd = ctx.opts.param_dtype;
+    let b = &layout.buckets[k];
+    let full = b.padded_elems * pd.bytes();
+    let spec = CollSpec {
+        kind: CollectiveKind::AllGather,
+        input_bytes: full / b.dp.max(1),
+        output_bytes: full,
+    };
+    let dl = e.issue_point();
+    e.collective(
+        Stream::AllGather,
+        Category::FsdpAg,
+        dp_group(b.domain),
+        spec,
+        pd,
+        full.is_multiple_of(512),
+        &dl,
+        &format!("bucket{k}.param_ag"),
+    )
+}
+
+/// One micro-batch's forward. On the first (`gather`), every bucket first used by a stage
+/// (and not prefetched) is gathered before it, then one more bucket ahead.
+fn forward_micro_batch(e: &mut Emitter, ctx: &Ctx, layout: &Layout, gather: bool) {
+    // Buckets in forward order of first use (stable by buffer position, reversed).
+    let mut fwd_order: Vec<usize> = (0..layout.buckets.len()).rev().collect();
+    fwd_order.sort_by_key(|&b| layout.buckets[b].stage);
+    let mut ag_ops = vec![None; layout.buckets.len()];
+    let mut next = 0usize;
+    for (si, stage) in ctx.stages.iter().enumerate() {
+        let mut deps = Vec::new();
+        if gather {
+            while next < fwd_order.len() && layout.buckets[fwd_order[next]].stage <= si {
+                ag_ops[fwd_order[next]] = gather_bucket(e, ctx, layout, fwd_order[next]);
+                next += 1;
+            }
+            deps.extend(
+                fwd_order[..next]
+                    .iter()
+                    .filter(|&&k| layout.buckets[k].stage == si)
+                    .filter_map(|&k| ag_ops[k]),
+            );
+            if next < fwd_order.len() {
+                ag_ops[fwd_order[next]] = gather_bucket(e, ctx, layout, fwd_order[next]);
+                next += 1;
+            }
+        }
+        let (_, last) = e.stage_forward(stage, &deps, false);
+        forward_activations(e, stage, last);
+    }
+}
+
+/// One micro-batch's backward, stages in reverse. On the last micro-batch (`rs_ops` given)
+/// each bucket whose stage finished is scaled and reduce-scattered (its op recorded in
+/// `rs_ops` for the optimizer).
+fn backward_micro_batch(
+    e: &mut Emitter,
+    ctx: &Ctx,
+    layout: &Layout,
+    mut rs_ops: Option<&mut Vec<Option<OpId>>>,
+) {
+    let gd = ctx.opts.reduce_dtype;
+    for (si, stage) in ctx.stages.iter().enumerate().rev() {
+        backward_with_recompute(e, stage, &[]);
+        let Some(rs_ops) = rs_ops.as_deref_mut() else {
+            continue;
+        };
+        for (k, b) in layout.buckets.iter().enumerate() {
+            if b.stage != si {
+                continue;
+            }
+            let bytes = b.padded_elems * gd.bytes();
+            let scale = e.compute(
+                Stream::Compute,
+                Category::FsdpRs,
+                ComputeWork {
+                    flops: b.padded_elems,
+                    hbm_bytes: 2 * bytes,
+                    kernels: 1,
+                    mix: None,
+                },
+                &[],
+                &format!("bucket{k}.grad_scale"),
+            );
+            let spec = CollSpec {
+                kind: CollectiveKind::ReduceScatter,
+                input_bytes: bytes,
+                output_bytes: bytes / b.dp.max(1),
+            };
+            rs_ops[k] = e.collective(
+                Stream::ReduceScatter,
+                Category::FsdpRs,
+                dp_group(b.domain),
+                spec,
+                gd,
+                bytes.is_multiple_of(512),
+                &[scale],
+                &format!("bucket{k}.grad_rs"),
+            );
+        }
+    }
 }
 
 #[cfg(test)]
