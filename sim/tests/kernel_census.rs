@@ -208,6 +208,32 @@ fn experiment_a_launches_the_kernels_around_its_model_parallel_collectives() {
 }
 
 #[test]
+fn muon_fused_gathers_unpack_and_move_shard_dims() {
+    // hyper-parallel `fused_allgather_dtensor_params` (muon/hyperparallel.rs
+    // `gather_staging`): one `torch.cat` per parameter unpacked after each axis (every
+    // member after a non-last axis, only the locally computed ones after the last) and a
+    // `movedim(d, 0).contiguous()` copy before an axis that does not cut dim 0.
+    let a = census(&rank0("scenarios/paper/exp-a-mbs2.toml"));
+    // Exp A's 192 q/k/v/o projections are gathered over dp_shard (dim 0) then tp: all 192
+    // unpacked after dp_shard, the 12 rank 0 computes (greedy owner balance over the 16
+    // ranks) after tp; o_proj's TP shard is its dim 1, so its 48 move before the tp gather.
+    // The 48 routers (replicated on tp) have dp_shard only: the 3 rank 0 computes.
+    assert_eq!(kernels(&a, "ag.tp") + kernels(&a, "ag.dp_shard"), 0);
+    assert_eq!(kernels(&a, "m#.pack.tp"), 48);
+    assert_eq!(kernels(&a, "m#.pack.dp_shard"), 0);
+    assert_eq!(kernels(&a, "unpack.dp_shard"), 192 + 3);
+    assert_eq!(kernels(&a, "unpack.tp"), 12);
+    // `chunk_update_by_layout`: o_proj's local update is a dim-1 slice, made contiguous
+    // before the apply (48); q/k/v slices along dim 0 are views.
+    assert_eq!(kernels(&a, "m#.slice"), 48);
+    // Exp B: one axis (dp_shard 16, dim 0): only the 240 / 16 matrices rank 0 computes.
+    let b = census(&rank0("scenarios/paper/exp-b.toml"));
+    assert_eq!(kernels(&b, "unpack.dp_shard"), 240 / 16);
+    assert_eq!(kernels(&b, "m#.pack.dp_shard"), 0);
+    assert_eq!(kernels(&b, "m#.slice"), 0);
+}
+
+#[test]
 fn only_hyperparallel_stages_its_model_parallel_collectives() {
     // Experiment C (TP 4 with sequence parallelism): HyperParallel's runtime stages its
     // boundary collectives; the FSDP2 and Megatron baselines issue single-tensor collectives
