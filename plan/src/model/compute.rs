@@ -108,6 +108,7 @@ pub enum OpShape {
 /// | EpDispatch | 11 | 4 | 3 | 7 | HyperParallel `ep_routed_forward` before the exchange: `arange`, `repeat_interleave`, `div`, `mul`, `add`, `argsort`, three index gathers, `bincount`; after the index exchange `- expert_offset` |
 /// | EpRegroup | 4 | 4 | 2 | 8 | HyperParallel `_local_swiglu_expert_forward`: `argsort`, gather, `bincount`, `cumsum` (the grouped GEMM's group list) |
 /// | EpCombine | 5 | 10 | 6 | 16 | HyperParallel `ep_routed_forward` after the combine: weight gather, `mul`, `zeros`, index gather, `index_add_` |
+/// | NpuSwiGlu | 1 | 6 | 1 | 10 | HyperParallel `npu_grouped_swiglu` (the expert-parallel grouped-GEMM path): one fused `torch_npu.npu_swiglu` over the packed gate/up output, backward its one `npu_swiglu_backward` |
 ///
 /// Bytes: bf16 = 2, fp32 = 4 per element, each kernel reads its inputs and writes its output
 /// once (reductions to one value per token count only their read). Linear layers launch 1
@@ -157,6 +158,9 @@ pub enum EagerRecipe {
     EpRegroup,
     /// Expert-parallel combine on the token owner: weighted `index_add_` back to tokens.
     EpCombine,
+    /// The routed experts' activation on HyperParallel's expert-parallel grouped-GEMM path:
+    /// one fused `torch_npu.npu_swiglu` each way.
+    NpuSwiGlu,
 }
 
 /// RMSNorm backward kernels (`Qwen3RMSNorm` forward `w * (x.float() * rsqrt(mean(x.float()^2)
@@ -190,6 +194,7 @@ impl EagerRecipe {
             EagerRecipe::EpDispatch => (11, 4.0),
             EagerRecipe::EpRegroup => (4, 4.0),
             EagerRecipe::EpCombine => (5, 10.0),
+            EagerRecipe::NpuSwiGlu => (1, 6.0),
         }
     }
 
@@ -209,6 +214,7 @@ impl EagerRecipe {
             EagerRecipe::EpDispatch => (3, 7.0),
             EagerRecipe::EpRegroup => (2, 8.0),
             EagerRecipe::EpCombine => (6, 16.0),
+            EagerRecipe::NpuSwiGlu => (1, 10.0),
         }
     }
 }

@@ -6,6 +6,7 @@
 //! stream, so every collective issued here depends on the last compute-stream op issued
 //! before it ([`Emitter::issue_point`]).
 
+use super::collective_staging;
 use super::compute::{Item, Stage};
 use super::host_events;
 use super::parallel::{CollSpec, ParAxis, ParColl};
@@ -223,19 +224,55 @@ impl<'a> Emitter<'a> {
         }
     }
 
-    fn par_collective(&mut self, c: &ParColl, spec: CollSpec, dir: &str) {
-        let deps = self.issue_point();
+    /// A model-parallel collective of `c` in `pass` (`dir` names it), with the kernels
+    /// HyperParallel's runtime launches around it on the compute stream
+    /// ([`collective_staging`]): before the collective (which waits for them) and after it
+    /// (they wait for it).
+    fn par_collective(&mut self, c: &ParColl, spec: CollSpec, pass: Pass, dir: &str) {
         let name = format!("{}.{dir}", c.name);
-        if let Some(op) = self.par_collective_op(c, spec, &deps, &name) {
-            self.pending.push(op);
-            if c.host_sync {
-                // Device -> host read-back (`.tolist()` of the counts): the host stalls until
-                // the collective has finished; its own cost is the engine's host time.
-                let sync = self.b.host(Category::Host, 0, &[op]);
-                self.b
-                    .name(sync, format!("{}{name}.d2h_sync", self.mb_prefix));
-            }
+        let staging = self.staging(c, pass, &spec);
+        if !staging.before.is_empty() {
+            let d = self.take_deps(&[]);
+            self.compute_kernels(
+                Stream::Compute,
+                c.axis.category(),
+                &staging.before,
+                &d,
+                &format!("{name}.stage_in"),
+            );
         }
+        let deps = self.issue_point();
+        let Some(op) = self.par_collective_op(c, spec, &deps, &name) else {
+            return;
+        };
+        self.pending.push(op);
+        if c.host_sync {
+            // Device -> host read-back (`.tolist()` of the counts): the host stalls until
+            // the collective has finished; its own cost is the engine's host time.
+            let sync = self.b.host(Category::Host, 0, &[op]);
+            self.b
+                .name(sync, format!("{}{name}.d2h_sync", self.mb_prefix));
+        }
+        if !staging.after.is_empty() {
+            let d = self.take_deps(&[]);
+            self.compute_kernels(
+                Stream::Compute,
+                c.axis.category(),
+                &staging.after,
+                &d,
+                &format!("{name}.stage_out"),
+            );
+        }
+    }
+
+    /// The kernels around collective `c` in `pass`: only HyperParallel's runtime issues its
+    /// model-parallel collectives through the list-based APIs that stage them
+    /// ([`collective_staging`]); the baselines' single-tensor calls launch nothing.
+    fn staging(&self, c: &ParColl, pass: Pass, spec: &CollSpec) -> collective_staging::Staging {
+        if self.ctx.opts.kind != super::StrategyKind::HyperParallel {
+            return collective_staging::Staging::default();
+        }
+        collective_staging::staging(c.call, pass, spec, self.ctx.opts.micro_batch)
     }
 
     fn par_collective_op(
@@ -337,7 +374,7 @@ impl<'a> Emitter<'a> {
                         let feeding = chunk_ops[split.segment].clone();
                         chunk_ops[i] = self.fused_collective(c, split, &feeding, suffix);
                     }
-                    (None, Some(spec)) => self.par_collective(c, spec, suffix),
+                    (None, Some(spec)) => self.par_collective(c, spec, pass, suffix),
                     (None, None) => {}
                 },
             }

@@ -96,6 +96,19 @@ impl KernelCtx {
         }
     }
 
+    /// [`Self::path_recipe`] of a memory-bound op, `routed` when it runs on the routed copies:
+    /// with expert parallelism the routed experts' activation is the fused `npu_swiglu` of
+    /// HyperParallel's grouped-GEMM expert forward (`npu_grouped_swiglu`:
+    /// `torch_npu.npu_swiglu(gate_up, dim=-1)` between the two `npu_grouped_matmul` calls,
+    /// hyper-parallel `components/functional/npu_grouped_swiglu.py`, called from
+    /// `_local_swiglu_expert_forward` when `use_grouped_gemm`), not the eager `silu` and `mul`.
+    pub fn memory_bound_recipe(&self, recipe: EagerRecipe, routed: bool) -> EagerRecipe {
+        match recipe {
+            EagerRecipe::SwiGlu if routed && self.ep > 1 => EagerRecipe::NpuSwiGlu,
+            r => self.path_recipe(r),
+        }
+    }
+
     fn gemm_rows(&self) -> u64 {
         (self.micro_batch * self.seq_len / self.cp).max(1)
     }
@@ -152,7 +165,12 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
                 c.rank_tokens * width as f64
             };
             let flops = op.fwd_flops_per_token * c.rank_tokens * routed_scale(c, routed);
-            memory_bound(c.path_recipe(recipe), elems, flops, c.act_bytes)
+            memory_bound(
+                c.memory_bound_recipe(recipe, routed),
+                elems,
+                flops,
+                c.act_bytes,
+            )
         }
         OpShape::Opaque => {
             let flops = (op.fwd_flops_per_token * c.rank_tokens).round() as u64;
@@ -265,6 +283,20 @@ fn experts(c: &KernelCtx, input: u64, output: u64) -> (Vec<KernelWork>, Vec<Kern
     };
     let mut fwd = vec![work(output, input)];
     let mut bwd = vec![work(input, output), work(input, output)];
+    if c.ep > 1 {
+        // HyperParallel's grouped path multiplies by the transposed weight view
+        // (`gate_up_weight.transpose(1, 2)`, `down_weight.transpose(1, 2)`,
+        // `npu_grouped_swiglu`), so the weight gradient reaches the parameter transposed; it
+        // does not obey the parameter's layout and autograd's `AccumulateGrad` stores a
+        // contiguous clone of it (`clone_obey_contract`, torch
+        // `csrc/autograd/functions/accumulate_grad.h`): one copy of the local experts'
+        // weight gradient after the weight-gradient GEMM.
+        bwd.push(KernelWork::memory_bound(
+            1,
+            0,
+            (2.0 * weights * eb).round() as u64,
+        ));
+    }
     if let Some([in_f, in_b, out_f, out_b]) = ep_regroup(c) {
         // The first projection reads the regrouped tokens (its gradient flows back through
         // the regroup last); the last one's output goes back to source order.
@@ -500,20 +532,61 @@ mod tests {
         let gemm = |w: &KernelWork| matches!(w.class, KernelClass::GroupedGemm { .. });
         // EP 4, 32 local experts: regroup before gate_up, restore after down; backward
         // mirrors it.
+        // (Backward also holds the weight gradient's layout clone after the dW GEMM, see
+        // `expert_parallel_weight_gradients_are_cloned_and_the_activation_fused`.)
         let c = with_ep(4, 128);
         let (f, b) = op_kernels(&shape(2048, 1536), &c);
         assert_eq!((f.len(), f[0].count, gemm(&f[1])), (2, 4, true));
-        assert_eq!((b.len(), b[2].count, gemm(&b[0])), (3, 2, true));
+        assert_eq!((b.len(), b[3].count, gemm(&b[0])), (4, 2, true));
         let (f, b) = op_kernels(&shape(768, 2048), &c);
         assert_eq!((f.len(), gemm(&f[0]), f[1].count), (2, true, 1));
-        assert_eq!((b.len(), b[0].count, gemm(&b[1])), (3, 1, true));
+        assert_eq!((b.len(), b[0].count, gemm(&b[1])), (4, 1, true));
         let copies = c.routed.unwrap().busiest_copies;
         assert_eq!(f[1].hbm_bytes, (copies * 2048.0 * 4.0).round() as u64);
         // No expert parallelism, or one expert per rank: the router's permutation suffices.
-        for c in [with_ep(1, 128), with_ep(4, 4)] {
-            let (f, b) = op_kernels(&shape(2048, 1536), &c);
-            assert_eq!((f.len(), b.len()), (1, 2));
-        }
+        let (f, b) = op_kernels(&shape(2048, 1536), &with_ep(1, 128));
+        assert_eq!((f.len(), b.len()), (1, 2));
+        let (f, b) = op_kernels(&shape(2048, 1536), &with_ep(4, 4));
+        assert_eq!((f.len(), b.len()), (1, 3));
+    }
+
+    #[test]
+    fn expert_parallel_weight_gradients_are_cloned_and_the_activation_fused() {
+        let with_ep = |ep: u64| KernelCtx {
+            ep,
+            routed: Some(busiest_rank_load(2048.0, 128, 8, ep, 1.0)),
+            ..ctx(4)
+        };
+        let experts = op(OpShape::Experts {
+            experts: 128,
+            top_k: 8,
+            input: 2048,
+            output: 1536,
+        });
+        // EP 4: after the grouped dX and dW GEMMs, one copy of the 32 local experts'
+        // transposed weight gradient (read and written once, bf16).
+        let (_, b) = op_kernels(&experts, &with_ep(4));
+        assert!(matches!(b[1].class, KernelClass::GroupedGemm { .. }));
+        assert_eq!(
+            (b[2].class, b[2].count, b[2].hbm_bytes),
+            (KernelClass::MemoryBound, 1, 2 * 32 * 2048 * 1536 * 2)
+        );
+        // Without expert parallelism: the two gradient GEMMs only.
+        let (_, b) = op_kernels(&experts, &with_ep(1));
+        assert_eq!(b.len(), 2);
+        // The routed activation: fused npu_swiglu (1 + 1) with EP, eager silu * up (2 + 3)
+        // without; a dense (not routed) SwiGLU stays eager either way.
+        let act = |routed| {
+            op(OpShape::MemoryBound {
+                recipe: EagerRecipe::SwiGlu,
+                width: 768,
+                routed,
+            })
+        };
+        let counts = |(f, b): (Vec<KernelWork>, Vec<KernelWork>)| (f[0].count, b[0].count);
+        assert_eq!(counts(op_kernels(&act(true), &with_ep(4))), (1, 1));
+        assert_eq!(counts(op_kernels(&act(true), &with_ep(1))), (2, 3));
+        assert_eq!(counts(op_kernels(&act(false), &with_ep(4))), (2, 3));
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! input-gradient GEMM as on the device (`CUDA_DEVICE_MAX_CONNECTIONS=1` ordering).
 
 use super::StrategyKind;
+use super::collective_staging::CallPath;
 use super::parallel::{ParAxis, ParColl};
 use crate::collective::CollectiveKind;
 use crate::planner::BoundarySpec;
@@ -67,6 +68,8 @@ pub fn backward_regather(b: &BoundarySpec, input_colls: &[ParColl]) -> Option<Pa
         bwd: gather.fwd,
         wire_dtype: gather.wire_dtype,
         host_sync: false,
+        // `_gather_along_first_dim`: one `all_gather_into_tensor`, no list staging.
+        call: CallPath::Direct,
     })
 }
 

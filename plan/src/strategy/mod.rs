@@ -14,6 +14,7 @@
 //! layout-driven distributed Muon and the Muon baselines, selected by [`OptimizerStrategy`]).
 
 pub mod avg_division;
+pub mod collective_staging;
 pub mod compute;
 mod emit;
 pub mod fsdp2;

@@ -21,6 +21,7 @@
 //! Sizes are per rank per micro-batch: an activation of width `w` over the micro-batch holds
 //! `micro_batch * seq_len * w * act_wire_bytes` bytes (the compute dtype), divided by every other axis it is sharded on.
 
+use super::collective_staging::CallPath;
 use crate::collective::CollectiveKind;
 use crate::model::DType;
 use crate::placement::Placement;
@@ -78,6 +79,9 @@ pub struct ParColl {
     /// The host reads the result back before issuing more work (a device -> host
     /// synchronisation: the EP token counts that size the following all-to-all-v).
     pub host_sync: bool,
+    /// How HyperParallel's runtime issues it, which decides the kernels launched around it
+    /// ([`super::collective_staging`]).
+    pub call: CallPath,
 }
 
 /// Sizes the boundary collectives need.
@@ -193,6 +197,16 @@ fn all_to_all_v(expected_bytes: u64) -> CollSpec {
     }
 }
 
+/// How HyperParallel gathers a tensor sharded as `a` over `ranks` ranks
+/// (`differentiable_all_gather_concat` along the shard dim).
+fn gather_call(a: &Placement, ranks: u64) -> CallPath {
+    a.shard_dim()
+        .map_or(CallPath::Direct, |dim| CallPath::GatherConcat {
+            dim,
+            ranks,
+        })
+}
+
 /// Which side of the boundary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
@@ -293,41 +307,52 @@ fn transitions(
                     full /= d.size(other).max(1);
                 }
             }
-            let (fwd, bwd) = match (s, t) {
-                (Some(a), Some(b)) if a.is_shard() && b.is_shard() && a != b => {
-                    let shard = full.div_ceil(p);
-                    (Some(all_to_all(shard)), Some(all_to_all(shard)))
-                }
-                // Logits gathered for a replicated loss: every rank computes the same loss,
-                // so their gradient is replicated and backward is a local slice.
-                (Some(a), t)
-                    if a.is_shard()
-                        && t.is_none_or(|t| t.is_replicate())
-                        && side == Side::Out
-                        && tensor == "logits" =>
-                {
-                    (Some(gather(full, p)), None)
-                }
-                (Some(a), t) if a.is_shard() && t.is_none_or(|t| t.is_replicate()) => {
-                    (Some(gather(full, p)), Some(scatter(full, p)))
-                }
-                (Some(a), Some(b)) if a.is_partial() && b.is_shard() => {
-                    (Some(scatter(full, p)), Some(gather(full, p)))
-                }
-                (Some(a), t) if a.is_partial() && t.is_none_or(|t| t.is_replicate()) => {
-                    (Some(reduce(full)), None)
-                }
-                (s, t)
-                    if side == Side::In
-                        && s.is_none_or(|s| s.is_replicate())
-                        && t.is_none_or(|t| t.is_replicate())
-                        && tensor == "hidden_states"
-                        && body_partial(axis_name) =>
-                {
-                    (None, Some(reduce(full)))
-                }
-                _ => (None, None),
-            };
+            let (fwd, bwd, call) =
+                match (s, t) {
+                    (Some(a), Some(b)) if a.is_shard() && b.is_shard() && a != b => {
+                        let shard = full.div_ceil(p);
+                        (
+                            Some(all_to_all(shard)),
+                            Some(all_to_all(shard)),
+                            CallPath::Direct,
+                        )
+                    }
+                    // Logits gathered for a replicated loss: every rank computes the same loss,
+                    // so their gradient is replicated and backward is a local slice.
+                    (Some(a), t)
+                        if a.is_shard()
+                            && t.is_none_or(|t| t.is_replicate())
+                            && side == Side::Out
+                            && tensor == "logits" =>
+                    {
+                        (Some(gather(full, p)), None, gather_call(a, p))
+                    }
+                    (Some(a), t) if a.is_shard() && t.is_none_or(|t| t.is_replicate()) => (
+                        Some(gather(full, p)),
+                        Some(scatter(full, p)),
+                        gather_call(a, p),
+                    ),
+                    (Some(a), Some(b)) if a.is_partial() && b.is_shard() => (
+                        Some(scatter(full, p)),
+                        Some(gather(full, p)),
+                        b.shard_dim().map_or(CallPath::Direct, |dim| {
+                            CallPath::ChunkReduceScatter { dim, ranks: p }
+                        }),
+                    ),
+                    (Some(a), t) if a.is_partial() && t.is_none_or(|t| t.is_replicate()) => {
+                        (Some(reduce(full)), None, CallPath::Direct)
+                    }
+                    (s, t)
+                        if side == Side::In
+                            && s.is_none_or(|s| s.is_replicate())
+                            && t.is_none_or(|t| t.is_replicate())
+                            && tensor == "hidden_states"
+                            && body_partial(axis_name) =>
+                    {
+                        (None, Some(reduce(full)), CallPath::Direct)
+                    }
+                    _ => (None, None, CallPath::Direct),
+                };
             if fwd.is_some() || bwd.is_some() {
                 out.push(ParColl {
                     name: format!("{module}.{side_name}.{tensor}.{axis_name}"),
@@ -336,6 +361,7 @@ fn transitions(
                     bwd,
                     wire_dtype: None,
                     host_sync: false,
+                    call,
                 });
             }
         }
@@ -358,6 +384,7 @@ pub fn cp_attention(b: &BoundarySpec, d: &ParDims) -> Option<ParColl> {
         bwd: Some(scatter(local * d.cp, d.cp)),
         wire_dtype: None,
         host_sync: false,
+        call: CallPath::Direct,
     })
 }
 
@@ -405,6 +432,7 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
             bwd: None,
             wire_dtype: Some(DType::F32),
             host_sync: true,
+            call: CallPath::Direct,
         });
     }
     out.push(ParColl {
@@ -414,6 +442,7 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
         bwd: Some(all_to_all_v(token_bytes)),
         wire_dtype: None,
         host_sync: false,
+        call: CallPath::ListAllToAll { ranks: d.ep },
     });
     if what == "dispatch" {
         let id_bytes = ((copies * EXPERT_ID_WIRE_BYTES) as f64 * imbalance).round() as u64;
@@ -424,6 +453,7 @@ pub fn ep_exchange(module: &str, what: &str, d: &ParDims) -> Vec<ParColl> {
             bwd: None,
             wire_dtype: Some(DType::F32),
             host_sync: false,
+            call: CallPath::ListAllToAll { ranks: d.ep },
         });
     }
     out

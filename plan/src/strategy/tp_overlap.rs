@@ -549,6 +549,7 @@ mod tests {
             bwd: bwd.map(|k| spec(k, shard, 4)),
             wire_dtype: None,
             host_sync: false,
+            call: Default::default(),
         })
     }
 

@@ -26,6 +26,7 @@
 //!   the exp sum per row; the picked log-probabilities leave as a partial sum).
 
 use super::StrategyKind;
+use super::collective_staging::CallPath;
 use super::parallel::{CollSpec, ParAxis, ParColl, ParDims};
 use crate::collective::CollectiveKind;
 use crate::model::DType;
@@ -79,6 +80,8 @@ pub fn all_reduces(module: &str, d: &ParDims, kind: StrategyKind) -> Vec<ParColl
             bwd: None,
             wire_dtype: Some(DType::F32),
             host_sync: false,
+            // A single-tensor `all_reduce` in both implementations: no staging kernels.
+            call: CallPath::Direct,
         })
         .collect()
 }

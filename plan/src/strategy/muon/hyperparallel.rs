@@ -75,12 +75,14 @@
 //! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
 //! doing the same work get identical programs and fold in the simulator.
 
+use super::ns_cost;
 use super::schedule::{Dep, Schedule};
 use super::{
-    NsCall, NsImpl, OptParam, RankView, adamw_routed_units, apply, capped_calls, fused_calls,
-    local_matrices, local_shard_elems, momentum, ns_ops, pad512_bf16,
+    NsCall, NsImpl, RankView, adamw_routed_units, apply, capped_calls, fused_calls, local_matrices,
+    local_shard_elems, momentum, ns_ops, pad512_bf16,
 };
 use crate::CollectiveKind;
+use crate::kernel::KernelWork;
 use crate::muon::NS_BATCH_NUMEL;
 use crate::program::{MemTag, Stream};
 use crate::strategy::Ctx;
@@ -189,14 +191,63 @@ fn max_piece(ctx: &Ctx, i: usize, from: usize) -> u64 {
     shape.iter().product()
 }
 
-/// Fused gathers of one NS memory batch, per shard axis; returns (last op, buffer bytes).
+/// The kernels `fused_allgather_dtensor_params` (hyper-parallel
+/// `core/optimizer/sharding_category.py`) launches around the fused gather of shard axis `k`
+/// of the parameters `members` (`kept`: the ones this rank computes, the only ones unpacked
+/// after the last axis):
+/// - before it, `_prepare_gather_inputs` moves each parameter's shard dim to dim 0 and makes
+///   it contiguous (`t.movedim(d, 0).contiguous()`), a copy kernel unless the dim is 0 and the
+///   input already contiguous (the momentum output on the first axis; after an earlier axis
+///   the unpacked result is a `movedim` view of its concatenation, contiguous only when that
+///   axis cut dim 0). Packing into the buffer (`pack_buffer[...].copy_(gi.view(-1))`) is a
+///   contiguous same-dtype copy, which torch_npu runs as a device memcpy, not a kernel;
+/// - after it, `_unpack_gathered_results` concatenates each parameter's per-rank rows
+///   (`torch.cat(param_chunks)`): one kernel per unpacked parameter.
+///
+/// Each copy reads and writes the bf16 piece once. Returns (before, after).
+fn gather_staging(
+    ctx: &Ctx,
+    members: &[usize],
+    kept: &[usize],
+    k: usize,
+) -> (Vec<KernelWork>, Vec<KernelWork>) {
+    let plan = &ctx.opt.plan.params;
+    let bytes = |i: usize, from: usize| 2 * max_piece(ctx, i, from) * ns_cost::NS_ELEM_BYTES;
+    let mut moved = (0u32, 0u64);
+    for &i in members {
+        let axes = &plan[i].shard_axes;
+        let dim = axes.get(k).map_or(0, |a| a.tensor_dim);
+        let input_contiguous = k == 0 || axes.get(k - 1).is_some_and(|a| a.tensor_dim == 0);
+        if dim != 0 || !input_contiguous {
+            moved = (moved.0 + 1, moved.1 + bytes(i, k));
+        }
+    }
+    let last = k + 1 == ctx.opt.params[members[0]].shard.len();
+    let unpacked = if last { kept } else { members };
+    let cats = (
+        unpacked.len() as u32,
+        unpacked.iter().map(|&i| bytes(i, k + 1)).sum::<u64>(),
+    );
+    let work = |(n, b): (u32, u64)| {
+        (n > 0)
+            .then(|| KernelWork::memory_bound(n, 0, b))
+            .into_iter()
+            .collect()
+    };
+    (work(moved), work(cats))
+}
+
+/// Fused gathers of one NS memory batch, per shard axis, with the kernels around each
+/// ([`gather_staging`]; `kept`: the members this rank computes); returns (last op, buffer
+/// bytes).
 fn gathers(
     ctx: &Ctx,
     s: &mut Schedule,
     prefix: &str,
-    first: &OptParam,
     members: &[usize],
+    kept: &[usize],
 ) -> (Option<u32>, u64) {
+    let first = &ctx.opt.params[members[0]];
     let mut last: Option<u32> = None;
     let mut buffers = 0;
     for (k, a) in first.shard.iter().enumerate() {
@@ -205,8 +256,14 @@ fn gathers(
             .map(|&i| pad512_bf16(max_piece(ctx, i, k)))
             .sum();
         let out = input * a.size as u64;
+        let (before, after) = gather_staging(ctx, members, kept, k);
         let mut deps = vec![Dep::Issue];
         deps.extend(last.map(Dep::Op));
+        if !before.is_empty() {
+            let name = s.name(|| format!("{prefix}.pack.{}", a.name));
+            let op = s.kernels(name, before, deps);
+            deps = vec![Dep::Op(op), Dep::Issue];
+        }
         if let Some(op) = s.coll(
             s.name(|| format!("{prefix}.ag.{}", a.name)),
             Stream::Optimizer,
@@ -220,6 +277,10 @@ fn gathers(
             s.alloc(op, MemTag::Buffers, out);
             buffers += out;
             last = Some(op);
+            if !after.is_empty() {
+                let name = s.name(|| format!("{prefix}.unpack.{}", a.name));
+                last = Some(s.kernels(name, after, vec![Dep::Op(op), Dep::Issue]));
+            }
         }
     }
     (last, buffers)
@@ -293,7 +354,8 @@ fn memory_batch(
     let oc = &ctx.opt;
     let (gather, buf) = if b.shard_path {
         let prefix = s.name(|| format!("muon.b{}.m{u}", b.slot));
-        gathers(ctx, s, &prefix, &oc.params[members[0]], members)
+        let kept = computed_here(ctx, view, b, members);
+        gathers(ctx, s, &prefix, members, &kept)
     } else {
         (None, 0)
     };
@@ -309,6 +371,10 @@ fn memory_batch(
         let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
         let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
         deps.push(Dep::Issue);
+        if let Some(k) = slice_copies(ctx, members) {
+            let name = s.name(|| format!("muon.b{slot}.m{u}.slice"));
+            deps = vec![Dep::Op(s.kernels(name, vec![k], deps)), Dep::Issue];
+        }
         let name = s.name(|| format!("muon.b{slot}.m{u}.apply"));
         let op = apply(ctx, s, name, elems, members.len() as u32, deps);
         s.free(op, MemTag::Buffers, relay.1);
@@ -332,6 +398,43 @@ fn finish_slot(
         apply(ctx, s, name, elems, b.owned.len() as u32, vec![Dep::Issue]);
     }
     replica_broadcast(s, ctx, view, b, ctx.opts.master_dtype.bytes())
+}
+
+/// The copies `chunk_update_by_layout` (hyper-parallel `core/optimizer/sharding_category.py`)
+/// makes when it slices each full update back to the local shard: `narrow` along every shard
+/// axis's tensor dim is a view, made contiguous (`local_update.contiguous()`) before the
+/// apply's `view(local shape)`; a slice along a dim other than 0 is not contiguous, so one
+/// copy of the local shard (bf16, read and written once) per such parameter, none when every
+/// shard axis cuts dim 0.
+fn slice_copies(ctx: &Ctx, members: &[usize]) -> Option<KernelWork> {
+    let oc = &ctx.opt;
+    let moved: Vec<usize> = members
+        .iter()
+        .copied()
+        .filter(|&i| {
+            oc.plan.params[i]
+                .shard_axes
+                .iter()
+                .any(|a| a.tensor_dim != 0 && a.size > 1)
+        })
+        .collect();
+    let bytes: u64 = moved
+        .iter()
+        .map(|&i| 2 * oc.params[i].local_elems * ns_cost::NS_ELEM_BYTES)
+        .sum();
+    (!moved.is_empty()).then(|| KernelWork::memory_bound(moved.len() as u32, 0, bytes))
+}
+
+/// The members of a shard-path memory batch whose Newton-Schulz this rank computes (its
+/// shard coordinate is the parameter's owner in the batch's shard group).
+fn computed_here(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -> Vec<usize> {
+    let oc = &ctx.opt;
+    let plan_b = &oc.plan.batches[b.index];
+    members
+        .iter()
+        .copied()
+        .filter(|&i| plan_b.shard_owner.get(&i) == Some(&view.shard_coord(&oc.params[i])))
+        .collect()
 }
 
 /// The NS calls of one memory batch on this rank: on the shard path the matrices it owns in
