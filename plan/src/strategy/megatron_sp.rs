@@ -110,6 +110,7 @@ mod tests {
             }),
             wire_dtype: None,
             host_sync: false,
+            call: CallPath::Direct,
         }
     }
 
