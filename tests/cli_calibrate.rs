@@ -86,6 +86,12 @@ fn the_default_comparison_reports_every_figure_and_its_exit_status_follows_the_v
     assert_eq!(html.contains("verdict pass"), passed);
     assert!(html.contains("Host model"));
     assert!(html.contains("Unfitted constants with public ranges"));
+    let ranges = doc["sourced_ranges"].as_array().unwrap();
+    assert!(!ranges.is_empty());
+    assert!(
+        ranges.iter().all(|r| r["verdict"] == "inside"),
+        "{ranges:?}"
+    );
     // The host model per run: validation events are counted in both modes of exp A and
     // charged only in validation mode; every expert-parallel MoE layer forward syncs once, and
     // the trainer reads six scalars back per micro-batch (plan/src/strategy/step_tail.rs:

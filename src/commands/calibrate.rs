@@ -168,7 +168,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
                 (&checked, &comparison),
                 fit.as_ref(),
                 folds.as_deref(),
-                &from
+                (&from, &sourced_ranges_table(&profile))
             ))?
         );
     } else {
@@ -406,7 +406,7 @@ fn json(
     (checked, comparison): (&Checked, &Comparison),
     fit: Option<&FitOutcome>,
     folds: Option<&[Fold]>,
-    from: &FromTables,
+    (from, ranges): (&FromTables, &Table),
 ) -> serde_json::Value {
     use serde_json::json;
     let rows: Vec<_> = checked
@@ -464,6 +464,8 @@ fn json(
             "rms_log_error": finite(f.rms_log_error()),
         })).collect::<Vec<_>>()),
         "tier_fits": tiers,
+        "sourced_ranges": ranges.rows.iter().map(|r| json!({"key": r[0], "value": r[1].parse::<f64>().ok(),
+            "range": r[2], "verdict": r[3], "source": r[4]})).collect::<Vec<_>>(),
         "host": comparison.host.iter().map(|h| {
             let [kernel_s, unmodelled_s, cpu_event_s, collective_s, sync_s, validation_s] =
                 h.class_s();
