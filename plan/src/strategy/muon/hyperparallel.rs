@@ -78,8 +78,8 @@
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
 use super::{
-    NsCall, NsImpl, RankView, adamw_routed_units, apply, capped_calls, fused_calls, local_matrices,
-    local_shard_elems, momentum, ns_ops, pad512_bf16,
+    NsCall, NsImpl, OptParam, RankView, adamw_routed_units, apply, capped_calls, fused_calls,
+    local_matrices, local_shard_elems, momentum, ns_ops, pad512_bf16,
 };
 use crate::CollectiveKind;
 use crate::kernel::KernelWork;
@@ -87,6 +87,7 @@ use crate::muon::NS_BATCH_NUMEL;
 use crate::program::{MemTag, Stream};
 use crate::strategy::Ctx;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 /// Stream of the replica-domain broadcasts (the replicate process group's stream).
 pub const REPLICA_STREAM: Stream = Stream::Aux(0);
@@ -100,16 +101,107 @@ struct RankBatch {
     /// Slot (names use it: equal across EP coordinates).
     slot: usize,
     /// Held parameters.
-    held: Vec<usize>,
-    /// Held parameters this rank's replica coordinate owns.
-    owned: Vec<usize>,
+    held: Arc<Held>,
+    /// What the rank's replica coordinate owns of them.
+    owned: Arc<Owned>,
     /// Shard path.
     shard_path: bool,
+    /// Replica coordinate.
+    rc: Vec<usize>,
+}
+
+/// The held parameters of a plan batch that one replica coordinate owns: a function of the
+/// batch, the EP class and the replica coordinate only, so built once and shared by every
+/// rank with those ([`Pieces`]).
+#[derive(Debug)]
+struct Owned {
+    /// Held parameters this replica coordinate owns.
+    params: Vec<usize>,
     /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
     /// none of it).
     units: Vec<Vec<usize>>,
-    /// Replica coordinate.
-    rc: Vec<usize>,
+}
+
+/// The parameters of a plan batch one EP class holds ([`OptCtx::held`](super::OptCtx)).
+#[derive(Debug)]
+struct Held {
+    /// Held parameters, in batch order.
+    params: Vec<usize>,
+    /// Per domain (dense, expert): some held parameter of it has a replica owner.
+    replicated: [bool; 2],
+}
+
+/// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.
+type SourceBytes = HashMap<Vec<usize>, u64>;
+
+/// [`Pieces::sources`]' map.
+type SourcesMap = HashMap<(usize, usize, [usize; 2], u64), Arc<SourceBytes>>;
+
+/// Rank-independent pieces of the HyperParallel schedule, each computed once per distinct
+/// input and shared by every rank's build: a folded job builds one schedule per optimizer
+/// coordinate (thousands on exp-d scaled out), and the walks over a batch's held parameters
+/// (thousands of per-expert weights, each looked up in the plan's owner maps) were most of
+/// each build. The pieces are pure functions of their keys, so which rank computes one first
+/// (builds run in parallel) does not change any schedule.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pieces {
+    /// Per (plan batch, EP class): the batch's parameters the class holds.
+    held: Arc<Mutex<HashMap<(usize, usize), Arc<Held>>>>,
+    /// Per (plan batch, EP class, replica coordinate): what that coordinate owns.
+    owned: Arc<Mutex<HashMap<(usize, usize, Vec<usize>), Arc<Owned>>>>,
+    /// Per (plan batch, EP class, dense and expert FSDP positions (`usize::MAX` for a
+    /// domain none of whose held parameters is replicated), master bytes per element):
+    /// bytes per replica owner.
+    sources: Arc<Mutex<SourcesMap>>,
+}
+
+/// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.
+fn cached<K: std::hash::Hash + Eq, V>(
+    map: &Mutex<HashMap<K, Arc<V>>>,
+    key: K,
+    make: impl FnOnce() -> V,
+) -> Arc<V> {
+    if let Ok(m) = map.lock()
+        && let Some(v) = m.get(&key)
+    {
+        return v.clone();
+    }
+    let v = Arc::new(make());
+    match map.lock() {
+        Ok(mut m) => m.entry(key).or_insert(v).clone(),
+        Err(_) => v,
+    }
+}
+
+/// What replica coordinate `rc` owns of the held parameters `held` of plan batch `index`.
+fn owned_by(ctx: &Ctx, index: usize, held: &[usize], rc: &[usize]) -> Owned {
+    let b = &ctx.opt.plan.batches[index];
+    let params: Vec<usize> = held
+        .iter()
+        .copied()
+        .filter(|i| b.replica_owner.get(i).is_none_or(|c| c.as_slice() == rc))
+        .collect();
+    let mut sorted = params.clone();
+    sorted.sort_unstable();
+    let units = b
+        .memory_batches
+        .iter()
+        .map(|mb| {
+            mb.iter()
+                .copied()
+                .filter(|i| sorted.binary_search(i).is_ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Owned { params, units }
+}
+
+/// Whether `view`'s shard coordinate on `p`'s shard axes is `owner` (allocation-free
+/// [`RankView::shard_coord`] comparison).
+fn is_shard_owner(view: &RankView, p: &OptParam, owner: Option<&Vec<usize>>) -> bool {
+    owner.is_some_and(|o| {
+        o.len() == p.shard.len() && o.iter().zip(&p.shard).all(|(&c, a)| c == view.coord(a))
+    })
 }
 
 /// All coordinates of a grid, lexicographic.
@@ -133,6 +225,7 @@ pub(crate) fn grid(sizes: &[usize]) -> Vec<Vec<usize>> {
 /// The batch the rank runs in every slot (`None`: it holds none of the slot's batches).
 fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
     let oc = &ctx.opt;
+    let pieces = &oc.hp_pieces;
     oc.slots
         .iter()
         .map(|slot| {
@@ -142,33 +235,25 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                 if b.ep_owner.is_some_and(|o| o != view.class) {
                     return None;
                 }
-                let held: Vec<usize> = oc.held(index, view.class);
-                let &first = held.first()?;
+                let held = cached(&pieces.held, (index, view.class), || {
+                    let params = oc.held(index, view.class);
+                    let mut replicated = [false; 2];
+                    for i in params.iter().filter(|i| b.replica_owner.contains_key(i)) {
+                        replicated[Ctx::domain_index(oc.params[*i].domain)] = true;
+                    }
+                    Held { params, replicated }
+                });
+                let &first = held.params.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
-                let owned: Vec<usize> = held
-                    .iter()
-                    .copied()
-                    .filter(|i| b.replica_owner.get(i).is_none_or(|c| *c == rc))
-                    .collect();
-                let mut sorted = owned.clone();
-                sorted.sort_unstable();
-                let units = b
-                    .memory_batches
-                    .iter()
-                    .map(|mb| {
-                        mb.iter()
-                            .copied()
-                            .filter(|i| sorted.binary_search(i).is_ok())
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
+                let owned = cached(&pieces.owned, (index, view.class, rc.clone()), || {
+                    owned_by(ctx, index, &held.params, &rc)
+                });
                 Some(RankBatch {
                     index,
                     slot: b.slot,
                     held,
                     owned,
                     shard_path: b.shard_path,
-                    units,
                     rc,
                 })
             })
@@ -301,7 +386,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     s.momentum_bytes = batches
         .iter()
         .flatten()
-        .flat_map(|b| &b.owned)
+        .flat_map(|b| &b.owned.params)
         .map(|&i| oc.params[i].local_elems * grad_bytes)
         .sum();
     let mut momentum_done = vec![false; batches.len()];
@@ -311,13 +396,14 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
             let Some(b) = batches[slot].as_ref() else {
                 continue;
             };
-            let Some(members) = b.units.get(u).filter(|m| !m.is_empty()) else {
+            let Some(members) = b.owned.units.get(u).filter(|m| !m.is_empty()) else {
                 continue;
             };
             if !std::mem::replace(&mut momentum_done[b.slot], true) {
-                let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
+                let owned = &b.owned.params;
+                let elems = owned.iter().map(|&i| oc.params[i].local_elems).sum();
                 let name = s.name(|| format!("muon.b{}.momentum", b.slot));
-                momentum(ctx, &mut s, name, elems, b.owned.len() as u32);
+                momentum(ctx, &mut s, name, elems, owned.len() as u32);
             }
             memory_batch(ctx, view, &mut s, b, (slot, u), members);
         }
@@ -392,10 +478,11 @@ fn finish_slot(
     slot: usize,
 ) -> Option<(Vec<u32>, u64, usize)> {
     let oc = &ctx.opt;
-    if !b.shard_path && !b.owned.is_empty() {
-        let elems = b.owned.iter().map(|&i| oc.params[i].local_elems).sum();
+    let owned = &b.owned.params;
+    if !b.shard_path && !owned.is_empty() {
+        let elems = owned.iter().map(|&i| oc.params[i].local_elems).sum();
         let name = s.name(|| format!("muon.b{slot}.apply"));
-        apply(ctx, s, name, elems, b.owned.len() as u32, vec![Dep::Issue]);
+        apply(ctx, s, name, elems, owned.len() as u32, vec![Dep::Issue]);
     }
     replica_broadcast(s, ctx, view, b, ctx.opts.master_dtype.bytes())
 }
@@ -433,7 +520,7 @@ fn computed_here(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
     members
         .iter()
         .copied()
-        .filter(|&i| plan_b.shard_owner.get(&i) == Some(&view.shard_coord(&oc.params[i])))
+        .filter(|&i| is_shard_owner(view, &oc.params[i], plan_b.shard_owner.get(&i)))
         .collect()
 }
 
@@ -449,7 +536,7 @@ fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
             .iter()
             .filter_map(|&i| {
                 let p = &oc.params[i];
-                let mine = plan_b.shard_owner.get(&i) == Some(&view.shard_coord(p));
+                let mine = is_shard_owner(view, p, plan_b.shard_owner.get(&i));
                 mine.then_some((p.core?, p.matrices, p.numel))
             })
             .collect();
@@ -544,25 +631,17 @@ fn replica_broadcast(
     b: &RankBatch,
     master: u64,
 ) -> Option<(Vec<u32>, u64, usize)> {
-    let first = &ctx.opt.params[*b.held.first()?];
+    let first = &ctx.opt.params[*b.held.params.first()?];
     if first.replicate.iter().all(|a| a.slot.is_none()) {
         return None;
     }
-    let plan_b = &ctx.opt.plan.batches[b.index];
     let sizes: Vec<usize> = first.replicate.iter().map(|a| a.coord_size).collect();
     let mut last_hops = Vec::new();
     let mut received = 0;
     let mut first_op: Option<u32> = None;
-    // Bytes each replica owner sources, in one pass over the held parameters.
-    let mut by_src: HashMap<&[usize], u64> = HashMap::new();
-    for &i in &b.held {
-        if let Some(owner) = plan_b.replica_owner.get(&i) {
-            let elems = local_shard_elems(ctx, &ctx.opt.params[i], view);
-            *by_src.entry(owner.as_slice()).or_default() += (elems * master).div_ceil(512) * 512;
-        }
-    }
+    let by_src = source_bytes(ctx, view, b, master);
     for src in grid(&sizes) {
-        let bytes: u64 = by_src.get(src.as_slice()).copied().unwrap_or(0);
+        let bytes: u64 = by_src.get(&src).copied().unwrap_or(0);
         let chunks = bytes.div_ceil(REPLICA_BROADCAST_MAX_BYTES);
         let label = s.name(|| {
             let c: Vec<String> = src.iter().map(|x| x.to_string()).collect();
@@ -607,6 +686,35 @@ fn replica_broadcast(
         s.alloc(op, MemTag::Buffers, received);
     }
     (!last_hops.is_empty()).then_some((last_hops, received, b.slot))
+}
+
+/// Bytes each replica owner of batch `b` sources (every held parameter with a replica owner,
+/// as the local shard the rank holds, 512-byte padded), shared by every rank of the same
+/// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`]).
+fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
+    let oc = &ctx.opt;
+    let plan_b = &oc.plan.batches[b.index];
+    let mut pos = [usize::MAX; 2];
+    for d in 0..2 {
+        if b.held.replicated[d] {
+            pos[d] = view.fsdp_pos[d];
+        }
+    }
+    cached(
+        &oc.hp_pieces.sources,
+        (b.index, view.class, pos, master),
+        || {
+            let mut by_src = SourceBytes::new();
+            for &i in &b.held.params {
+                if let Some(owner) = plan_b.replica_owner.get(&i) {
+                    let elems = local_shard_elems(ctx, &oc.params[i], view);
+                    *by_src.entry(owner.clone()).or_default() +=
+                        (elems * master).div_ceil(512) * 512;
+                }
+            }
+            by_src
+        },
+    )
 }
 
 /// Lands an in-flight batch: waits its broadcasts and unpacks what was received.

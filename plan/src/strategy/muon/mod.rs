@@ -276,6 +276,9 @@ pub struct OptCtx {
     /// built for: the program of that rank takes it instead of building it again (one
     /// schedule build per coordinate).
     built: Arc<Mutex<BuiltSchedules>>,
+    /// Rank-independent pieces of HyperParallel Muon schedules, shared by every rank's
+    /// build ([`hyperparallel::Pieces`]).
+    pub(crate) hp_pieces: hyperparallel::Pieces,
 }
 
 /// Anonymous schedules kept by [`OptCtx::digest`] for reuse, keyed by optimizer coordinate,
@@ -504,6 +507,7 @@ impl OptCtx {
             held: std::sync::OnceLock::new(),
             digests: Arc::new(Mutex::new(HashMap::new())),
             built: Arc::new(Mutex::new(HashMap::new())),
+            hp_pieces: hyperparallel::Pieces::default(),
         }
     }
 
