@@ -19,6 +19,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         _ => None,
     };
     if let Some(s) = scenario {
+        if std::env::var_os("BENCH_ONE_SHARE").is_some() {
+            print_sharing(s.clone())?;
+        }
         for _ in 0..reps {
             let r = hpfsdp_sim::bench::bench_scenario(
                 &which,
@@ -39,5 +42,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for _ in 0..reps {
         println!("{}", hpfsdp_sim::bench_synthetic(&cfg, &profile, fold)?);
     }
+    Ok(())
+}
+
+/// How the folded classes of `scenario` (hyperparallel, default optimizer) share their
+/// prefix: prefix length, blocks, tail ops per class and in all.
+fn print_sharing(scenario: hpfsdp_plan::scenario::Scenario) -> Result<(), Box<dyn std::error::Error>> {
+    let plans = hpfsdp_sim::scenario_run::ScenarioPlans::new(scenario);
+    let prepared = hpfsdp_sim::scenario_run::prepare(&plans, "hyperparallel", None, true)?;
+    let w = &prepared.workload;
+    let ops: usize = w.simulated_ops();
+    match hpfsdp_sim::share::SharePlan::of(w) {
+        Some(sp) => {
+            let tails: usize = w.units.iter().map(|u| u.program.ops.len() - sp.prefix_len).sum();
+            println!(
+                "{} classes, {} ops in all; prefix {} ops in {} blocks; tails {} ops in all ({:.0} per class)",
+                w.units.len(),
+                ops,
+                sp.prefix_len,
+                sp.blocks.len(),
+                tails,
+                tails as f64 / w.units.len() as f64
+            );
+        }
+        None => println!("{} classes, {} ops in all; no prefix sharing", w.units.len(), ops),
+    }
+    let count = |pat: &str| {
+        w.units[0]
+            .program
+            .ops
+            .iter()
+            .filter(|o| o.name.as_deref().is_some_and(|n| n.contains(pat)))
+            .count()
+    };
+    println!(
+        "rank 0: {} ops; staging around model-parallel collectives {} (stage_in) + {} (stage_out); Muon gather pack {}, unpack {}, slice {}",
+        w.units[0].program.ops.len(),
+        count(".stage_in"),
+        count(".stage_out"),
+        count(".pack."),
+        count(".unpack."),
+        count(".slice")
+    );
     Ok(())
 }
