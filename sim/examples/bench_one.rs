@@ -47,14 +47,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
 /// How the folded classes of `scenario` (hyperparallel, default optimizer) share their
 /// prefix: prefix length, blocks, tail ops per class and in all.
-fn print_sharing(scenario: hpfsdp_plan::scenario::Scenario) -> Result<(), Box<dyn std::error::Error>> {
+fn print_sharing(
+    scenario: hpfsdp_plan::scenario::Scenario,
+) -> Result<(), Box<dyn std::error::Error>> {
     let plans = hpfsdp_sim::scenario_run::ScenarioPlans::new(scenario);
     let prepared = hpfsdp_sim::scenario_run::prepare(&plans, "hyperparallel", None, true)?;
     let w = &prepared.workload;
     let ops: usize = w.simulated_ops();
     match hpfsdp_sim::share::SharePlan::of(w) {
         Some(sp) => {
-            let tails: usize = w.units.iter().map(|u| u.program.ops.len() - sp.prefix_len).sum();
+            let tails: usize = w
+                .units
+                .iter()
+                .map(|u| u.program.ops.len() - sp.prefix_len)
+                .sum();
             println!(
                 "{} classes, {} ops in all; prefix {} ops in {} blocks; tails {} ops in all ({:.0} per class)",
                 w.units.len(),
@@ -65,7 +71,11 @@ fn print_sharing(scenario: hpfsdp_plan::scenario::Scenario) -> Result<(), Box<dy
                 tails as f64 / w.units.len() as f64
             );
         }
-        None => println!("{} classes, {} ops in all; no prefix sharing", w.units.len(), ops),
+        None => println!(
+            "{} classes, {} ops in all; no prefix sharing",
+            w.units.len(),
+            ops
+        ),
     }
     let count = |pat: &str| {
         w.units[0]
