@@ -87,7 +87,6 @@ use crate::muon::NS_BATCH_NUMEL;
 use crate::program::{MemTag, Stream};
 use crate::strategy::Ctx;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Stream of the replica-domain broadcasts (the replicate process group's stream).
@@ -154,9 +153,6 @@ pub(crate) struct Pieces {
     /// domain none of whose held parameters is replicated), master bytes per element):
     /// bytes per replica owner.
     sources: Arc<Mutex<SourcesMap>>,
-    /// The most ops a schedule built so far holds: later builds reserve that much up front
-    /// instead of growing their op list by doubling (capacity only, no effect on any op).
-    ops_hint: Arc<AtomicUsize>,
 }
 
 /// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.
@@ -384,8 +380,6 @@ fn gathers(
 /// ownership in other domains).
 pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
     let oc = &ctx.opt;
-    let hint = &oc.hp_pieces.ops_hint;
-    s.ops.reserve(hint.load(Ordering::Relaxed));
     adamw_routed_units(ctx, view, &mut s);
     let grad_bytes = super::grad_dtype(ctx).bytes();
     let batches = rank_batches(ctx, view);
@@ -426,7 +420,6 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
     if let Some(prev) = in_flight.take() {
         land(&mut s, prev);
     }
-    hint.fetch_max(s.ops.len(), Ordering::Relaxed);
     s
 }
 
