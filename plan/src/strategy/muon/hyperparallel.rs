@@ -134,8 +134,8 @@ struct Held {
 /// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.
 type SourceBytes = HashMap<Vec<usize>, u64>;
 
-/// [`Pieces::sources`]' map.
-type SourcesMap = HashMap<(usize, usize, [usize; 2], u64), Arc<SourceBytes>>;
+/// A shared map of computed pieces ([`cached`]).
+type Cache<K, V> = Arc<Mutex<HashMap<K, Arc<V>>>>;
 
 /// Rank-independent pieces of the HyperParallel schedule, each computed once per distinct
 /// input and shared by every rank's build: a folded job builds one schedule per optimizer
@@ -146,13 +146,13 @@ type SourcesMap = HashMap<(usize, usize, [usize; 2], u64), Arc<SourceBytes>>;
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Pieces {
     /// Per (plan batch, EP class): the batch's parameters the class holds.
-    held: Arc<Mutex<HashMap<(usize, usize), Arc<Held>>>>,
+    held: Cache<(usize, usize), Held>,
     /// Per (plan batch, EP class, replica coordinate): what that coordinate owns.
-    owned: Arc<Mutex<HashMap<(usize, usize, Vec<usize>), Arc<Owned>>>>,
+    owned: Cache<(usize, usize, Vec<usize>), Owned>,
     /// Per (plan batch, EP class, dense and expert FSDP positions (`usize::MAX` for a
     /// domain none of whose held parameters is replicated), master bytes per element):
     /// bytes per replica owner.
-    sources: Arc<Mutex<SourcesMap>>,
+    sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
 }
 
 /// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.
@@ -694,12 +694,13 @@ fn replica_broadcast(
 fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
     let oc = &ctx.opt;
     let plan_b = &oc.plan.batches[b.index];
-    let mut pos = [usize::MAX; 2];
-    for d in 0..2 {
+    let pos: [usize; 2] = std::array::from_fn(|d| {
         if b.held.replicated[d] {
-            pos[d] = view.fsdp_pos[d];
+            view.fsdp_pos[d]
+        } else {
+            usize::MAX
         }
-    }
+    });
     cached(
         &oc.hp_pieces.sources,
         (b.index, view.class, pos, master),
