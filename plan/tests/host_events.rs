@@ -4,18 +4,19 @@
 //! the HF modules), the ops of a dense decoder layer add up to the measured whole layer, and
 //! the step programs carry the events on their forward, recompute and backward ops.
 
-use hpfsdp_plan::fsdp::build_fsdp_plan;
-use hpfsdp_plan::planner::plan;
-use hpfsdp_plan::program::{Payload, StepProgram};
-use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::program::Payload;
+use hpfsdp_plan::strategy::StrategyKind;
 use hpfsdp_plan::strategy::host_events::{
     self, CAUSAL_LM_LOSS, EMBEDDING, FALLBACK_BWD_EVENTS_PER_KERNEL,
     FALLBACK_FWD_EVENTS_PER_KERNEL, GQA_ATTENTION_CORE, LINEAR, PassEvents, QWEN3_MOE_ROUTER,
     RECOMPUTE_OVERHEAD_PER_LAYER, RESIDUAL, RMS_NORM, ROPE_QK, SWIGLU_DENSE,
     VALIDATION_OVER_PRODUCTION_EVENT_COST,
 };
-use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
 use std::path::PathBuf;
+
+#[allow(dead_code)] // shared helpers this file does not use
+mod common;
+use common::{rank0_program as program, scenario};
 
 fn fixture() -> toml::Table {
     let path =
@@ -46,22 +47,6 @@ fn minus(a: PassEvents, parts: &[(u32, PassEvents)]) -> PassEvents {
         fwd: acc.fwd - n * p.fwd,
         bwd: acc.bwd - n * p.bwd,
     })
-}
-
-fn scenario(rel: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../scenarios")
-        .join(rel);
-    Scenario::load(&path).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
-
-fn program(s: &Scenario, kind: StrategyKind) -> StepProgram {
-    let p = plan(&s.model, &s.planner_input());
-    let f = build_fsdp_plan(s, &p);
-    ProgramGenerator::new(s, &p, &f, kind)
-        .unwrap()
-        .program(0)
-        .unwrap()
 }
 
 #[test]

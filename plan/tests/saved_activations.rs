@@ -4,23 +4,17 @@
 //! programs allocating exactly those bytes per stage.
 
 use hpfsdp_plan::CollectiveKind;
-use hpfsdp_plan::fsdp::build_fsdp_plan;
 use hpfsdp_plan::model::{ModelConfig, ModelFamily};
-use hpfsdp_plan::planner::plan;
 use hpfsdp_plan::program::{MemTag, StepProgram};
-use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::strategy::StrategyKind;
 use hpfsdp_plan::strategy::saved_activations::{
     SavedLayout, checkpoint_bytes, embed_bytes, head_bytes, layer_bytes,
 };
-use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
 use std::path::PathBuf;
 
-fn scenario(rel: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../scenarios")
-        .join(rel);
-    Scenario::load(&path).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
+#[allow(dead_code)] // shared helpers this file does not use
+mod common;
+use common::{rank0_program as program, scenario};
 
 fn fixture() -> toml::Table {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -117,10 +111,9 @@ fn formulas_match_what_autograd_saves_in_the_hf_modules() {
     }
 }
 
-#[test]
-fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_parallel() {
-    let cfg = scenario("paper/exp-b.toml").model.config;
-    let one = SavedLayout {
+/// Experiment B's layout: 8,192 tokens per rank (micro batch 2 x 4,096), no TP.
+fn exp_b_layout() -> SavedLayout {
+    SavedLayout {
         local_tokens: 8192.0,
         sequence_tokens: 8192.0,
         linear_input_tokens: 8192.0,
@@ -129,7 +122,13 @@ fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_
         routed: None,
         loss_parallel: false,
         positions: 4096.0,
-    };
+    }
+}
+
+#[test]
+fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_parallel() {
+    let cfg = scenario("paper/exp-b.toml").model.config;
+    let one = exp_b_layout();
     let tp4 = SavedLayout {
         local_tokens: 2048.0,
         tp: 4,
@@ -146,15 +145,6 @@ fn tensor_parallelism_splits_heads_and_features_not_the_vocabulary_without_loss_
         ..tp4
     };
     assert!(head_bytes(&cfg, &parallel) < logsoftmax / 3.0);
-}
-
-fn program(s: &Scenario, kind: StrategyKind) -> StepProgram {
-    let p = plan(&s.model, &s.planner_input());
-    let f = build_fsdp_plan(s, &p);
-    ProgramGenerator::new(s, &p, &f, kind)
-        .unwrap()
-        .program(0)
-        .unwrap()
 }
 
 /// Activation bytes allocated by the forward ops named `name.*` (recompute excluded).
@@ -176,16 +166,7 @@ fn forward_alloc(p: &StepProgram, prefix: &str) -> u64 {
 fn experiment_b_programs_keep_the_measured_rules_per_layer() {
     let s = scenario("paper/exp-b.toml");
     let cfg = &s.model.config;
-    let l = SavedLayout {
-        local_tokens: 8192.0,
-        sequence_tokens: 8192.0,
-        linear_input_tokens: 8192.0,
-        tp: 1,
-        act_bytes: 2,
-        routed: None,
-        loss_parallel: false,
-        positions: 4096.0,
-    };
+    let l = exp_b_layout();
     // 32 sequences over 16 ranks at micro batch 2: one micro-batch per step.
     for kind in [StrategyKind::HyperParallel, StrategyKind::Fsdp2] {
         let p = program(&s, kind);

@@ -6,34 +6,21 @@
 //! gives each module's DTensor wraps, and experiment A's total is that census plus the
 //! contract entries, every micro-batch.
 
-use hpfsdp_plan::fsdp::build_fsdp_plan;
 use hpfsdp_plan::model::ComputeKind;
 use hpfsdp_plan::planner::{BoundarySpec, plan};
 use hpfsdp_plan::program::{Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::strategy::StrategyKind;
 use hpfsdp_plan::strategy::validation::op_census::{self, TorchCall, forward_calls};
 use hpfsdp_plan::strategy::validation::{
     EVENTS_PER_CONTRACT_ENTRY, EVENTS_PER_WRAP, dispatch_events, in_check_events, in_local_region,
     in_plan_entries, in_plan_redistributions, out_check_events, out_plan_entries,
 };
-use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
 use std::path::PathBuf;
 
-fn scenario(rel: &str) -> Scenario {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../scenarios")
-        .join(rel);
-    Scenario::load(&path).unwrap_or_else(|e| panic!("{rel}: {e}"))
-}
-
-fn program(s: &Scenario, kind: StrategyKind) -> StepProgram {
-    let p = plan(&s.model, &s.planner_input());
-    let f = build_fsdp_plan(s, &p);
-    ProgramGenerator::new(s, &p, &f, kind)
-        .unwrap()
-        .program(0)
-        .unwrap()
-}
+#[allow(dead_code)] // shared helpers this file does not use
+mod common;
+use common::{rank0_program as program, scenario};
 
 fn events_where(p: &StepProgram, keep: impl Fn(&str) -> bool) -> u64 {
     p.ops

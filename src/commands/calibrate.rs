@@ -11,7 +11,7 @@ use super::calibrate_tables::{
     FromTables, apply_tables, sections, sourced_ranges_table, write_gemm_outputs,
 };
 use anyhow::{Context, Result, bail};
-use hpfsdp_reports::table::Table;
+use hpfsdp_reports::table::{Section, Table};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::fit::{FitOutcome, fit_joint};
 use hpfsdp_sim::calibration::lm::LmOptions;
@@ -131,29 +131,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let mut extra = sections(&from, &profile);
-    extra.insert(
-        0,
-        hpfsdp_reports::table::Section {
-            heading: "Host model".into(),
-            text: "Rank 0's launches by class, the host seconds each class costs at the \
-                   profile's constants (sim/src/host_cost.rs), and the critical rank's host busy \
-                   time against the step: a run whose host is busy for most of its step is \
-                   host-bound."
-                .into(),
-            table: host_table(&comparison),
-        },
-    );
-    extra.insert(
-        1,
-        hpfsdp_reports::table::Section {
-            heading: "Unfitted constants with public ranges".into(),
-            text: "Constants no held-in figure isolates, so the fit leaves them alone; public \
-                   measurements confine them (sim/src/calibration/params.rs SOURCED_RANGES)."
-                .into(),
-            table: sourced_ranges_table(&profile),
-        },
-    );
+    let extra = report_sections(&from, &profile, &comparison);
     let report = page(
         &comparison.profile,
         &checked,
@@ -178,16 +156,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
             folds.as_deref(),
             &report.report,
         );
-        let ranges = sourced_ranges_table(&profile);
-        let cut = |r: &Vec<String>| r[..r.len() - 1].to_vec();
-        let brief = Table {
-            headers: cut(&ranges.headers),
-            rows: ranges.rows.iter().map(cut).collect(),
-        };
-        println!(
-            "unfitted constants with public ranges (sources in the report):\n{}",
-            brief.to_markdown()
-        );
+        print_sourced_ranges(&profile);
     }
     write_report(
         &args.out,
@@ -216,6 +185,48 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The report's extra sections: the host model per run, the unfitted constants with public
+/// ranges, then what `--from` tables gave.
+fn report_sections(
+    from: &FromTables,
+    profile: &HardwareProfile,
+    comparison: &Comparison,
+) -> Vec<Section> {
+    let host = Section {
+        heading: "Host model".into(),
+        text: "Rank 0's launches by class, the host seconds each class costs at the profile's \
+               constants (sim/src/host_cost.rs), and the critical rank's host busy time against \
+               the step: a run whose host is busy for most of its step is host-bound."
+            .into(),
+        table: host_table(comparison),
+    };
+    let ranges = Section {
+        heading: "Unfitted constants with public ranges".into(),
+        text: "Constants no held-in figure isolates, so the fit leaves them alone; public \
+               measurements confine them (sim/src/calibration/params.rs SOURCED_RANGES)."
+            .into(),
+        table: sourced_ranges_table(profile),
+    };
+    [host, ranges]
+        .into_iter()
+        .chain(sections(from, profile))
+        .collect()
+}
+
+/// Prints the unfitted constants' public ranges without their sources (the report has them).
+fn print_sourced_ranges(profile: &HardwareProfile) {
+    let ranges = sourced_ranges_table(profile);
+    let cut = |r: &Vec<String>| r[..r.len() - 1].to_vec();
+    let brief = Table {
+        headers: cut(&ranges.headers),
+        rows: ranges.rows.iter().map(cut).collect(),
+    };
+    println!(
+        "unfitted constants with public ranges (sources in the report):\n{}",
+        brief.to_markdown()
+    );
 }
 
 fn print_text(
