@@ -83,8 +83,8 @@ enum Command {
         /// fitted figure), print the fit, every residual and the constants at a bound.
         #[arg(long)]
         fit: bool,
-        /// Leave-one-out (implies --fit): refit without each experiment and report the error
-        /// on the one left out.
+        /// Leave-one-out (implies --fit): refit without each experiment, then without each run
+        /// of a two-run experiment, and report the error on what was left out.
         #[arg(long)]
         loo: bool,
         /// Measured table to fit the profile's curves from (repeatable): a collective table

@@ -130,7 +130,7 @@ mod joint_fit {
     use hpfsdp_sim::calibration::fit::{cost, fit_joint};
     use hpfsdp_sim::calibration::gates::rule_of;
     use hpfsdp_sim::calibration::lm::LmOptions;
-    use hpfsdp_sim::calibration::loo::leave_one_out;
+    use hpfsdp_sim::calibration::loo::{leave_one_out, leave_one_run_out};
     use hpfsdp_sim::calibration::params::{FIT_PARAMS, fit_param, get, set};
     use hpfsdp_sim::calibration::verdict::check;
     use hpfsdp_sim::calibration::{CalibrationSet, Figure};
@@ -340,7 +340,7 @@ mod joint_fit {
     }
 
     #[test]
-    #[ignore = "full joint fit + leave-one-out: ~450 simulations of the measured runs (~40 s)"]
+    #[ignore = "full joint fit, experiment and run folds: ~900 simulations of the measured runs (~60 s)"]
     fn full_joint_fit_and_leave_one_out() {
         let set_all = CalibrationSet::load(root()).unwrap();
         let start = a3();
@@ -352,19 +352,25 @@ mod joint_fit {
         }
         let folds = leave_one_out(&set_all, &start, &FIT_PARAMS, &options).unwrap();
         assert_eq!(folds.len(), 2);
-        for f in &folds {
+        let runs = leave_one_run_out(&set_all, &start, &FIT_PARAMS, &options).unwrap();
+        // Both experiments have two runs: four run folds, each naming its run.
+        assert_eq!(runs.len(), 4);
+        assert!(runs.iter().all(|f| f.left_out.run.is_some()));
+        for f in folds.iter().chain(&runs) {
+            // The prediction covers exactly what was left out, the fit none of it.
+            assert!(!f.held_out.rows.is_empty());
             assert!(
                 f.held_out
                     .rows
                     .iter()
-                    .all(|r| r.row.experiment == f.left_out)
+                    .all(|r| f.left_out.covers_row(r.row.experiment, r.row.run))
             );
             assert!(
                 f.fit
                     .comparison
                     .rows
                     .iter()
-                    .all(|r| r.experiment != f.left_out)
+                    .all(|r| !f.left_out.covers_row(r.experiment, r.run))
             );
             assert!(f.rms_log_error().is_finite());
         }

@@ -6,7 +6,7 @@
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::fit::{FitOutcome, fit_joint};
 use hpfsdp_sim::calibration::lm::LmOptions;
-use hpfsdp_sim::calibration::loo::{Fold, leave_one_out};
+use hpfsdp_sim::calibration::loo::{Fold, leave_one_out, leave_one_run_out};
 use hpfsdp_sim::calibration::params::{FIT_PARAMS, FitParam, MaxFrom, fit_param, get, set};
 use hpfsdp_sim::calibration::prior::Prior;
 use hpfsdp_sim::calibration::{CalibrationSet, Figure, MeasuredRun};
@@ -57,9 +57,14 @@ fn assert_folds_blind_to_the_profile(params: &[FitParam], options: &LmOptions) {
     let set_all = CalibrationSet::load(root()).unwrap();
     let shipped = a3();
     let other = with_other_fitted_values(&shipped, params);
-    let a = leave_one_out(&set_all, &shipped, params, options).unwrap();
-    let b = leave_one_out(&set_all, &other, params, options).unwrap();
-    assert_eq!(a.len(), 2);
+    let folds = |profile: &HardwareProfile| {
+        let mut f = leave_one_out(&set_all, profile, params, options).unwrap();
+        f.extend(leave_one_run_out(&set_all, profile, params, options).unwrap());
+        f
+    };
+    let (a, b) = (folds(&shipped), folds(&other));
+    // Two experiment folds, then one per run of each two-run experiment.
+    assert_eq!(a.len(), 6);
     for (fa, fb) in a.iter().zip(&b) {
         assert_eq!(fa.left_out, fb.left_out);
         assert_eq!(
@@ -77,7 +82,7 @@ fn assert_folds_blind_to_the_profile(params: &[FitParam], options: &LmOptions) {
 
 /// The leak the blind starts close: a fold used to start from the profile's values, which
 /// are the joint fit over both experiments. Now its result is bitwise the same whatever the
-/// profile holds for the fitted constants. Cheap twin: three constants (one with a bound
+/// profile holds for the fitted constants, for experiment and run folds alike. Cheap twin: three constants (one with a bound
 /// that follows the model's launches), one solver iteration per start; with starts from
 /// the profile the "profile" start's outcome differs between the two profiles at once.
 #[test]
@@ -96,7 +101,7 @@ fn a_folds_result_does_not_depend_on_the_profiles_fitted_values() {
 
 /// The same with every constant of the fit and the default solver settings.
 #[test]
-#[ignore = "two full leave-one-out runs: ~600 simulations of the measured runs (~40 s)"]
+#[ignore = "two full leave-one-out runs, experiment and run folds: ~1,500 simulations of the measured runs (~90 s)"]
 fn every_folds_result_is_blind_to_the_profiles_fitted_values() {
     assert_folds_blind_to_the_profile(&FIT_PARAMS, &LmOptions::default());
 }

@@ -15,7 +15,7 @@ use hpfsdp_reports::table::{Section, Table};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::fit::{FitOutcome, fit_joint};
 use hpfsdp_sim::calibration::lm::LmOptions;
-use hpfsdp_sim::calibration::loo::{Fold, leave_one_out};
+use hpfsdp_sim::calibration::loo::{Fold, leave_one_out, leave_one_run_out};
 use hpfsdp_sim::calibration::params::FIT_PARAMS;
 use hpfsdp_sim::calibration::profile_edit::{Edit, EditValue, apply_edits};
 use hpfsdp_sim::calibration::verdict::{Checked, check};
@@ -127,7 +127,13 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     };
     let checked = check(&comparison, fit.is_some());
     let folds = if args.loo {
-        Some(leave_one_out(&set, &profile, &FIT_PARAMS, &options).context("leave-one-out")?)
+        let mut folds =
+            leave_one_out(&set, &profile, &FIT_PARAMS, &options).context("leave-one-out")?;
+        folds.extend(
+            leave_one_run_out(&set, &profile, &FIT_PARAMS, &options)
+                .context("leave-one-run-out")?,
+        );
+        Some(folds)
     } else {
         None
     };
@@ -471,7 +477,7 @@ fn json(
                 "end": s.end, "cost_start": s.cost_start, "cost": s.cost,
                 "iterations": s.iterations})).collect::<Vec<_>>()})),
         "loo": folds.map(|folds| folds.iter().map(|f| json!({
-            "left_out": f.left_out, "params": params(&f.fit), "passed": f.held_out.passed,
+            "left_out": f.left_out.to_string(), "left_out_experiment": f.left_out.experiment, "left_out_run": f.left_out.run, "params": params(&f.fit), "passed": f.held_out.passed,
             "rms_log_error": finite(f.rms_log_error()),
         })).collect::<Vec<_>>()),
         "tier_fits": tiers,

@@ -384,14 +384,14 @@ pub fn verdict(checked: &Checked, folds: Option<&[Fold]>) -> Verdict {
     }
     let mut passed = checked.passed;
     if let Some(folds) = folds {
-        let failed: Vec<&str> = folds
+        let failed: Vec<String> = folds
             .iter()
             .filter(|f| !f.held_out.passed)
-            .map(|f| f.left_out)
+            .map(|f| f.left_out.to_string())
             .collect();
         passed &= failed.is_empty();
         if failed.is_empty() {
-            text.push_str("; leave-one-out: every left-out experiment within tolerance");
+            text.push_str("; leave-one-out: every left-out experiment and run within tolerance");
         } else {
             text.push_str(&format!(
                 "; leave-one-out: out of tolerance when left out: {}",
@@ -470,11 +470,13 @@ pub fn page(
         let (summary, detail) = loo_tables(folds);
         sections.push(Section {
             heading: "Leave-one-out".into(),
-            text: "Each experiment left out in turn: the constants are refitted (MAP) on the \
-                   others, starting from the priors, the bound midpoints and the host-bound \
-                   start, never from the profile's fitted values, with bounds that use none of \
-                   the left-out experiment's measurements; the left-out experiment is \
-                   predicted with them."
+            text: "Each experiment left out in turn, then each run of an experiment with \
+                   several runs (`B / PyTorch FSDP2`: fitted on HyperParallel-FSDP's run and \
+                   experiment A, the question a plan change asks): the constants are refitted \
+                   (MAP) on the rest, starting from the priors, the bound midpoints and the \
+                   host-bound start, never from the profile's fitted values, with bounds and \
+                   measured constants that use none of the left-out experiment's \
+                   measurements; what was left out is predicted with them."
                 .into(),
             table: summary,
         });

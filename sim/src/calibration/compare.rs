@@ -14,6 +14,10 @@ use hpfsdp_plan::strategy::avg_division;
 use std::collections::BTreeMap;
 use std::path::Path;
 
+/// The label of experiment B, whose two runs give the step-time difference
+/// ([`Comparison::exp_b_predicted_diff`]).
+pub const EXP_B: &str = "B";
+
 /// One figure of one run: measured and predicted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FigureRow {
@@ -260,7 +264,8 @@ impl CalibrationSet {
 
     /// Simulates the runs `keep` selects with `profile` and compares only those (the fit
     /// and the leave-one-out folds simulate subsets). The experiment-B difference is NaN
-    /// unless both experiment-B runs are selected.
+    /// unless both experiment-B runs are selected; the validation-mode overhead is left out
+    /// unless its production twin is selected too.
     pub fn compare_where(
         &self,
         profile: &HardwareProfile,
@@ -319,12 +324,16 @@ impl CalibrationSet {
                 })
                 .unwrap_or(f64::NAN);
         }
+        // A figure that needs a run `keep` leaves out is not compared: its measured value
+        // embeds that run's measurement (the overhead is the validation step minus the
+        // production step), so a fit without the twin must not see it either.
+        rows.retain(|r| !(r.figure == Figure::ValidationOverheadS && r.predicted.is_nan()));
         let hp = step
-            .get(&("B", "hyperparallel", false))
+            .get(&(EXP_B, "hyperparallel", false))
             .copied()
             .unwrap_or(f64::NAN);
         let f2 = step
-            .get(&("B", "fsdp2", false))
+            .get(&(EXP_B, "fsdp2", false))
             .copied()
             .unwrap_or(f64::NAN);
         Ok(Comparison {

@@ -2,16 +2,26 @@
 //! pass means the constants carry over to a setup they were not fitted on (not a tautology:
 //! the left-out figures never enter the fit that predicts them).
 //!
+//! A second, finer set of folds leaves out one measured run at a time
+//! ([`leave_one_run_out`]): fitted on the other run of the same experiment and on the other
+//! experiments, does the model predict, say, PyTorch FSDP2 from HyperParallel-FSDP's run on
+//! the same machine and model? That is the question `simulate` answers for a plan change,
+//! so it is checked the same way.
+//!
 //! Nothing of the left-out experiment may reach a fold by another path either: bounds that
 //! come from its measurements are replaced by blind ones ([`FitParam::without`]), and the
 //! fold starts from the priors ([`Starts::Blind`]), never from the profile's values of the
 //! fitted constants, which are the joint fit over every experiment, the left-out one
-//! included. A fold's result therefore does not change when those values change.
+//! included. A fold's result therefore does not change when those values change. A run fold
+//! blinds every bound and measured constant taken from that run, or from its experiment as
+//! a whole ([`Holdout::touches`]).
 
-use super::compare::CalibrationSet;
+use super::compare::{CalibrationSet, Comparison, EXP_B};
 use super::error::CalibrationError;
 use super::fit::{FitOutcome, Starts, fit_joint_with};
+use super::holdout::Holdout;
 use super::lm::LmOptions;
+use super::measured::MeasuredRun;
 use super::params::{FitParam, MeasuredConstant, blind_profile};
 use super::verdict::{Checked, check};
 use crate::profile::HardwareProfile;
@@ -19,8 +29,8 @@ use crate::profile::HardwareProfile;
 /// One fold: the fit without `left_out` and its prediction of `left_out`.
 #[derive(Debug, Clone)]
 pub struct Fold {
-    /// The experiment left out (`B`, `A mbs2`).
-    pub left_out: &'static str,
+    /// What was left out: an experiment (`B`) or one of its runs (`B / PyTorch FSDP2`).
+    pub left_out: Holdout,
     /// The fit on the other experiments.
     pub fit: FitOutcome,
     /// The left-out experiment's figures predicted with that fit, checked against tolerance.
@@ -58,28 +68,78 @@ pub fn leave_one_out(
     params: &[FitParam],
     options: &LmOptions,
 ) -> Result<Vec<Fold>, CalibrationError> {
-    let mut folds = Vec::new();
-    for left_out in set.experiments() {
-        // Bounds that come from the left-out experiment's measurements are replaced by
-        // their blind ASSUMPTION bounds: the fold must not see that experiment at all.
-        let blind: Vec<FitParam> = params.iter().map(|p| p.without(left_out)).collect();
-        // Constants measured directly on the left-out experiment take their blind values.
-        let (start, blinded) = blind_profile(start, left_out)?;
-        let fit = fit_joint_with(
-            set,
-            &start,
-            &blind,
-            |r| r.experiment != left_out,
-            options,
-            Starts::Blind,
-        )?;
-        let predicted = set.compare_where(&fit.profile, |r| r.experiment == left_out)?;
-        folds.push(Fold {
-            left_out,
-            fit,
-            held_out: check(&predicted, false),
-            blinded,
-        });
+    set.experiments()
+        .into_iter()
+        .map(|experiment| fold(set, start, params, options, Holdout::whole(experiment)))
+        .collect()
+}
+
+/// Runs one fold per measured run of `set` whose experiment has more than one run (for a
+/// single-run experiment the fold is [`leave_one_out`]'s), in the set's order: fitted on
+/// every other run, the left-out run predicted.
+pub fn leave_one_run_out(
+    set: &CalibrationSet,
+    start: &HardwareProfile,
+    params: &[FitParam],
+    options: &LmOptions,
+) -> Result<Vec<Fold>, CalibrationError> {
+    let runs: Vec<&MeasuredRun> = set.runs().collect();
+    runs.iter()
+        .filter(|r| runs.iter().filter(|o| o.experiment == r.experiment).count() > 1)
+        .map(|r| {
+            fold(
+                set,
+                start,
+                params,
+                options,
+                Holdout::run(r.experiment, r.label),
+            )
+        })
+        .collect()
+}
+
+/// One fold: the blind fit without `left_out` and its prediction of `left_out`.
+fn fold(
+    set: &CalibrationSet,
+    start: &HardwareProfile,
+    params: &[FitParam],
+    options: &LmOptions,
+    left_out: Holdout,
+) -> Result<Fold, CalibrationError> {
+    // Bounds that come from the left-out experiment's measurements are replaced by their
+    // blind ASSUMPTION bounds: the fold must not see that experiment at all.
+    let blind: Vec<FitParam> = params.iter().map(|p| p.without(left_out)).collect();
+    // Constants measured directly on what is left out take their blind values.
+    let (start, blinded) = blind_profile(start, left_out)?;
+    let fit = fit_joint_with(
+        set,
+        &start,
+        &blind,
+        |r| !left_out.covers(r),
+        options,
+        Starts::Blind,
+    )?;
+    let predicted = held_out_figures(set.compare(&fit.profile)?, left_out);
+    Ok(Fold {
+        left_out,
+        fit,
+        held_out: check(&predicted, false),
+        blinded,
+    })
+}
+
+/// The figures of `all` (every run simulated with a fold's constants) that `left_out`
+/// covers. Every run is simulated so that a figure of a left-out run that also needs a run
+/// the fit kept (the validation-mode overhead of a left-out validation run) is predicted;
+/// the experiment-B difference counts when the fold leaves out experiment B or one of its
+/// runs.
+fn held_out_figures(mut all: Comparison, left_out: Holdout) -> Comparison {
+    all.rows
+        .retain(|r| left_out.covers_row(r.experiment, r.run));
+    all.host
+        .retain(|h| left_out.covers_row(h.experiment, h.run));
+    if left_out.experiment != EXP_B {
+        all.exp_b_predicted_diff = f64::NAN;
     }
-    Ok(folds)
+    all
 }

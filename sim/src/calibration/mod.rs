@@ -10,7 +10,8 @@
 //! - [`prior`]: the priors' residuals and how much of each prior the data identify;
 //! - [`lm`]: the bounded least-squares solver;
 //! - [`fit`]: the joint fit of the constants on every fitted figure;
-//! - [`loo`]: leave-one-out refits, one per experiment;
+//! - [`holdout`]: what a fold leaves out (an experiment or one of its runs);
+//! - [`loo`]: leave-one-out refits, one per experiment and one per run;
 //! - [`coll_table`]: alpha-beta fit of the tiers from a measured collective table;
 //! - [`gemm_table`]: GEMM efficiency table from measured GEMM timings;
 //! - [`profile_edit`]: write fitted values into a copy of a profile file, comments kept.
@@ -21,6 +22,7 @@ pub mod error;
 pub mod fit;
 pub mod gates;
 pub mod gemm_table;
+pub mod holdout;
 pub mod host_rows;
 pub mod lm;
 pub mod loo;

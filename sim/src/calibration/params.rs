@@ -11,6 +11,7 @@
 
 use super::compare::Comparison;
 use super::error::CalibrationError;
+use super::holdout::Holdout;
 use super::measured::Figure;
 use super::prior::Prior;
 use crate::profile::HardwareProfile;
@@ -48,7 +49,7 @@ pub struct FitParam {
     pub bound_source: &'static str,
     /// How `max` follows the model ([`resolve_bounds`]).
     pub max_from: MaxFrom,
-    /// The bounds a leave-one-out fold uses when it leaves out an experiment whose
+    /// The bounds a leave-one-out fold uses when it leaves out an experiment or run whose
     /// measurements these bounds come from ([`FitParam::without`]); `None` when no bound
     /// comes from a measurement.
     pub blind: Option<BlindBounds>,
@@ -58,12 +59,16 @@ pub struct FitParam {
 }
 
 /// Bounds that use no measurement of the listed experiments: a leave-one-out fold that leaves
-/// one of them out must not constrain the fit with that experiment's figures through a bound
-/// either, or the held-out prediction is not held out.
+/// one of them (or one of the listed runs) out must not constrain the fit with those figures
+/// through a bound either, or the held-out prediction is not held out.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlindBounds {
     /// Labels of the experiments (`B`, `A mbs2`) whose measurements the normal bounds use.
     pub experiments: &'static [&'static str],
+    /// The runs of those experiments ([`super::MeasuredRun::label`]) the normal bounds take
+    /// their values from; empty: the experiments as a whole (or several runs together), so
+    /// leaving out any of their runs blinds them.
+    pub runs: &'static [&'static str],
     /// Lowest allowed value without them (ASSUMPTION, stated in `source`).
     pub min: f64,
     /// Highest allowed value without them.
@@ -73,13 +78,13 @@ pub struct BlindBounds {
 }
 
 impl FitParam {
-    /// This constant as a fold that leaves out experiment `left_out` may use it: unchanged
-    /// when its bounds use none of that experiment's measurements, otherwise with its
-    /// [`BlindBounds`] (and an upper bound that no longer follows the model's launches of a
-    /// left-out run).
-    pub fn without(&self, left_out: &str) -> FitParam {
+    /// This constant as a fold that leaves out `left_out` (an experiment or one of its runs)
+    /// may use it: unchanged when its bounds use none of those measurements, otherwise with
+    /// its [`BlindBounds`] (and an upper bound that no longer follows the model's launches of
+    /// a left-out run).
+    pub fn without(&self, left_out: Holdout) -> FitParam {
         match self.blind {
-            Some(b) if b.experiments.contains(&left_out) => FitParam {
+            Some(b) if b.experiments.iter().any(|e| left_out.touches(e, b.runs)) => FitParam {
                 min: b.min,
                 max: b.max,
                 bound_source: b.source,
@@ -186,14 +191,16 @@ pub fn outside_sourced_ranges(profile: &HardwareProfile) -> Vec<(SourcedRange, f
 }
 
 /// A profile constant measured directly on one held-in experiment (not fitted): a
-/// leave-one-out fold that leaves that experiment out must not use it either, so it uses
-/// `blind_value` instead ([`blind_profile`]).
+/// leave-one-out fold that leaves that experiment (or the run it comes from) out must not use
+/// it either, so it uses `blind_value` instead ([`blind_profile`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct MeasuredConstant {
     /// Dotted profile key.
     pub key: &'static str,
     /// Label of the experiment it was measured on (`B`, `A mbs2`).
     pub experiment: &'static str,
+    /// The runs of that experiment it was measured on; empty: the experiment as a whole.
+    pub runs: &'static [&'static str],
     /// Its value in a fold without that experiment.
     pub blind_value: f64,
     /// Where the blind value comes from (public source or ASSUMPTION).
@@ -204,24 +211,26 @@ pub struct MeasuredConstant {
 pub const MEASURED_CONSTANTS: [MeasuredConstant; 1] = [MeasuredConstant {
     key: "calibration.unaligned_bandwidth_factor",
     experiment: "B",
+    // The paper's alignment analysis is of FSDP2's own all-gathers.
+    runs: &["PyTorch FSDP2"],
     blind_value: 1.0,
     blind_source: "without exp B: ASSUMPTION no penalty (1.0): the shipped 0.5015 is exp B's \
         51.13 / 101.96 GB/s, non-aligned vs aligned FSDP2 all-gathers, and no public figure of \
         HCCL's bandwidth on buffers not aligned to 512 bytes was found",
 }];
 
-/// `profile` as a fold without experiment `left_out` may use it: every
-/// [`MEASURED_CONSTANTS`] entry measured on that experiment at its blind value; returns the
-/// entries it replaced. Errors name a key this module cannot write.
+/// `profile` as a fold without `left_out` (an experiment or one of its runs) may use it:
+/// every [`MEASURED_CONSTANTS`] entry measured on what is left out at its blind value;
+/// returns the entries it replaced. Errors name a key this module cannot write.
 pub fn blind_profile(
     profile: &HardwareProfile,
-    left_out: &str,
+    left_out: Holdout,
 ) -> Result<(HardwareProfile, Vec<MeasuredConstant>), CalibrationError> {
     let mut p = profile.clone();
     let mut replaced = Vec::new();
     for m in MEASURED_CONSTANTS
         .iter()
-        .filter(|m| m.experiment == left_out)
+        .filter(|m| left_out.touches(m.experiment, m.runs))
     {
         if !set(&mut p, m.key, m.blind_value) {
             return Err(CalibrationError::UnknownKey {
@@ -263,6 +272,8 @@ pub const FIT_PARAMS: [FitParam; 8] = [
         max_from: MaxFrom::Fixed,
         blind: Some(BlindBounds {
             experiments: &["B"],
+            // min: HyperParallel-FSDP's measured MFU.
+            runs: &["HyperParallel-FSDP"],
             min: 0.05,
             max: 1.0,
             source: "without exp B: ASSUMPTION min 0.05 (no eager GEMM stack runs large GEMMs below \
@@ -361,6 +372,8 @@ pub const FIT_PARAMS: [FitParam; 8] = [
         },
         blind: Some(BlindBounds {
             experiments: &["A mbs2"],
+            // max: the production run's step over its modelled launches.
+            runs: &["production mode"],
             min: UNMODELLED_HOST_FLOOR_US,
             max: 1000.0,
             source: "without exp A: no measured step bounds it (ASSUMPTION: at most 1 ms of \
@@ -387,6 +400,8 @@ pub const FIT_PARAMS: [FitParam; 8] = [
         max_from: MaxFrom::Fixed,
         blind: Some(BlindBounds {
             experiments: &["B"],
+            // min from FSDP2, max from HyperParallel-FSDP: both runs.
+            runs: &[],
             min: 1.0,
             max: 1000.0,
             source: "without exp B: ASSUMPTION 1 us to 1 ms per collective call",
@@ -416,6 +431,8 @@ pub const FIT_PARAMS: [FitParam; 8] = [
         max_from: MaxFrom::Fixed,
         blind: Some(BlindBounds {
             experiments: &["A mbs2"],
+            // the overhead is the difference of the two runs.
+            runs: &[],
             min: 0.1,
             max: 1000.0,
             source: "without exp A: ASSUMPTION 0.1 us to 1 ms per extra CPU operator event",
@@ -443,6 +460,8 @@ pub const FIT_PARAMS: [FitParam; 8] = [
         max_from: MaxFrom::Fixed,
         blind: Some(BlindBounds {
             experiments: &["B"],
+            // min: FSDP2's non-aligned all-gather bandwidth.
+            runs: &["PyTorch FSDP2"],
             min: 0.05,
             max: 1.0,
             source: "without exp B: ASSUMPTION min 0.05 of the nominal UB bandwidth; max: the \
@@ -588,7 +607,7 @@ mod tests {
     #[test]
     fn leave_one_out_blinds_the_bounds_of_the_left_out_experiment_only() {
         let launch = *fit_param("calibration.host_launch_us_per_kernel").unwrap();
-        let blind = launch.without("A mbs2");
+        let blind = launch.without(Holdout::whole("A mbs2"));
         assert_eq!(
             (blind.min, blind.max, blind.max_from),
             (KERNEL_LAUNCH_FLOOR_US, EAGER_OP_HOST_US, MaxFrom::Fixed)
@@ -598,25 +617,28 @@ mod tests {
             "{}",
             blind.bound_source
         );
-        assert_eq!(launch.without("B"), launch);
+        assert_eq!(launch.without(Holdout::whole("B")), launch);
         let coll = *fit_param("calibration.host_launch_us_per_collective").unwrap();
         assert_eq!(
-            (coll.without("B").min, coll.without("B").max),
+            (
+                coll.without(Holdout::whole("B")).min,
+                coll.without(Holdout::whole("B")).max
+            ),
             (1.0, 1000.0)
         );
-        assert_eq!(coll.without("A mbs2"), coll);
+        assert_eq!(coll.without(Holdout::whole("A mbs2")), coll);
         for p in FIT_PARAMS {
             match p.blind {
                 Some(b) => {
                     for e in b.experiments {
-                        let w = p.without(e);
+                        let w = p.without(Holdout::whole(e));
                         assert_eq!((w.min, w.max, w.bound_source), (b.min, b.max, b.source));
                         assert_eq!(w.max_from, MaxFrom::Fixed);
                     }
                 }
-                None => assert_eq!(p.without("B"), p),
+                None => assert_eq!(p.without(Holdout::whole("B")), p),
             }
-            assert_eq!(p.without("no such experiment"), p);
+            assert_eq!(p.without(Holdout::whole("no such experiment")), p);
         }
     }
 
@@ -695,13 +717,49 @@ mod tests {
         let profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
         let key = "calibration.unaligned_bandwidth_factor";
         assert!(get(&profile, key).unwrap() < 0.9);
-        let (without_b, replaced) = blind_profile(&profile, "B").unwrap();
+        let (without_b, replaced) = blind_profile(&profile, Holdout::whole("B")).unwrap();
         assert_eq!(get(&without_b, key), Some(1.0));
         assert_eq!(replaced.len(), 1);
         assert!(replaced[0].blind_source.contains("ASSUMPTION"));
-        let (without_a, replaced) = blind_profile(&profile, "A mbs2").unwrap();
+        let (without_a, replaced) = blind_profile(&profile, Holdout::whole("A mbs2")).unwrap();
         assert_eq!(get(&without_a, key), get(&profile, key));
         assert!(replaced.is_empty());
+    }
+
+    /// A run fold blinds what that run measured and keeps what its sibling measured: leaving
+    /// out HyperParallel-FSDP keeps FSDP2's unaligned-buffer factor and the bandwidth floor
+    /// from FSDP2's all-gathers, but not the GEMM floor from HyperParallel-FSDP's MFU;
+    /// leaving out FSDP2 does the reverse; a bound from both runs is blinded by either.
+    #[test]
+    fn a_run_fold_blinds_what_that_run_measured_only() {
+        let profile = HardwareProfile::builtin("ascend-910c-a3").unwrap();
+        let key = "calibration.unaligned_bandwidth_factor";
+        let hp = Holdout::run("B", "HyperParallel-FSDP");
+        let fsdp2 = Holdout::run("B", "PyTorch FSDP2");
+        let (without_hp, replaced) = blind_profile(&profile, hp).unwrap();
+        assert_eq!(get(&without_hp, key), get(&profile, key));
+        assert!(replaced.is_empty());
+        let (without_fsdp2, replaced) = blind_profile(&profile, fsdp2).unwrap();
+        assert_eq!(get(&without_fsdp2, key), Some(1.0));
+        assert_eq!(replaced.len(), 1);
+        let tier = *fit_param("tiers.intra_machine.efficiency").unwrap();
+        let gemm = *fit_param("calibration.gemm_ceiling").unwrap();
+        let coll = *fit_param("calibration.host_launch_us_per_collective").unwrap();
+        assert_eq!(tier.without(hp), tier);
+        assert_ne!(tier.without(fsdp2), tier);
+        assert_ne!(gemm.without(hp), gemm);
+        assert_eq!(gemm.without(fsdp2), gemm);
+        assert_ne!(coll.without(hp), coll);
+        assert_ne!(coll.without(fsdp2), coll);
+        let host = *fit_param("calibration.host_unmodelled_us_per_kernel").unwrap();
+        assert_ne!(
+            host.without(Holdout::run("A mbs2", "production mode")),
+            host
+        );
+        assert_eq!(
+            host.without(Holdout::run("A mbs2", "validation mode")),
+            host
+        );
     }
 
     #[test]
