@@ -1,6 +1,9 @@
 //! Helpers shared by the plan crate's integration tests: a scenario with its sharding and FSDP
 //! plans.
 
+// Every test crate compiles this module and uses a subset of it.
+#![allow(dead_code)]
+
 use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::planner::{ShardingPlan, plan};
 use hpfsdp_plan::scenario::Scenario;

@@ -214,9 +214,13 @@ pub const MEASURED_CONSTANTS: [MeasuredConstant; 1] = [MeasuredConstant {
     // The paper's alignment analysis is of FSDP2's own all-gathers.
     runs: &["PyTorch FSDP2"],
     blind_value: 1.0,
-    blind_source: "without exp B: ASSUMPTION no penalty (1.0): the shipped 0.5015 is exp B's \
-        51.13 / 101.96 GB/s, non-aligned vs aligned FSDP2 all-gathers, and no public figure of \
-        HCCL's bandwidth on buffers not aligned to 512 bytes was found",
+    blind_source: "without exp B's FSDP2 run: ASSUMPTION no penalty (1.0): the shipped 0.5015 \
+        is that run's 51.13 / 101.96 GB/s, non-aligned vs aligned FSDP2 all-gathers. Public \
+        Ascend documentation says a penalty exists (MindStudio 8.3 performance cases, 'Byte \
+        Misalignment Between the Source and Destination Addresses': intra-node SDMA transfers \
+        of buffers not 512-byte aligned lose bandwidth; its one case, a DeepSpeed ZeRO \
+        all-gather at 0.1 GB/s, went from 350 to 50 ms once aligned) but gives no factor for \
+        FSDP-sized buffers, so a fold without the measurement assumes none",
 }];
 
 /// `profile` as a fold without `left_out` (an experiment or one of its runs) may use it:
