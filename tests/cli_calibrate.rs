@@ -36,11 +36,21 @@ fn collbench_table() -> String {
     let mut truth = HardwareProfile::builtin("ascend-910c-a3").unwrap();
     set(&mut truth, "tiers.intra_machine.latency_us", 3.0);
     set(&mut truth, "tiers.intra_machine.efficiency", 0.55);
+    set(&mut truth, "calibration.unaligned_bandwidth_factor", 0.4);
     let mut out = COLLECTIVE_COLUMNS.join(",");
     out.push('\n');
+    // Powers of two (aligned from 2^16 up; 2^12 leaves 256 B per rank) and one size of 32 x an
+    // odd count, never a multiple of 512 bytes per rank.
+    let sizes = [
+        1u64 << 12,
+        1 << 16,
+        1 << 20,
+        1 << 24,
+        1 << 28,
+        1_048_573 * 32,
+    ];
     for kind in [CollectiveKind::AllGather, CollectiveKind::ReduceScatter] {
-        for exp in [12u32, 16, 20, 24, 28] {
-            let size = 1u64 << exp;
+        for size in sizes {
             let row = CollectiveRow {
                 line: 0,
                 kind,
@@ -132,7 +142,10 @@ fn from_a_collective_table_writes_a_loadable_profile_with_the_fitted_tier() {
     let t = &loaded.tiers.intra_machine;
     assert!((t.efficiency - 0.55).abs() < 0.005, "{}", t.efficiency);
     assert!((t.latency_us - 3.0).abs() < 0.1, "{}", t.latency_us);
+    let factor = loaded.calibration.unaligned_bandwidth_factor;
+    assert!((factor - 0.4).abs() < 0.01, "unaligned factor {factor}");
     let text = std::fs::read_to_string(&profile).unwrap();
+    assert!(text.contains("rows not 512-byte aligned"), "{text}");
     assert!(text.contains("# Atlas 900 A3 SuperPoD"), "comments kept");
     assert!(text.contains("FITTED by `hpfsdp calibrate --from"));
     std::fs::remove_dir_all(&dir).ok();

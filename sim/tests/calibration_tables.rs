@@ -19,7 +19,26 @@ fn a3() -> HardwareProfile {
 /// A collbench-style table of `tier` generated from `latency_us` and `efficiency`, each time
 /// wobbled by a fixed pattern of up to ±1%.
 fn generated_table(tier: Tier, ranks: usize, latency_us: f64, efficiency: f64) -> String {
+    let sizes: Vec<u64> = [10u32, 14, 18, 22, 26, 30]
+        .iter()
+        .map(|e| 1u64 << e)
+        .collect();
+    generated_table_with(tier, ranks, (latency_us, efficiency), None, &sizes)
+}
+
+/// As [`generated_table`], at the given sizes, with the truth's unaligned-buffer factor set
+/// to `unaligned_factor` when given (the A3 profile's measured 0.5015 otherwise).
+fn generated_table_with(
+    tier: Tier,
+    ranks: usize,
+    (latency_us, efficiency): (f64, f64),
+    unaligned_factor: Option<f64>,
+    sizes: &[u64],
+) -> String {
     let mut truth = a3();
+    if let Some(f) = unaligned_factor {
+        set(&mut truth, "calibration.unaligned_bandwidth_factor", f);
+    }
     let key = match tier {
         Tier::IntraMachine => "tiers.intra_machine",
         Tier::IntraSupernode => "tiers.intra_supernode",
@@ -37,8 +56,7 @@ fn generated_table(tier: Tier, ranks: usize, latency_us: f64, efficiency: f64) -
         CollectiveKind::ReduceScatter,
         CollectiveKind::AllReduce,
     ] {
-        for exp in [10u32, 14, 18, 22, 26, 30] {
-            let size = 1u64 << exp;
+        for &size in sizes {
             let row = CollectiveRow {
                 line: 0,
                 kind,
@@ -73,9 +91,9 @@ fn the_tier_fit_recovers_the_latency_and_efficiency_a_table_was_generated_from()
         let text = generated_table(tier, ranks, alpha, eff);
         let rows = parse_collective_table(&text, "gen.csv").unwrap();
         assert_eq!(rows.len(), 18);
-        let fits = fit_collective_table(&rows, &a3(), "gen.csv").unwrap();
-        assert_eq!(fits.len(), 1);
-        let f = &fits[0];
+        let fit = fit_collective_table(&rows, &a3(), "gen.csv").unwrap();
+        assert_eq!(fit.tiers.len(), 1);
+        let f = &fit.tiers[0];
         assert_eq!(f.tier, tier);
         assert!(
             (f.efficiency / eff - 1.0).abs() < 0.03,
@@ -108,9 +126,62 @@ fn a_table_faster_than_nominal_pins_the_efficiency_at_its_bound() {
         .collect::<Vec<_>>()
         .join("\n");
     let rows = parse_collective_table(&text, "fast.csv").unwrap();
-    let fits = fit_collective_table(&rows, &a3(), "fast.csv").unwrap();
-    assert!(fits[0].efficiency_at_bound);
-    assert_eq!(fits[0].efficiency, 1.0);
+    let fit = fit_collective_table(&rows, &a3(), "fast.csv").unwrap();
+    assert!(fit.tiers[0].efficiency_at_bound);
+    assert_eq!(fit.tiers[0].efficiency, 1.0);
+}
+
+/// Aligned sizes (powers of two) and unaligned ones (not multiples of 512 bytes per rank)
+/// from one truth: the bandwidth-bound unaligned rows recover the factor, starting from a
+/// profile that assumes no penalty, and the other rows the tier. A table with aligned rows only
+/// fits no factor, and unaligned rows as fast as aligned ones pin it at 1.
+#[test]
+fn unaligned_rows_recover_the_unaligned_bandwidth_factor() {
+    let mut start = a3();
+    set(&mut start, "calibration.unaligned_bandwidth_factor", 1.0);
+    let aligned: Vec<u64> = [16u32, 20, 24, 28].iter().map(|e| 1u64 << e).collect();
+    // 16 ranks x 2-byte elements x an odd count: never a multiple of 512 bytes per rank.
+    let unaligned: Vec<u64> = [4_099u64, 65_537, 1_048_573]
+        .iter()
+        .map(|c| c * 32)
+        .collect();
+    let sizes: Vec<u64> = aligned.iter().chain(&unaligned).copied().collect();
+    let text = generated_table_with(Tier::IntraMachine, 16, (3.0, 0.6), Some(0.4), &sizes);
+    let rows = parse_collective_table(&text, "gen.csv").unwrap();
+    let fit = fit_collective_table(&rows, &start, "gen.csv").unwrap();
+    let tier = &fit.tiers[0];
+    assert!(
+        (tier.efficiency / 0.6 - 1.0).abs() < 0.03,
+        "{}",
+        tier.efficiency
+    );
+    let u = fit.unaligned.as_ref().expect("an unaligned fit");
+    // Every row is fitted once: the bandwidth-bound unaligned rows (at least the largest
+    // unaligned size of each collective) fit the factor, the rest the tier.
+    assert_eq!(tier.rows.len() + u.rows.len(), rows.len());
+    assert!(u.rows.len() >= 3, "{}", u.rows.len());
+    assert!(u.rows.iter().all(|r| unaligned.contains(&r.row.size_bytes)));
+    assert!(u.rows.iter().any(|r| r.row.size_bytes == 1_048_573 * 32));
+    assert!((u.factor / 0.4 - 1.0).abs() < 0.05, "factor {}", u.factor);
+    assert!(!u.at_bound);
+    assert!(u.rms_relative_error() < 0.03, "{}", u.rms_relative_error());
+
+    let only_aligned = generated_table_with(Tier::IntraMachine, 16, (3.0, 0.6), None, &aligned);
+    let rows = parse_collective_table(&only_aligned, "gen.csv").unwrap();
+    assert_eq!(
+        fit_collective_table(&rows, &start, "gen.csv")
+            .unwrap()
+            .unaligned,
+        None
+    );
+
+    let no_penalty = generated_table_with(Tier::IntraMachine, 16, (3.0, 0.6), Some(1.0), &sizes);
+    let rows = parse_collective_table(&no_penalty, "gen.csv").unwrap();
+    let u = fit_collective_table(&rows, &start, "gen.csv")
+        .unwrap()
+        .unaligned
+        .unwrap();
+    assert!(u.factor > 0.97, "{}", u.factor);
 }
 
 #[test]

@@ -458,12 +458,22 @@ fn json(
     let tiers: Vec<_> = from
         .collective_fits
         .iter()
-        .flat_map(|(file, fits)| fits.iter().map(move |f| (file, f)))
+        .flat_map(|(file, fits)| fits.tiers.iter().map(move |f| (file, f)))
         .map(|(file, f)| {
             json!({"file": file, "tier": format!("{:?}", f.tier), "latency_us": f.latency_us,
                    "efficiency": f.efficiency, "efficiency_at_bound": f.efficiency_at_bound,
                    "latency_at_bound": f.latency_at_bound,
                    "rms_relative_error": f.rms_relative_error()})
+        })
+        .collect();
+    let unaligned: Vec<_> = from
+        .collective_fits
+        .iter()
+        .filter_map(|(file, fits)| fits.unaligned.as_ref().map(|u| (file, u)))
+        .map(|(file, u)| {
+            json!({"file": file, "unaligned_bandwidth_factor": u.factor,
+                   "at_bound": u.at_bound, "rows": u.rows.len(),
+                   "rms_relative_error": u.rms_relative_error()})
         })
         .collect();
     json!({
@@ -481,6 +491,7 @@ fn json(
             "rms_log_error": finite(f.rms_log_error()),
         })).collect::<Vec<_>>()),
         "tier_fits": tiers,
+        "unaligned_fits": unaligned,
         "sourced_ranges": ranges.rows.iter().map(|r| json!({"key": r[0], "value": r[1].parse::<f64>().ok(),
             "range": r[2], "verdict": r[3], "source": r[4]})).collect::<Vec<_>>(),
         "host": comparison.host.iter().map(|h| {

@@ -8,7 +8,7 @@ use anyhow::{Context, Result, bail};
 use hpfsdp_reports::table::{Section, Table};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::coll_table::{
-    CollectiveRow, TierFit, algbw_busbw, collective_name, fit_collective_table,
+    CollectiveRow, RowFit, TableFit, algbw_busbw, collective_name, fit_collective_table,
     is_collective_header, parse_collective_table, tier_key, tier_name,
 };
 use hpfsdp_sim::calibration::gemm_table::{
@@ -21,8 +21,8 @@ use std::path::{Path, PathBuf};
 /// What the measured tables gave.
 #[derive(Debug, Default)]
 pub struct FromTables {
-    /// Per collective table: its path and the tier fits.
-    pub collective_fits: Vec<(String, Vec<TierFit>)>,
+    /// Per collective table: its path and its fits (tiers, unaligned-buffer factor).
+    pub collective_fits: Vec<(String, TableFit)>,
     /// Per GEMM table: its path and its rows.
     pub gemm_tables: Vec<(String, Vec<GemmRow>)>,
     /// Profile edits for `--write-profile`.
@@ -55,7 +55,7 @@ pub fn apply_tables(
         if is_collective_header(&header) {
             let rows: Vec<CollectiveRow> = parse_collective_table(&text, &file)?;
             let fits = fit_collective_table(&rows, profile, &file)?;
-            for f in &fits {
+            for f in &fits.tiers {
                 for (field, value) in [("latency_us", f.latency_us), ("efficiency", f.efficiency)] {
                     let key = format!("{}.{field}", tier_key(f.tier));
                     set(profile, &key, value);
@@ -69,6 +69,21 @@ pub fn apply_tables(
                         ),
                     });
                 }
+            }
+            if let Some(u) = &fits.unaligned {
+                let key = "calibration.unaligned_bandwidth_factor".to_string();
+                set(profile, &key, u.factor);
+                out.edits.push(Edit {
+                    key,
+                    value: EditValue::Number(u.factor),
+                    comment: format!(
+                        "FITTED by `hpfsdp calibrate --from {file}` ({} rows not 512-byte aligned \
+                         against the tiers fitted on the aligned rows, rms error {:.1}%{})",
+                        u.rows.len(),
+                        u.rms_relative_error() * 100.0,
+                        if u.at_bound { ", AT BOUND 1.0" } else { "" }
+                    ),
+                });
             }
             out.collective_fits.push((file, fits));
         } else if is_gemm_header(&header) {
@@ -100,7 +115,8 @@ pub fn apply_tables(
 pub fn sections(from: &FromTables, profile: &HardwareProfile) -> Vec<Section> {
     let mut out = Vec::new();
     for (file, fits) in &from.collective_fits {
-        let summary = fits
+        let mut summary: Vec<Vec<String>> = fits
+            .tiers
             .iter()
             .map(|f| {
                 vec![
@@ -120,10 +136,25 @@ pub fn sections(from: &FromTables, profile: &HardwareProfile) -> Vec<Section> {
                 ]
             })
             .collect();
+        if let Some(u) = &fits.unaligned {
+            summary.push(vec![
+                "unaligned buffers (all tiers)".into(),
+                "-".into(),
+                format!(
+                    "unaligned_bandwidth_factor {:.4}{}",
+                    u.factor,
+                    if u.at_bound { " (AT BOUND 1.0)" } else { "" }
+                ),
+                format!("{}", u.rows.len()),
+                format!("{:.2}%", u.rms_relative_error() * 100.0),
+            ]);
+        }
         out.push(Section {
             heading: format!("Tier fits from {file}"),
             text: "Alpha-beta fit per tier with the simulator's own collective formulas \
-                   (weighted least squares on relative time error)."
+                   (weighted least squares on relative time error). A tier with aligned rows \
+                   at two sizes and rows not 512-byte aligned is fitted on the aligned rows; \
+                   the unaligned rows then fit the unaligned-buffer factor."
                 .into(),
             table: Table {
                 headers: strings(&[
@@ -136,9 +167,12 @@ pub fn sections(from: &FromTables, profile: &HardwareProfile) -> Vec<Section> {
                 rows: summary,
             },
         });
+        let unaligned: &[RowFit] = fits.unaligned.as_ref().map_or(&[], |u| &u.rows);
         let rows = fits
+            .tiers
             .iter()
             .flat_map(|f| f.rows.iter())
+            .chain(unaligned)
             .map(|r| {
                 let (_, busbw) = algbw_busbw(
                     r.row.kind,

@@ -62,6 +62,10 @@ pub struct CollbenchArgs {
     /// Hardware profile whose topology gives the tier column.
     #[arg(long)]
     pub hardware: Option<String>,
+    /// After each size, also time a twin one element longer per rank (its buffers not a
+    /// multiple of 512 bytes), so `calibrate --from` can fit HCCL's unaligned-buffer factor.
+    #[arg(long)]
+    pub unaligned: bool,
     /// Bound on any wait for a peer, seconds.
     #[arg(long = "timeout-s", default_value_t = 300.0)]
     pub timeout_s: f64,
@@ -90,6 +94,7 @@ fn options(args: &CollbenchArgs, world: usize) -> Result<BenchOptions> {
         warmup: args.warmup,
         dtype,
         groups: parse_groups(&args.groups, world).map_err(anyhow::Error::msg)?,
+        unaligned_twins: args.unaligned,
     };
     validate(&o).map_err(|e| anyhow::anyhow!("{e}"))?;
     if o.iters == 0 {

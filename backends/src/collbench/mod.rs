@@ -44,6 +44,10 @@ pub struct BenchOptions {
     pub dtype: DType,
     /// The groups run concurrently (a rank in none only takes part in the timing).
     pub groups: Vec<Group>,
+    /// Also time, after each size, a twin whose per-rank buffer is one element longer and so
+    /// not a multiple of 512 bytes: the rows `hpfsdp calibrate --from` fits HCCL's
+    /// unaligned-buffer factor from.
+    pub unaligned_twins: bool,
 }
 
 /// One line of the sweep (the CSV row without the tier, which needs the hardware topology).
@@ -105,6 +109,9 @@ pub fn sweep_sizes(kind: BenchKind, o: &BenchOptions, n: usize) -> Vec<(u64, u64
         };
         if out.last().is_none_or(|l| l.0 != size) {
             out.push((size, count, input));
+            if o.unaligned_twins {
+                out.push(unaligned_twin(kind, es, n as u64, count));
+            }
         }
         match s.checked_mul(o.factor.max(2)) {
             Some(next) => s = next,
@@ -112,6 +119,24 @@ pub fn sweep_sizes(kind: BenchKind, o: &BenchOptions, n: usize) -> Vec<(u64, u64
         }
     }
     out
+}
+
+/// The `(size, count, input elements)` of a sweep row whose per-rank buffer is `count + k`
+/// elements, with `k >= 1` the smallest that leaves it off a multiple of 512 bytes.
+fn unaligned_twin(kind: BenchKind, es: u64, n: u64, count: u64) -> (u64, u64, usize) {
+    let mut c = count + 1;
+    while (c * es).is_multiple_of(512) {
+        c += 1;
+    }
+    if kind.chunked() {
+        let input = match kind {
+            BenchKind::AllGather => c,
+            _ => c * n,
+        };
+        (c * n * es, c, input as usize)
+    } else {
+        (c * es, c, c as usize)
+    }
 }
 
 fn issue<C: Collective + ?Sized>(
@@ -222,6 +247,37 @@ mod tests {
     use super::*;
     use crate::inproc::InProcWorld;
 
+    /// With twins, every size is followed by one whose per-rank buffer is not a multiple of
+    /// 512 bytes, and the sweep still checks out correct on every row.
+    #[test]
+    fn unaligned_twins_follow_each_size_and_are_correct() {
+        let o = BenchOptions {
+            kinds: BenchKind::ALL.to_vec(),
+            min_bytes: 4096,
+            max_bytes: 16384,
+            factor: 4,
+            iters: 1,
+            warmup: 0,
+            dtype: DType::Bf16,
+            groups: vec![Group::world(4).unwrap()],
+            unaligned_twins: true,
+        };
+        for kind in BenchKind::ALL {
+            let sizes = sweep_sizes(kind, &o, 4);
+            assert_eq!(sizes.len(), 4, "{kind:?}");
+            for pair in sizes.chunks(2) {
+                let per_rank = |(_, count, _): (u64, u64, usize)| count * 2;
+                assert_eq!(per_rank(pair[0]) % 512, 0, "{kind:?} {pair:?}");
+                assert_ne!(per_rank(pair[1]) % 512, 0, "{kind:?} {pair:?}");
+                assert!(pair[1].0 > pair[0].0);
+            }
+        }
+        let run = InProcWorld::run(4, |c| run_sweep(c, &o)).unwrap();
+        let rows = run.results[0].clone().unwrap();
+        assert_eq!(rows.len(), 4 * BenchKind::ALL.len());
+        assert!(rows.iter().all(|r| r.wrong == 0), "{rows:?}");
+    }
+
     #[test]
     fn sweep_on_inproc_is_correct_and_sized_like_nccl_tests() {
         let o = BenchOptions {
@@ -233,6 +289,7 @@ mod tests {
             warmup: 1,
             dtype: DType::F32,
             groups: vec![Group::world(4).unwrap()],
+            unaligned_twins: false,
         };
         validate(&o).unwrap();
         let sizes = sweep_sizes(BenchKind::AllGather, &o, 4);

@@ -16,6 +16,16 @@
 //! (`L`, `T`, `t0` read off the formulas by evaluating them at two latencies and two
 //! efficiencies), so the fit is a weighted linear least squares on relative time error, with
 //! `alpha >= 0` and `eff <= 1` enforced (a constant pinned there is flagged).
+//!
+//! Unaligned buffers: HCCL loses bandwidth on buffers whose per-rank sizes are not multiples
+//! of 512 bytes (the profile's `calibration.unaligned_bandwidth_factor`, applied to every
+//! phase of such a collective). When a tier's table has aligned rows at two or more sizes and
+//! bandwidth-bound unaligned rows as well (`hpfsdp collbench --min-bytes` at a size that is
+//! not a power of two gives them), the tier is fitted on its other rows and the factor on the
+//! bandwidth-bound unaligned rows of every such tier ([`BANDWIDTH_BOUND_SHARE`]): with the tier
+//! fixed, such a row's time is affine in `1 / factor` ([`UnalignedFit`]). Latency-bound
+//! unaligned rows stay in the tier fit at the profile's factor (they hardly depend on it).
+//! Without aligned rows at two sizes, every row enters the tier fit at the profile's factor.
 
 use super::error::CalibrationError;
 use crate::cost::collective_phases;
@@ -232,14 +242,20 @@ fn buffers(kind: CollectiveKind, n: u64, p: usize) -> (u64, u64) {
     }
 }
 
+/// Whether both per-rank buffers of a row are multiples of 512 bytes (HCCL's fast path; the
+/// simulator's `aligned_512`).
+pub fn is_aligned(row: &CollectiveRow) -> bool {
+    let (input, output) = buffers(row.kind, row.size_bytes, row.ranks);
+    input % 512 == 0 && output % 512 == 0
+}
+
 /// The simulator's predicted time (seconds) of a row with the profile as given.
 pub fn predicted_s(row: &CollectiveRow, profile: &HardwareProfile) -> f64 {
     let topology = profile.topology_for(row.ranks);
     let ranks: Vec<usize> = (0..row.ranks).collect();
     let shape = GroupShape::of(&ranks, &topology);
     let (input, output) = buffers(row.kind, row.size_bytes, row.ranks);
-    let aligned = input % 512 == 0 && output % 512 == 0;
-    collective_phases(row.kind, &shape, input, output, aligned, profile)
+    collective_phases(row.kind, &shape, input, output, is_aligned(row), profile)
         .iter()
         .map(|p| p.cost.total_s())
         .sum()
@@ -305,14 +321,7 @@ pub struct TierFit {
 impl TierFit {
     /// Root mean square relative error of the rows.
     pub fn rms_relative_error(&self) -> f64 {
-        let n = self.rows.len().max(1) as f64;
-        (self
-            .rows
-            .iter()
-            .map(|r| r.relative_error().powi(2))
-            .sum::<f64>()
-            / n)
-            .sqrt()
+        rms(&self.rows)
     }
 }
 
@@ -405,12 +414,47 @@ pub fn fit_tier(
     })
 }
 
-/// Fits every tier that has rows in the table, fastest tier first.
+/// The unaligned-buffer factor fitted from a table's unaligned rows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UnalignedFit {
+    /// Fitted `calibration.unaligned_bandwidth_factor` (bandwidth on unaligned buffers over
+    /// aligned ones).
+    pub factor: f64,
+    /// The factor was pinned at 1 (the unaligned rows were no slower than the aligned fit).
+    pub at_bound: bool,
+    /// Every unaligned row with its prediction at the fitted factor and tiers.
+    pub rows: Vec<RowFit>,
+}
+
+impl UnalignedFit {
+    /// Root mean square relative error of the rows.
+    pub fn rms_relative_error(&self) -> f64 {
+        rms(&self.rows)
+    }
+}
+
+/// Everything one collective table fits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableFit {
+    /// One alpha-beta fit per tier with rows, fastest tier first.
+    pub tiers: Vec<TierFit>,
+    /// The unaligned-buffer factor, when some tier has aligned rows at two sizes and
+    /// unaligned rows as well.
+    pub unaligned: Option<UnalignedFit>,
+}
+
+fn rms(rows: &[RowFit]) -> f64 {
+    let n = rows.len().max(1) as f64;
+    (rows.iter().map(|r| r.relative_error().powi(2)).sum::<f64>() / n).sqrt()
+}
+
+/// Fits every tier that has rows in the table, fastest tier first, then the unaligned-buffer
+/// factor (see the module documentation for which rows fit what).
 pub fn fit_collective_table(
     rows: &[CollectiveRow],
     profile: &HardwareProfile,
     file: &str,
-) -> Result<Vec<TierFit>, CalibrationError> {
+) -> Result<TableFit, CalibrationError> {
     for r in rows {
         let topology = profile.topology_for(r.ranks);
         let ranks: Vec<usize> = (0..r.ranks).collect();
@@ -433,14 +477,95 @@ pub fn fit_collective_table(
             });
         }
     }
-    let mut out = Vec::new();
+    let mut tiers = Vec::new();
+    let mut unaligned_rows = Vec::new();
     for tier in Tier::ALL {
         let mine: Vec<CollectiveRow> = rows.iter().filter(|r| r.tier == tier).cloned().collect();
-        if !mine.is_empty() {
-            out.push(fit_tier(tier, &mine, profile, file)?);
+        if mine.is_empty() {
+            continue;
+        }
+        let (for_factor, rest): (Vec<_>, Vec<_>) = mine
+            .iter()
+            .cloned()
+            .partition(|r| !is_aligned(r) && transfer_share(r, profile) >= BANDWIDTH_BOUND_SHARE);
+        let aligned: Vec<CollectiveRow> = rest.iter().filter(|r| is_aligned(r)).cloned().collect();
+        let sizes = |rows: &[CollectiveRow]| {
+            let mut s: Vec<u64> = rows.iter().map(|r| r.size_bytes).collect();
+            s.sort_unstable();
+            s.dedup();
+            s.len()
+        };
+        if !for_factor.is_empty() && sizes(&aligned) >= 2 {
+            tiers.push(fit_tier(tier, &rest, profile, file)?);
+            unaligned_rows.extend(for_factor);
+        } else {
+            tiers.push(fit_tier(tier, &mine, profile, file)?);
         }
     }
-    Ok(out)
+    let unaligned = (!unaligned_rows.is_empty())
+        .then(|| fit_unaligned(&unaligned_rows, &with_tier_fits(profile, &tiers)));
+    Ok(TableFit { tiers, unaligned })
+}
+
+/// An unaligned row fits the unaligned-buffer factor only when at least this share of its
+/// time is transfer (at factor 1 with the starting profile): a latency-bound row hardly
+/// depends on the factor, so its model error would land in it.
+pub const BANDWIDTH_BOUND_SHARE: f64 = 0.5;
+
+/// The share of a row's predicted time that is transfer, at unaligned factor 1.
+fn transfer_share(row: &CollectiveRow, profile: &HardwareProfile) -> f64 {
+    let at = |factor: f64| {
+        let mut p = profile.clone();
+        p.calibration.unaligned_bandwidth_factor = factor;
+        predicted_s(row, &p)
+    };
+    let t1 = at(1.0);
+    if t1 > 0.0 { (at(0.5) - t1) / t1 } else { 0.0 }
+}
+
+/// `profile` with every tier fit's latency and efficiency.
+pub fn with_tier_fits(profile: &HardwareProfile, tiers: &[TierFit]) -> HardwareProfile {
+    let mut p = profile.clone();
+    for f in tiers {
+        let spec = tier_spec_mut(&mut p, f.tier);
+        spec.latency_us = f.latency_us;
+        spec.efficiency = f.efficiency;
+    }
+    p
+}
+
+/// Fits the unaligned-buffer factor to `rows` (all unaligned) with the tiers of `fitted`
+/// fixed: each row's time is `t_lat + T / factor` (`T` its transfer time at factor 1, read
+/// off two evaluations), a weighted least squares in `1 / factor` on relative error, with
+/// `factor <= 1` enforced.
+fn fit_unaligned(rows: &[CollectiveRow], fitted: &HardwareProfile) -> UnalignedFit {
+    let at = |factor: f64| {
+        let mut p = fitted.clone();
+        p.calibration.unaligned_bandwidth_factor = factor;
+        p
+    };
+    let (full, half) = (at(1.0), at(0.5));
+    let points = rows.iter().map(|r| {
+        let t1 = predicted_s(r, &full);
+        let transfer = predicted_s(r, &half) - t1;
+        let m = r.time_us * 1e-6;
+        (transfer, m - (t1 - transfer), 1.0 / (m * m))
+    });
+    let inv = lsq1(points);
+    let at_bound = inv < 1.0;
+    let factor = 1.0 / inv.max(1.0);
+    let profile = at(factor);
+    UnalignedFit {
+        factor,
+        at_bound,
+        rows: rows
+            .iter()
+            .map(|r| RowFit {
+                row: r.clone(),
+                predicted_us: predicted_s(r, &profile) * 1e6,
+            })
+            .collect(),
+    }
 }
 
 /// nccl-tests algorithm and bus bandwidth (bytes per second) of `size` bytes in `time_s` on
