@@ -111,132 +111,146 @@ pub fn apply_tables(
     Ok(out)
 }
 
-/// Report sections of the table fits: one summary of the tier fits, then every row.
+/// Report sections of the table fits: per collective table a summary of its fits and every
+/// row, then per GEMM table its efficiencies.
 pub fn sections(from: &FromTables, profile: &HardwareProfile) -> Vec<Section> {
     let mut out = Vec::new();
     for (file, fits) in &from.collective_fits {
-        let mut summary: Vec<Vec<String>> = fits
-            .tiers
-            .iter()
-            .map(|f| {
-                vec![
-                    tier_name(f.tier).to_string(),
-                    format!("{:.3}", f.latency_us),
-                    format!(
-                        "{:.4}{}",
-                        f.efficiency,
-                        if f.efficiency_at_bound {
-                            " (AT BOUND 1.0)"
-                        } else {
-                            ""
-                        }
-                    ),
-                    format!("{}", f.rows.len()),
-                    format!("{:.2}%", f.rms_relative_error() * 100.0),
-                ]
-            })
-            .collect();
-        if let Some(u) = &fits.unaligned {
-            summary.push(vec![
-                "unaligned buffers (all tiers)".into(),
-                "-".into(),
-                format!(
-                    "unaligned_bandwidth_factor {:.4}{}",
-                    u.factor,
-                    if u.at_bound { " (AT BOUND 1.0)" } else { "" }
-                ),
-                format!("{}", u.rows.len()),
-                format!("{:.2}%", u.rms_relative_error() * 100.0),
-            ]);
-        }
-        out.push(Section {
-            heading: format!("Tier fits from {file}"),
-            text: "Alpha-beta fit per tier with the simulator's own collective formulas \
-                   (weighted least squares on relative time error). A tier with aligned rows \
-                   at two sizes and rows not 512-byte aligned is fitted on the aligned rows; \
-                   the unaligned rows then fit the unaligned-buffer factor."
-                .into(),
-            table: Table {
-                headers: strings(&[
-                    "tier",
-                    "latency_us (fitted)",
-                    "efficiency (fitted)",
-                    "rows",
-                    "rms error",
-                ]),
-                rows: summary,
-            },
-        });
-        let unaligned: &[RowFit] = fits.unaligned.as_ref().map_or(&[], |u| &u.rows);
-        let rows = fits
-            .tiers
-            .iter()
-            .flat_map(|f| f.rows.iter())
-            .chain(unaligned)
-            .map(|r| {
-                let (_, busbw) = algbw_busbw(
-                    r.row.kind,
-                    r.row.size_bytes,
-                    r.row.time_us * 1e-6,
-                    r.row.ranks,
-                );
-                vec![
-                    format!("{}", r.row.line),
-                    collective_name(r.row.kind).to_string(),
-                    tier_name(r.row.tier).to_string(),
-                    format!("{}", r.row.ranks),
-                    format!("{}", r.row.size_bytes),
-                    format!("{:.2}", r.row.time_us),
-                    format!("{:.2}", r.predicted_us),
-                    format!("{:+.2}%", r.relative_error() * 100.0),
-                    format!("{:.2}", busbw / 1e9),
-                ]
-            })
-            .collect();
-        out.push(Section {
-            heading: format!("Residual per row of {file}"),
-            text: String::new(),
-            table: Table {
-                headers: strings(&[
-                    "line",
-                    "collective",
-                    "tier",
-                    "ranks",
-                    "size (B)",
-                    "measured (us)",
-                    "fitted (us)",
-                    "error",
-                    "measured busbw (GB/s)",
-                ]),
-                rows,
-            },
-        });
+        out.extend(collective_sections(file, fits));
     }
     for (file, rows) in &from.gemm_tables {
-        let table = rows
-            .iter()
-            .map(|r| {
-                vec![
-                    format!("{}", r.line),
-                    format!("{}", r.m),
-                    format!("{}", r.n),
-                    format!("{}", r.k),
-                    r.dtype.clone(),
-                    format!("{:.2}", r.time_us),
-                    format!("{:.4}", r.efficiency(profile)),
-                ]
-            })
-            .collect();
-        out.push(Section {
-            heading: format!("GEMM efficiency table from {file}"),
-            text: "efficiency = 2 m n k / time / the profile's BF16 peak.".into(),
-            table: Table {
-                headers: strings(&["line", "m", "n", "k", "dtype", "time (us)", "efficiency"]),
-                rows: table,
-            },
-        });
+        out.push(gemm_section(file, rows, profile));
     }
     out
+}
+
+/// The summary of one collective table's fits (tiers, unaligned factor) and its residual per
+/// row.
+fn collective_sections(file: &str, fits: &TableFit) -> Vec<Section> {
+    let mut out = Vec::new();
+    let mut summary: Vec<Vec<String>> = fits
+        .tiers
+        .iter()
+        .map(|f| {
+            vec![
+                tier_name(f.tier).to_string(),
+                format!("{:.3}", f.latency_us),
+                format!(
+                    "{:.4}{}",
+                    f.efficiency,
+                    if f.efficiency_at_bound {
+                        " (AT BOUND 1.0)"
+                    } else {
+                        ""
+                    }
+                ),
+                format!("{}", f.rows.len()),
+                format!("{:.2}%", f.rms_relative_error() * 100.0),
+            ]
+        })
+        .collect();
+    if let Some(u) = &fits.unaligned {
+        summary.push(vec![
+            "unaligned buffers (all tiers)".into(),
+            "-".into(),
+            format!(
+                "unaligned_bandwidth_factor {:.4}{}",
+                u.factor,
+                if u.at_bound { " (AT BOUND 1.0)" } else { "" }
+            ),
+            format!("{}", u.rows.len()),
+            format!("{:.2}%", u.rms_relative_error() * 100.0),
+        ]);
+    }
+    out.push(Section {
+        heading: format!("Tier fits from {file}"),
+        text: "Alpha-beta fit per tier with the simulator's own collective formulas \
+               (weighted least squares on relative time error). A tier with aligned rows \
+               at two sizes and rows not 512-byte aligned is fitted on the aligned rows; \
+               the unaligned rows then fit the unaligned-buffer factor."
+            .into(),
+        table: Table {
+            headers: strings(&[
+                "tier",
+                "latency_us (fitted)",
+                "efficiency (fitted)",
+                "rows",
+                "rms error",
+            ]),
+            rows: summary,
+        },
+    });
+    let unaligned: &[RowFit] = fits.unaligned.as_ref().map_or(&[], |u| &u.rows);
+    let rows = fits
+        .tiers
+        .iter()
+        .flat_map(|f| f.rows.iter())
+        .chain(unaligned)
+        .map(|r| {
+            let (_, busbw) = algbw_busbw(
+                r.row.kind,
+                r.row.size_bytes,
+                r.row.time_us * 1e-6,
+                r.row.ranks,
+            );
+            vec![
+                format!("{}", r.row.line),
+                collective_name(r.row.kind).to_string(),
+                tier_name(r.row.tier).to_string(),
+                format!("{}", r.row.ranks),
+                format!("{}", r.row.size_bytes),
+                format!("{:.2}", r.row.time_us),
+                format!("{:.2}", r.predicted_us),
+                format!("{:+.2}%", r.relative_error() * 100.0),
+                format!("{:.2}", busbw / 1e9),
+            ]
+        })
+        .collect();
+    out.push(Section {
+        heading: format!("Residual per row of {file}"),
+        text: String::new(),
+        table: Table {
+            headers: strings(&[
+                "line",
+                "collective",
+                "tier",
+                "ranks",
+                "size (B)",
+                "measured (us)",
+                "fitted (us)",
+                "error",
+                "measured busbw (GB/s)",
+            ]),
+            rows,
+        },
+    });
+    out
+}
+
+/// One GEMM table's efficiencies.
+fn gemm_section(file: &str, rows: &[GemmRow], profile: &HardwareProfile) -> Section {
+    let table = rows
+        .iter()
+        .map(|r| {
+            vec![
+                format!("{}", r.line),
+                format!("{}", r.m),
+                format!("{}", r.n),
+                format!("{}", r.k),
+                r.dtype.clone(),
+                format!("{:.2}", r.time_us),
+                format!("{:.4}", r.efficiency(profile)),
+            ]
+        })
+        .collect();
+    Section {
+        heading: format!("GEMM efficiency table from {file}"),
+        text: "efficiency = 2 m n k / time / the profile's BF16 peak.".into(),
+        table: Table {
+            headers: strings(&["line", "m", "n", "k", "dtype", "time (us)", "efficiency"]),
+            rows: table,
+        },
+    }
 }
 
 /// Owned strings of `s`.

@@ -514,13 +514,16 @@ pub const BANDWIDTH_BOUND_SHARE: f64 = 0.5;
 
 /// The share of a row's predicted time that is transfer, at unaligned factor 1.
 fn transfer_share(row: &CollectiveRow, profile: &HardwareProfile) -> f64 {
-    let at = |factor: f64| {
-        let mut p = profile.clone();
-        p.calibration.unaligned_bandwidth_factor = factor;
-        predicted_s(row, &p)
-    };
+    let at = |factor: f64| predicted_s(row, &with_unaligned_factor(profile, factor));
     let t1 = at(1.0);
     if t1 > 0.0 { (at(0.5) - t1) / t1 } else { 0.0 }
+}
+
+/// `profile` with its unaligned-buffer factor set to `factor`.
+fn with_unaligned_factor(profile: &HardwareProfile, factor: f64) -> HardwareProfile {
+    let mut p = profile.clone();
+    p.calibration.unaligned_bandwidth_factor = factor;
+    p
 }
 
 /// `profile` with every tier fit's latency and efficiency.
@@ -539,11 +542,7 @@ pub fn with_tier_fits(profile: &HardwareProfile, tiers: &[TierFit]) -> HardwareP
 /// off two evaluations), a weighted least squares in `1 / factor` on relative error, with
 /// `factor <= 1` enforced.
 fn fit_unaligned(rows: &[CollectiveRow], fitted: &HardwareProfile) -> UnalignedFit {
-    let at = |factor: f64| {
-        let mut p = fitted.clone();
-        p.calibration.unaligned_bandwidth_factor = factor;
-        p
-    };
+    let at = |factor: f64| with_unaligned_factor(fitted, factor);
     let (full, half) = (at(1.0), at(0.5));
     let points = rows.iter().map(|r| {
         let t1 = predicted_s(r, &full);
