@@ -104,7 +104,7 @@ fn the_default_comparison_reports_every_figure_and_its_exit_status_follows_the_v
     );
     // The host model per run: validation events are counted in both modes of exp A and
     // charged only in validation mode; every expert-parallel MoE layer forward syncs once, and
-    // the trainer reads six scalars back per micro-batch (plan/src/strategy/step_tail.rs:
+    // the trainer reads six scalars back per micro-batch (program/src/strategy/step_tail.rs:
     // the SP token count, the step tokens, the weighted loss, the global loss, and the two
     // loss read-backs after backward).
     let host = doc["host"].as_array().unwrap();

@@ -9,9 +9,9 @@ use common::{hpfsdp, text};
 use hpfsdp_export::et_def::attribute_proto::Value;
 use hpfsdp_export::et_def::{CollectiveCommType, NodeType};
 use hpfsdp_export::trace_file::read_trace;
-use hpfsdp_plan::program::Payload;
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_plan::strategy::{ProgramGenerator, StrategyKind};
+use hpfsdp_program::step::Payload;
+use hpfsdp_program::strategy::{ProgramGenerator, StrategyKind};
 use hpfsdp_sim::scenario_run::ScenarioPlans;
 use std::path::Path;
 

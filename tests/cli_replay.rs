@@ -3,8 +3,8 @@
 //! are written with the documented columns, scaling is reported, every fault kind ends the
 //! run with an error naming the rank, the op and the group, and bad input exits with 2.
 
-use hpfsdp_plan::program::{Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_program::step::{Payload, StepProgram};
 use hpfsdp_sim::scenario_run::{ScenarioPlans, prepare};
 use serde_json::Value;
 use std::path::{Path, PathBuf};

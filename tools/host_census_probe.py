@@ -2,11 +2,11 @@
 """Measured production-mode host CPU operator events per module and pass, from the real
 PyTorch profiler running the real HuggingFace modules (NOT run in CI).
 
-Writes plan/tests/fixtures/host_census_torch.toml, which plan/tests/host_events.rs replays
-against the production host-event census of plan/src/strategy/host_events.rs.
+Writes program/tests/fixtures/host_census_torch.toml, which program/tests/host_events.rs replays
+against the production host-event census of program/src/strategy/host_events.rs.
 
 What it measures, for each module the step programs cost as an op (the classes of
-plan/src/strategy/validation/op_census.rs), on plain tensors (production mode: HyperParallel
+program/src/strategy/validation/op_census.rs), on plain tensors (production mode: HyperParallel
 runs local tensors, no DTensor dispatch):
 - `fwd`: every profiler CPU operator event of one forward with autograd recording (aten ops
   including views, `empty`, `as_strided`, `t`, `detach`, and their nested calls);

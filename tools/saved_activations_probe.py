@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Measured bytes autograd saves for backward in the real HuggingFace modules (NOT run in CI).
 
-Writes plan/tests/fixtures/saved_activations_torch.toml, which plan/tests/saved_activations.rs
-replays against the formulas of plan/src/strategy/saved_activations.rs.
+Writes program/tests/fixtures/saved_activations_torch.toml, which program/tests/saved_activations.rs
+replays against the formulas of program/src/strategy/saved_activations.rs.
 
 What it measures: every tensor autograd keeps for backward during one training forward of
 transformers' `Qwen3MoeForCausalLM` and `Qwen3ForCausalLM` (tiny configurations, bf16, SDPA

@@ -2,9 +2,9 @@
 """Measured validation-mode CPU operator events per module, from the real PyTorch profiler
 (NOT run in CI).
 
-Writes plan/tests/fixtures/validation_census_torch.toml, which
-plan/tests/validation_events.rs replays against the torch-level forward census of
-plan/src/strategy/validation/op_census.rs.
+Writes program/tests/fixtures/validation_census_torch.toml, which
+program/tests/validation_events.rs replays against the torch-level forward census of
+program/src/strategy/validation/op_census.rs.
 
 What it measures: the extra profiler CPU operator events a HyperParallel-style DTensor adds to
 one module forward, against the same forward on plain tensors. The wrapper reproduces the

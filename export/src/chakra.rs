@@ -14,7 +14,7 @@ use crate::et_def::attribute_proto::Value;
 use crate::et_def::{AttributeProto, CollectiveCommType, Node, NodeType};
 use crate::groups::GroupTable;
 use hpfsdp_plan::CollectiveKind;
-use hpfsdp_plan::program::{Payload, StepProgram, Stream};
+use hpfsdp_program::step::{Payload, StepProgram, Stream};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::cost::{compute_work_s, copy_s};
 use std::collections::BTreeMap;

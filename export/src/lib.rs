@@ -16,7 +16,7 @@ pub mod trace_file;
 use et_def::attribute_proto::Value;
 use et_def::{AttributeProto, GlobalMetadata};
 use groups::GroupTable;
-use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
+use hpfsdp_program::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::ScenarioPlans;
 use std::path::{Path, PathBuf};

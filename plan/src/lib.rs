@@ -1,5 +1,7 @@
-//! hpfsdp-plan: the one plan model shared by the simulator, the reference executor and the
-//! backends. Pure data and pure functions; no I/O beyond reading the files it is asked to parse.
+//! hpfsdp-plan: the one plan model (model IR, mesh, topology, placements, layouts, transitions,
+//! planner, FSDP and Muon plans, scenario files) under the step program (`hpfsdp-program`), the
+//! simulator, the reference executor and the backends. Pure data and pure functions; no I/O
+//! beyond reading the files it is asked to parse.
 
 pub mod collective;
 pub mod digest;
@@ -16,11 +18,9 @@ pub mod optimizer_numerics;
 pub mod overrides;
 pub mod placement;
 pub mod planner;
-pub mod program;
 pub mod replica_subgroup_rule;
 pub mod scenario;
 pub mod scenario_gate;
-pub mod strategy;
 pub mod topology;
 pub mod transition;
 pub mod whatif;
@@ -33,12 +33,6 @@ pub use layout::{
 pub use mesh::{DeviceMesh, MeshAxis};
 pub use model::{DType, ExpertLayout, ModelConfig, ModelFamily, ModelIr, ModelOptions, ParamSpec};
 pub use placement::{Placement, ReduceOp};
-pub use program::{
-    Category, CollectiveOp, ComputeWork, CopyWork, Group, GroupId, MemTag, MemoryEffect, Op,
-    OpDeps, OpId, OpMemory, OpSpan, Payload, ProgramBuilder, ProgramError, RankRange, RankTimeline,
-    ResidentMemory, StepProgram, Stream, Timeline, TimelineKind, TimelineSource,
-};
-pub use strategy::{ProgramGenerator, StrategyError, StrategyKind, StrategyOptions};
 pub use topology::{DeviceLocation, Tier, Topology};
 pub use transition::{
     TransitionAction, TransitionPlan, TransitionStep, classify_transition, lower_transition,

@@ -5,7 +5,7 @@
 //! their units (`_s`, `_ns`, `_bytes`). Maps are `BTreeMap`s so that iteration, and hence every
 //! rendered output, is deterministic.
 
-use hpfsdp_plan::program::{Payload, RankTimeline, StepProgram};
+use hpfsdp_program::step::{Payload, RankTimeline, StepProgram};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -255,7 +255,7 @@ impl RankTimelineView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hpfsdp_plan::program::{Category, ComputeWork, OpSpan, ProgramBuilder, RankRange, Stream};
+    use hpfsdp_program::step::{Category, ComputeWork, OpSpan, ProgramBuilder, RankRange, Stream};
 
     #[test]
     fn from_program_resolves_ops() {
@@ -287,7 +287,7 @@ mod tests {
                 span(c, 0, 10),
                 span(k, 10, 20),
                 span(h, 0, 5),
-                span(hpfsdp_plan::program::OpId(99), 1, 2),
+                span(hpfsdp_program::step::OpId(99), 1, 2),
             ],
         };
         let view = RankTimelineView::from_program(&program, &timeline);

@@ -5,7 +5,7 @@
 //! tables, CSV columns and charts list them in the same, deterministic order.
 
 use hpfsdp_plan::Tier;
-use hpfsdp_plan::program::{Category, MemTag, Stream};
+use hpfsdp_program::step::{Category, MemTag, Stream};
 use std::collections::BTreeSet;
 
 /// Sort key of a name: its position among `known` names, else after all of them by name.

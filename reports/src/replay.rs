@@ -14,7 +14,7 @@ use crate::model::{RankTimelineView, SimReport, SpanView, StrategyRun};
 use crate::page::{self, escape};
 use crate::units;
 use crate::write::ReportError;
-use hpfsdp_plan::program::{Payload, StepProgram, Timeline};
+use hpfsdp_program::step::{Payload, StepProgram, Timeline};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -148,7 +148,7 @@ impl ReplayReport {
         for p in programs {
             let m = measured.rank(p.rank).map(|t| &t.spans[..]).unwrap_or(&[]);
             let q = predicted.rank(p.rank).map(|t| &t.spans[..]).unwrap_or(&[]);
-            let at = |spans: &[hpfsdp_plan::program::OpSpan], i: usize| {
+            let at = |spans: &[hpfsdp_program::step::OpSpan], i: usize| {
                 spans
                     .iter()
                     .find(|s| s.op.index() == i)
@@ -517,7 +517,7 @@ pub fn write_replay_report(dir: &Path, report: &ReplayReport) -> Result<Vec<Path
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hpfsdp_plan::program::{
+    use hpfsdp_program::step::{
         Category, ComputeWork, OpSpan, ProgramBuilder, RankRange, RankTimeline, TimelineKind,
         TimelineSource,
     };
@@ -535,7 +535,7 @@ mod tests {
                     .into_iter()
                     .enumerate()
                     .map(|(i, (s, e))| OpSpan {
-                        op: hpfsdp_plan::program::OpId(i as u32),
+                        op: hpfsdp_program::step::OpId(i as u32),
                         start_ns: s,
                         end_ns: e,
                         launched_ns: None,

@@ -11,11 +11,11 @@ use crate::profile::HardwareProfile;
 use crate::resources::{Meter, cpu_seconds};
 use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
 use crate::workload::Workload;
-use hpfsdp_plan::program::{
-    Category, CollectiveOp, ComputeWork, Group, MemTag, OpId, ProgramBuilder, StepProgram, Stream,
-};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::{CollectiveKind, DType, Topology};
+use hpfsdp_program::step::{
+    Category, CollectiveOp, ComputeWork, Group, MemTag, OpId, ProgramBuilder, StepProgram, Stream,
+};
 use serde::{Deserialize, Serialize};
 use std::time::Instant;
 

@@ -364,7 +364,7 @@ pub fn compute_s(flops: u64, hbm_bytes: u64, kernels: u32, profile: &HardwarePro
 /// class ([`crate::compute_cost::kernel_s`]), or the op's totals as one memory-bound roofline
 /// when it has no mix.
 pub fn compute_work_s(
-    work: &hpfsdp_plan::program::ComputeWork,
+    work: &hpfsdp_program::step::ComputeWork,
     mixes: &std::collections::BTreeMap<
         hpfsdp_plan::kernel::MixId,
         Vec<hpfsdp_plan::kernel::KernelWork>,

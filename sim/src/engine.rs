@@ -44,7 +44,7 @@ use crate::shape::GroupShape;
 use crate::share::SharePlan;
 use crate::workload::Workload;
 use hpfsdp_plan::Tier;
-use hpfsdp_plan::program::{CollectiveOp, Op, OpSpan, Payload, StepProgram, Stream};
+use hpfsdp_program::step::{CollectiveOp, Op, OpSpan, Payload, StepProgram, Stream};
 use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -64,7 +64,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SimOptions {
     /// HyperParallel validation mode: charge every op's extra CPU operator events
-    /// ([`hpfsdp_plan::program::Op::validation_cpu_events`]) at the profile's
+    /// ([`hpfsdp_program::step::Op::validation_cpu_events`]) at the profile's
     /// `validation_us_per_cpu_event` (see [`crate::host_cost`]).
     pub validation_mode: bool,
     /// Keep per-op spans of every simulated rank in the result's timeline.

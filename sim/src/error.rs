@@ -1,6 +1,6 @@
 //! Typed errors of the simulator. Messages name the file, rank, op or group at fault.
 
-use hpfsdp_plan::program::{OpId, ProgramError};
+use hpfsdp_program::step::{OpId, ProgramError};
 use thiserror::Error;
 
 /// Errors raised while loading profiles, preparing workloads and simulating.

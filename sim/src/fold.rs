@@ -19,7 +19,7 @@
 use crate::error::SimError;
 use crate::shape::GroupShape;
 use hpfsdp_plan::Topology;
-use hpfsdp_plan::program::{Group, Op, SharedOps, StepProgram};
+use hpfsdp_program::step::{Group, Op, SharedOps, StepProgram};
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -165,7 +165,7 @@ fn hash_op(op: &Op, sink: &mut StreamSink) {
     op.host_cpu_events.hash(sink);
 }
 
-/// [`ops_digest`], hashing a shared op prefix ([`hpfsdp_plan::program::OpSeq`]) once per
+/// [`ops_digest`], hashing a shared op prefix ([`hpfsdp_program::step::OpSeq`]) once per
 /// job: `prefixes` keeps the BLAKE3 state after each prefix it has seen, and a program on
 /// that prefix hashes only its own ops from there. The bytes hashed are the same as for a
 /// program holding all its ops itself (ops in order, then their count and the resident

@@ -7,8 +7,8 @@
 //! marked ASSUMPTION / FITTED in `scenarios/hardware/*.toml`):
 //! - **production CPU operator events** (`host_us_per_cpu_event`): per profiler CPU operator
 //!   event eager PyTorch records for the op in both modes
-//!   ([`hpfsdp_plan::program::Op::host_cpu_events`], counted by
-//!   `hpfsdp_plan::strategy::host_events` from probe-measured HF modules: aten ops including
+//!   ([`hpfsdp_program::step::Op::host_cpu_events`], counted by
+//!   `hpfsdp_program::strategy::host_events` from probe-measured HF modules: aten ops including
 //!   views and allocations, autograd engine nodes, `AccumulateGrad`); an op without a census
 //!   (optimizer, FSDP copies, step tail) is charged one event per launched kernel, the floor.
 //!   Absent from the profile, the cost is `validation_us_per_cpu_event` over
@@ -34,13 +34,13 @@
 //!   on top of the op's own duration;
 //! - **validation-mode CPU events** (`validation_us_per_cpu_event`): per extra CPU operator
 //!   event the op causes in HyperParallel's validation mode
-//!   ([`hpfsdp_plan::program::Op::validation_cpu_events`], counted by
-//!   `hpfsdp_plan::strategy::validation`: DTensor dispatch of forward operators outside local
+//!   ([`hpfsdp_program::step::Op::validation_cpu_events`], counted by
+//!   `hpfsdp_program::strategy::validation`: DTensor dispatch of forward operators outside local
 //!   regions, boundary contract checks); zero in production mode.
 
 use crate::profile::HardwareProfile;
-use hpfsdp_plan::program::{Op, Payload};
-use hpfsdp_plan::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST;
+use hpfsdp_program::step::{Op, Payload};
+use hpfsdp_program::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST;
 
 /// Production host CPU operator events of `op`: its census
 /// ([`Op::host_cpu_events`]), or for a compute or copy op without one, one event per
@@ -200,7 +200,7 @@ impl HostTotals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hpfsdp_plan::program::{Category, ComputeWork, ProgramBuilder};
+    use hpfsdp_program::step::{Category, ComputeWork, ProgramBuilder};
 
     #[test]
     fn each_class_costs_its_own_constant_and_validation_events_only_in_validation_mode() {

@@ -12,7 +12,7 @@
 //! - [`bench`]: synthetic SPMD workloads and the simulator benchmark ([`resources`]: CPU time
 //!   and peak memory of a run).
 //!
-//! Typical use: build per-rank [`StepProgram`](hpfsdp_plan::program::StepProgram)s, then
+//! Typical use: build per-rank [`StepProgram`](hpfsdp_program::step::StepProgram)s, then
 //! [`simulate_programs`] (or [`Workload::fold_with`] + [`simulate`] for very large jobs).
 
 pub mod bench;

@@ -1,7 +1,7 @@
 //! Live-memory accounting per simulated rank: bytes allocated when ops start and freed when
 //! they end, per tag, giving the peak and a memory-over-time series.
 
-use hpfsdp_plan::program::{MemTag, MemoryEffect, ResidentMemory};
+use hpfsdp_program::step::{MemTag, MemoryEffect, ResidentMemory};
 use serde::{Deserialize, Serialize};
 
 /// Live bytes at one instant.

@@ -15,7 +15,7 @@
 //! - **idle time**: `step_time - |compute ∪ copy ∪ comm|`, time no device stream does anything;
 //! - **host busy time**: launch costs plus host ops on the host thread.
 
-use hpfsdp_plan::program::{Category, OpSpan, Payload, StepProgram};
+use hpfsdp_program::step::{Category, OpSpan, Payload, StepProgram};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -267,8 +267,8 @@ fn category_index(c: Category) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hpfsdp_plan::program::{CollectiveOp, ComputeWork, Group, OpId, ProgramBuilder, Stream};
     use hpfsdp_plan::{CollectiveKind, DType, Tier};
+    use hpfsdp_program::step::{CollectiveOp, ComputeWork, Group, OpId, ProgramBuilder, Stream};
 
     #[test]
     fn union_merges_overlaps() {

@@ -194,14 +194,14 @@ pub struct Calibration {
     /// Bandwidth multiplier for buffers not aligned to 512 bytes, in (0, 1].
     pub unaligned_bandwidth_factor: f64,
     /// Host time per extra CPU operator event of HyperParallel's validation mode
-    /// (`hpfsdp_plan::program::Op::validation_cpu_events`), microseconds. Replaces
+    /// (`hpfsdp_program::step::Op::validation_cpu_events`), microseconds. Replaces
     /// `validation_dispatch_us_per_op`, which charged every kernel and collective launch.
     pub validation_us_per_cpu_event: f64,
     /// Host time per production CPU operator event
-    /// (`hpfsdp_plan::program::Op::host_cpu_events`: the eager framework's aten, autograd and
+    /// (`hpfsdp_program::step::Op::host_cpu_events`: the eager framework's aten, autograd and
     /// `AccumulateGrad` events, in both modes), microseconds. Absent: the validation
     /// per-event cost over the probe-measured ratio
-    /// `hpfsdp_plan::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST` (see
+    /// `hpfsdp_program::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST` (see
     /// [`crate::host_cost`]), so experiment A's measured validation overhead pins it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_us_per_cpu_event: Option<f64>,

@@ -5,10 +5,10 @@ use crate::metrics::{Breakdown, breakdown};
 use crate::profile::HardwareProfile;
 use crate::workload::Workload;
 use crate::{SIM_VERSION, engine::SimOptions};
-use hpfsdp_plan::program::{
+use hpfsdp_plan::{CollectiveKind, Tier};
+use hpfsdp_program::step::{
     Category, OpSpan, Payload, RankRange, RankTimeline, Timeline, TimelineKind, TimelineSource,
 };
-use hpfsdp_plan::{CollectiveKind, Tier};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -65,7 +65,7 @@ pub struct LaunchCounts {
 
 impl LaunchCounts {
     /// Counts the launches of `program`.
-    pub fn of(program: &hpfsdp_plan::program::StepProgram) -> Self {
+    pub fn of(program: &hpfsdp_program::step::StepProgram) -> Self {
         let mut c = Self::default();
         for op in &program.ops {
             match &op.payload {
@@ -269,8 +269,8 @@ pub(crate) fn critical_unit(workload: &Workload, ends: &[u64]) -> Option<usize> 
     (0..ends.len()).max_by_key(|&u| (ends[u], std::cmp::Reverse(workload.units[u].program.rank)))
 }
 
-fn empty_program() -> hpfsdp_plan::program::StepProgram {
-    hpfsdp_plan::program::StepProgram {
+fn empty_program() -> hpfsdp_program::step::StepProgram {
+    hpfsdp_program::step::StepProgram {
         rank: 0,
         groups: Vec::new(),
         resident: Vec::new(),

@@ -10,9 +10,9 @@ use crate::result::SimResult;
 use crate::workload::Workload;
 use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::planner::{ShardingPlan, plan};
-use hpfsdp_plan::program::StepProgram;
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
+use hpfsdp_program::step::StepProgram;
+use hpfsdp_program::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 
@@ -169,7 +169,7 @@ pub fn prepare(
     .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
     let world_size = generator.world_size();
     let topology = plans.scenario.topology;
-    let gen_err = |e: hpfsdp_plan::strategy::StrategyError| {
+    let gen_err = |e: hpfsdp_program::strategy::StrategyError| {
         SimError::Workload(format!("strategy '{strategy}': {e}"))
     };
     let whatif = crate::whatif::WhatIfModel::for_scenario(&plans.scenario)?;

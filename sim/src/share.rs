@@ -27,7 +27,7 @@
 
 use crate::shape::GroupShape;
 use crate::workload::Workload;
-use hpfsdp_plan::program::{MemTag, Op, SharedOps, StepProgram};
+use hpfsdp_program::step::{MemTag, Op, SharedOps, StepProgram};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -69,7 +69,7 @@ fn common_from(a: &StepProgram, b: &StepProgram, start: usize) -> usize {
 }
 
 /// Common-prefix lengths of `first` with each of `programs`. A shared op prefix
-/// ([`hpfsdp_plan::program::OpSeq`]) is compared with `first` once, however many programs
+/// ([`hpfsdp_program::step::OpSeq`]) is compared with `first` once, however many programs
 /// are built on it; each program then compares only its own ops.
 fn common_prefixes<'a>(
     first: &StepProgram,

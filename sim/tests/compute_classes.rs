@@ -3,8 +3,8 @@
 //! half the kernels of an eager step, no device -> host synchronisation) each caught here.
 
 use hpfsdp_plan::kernel::{KernelClass, KernelWork};
-use hpfsdp_plan::program::{Payload, Stream};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_program::step::{Payload, Stream};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::compute_cost::kernel_s;
 use hpfsdp_sim::cost::{compute_s, compute_work_s};
@@ -16,7 +16,7 @@ fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
 
-fn rank0(scenario: &str) -> hpfsdp_plan::program::StepProgram {
+fn rank0(scenario: &str) -> hpfsdp_program::step::StepProgram {
     let s = Scenario::load(&root().join(scenario)).unwrap();
     let plans = ScenarioPlans::new(s);
     let prepared = prepare(&plans, "hyperparallel", None, true).unwrap();
@@ -45,7 +45,7 @@ fn memory_bound_kernels_of_a_segment_are_no_longer_free() {
         if gemm_only.is_empty() || memory.is_empty() {
             continue;
         }
-        let work = hpfsdp_plan::program::ComputeWork {
+        let work = hpfsdp_program::step::ComputeWork {
             mix: Some(hpfsdp_plan::kernel::MixId::of(kernels)),
             ..Default::default()
         };

@@ -4,7 +4,7 @@
 //! remaining time; the key's parsing and its errors.
 
 use hpfsdp_plan::kernel::{KernelClass, KernelWork};
-use hpfsdp_plan::program::{Category, OpId, OpSpan, ProgramBuilder, StepProgram, Stream};
+use hpfsdp_program::step::{Category, OpId, OpSpan, ProgramBuilder, StepProgram, Stream};
 use hpfsdp_sim::compute_cost::kernel_s;
 use hpfsdp_sim::profile::SideStreamKernels;
 use hpfsdp_sim::{HardwareProfile, SimOptions, SimResult, simulate_programs};

@@ -3,13 +3,13 @@
 //! the gradient held so far from the second micro-batch on (hyper-parallel
 //! `TorchHSDPParamV2.apply_reduced_grad`), as the simulator receives them.
 
-use hpfsdp_plan::program::{Category, Payload, Stream};
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_plan::strategy::avg_division::is_collective_stream_division;
+use hpfsdp_program::step::{Category, Payload, Stream};
+use hpfsdp_program::strategy::avg_division::is_collective_stream_division;
 use hpfsdp_sim::scenario_run::{ScenarioPlans, prepare};
 use std::path::Path;
 
-fn rank0(scenario: &str) -> hpfsdp_plan::program::StepProgram {
+fn rank0(scenario: &str) -> hpfsdp_program::step::StepProgram {
     let root = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     let s = Scenario::load(&root.join(scenario)).unwrap();
     let plans = ScenarioPlans::new(s);
@@ -19,7 +19,7 @@ fn rank0(scenario: &str) -> hpfsdp_plan::program::StepProgram {
 
 /// (division kernels, compute-stream settle kernels) of the ops named with `prefix`
 /// (`mb{i}.` with gradient accumulation, empty with one micro-batch).
-fn kernels(p: &hpfsdp_plan::program::StepProgram, prefix: &str) -> (u64, u64) {
+fn kernels(p: &hpfsdp_program::step::StepProgram, prefix: &str) -> (u64, u64) {
     let mut out = (0, 0);
     for op in &p.ops {
         let named = op.name.as_deref().is_some_and(|n| n.starts_with(prefix));

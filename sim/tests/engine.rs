@@ -1,10 +1,10 @@
 //! Engine behaviour on small hand-checkable programs.
 
-use hpfsdp_plan::program::{
+use hpfsdp_plan::{CollectiveKind, DType, Tier, Topology};
+use hpfsdp_program::step::{
     Category, CollectiveOp, ComputeWork, Group, GroupId, MemTag, ProgramBuilder, StepProgram,
     Stream,
 };
-use hpfsdp_plan::{CollectiveKind, DType, Tier, Topology};
 use hpfsdp_sim::cost::{collective_phases, compute_s};
 use hpfsdp_sim::{
     GroupShape, HardwareProfile, SimError, SimOptions, SyntheticConfig, Workload, simulate,
@@ -518,7 +518,7 @@ fn a_stale_finish_event_of_phase_one_does_not_end_phase_two() {
     assert_eq!(ends[0], ends[1]);
 }
 
-fn spans_of(r: &hpfsdp_sim::SimResult) -> Vec<Vec<hpfsdp_plan::program::OpSpan>> {
+fn spans_of(r: &hpfsdp_sim::SimResult) -> Vec<Vec<hpfsdp_program::step::OpSpan>> {
     let t = r.timeline.as_ref().unwrap();
     (0..r.world_size)
         .map(|rank| t.rank(rank).unwrap().spans.clone())

@@ -4,8 +4,8 @@
 //! --nocapture` prints the table for experiment A micro batch 2 and experiment B; the cheap
 //! test checks the census adds up to the launch counts `calibrate` reports.
 
-use hpfsdp_plan::program::{Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_program::step::{Payload, StepProgram};
 use hpfsdp_sim::result::LaunchCounts;
 use hpfsdp_sim::scenario_run::{ScenarioPlans, prepare};
 use std::collections::BTreeMap;
@@ -159,7 +159,7 @@ fn kernels(c: &BTreeMap<String, Row>, family: &str) -> u64 {
 
 #[test]
 fn experiment_a_launches_the_kernels_around_its_model_parallel_collectives() {
-    // plan/src/strategy/collective_staging.rs: HyperParallel's sequence-parallel boundary
+    // program/src/strategy/collective_staging.rs: HyperParallel's sequence-parallel boundary
     // collectives go through `differentiable_all_gather_concat` /
     // `differentiable_reduce_scatter` (torch.distributed.nn.functional list collectives), its
     // EP token exchanges through the list `dist.all_to_all`. Per layer and micro-batch

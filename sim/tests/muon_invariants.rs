@@ -18,8 +18,8 @@
 //!    matrix above the NS memory cap a batch of its own) gives 3.3 on the 30-layer Qwen3-14B
 //!    comparison ([`one_owner_at_a_time_breaks_the_range_bound`]).
 
-use hpfsdp_plan::program::{Category, Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_program::step::{Category, Payload, StepProgram};
 use hpfsdp_sim::cost::compute_work_s;
 use hpfsdp_sim::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
 use hpfsdp_sim::{HardwareProfile, SimResult};

@@ -2,8 +2,8 @@
 //! the TP collectives under their GEMMs must shorten the predicted step, shrink the exposed TP
 //! communication, move the same TP bytes, and never beat the compute-only bound.
 
-use hpfsdp_plan::program::Category;
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_program::step::Category;
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::result::SimResult;
 use hpfsdp_sim::scenario_run::{RunOptions, ScenarioPlans, hardware_dir_for, simulate_strategy};

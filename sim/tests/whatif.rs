@@ -5,9 +5,9 @@
 //! (intra-supernode tier) and each replica pair {r, r+8} crosses supernodes.
 
 use hpfsdp_plan::overrides::{Override, apply_to_text};
-use hpfsdp_plan::program::{Payload, StepProgram};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::{PlanError, Tier};
+use hpfsdp_program::step::{Payload, StepProgram};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::result::SimResult;
 use hpfsdp_sim::scenario_run::{

@@ -3,8 +3,8 @@
 //! One struct ([`StrategySummary`]) feeds the terminal table, the `--json` output and (through
 //! [`to_report_run`]) the HTML/CSV/trace reports, so the three never disagree.
 
-use hpfsdp_plan::program::Category;
-use hpfsdp_plan::program::StepProgram;
+use hpfsdp_program::step::Category;
+use hpfsdp_program::step::StepProgram;
 use hpfsdp_reports::model as rm;
 use hpfsdp_sim::SimResult;
 use hpfsdp_sim::scenario_run::StrategyRun;

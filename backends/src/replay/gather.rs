@@ -5,7 +5,7 @@
 //! each (exact: every value is below 2^16). Lengths are exchanged first, then every rank's
 //! record padded to the longest is all-gathered.
 
-use hpfsdp_plan::program::{OpId, OpSpan};
+use hpfsdp_program::step::{OpId, OpSpan};
 
 use crate::buffer::Buffer;
 use crate::collective::Collective;

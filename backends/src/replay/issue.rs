@@ -15,8 +15,8 @@
 //!   `output_bytes` from it, on tag 0 (the per-pair sequence keeps calls matched);
 //! - reductions are sums; broadcasts come from the group's lowest rank.
 
-use hpfsdp_plan::program::CollectiveOp;
 use hpfsdp_plan::{CollectiveKind as PlanKind, DType as PlanDType};
+use hpfsdp_program::step::CollectiveOp;
 
 use crate::buffer::Buffer;
 use crate::collective::{Collective, Handle};
@@ -136,7 +136,7 @@ pub fn recycle(pool: &mut BufferPool, buffers: Vec<Buffer>) {
 mod tests {
     use super::*;
     use hpfsdp_plan::Tier;
-    use hpfsdp_plan::program::GroupId as PlanGroupId;
+    use hpfsdp_program::step::GroupId as PlanGroupId;
 
     fn op(kind: PlanKind, input_bytes: u64, output_bytes: u64, dtype: PlanDType) -> CollectiveOp {
         CollectiveOp {

@@ -6,7 +6,7 @@
 //! order ([`walker`]); compute and copy ops are calibrated busy work or real GEMMs and copies
 //! ([`work`]); host ops last their planned duration. After `warmup` unmeasured steps, `steps`
 //! measured steps are recorded and gathered on rank 0 ([`gather`]), and the median step
-//! becomes a measured [`Timeline`](hpfsdp_plan::program::Timeline) ([`runner`]).
+//! becomes a measured [`Timeline`](hpfsdp_program::step::Timeline) ([`runner`]).
 //!
 //! Faults ([`fault`]): a rank that panics or fails, hangs past the timeout, or issues a
 //! different collective from its peers ends the replay with an error naming the rank, the op

@@ -4,7 +4,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use hpfsdp_plan::program::{
+use hpfsdp_program::step::{
     OpSpan, Payload, RankRange, RankTimeline, StepProgram, Timeline, TimelineKind, TimelineSource,
 };
 
@@ -65,7 +65,7 @@ impl ReplayRank {
 /// theirs). A pre-flight estimate, so a replay too big for the machine is refused with a
 /// message instead of aborting on a failed allocation.
 pub fn buffer_bytes_estimate(rank: &ReplayRank) -> u64 {
-    let mut per_stream: std::collections::BTreeMap<hpfsdp_plan::program::Stream, u64> =
+    let mut per_stream: std::collections::BTreeMap<hpfsdp_program::step::Stream, u64> =
         std::collections::BTreeMap::new();
     for op in &rank.program.ops {
         if let Payload::Collective(c) = &op.payload {

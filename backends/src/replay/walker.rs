@@ -21,7 +21,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use hpfsdp_plan::program::{OpSpan, Payload, StepProgram, Stream};
+use hpfsdp_program::step::{OpSpan, Payload, StepProgram, Stream};
 
 use crate::collective::{Collective, Handle};
 use crate::error::CommError;

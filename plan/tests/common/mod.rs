@@ -69,16 +69,3 @@ pub fn scenario(rel: &str) -> Scenario {
     let path = root().join(rel);
     Scenario::load(&path).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
-
-/// Rank 0's step program of `s` under `kind`.
-pub fn rank0_program(
-    s: &Scenario,
-    kind: hpfsdp_plan::strategy::StrategyKind,
-) -> hpfsdp_plan::program::StepProgram {
-    let p = plan(&s.model, &s.planner_input());
-    let f = build_fsdp_plan(s, &p);
-    hpfsdp_plan::strategy::ProgramGenerator::new(s, &p, &f, kind)
-        .unwrap()
-        .program(0)
-        .unwrap()
-}

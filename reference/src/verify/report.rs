@@ -15,7 +15,7 @@ use super::setup::VerifySpec;
 use super::trace::{Part, ProgramRoots, compare_part, compare_trace_with_program};
 use crate::runtime::fsdp::FsdpCounts;
 use crate::runtime::{ActDType, DispatchStats, ExecMode};
-use hpfsdp_plan::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
+use hpfsdp_program::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
 
 /// Bound on row-parallel TP gradients: `max |g_tp − g_1| ≤ GRAD_REL_BOUND · max |g_1|` per
 /// parameter. Row-parallel layers split each length-`K` dot product into `tp` partial sums

@@ -20,9 +20,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use hpfsdp_backends::TraceEvent;
+use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::model::DType as PlanDType;
 use hpfsdp_plan::muon::MuonPlan;
-use hpfsdp_plan::{Category, CollectiveKind, StepProgram};
+use hpfsdp_program::{Category, StepProgram};
 use serde::Serialize;
 
 /// A communicator: group label plus member ranks.
@@ -437,9 +438,9 @@ pub fn compare_part(
 mod tests {
     use super::*;
     use hpfsdp_backends::{CollectiveExt, Group, InProcWorld, ReduceOp};
-    use hpfsdp_plan::program::{Group as PGroup, ProgramBuilder};
     use hpfsdp_plan::topology::Tier;
-    use hpfsdp_plan::{CollectiveOp, Stream};
+    use hpfsdp_program::step::{Group as PGroup, ProgramBuilder};
+    use hpfsdp_program::{CollectiveOp, Stream};
 
     type Spec<'a> = (
         CollectiveKind,

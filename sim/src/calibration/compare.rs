@@ -8,9 +8,9 @@ use crate::profile::HardwareProfile;
 use crate::result::SimResult;
 use crate::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
 use hpfsdp_plan::CollectiveKind;
-use hpfsdp_plan::program::{Category, Payload};
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_plan::strategy::avg_division;
+use hpfsdp_program::step::{Category, Payload};
+use hpfsdp_program::strategy::avg_division;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -67,7 +67,7 @@ impl Comparison {
 /// The predicted value of every figure from one simulated run.
 pub fn predicted_figures(
     result: &SimResult,
-    rank0: &hpfsdp_plan::program::StepProgram,
+    rank0: &hpfsdp_program::step::StepProgram,
     profile: &HardwareProfile,
     validation_mode: bool,
 ) -> BTreeMap<Figure, f64> {
@@ -141,7 +141,7 @@ pub fn predicted_figures(
 /// [`avg_division::is_collective_stream_division`] selects), seconds: each op's cost on the
 /// device ([`crate::cost::compute_work_s`]), summed, whatever it overlaps with.
 pub fn post_reduction_division_s(
-    rank0: &hpfsdp_plan::program::StepProgram,
+    rank0: &hpfsdp_program::step::StepProgram,
     profile: &HardwareProfile,
 ) -> f64 {
     rank0
@@ -163,7 +163,7 @@ pub fn post_reduction_division_s(
 /// seconds; `None` without a timeline of rank 0.
 pub fn post_reduction_division_span_s(
     result: &SimResult,
-    rank0: &hpfsdp_plan::program::StepProgram,
+    rank0: &hpfsdp_program::step::StepProgram,
 ) -> Option<f64> {
     let t = result.timeline.as_ref().and_then(|t| t.rank(0))?;
     let ns: u64 = t
@@ -184,7 +184,7 @@ pub fn post_reduction_division_span_s(
 /// without a timeline.
 pub fn weighted_fsdp_bandwidth(
     result: &SimResult,
-    rank0: &hpfsdp_plan::program::StepProgram,
+    rank0: &hpfsdp_program::step::StepProgram,
 ) -> f64 {
     let Some(t) = result.timeline.as_ref().and_then(|t| t.rank(0)) else {
         return 0.0;

@@ -22,7 +22,7 @@
 //! constant tuned to this one figure. The validation-mode extra CPU operator events get
 //! 25%: the count is exact in the measurement, but the model's is a census by assumption
 //! (one intercepted operator per forward kernel, fixed events per operator and per contract
-//! entry, `hpfsdp_plan::strategy::validation`), not a layout the plan determines exactly;
+//! entry, `hpfsdp_program::strategy::validation`), not a layout the plan determines exactly;
 //! 25% still fails a wrong events-per-operator count (one more or one fewer moves the total
 //! by half or more).
 

@@ -5,7 +5,7 @@
 
 use crate::host_cost::{HostCosts, HostTotals};
 use crate::result::SimResult;
-use hpfsdp_plan::program::StepProgram;
+use hpfsdp_program::step::StepProgram;
 
 /// One run's host figures.
 #[derive(Debug, Clone, PartialEq)]

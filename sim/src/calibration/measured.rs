@@ -26,7 +26,7 @@ pub enum Figure {
     /// FSDP2 copy-in + copy-out device time, seconds.
     CopyS,
     /// Device time of the divisions that follow the gradient reductions on the collective
-    /// streams (torch_npu's `ReduceOp.AVG`, `hpfsdp_plan::strategy::avg_division`), seconds.
+    /// streams (torch_npu's `ReduceOp.AVG`, `hpfsdp_program::strategy::avg_division`), seconds.
     /// Measured for HyperParallel only ("per-parameter post-reduction division"): FSDP2's
     /// table entry is "none" for a per-parameter division, while its 49 per-unit divisions
     /// are a different granularity the table does not report, so the figure is not listed

@@ -141,7 +141,7 @@ pub const KERNEL_LAUNCH_CEILING_US: f64 = 130.1 / 4.0;
 /// Host time of one whole eager op on torch_npu, microseconds: an eager `torch.add` on Ascend
 /// 910B2 with the task queue on, 12.142 us (github.com/triton-lang/triton-ascend/issues/1675):
 /// its ATen dispatch, aclnn tiling and enqueue. Since the host census charges every op's
-/// framework dispatch as production CPU operator events (`hpfsdp_plan::strategy::host_events`),
+/// framework dispatch as production CPU operator events (`hpfsdp_program::strategy::host_events`),
 /// the kernel launch cost stands for the launch proper (aclnn submit and task-queue enqueue),
 /// which cannot exceed the whole eager op: the upper bound of `host_launch_us_per_kernel`.
 pub const EAGER_OP_HOST_US: f64 = 12.142;

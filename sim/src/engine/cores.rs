@@ -43,7 +43,7 @@ use crate::compute_cost::kernel_s;
 use crate::cost::compute_s;
 use crate::profile::{HardwareProfile, SideStreamKernels};
 use hpfsdp_plan::kernel::{KernelClass, KernelWork, MixId};
-use hpfsdp_plan::program::ComputeWork;
+use hpfsdp_program::step::ComputeWork;
 use std::collections::BTreeMap;
 
 /// Whether a compute kernel of class `class` holds cores a side-stream kernel needs under

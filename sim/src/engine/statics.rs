@@ -8,7 +8,7 @@
 //! copy per unit would be a cache miss on nearly every op; a shared one stays in cache.
 
 use crate::memory::TagDelta;
-use hpfsdp_plan::program::{CollectiveOp, OpSlice, Payload};
+use hpfsdp_program::step::{CollectiveOp, OpSlice, Payload};
 use std::collections::HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
@@ -144,7 +144,7 @@ fn sample<T: Hash, H: Hasher>(items: &[T], state: &mut H) {
 /// Per-op memory effects with a non-zero `bytes(effect)`, flattened: (offsets, entries).
 fn csr(
     ops: OpSlice<'_>,
-    bytes: impl Fn(&hpfsdp_plan::program::MemoryEffect) -> u64,
+    bytes: impl Fn(&hpfsdp_program::step::MemoryEffect) -> u64,
 ) -> (Vec<u32>, Vec<TagDelta>) {
     let mut offsets = Vec::with_capacity(ops.len() + 1);
     let mut entries = Vec::new();
@@ -194,9 +194,9 @@ impl StaticsInterner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hpfsdp_plan::program::{Category, ComputeWork, MemTag, ProgramBuilder, Stream};
+    use hpfsdp_program::step::{Category, ComputeWork, MemTag, ProgramBuilder, Stream};
 
-    fn program(rank: usize, act_bytes: u64) -> hpfsdp_plan::program::StepProgram {
+    fn program(rank: usize, act_bytes: u64) -> hpfsdp_program::step::StepProgram {
         let mut b = ProgramBuilder::new(rank);
         let w = ComputeWork {
             flops: 10,
@@ -229,7 +229,7 @@ mod tests {
 
         let mut interner = StaticsInterner::default();
         let a = interner.intern(s);
-        let statics_of = |p: &hpfsdp_plan::program::StepProgram| {
+        let statics_of = |p: &hpfsdp_program::step::StepProgram| {
             UnitStatics::of(p.ops.slice(0..p.ops.len()), 0, vec![])
         };
         let b = interner.intern(statics_of(&program(1, 100)));

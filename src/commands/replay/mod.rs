@@ -16,8 +16,8 @@ use hpfsdp_backends::replay::{
     buffer_bytes_estimate, check_injection, dependency_violations, measured_timeline, run_rank,
 };
 use hpfsdp_backends::select::{BackendKind, ensure_built, run_on_backend};
-use hpfsdp_plan::program::{StepProgram, Timeline};
 use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
+use hpfsdp_program::step::{StepProgram, Timeline};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{
     RunOptions, ScenarioPlans, hardware_dir_for, prepare, run_prepared,

@@ -5,7 +5,7 @@ use super::{Prepared, ReplayArgs};
 use crate::table::Table;
 use anyhow::{Context, Result};
 use hpfsdp_backends::replay::MeasuredSteps;
-use hpfsdp_plan::program::{StepProgram, Timeline};
+use hpfsdp_program::step::{StepProgram, Timeline};
 use hpfsdp_reports::replay::{CompareRow, ReplayOpRow, ReplayReport, StepFigures};
 use hpfsdp_reports::write_replay_report;
 use hpfsdp_sim::metrics::breakdown;

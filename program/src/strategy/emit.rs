@@ -1,0 +1,672 @@
+//! The program emitter shared by the strategies: a [`ProgramBuilder`] with the rank's group
+//! table, c10d issue semantics and the forward/backward emission of compute stages.
+//!
+//! Issue semantics: a collective issued from the host thread through c10d (`async_op=True`)
+//! makes its communication stream wait for the work already issued on the current (compute)
+//! stream, so every collective issued here depends on the last compute-stream op issued
+//! before it ([`Emitter::issue_point`]).
+
+use super::collective_staging;
+use super::compute::{Item, Stage};
+use super::host_events;
+use super::parallel::{CollSpec, ParAxis, ParColl};
+use super::tp_overlap::{self, Pass, SegmentSplit};
+use super::{Ctx, GroupKind};
+use crate::step::{
+    Category, CollectiveOp, ComputeWork, Group, GroupId, MemTag, OpId, Payload, ProgramBuilder,
+    StepProgram, Stream,
+};
+use hpfsdp_plan::model::DType;
+use hpfsdp_plan::topology::Tier;
+
+/// The expert shard group's communication stream (see [`shard_group_stream`]).
+pub(crate) const EXPERT_SHARD_STREAM: Stream = Stream::Aux(1);
+
+/// The device stream that runs every collective of `domain`'s FSDP shard group: its all-gathers
+/// and its reduce-scatters alike (and the owner broadcasts and reduces of placed matrices).
+///
+/// c10d backends run a process group's collectives on that group's own communication stream,
+/// not on the caller's stream: torch_npu `ProcessGroupHCCL.cpp` ("[Sync Streams] ... HCCL
+/// communications run on hcclStreams", `syncStreams` makes the group's stream wait for the
+/// current stream), one stream per device per group, as `ProcessGroupNCCL` does. FSDP2's
+/// separate all-gather and reduce-scatter streams (`FSDPCommContext`) only order the copies
+/// and events around the call; HyperParallel creates no stream at all and relies on the
+/// per-group streams (notes `hyper-parallel.md` 5.6). So a unit's reduce-scatter and the next
+/// unit's prefetched all-gather, both in the shard group, queue one behind the other in issue
+/// order instead of sharing the link. Exp B's measured weighted FSDP bandwidth (125.2 GB/s
+/// HyperParallel, 56.8 GB/s FSDP2 of which the unaligned half runs at 51 GB/s) is what
+/// collectives reach one at a time; sharing the link halved the modelled figure (68 / 37 GB/s).
+/// The dense shard group keeps [`Stream::AllGather`] (its name in traces); the expert shard
+/// group, a different process group, gets [`EXPERT_SHARD_STREAM`]; replicate groups keep
+/// [`Stream::AllReduce`].
+pub(crate) fn shard_group_stream(domain: hpfsdp_plan::fsdp::DataDomain) -> Stream {
+    match domain {
+        hpfsdp_plan::fsdp::DataDomain::Dense => Stream::AllGather,
+        hpfsdp_plan::fsdp::DataDomain::Expert => EXPERT_SHARD_STREAM,
+    }
+}
+
+/// Builds one rank's program.
+#[derive(Clone)]
+pub(crate) struct Emitter<'a> {
+    pub ctx: &'a Ctx,
+    pub b: ProgramBuilder,
+    ids: Vec<(GroupId, Tier)>,
+    /// The last op issued on the compute stream.
+    pub last_compute: Option<OpId>,
+    /// Ops the next compute op must wait for (collectives after a segment).
+    pending: Vec<OpId>,
+    /// Name prefix of the current micro-batch (`mb1.` when accumulating, else empty).
+    pub mb_prefix: String,
+}
+
+impl<'a> Emitter<'a> {
+    /// A new emitter for `rank` with its group table.
+    pub fn new(ctx: &'a Ctx, rank: usize, groups: Vec<(Group, Tier)>) -> Self {
+        let mut b = ProgramBuilder::new(rank);
+        b.reserve_ops(ctx.ops_hint.load(std::sync::atomic::Ordering::Relaxed));
+        let ids = groups.into_iter().map(|(g, t)| (b.group(g), t)).collect();
+        Self {
+            ctx,
+            b,
+            ids,
+            last_compute: None,
+            pending: Vec::new(),
+            mb_prefix: String::new(),
+        }
+    }
+
+    /// Keeps or drops op names ([`ProgramBuilder::set_names`]).
+    pub fn with_names(mut self, names: bool) -> Self {
+        self.b.set_names(names);
+        self
+    }
+
+    /// Names `op` with the micro-batch prefix, unless names are off.
+    fn name(&mut self, op: OpId, name: &str) {
+        if self.b.names() {
+            self.b.name(op, format!("{}{name}", self.mb_prefix));
+        }
+    }
+
+    /// Sets the micro-batch name prefix.
+    pub fn set_micro_batch(&mut self, m: u64) {
+        self.mb_prefix = if self.ctx.opts.grad_accum_steps > 1 {
+            format!("mb{m}.")
+        } else {
+            String::new()
+        };
+    }
+
+    /// Dependencies of an op issued now from the host: the last compute-stream op.
+    pub fn issue_point(&self) -> Vec<OpId> {
+        self.last_compute.into_iter().collect()
+    }
+
+    /// Appends a collective on `group` (nothing when the program has no such group, i.e. it
+    /// has a single rank).
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        group: GroupKind,
+        spec: CollSpec,
+        dtype: DType,
+        aligned_512: bool,
+        deps: &[OpId],
+        name: &str,
+    ) -> Option<OpId> {
+        let slot = self.ctx.slot(group)?;
+        self.collective_on(stream, category, slot, spec, dtype, aligned_512, deps, name)
+    }
+
+    /// Appends a collective on the group at table position `slot` (nothing when out of
+    /// range).
+    #[allow(clippy::too_many_arguments)]
+    pub fn collective_on(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        slot: usize,
+        spec: CollSpec,
+        dtype: DType,
+        aligned_512: bool,
+        deps: &[OpId],
+        name: &str,
+    ) -> Option<OpId> {
+        let (gid, tier) = *self.ids.get(slot)?;
+        // `aligned_512` means every buffer of the call is a multiple of 512 bytes: the
+        // per-rank chunk as well as the whole buffer (the calibration counts FSDP2's units,
+        // whose totals are aligned but whose per-rank chunks are not, as unaligned).
+        let aligned_512 = aligned_512
+            && spec.input_bytes.is_multiple_of(512)
+            && spec.output_bytes.is_multiple_of(512);
+        let op = self.b.collective(
+            stream,
+            category,
+            CollectiveOp {
+                kind: spec.kind,
+                group: gid,
+                tier,
+                input_bytes: spec.input_bytes,
+                output_bytes: spec.output_bytes,
+                dtype,
+                aligned_512,
+            },
+            deps,
+        );
+        self.name(op, name);
+        Some(op)
+    }
+
+    /// Appends a list of kernels as one compute op (interned kernel mix); compute-stream ops
+    /// become the new issue point.
+    pub fn compute_kernels(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        kernels: &[hpfsdp_plan::kernel::KernelWork],
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let work = self.b.intern_kernels(kernels);
+        self.compute(stream, category, work, deps, name)
+    }
+
+    /// Appends kernel work; compute-stream ops become the new issue point.
+    pub fn compute(
+        &mut self,
+        stream: Stream,
+        category: Category,
+        work: ComputeWork,
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let op = self.b.push(stream, category, Payload::Compute(work), deps);
+        self.name(op, name);
+        if stream == Stream::Compute {
+            self.last_compute = Some(op);
+        }
+        op
+    }
+
+    /// Appends a device copy of `bytes` with `kernels` launches.
+    pub fn copy(
+        &mut self,
+        stream: Stream,
+        bytes: u64,
+        kernels: u32,
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let op = self.b.push(
+            stream,
+            Category::Copy,
+            Payload::Copy(crate::step::CopyWork {
+                bytes,
+                kernels: kernels.max(1),
+            }),
+            deps,
+        );
+        self.name(op, name);
+        if stream == Stream::Compute {
+            self.last_compute = Some(op);
+        }
+        op
+    }
+
+    fn par_group(axis: ParAxis) -> GroupKind {
+        match axis {
+            ParAxis::Tp => GroupKind::Tp,
+            ParAxis::Cp => GroupKind::Cp,
+            ParAxis::Ep => GroupKind::Ep,
+        }
+    }
+
+    /// A model-parallel collective of `c` in `pass` (`dir` names it), with the kernels
+    /// HyperParallel's runtime launches around it on the compute stream
+    /// ([`collective_staging`]): before the collective (which waits for them) and after it
+    /// (they wait for it).
+    fn par_collective(&mut self, c: &ParColl, spec: CollSpec, pass: Pass, dir: &str) {
+        let name = format!("{}.{dir}", c.name);
+        let staging = self.staging(c, pass, &spec);
+        if !staging.before.is_empty() {
+            let d = self.take_deps(&[]);
+            self.compute_kernels(
+                Stream::Compute,
+                c.axis.category(),
+                &staging.before,
+                &d,
+                &format!("{name}.stage_in"),
+            );
+        }
+        let deps = self.issue_point();
+        let Some(op) = self.par_collective_op(c, spec, &deps, &name) else {
+            return;
+        };
+        self.pending.push(op);
+        if c.host_sync {
+            // Device -> host read-back (`.tolist()` of the counts): the host stalls until
+            // the collective has finished; its own cost is the engine's host time.
+            let sync = self.b.host(Category::Host, 0, &[op]);
+            self.b
+                .name(sync, format!("{}{name}.d2h_sync", self.mb_prefix));
+        }
+        if !staging.after.is_empty() {
+            let d = self.take_deps(&[]);
+            self.compute_kernels(
+                Stream::Compute,
+                c.axis.category(),
+                &staging.after,
+                &d,
+                &format!("{name}.stage_out"),
+            );
+        }
+    }
+
+    /// The kernels around collective `c` in `pass`: only HyperParallel's runtime issues its
+    /// model-parallel collectives through the list-based APIs that stage them
+    /// ([`collective_staging`]); the baselines' single-tensor calls launch nothing.
+    fn staging(&self, c: &ParColl, pass: Pass, spec: &CollSpec) -> collective_staging::Staging {
+        if self.ctx.opts.kind != super::StrategyKind::HyperParallel {
+            return collective_staging::Staging::default();
+        }
+        collective_staging::staging(c.call, pass, spec, self.ctx.opts.micro_batch)
+    }
+
+    fn par_collective_op(
+        &mut self,
+        c: &ParColl,
+        spec: CollSpec,
+        deps: &[OpId],
+        name: &str,
+    ) -> Option<OpId> {
+        let aligned = spec.input_bytes.is_multiple_of(512) && spec.output_bytes.is_multiple_of(512);
+        self.collective(
+            Stream::Parallel,
+            c.axis.category(),
+            Self::par_group(c.axis),
+            spec,
+            c.wire_dtype.unwrap_or(self.ctx.opts.param_dtype),
+            aligned,
+            deps,
+            name,
+        )
+    }
+
+    fn take_deps(&mut self, extra: &[OpId]) -> Vec<OpId> {
+        let mut deps = std::mem::take(&mut self.pending);
+        deps.extend_from_slice(extra);
+        deps
+    }
+
+    /// Emits a stage's forward (or its recompute); the first compute op also waits for
+    /// `deps`. Returns (first, last) compute op.
+    pub fn stage_forward(&mut self, stage: &Stage, deps: &[OpId], recompute: bool) -> (OpId, OpId) {
+        let suffix = if recompute { "recompute" } else { "fwd" };
+        self.stage_pass(stage, Pass::Forward, deps, suffix)
+    }
+
+    /// Emits a stage's backward, segments in reverse. Returns (first, last) compute op.
+    pub fn stage_backward(&mut self, stage: &Stage, deps: &[OpId]) -> (OpId, OpId) {
+        self.stage_pass(stage, Pass::Backward, deps, "bwd")
+    }
+
+    /// Emits the items of a stage in `pass` order; TP collectives fused with a neighbouring
+    /// GEMM (`[train] tp_comm_overlap`, see [`super::tp_overlap`]) become chunk ops.
+    fn stage_pass(
+        &mut self,
+        stage: &Stage,
+        pass: Pass,
+        deps: &[OpId],
+        suffix: &str,
+    ) -> (OpId, OpId) {
+        let plan = tp_overlap::plan_stage(&stage.items, pass, self.ctx.opts.tp_comm_overlap);
+        // Chunk ops of fused items (collective chunks; GEMM chunks feeding a reduce).
+        let mut chunk_ops: Vec<Vec<OpId>> = vec![Vec::new(); stage.items.len()];
+        let mut first = None;
+        let mut last = None;
+        for i in pass.order(stage.items.len()) {
+            match &stage.items[i] {
+                Item::Compute(s) => {
+                    let stage_deps = if first.is_none() { deps } else { &[] };
+                    let name = format!("{}.{suffix}", s.name);
+                    let (f, l) = match &plan.segments[i] {
+                        Some(split) => {
+                            let gathered = split.gather.map(|g| chunk_ops[g].clone());
+                            let (f, l, feeding) =
+                                self.fused_segment(split, gathered, stage_deps, &name);
+                            chunk_ops[i] = feeding;
+                            (f, l)
+                        }
+                        None => {
+                            let d = self.take_deps(stage_deps);
+                            let kernels = pass.kernels(s);
+                            let op = self.compute_kernels(
+                                Stream::Compute,
+                                Category::Compute,
+                                kernels,
+                                &d,
+                                &name,
+                            );
+                            (op, op)
+                        }
+                    };
+                    if pass == Pass::Forward && s.fwd_validation_events > 0 {
+                        self.b.validation_events(f, s.fwd_validation_events);
+                    }
+                    let host = match pass {
+                        Pass::Forward if suffix == "recompute" && first.is_none() => {
+                            s.fwd_host_events + host_events::RECOMPUTE_OVERHEAD_PER_LAYER
+                        }
+                        Pass::Forward => s.fwd_host_events,
+                        Pass::Backward => s.bwd_host_events,
+                    };
+                    if host > 0 {
+                        self.b.host_events(f, host);
+                    }
+                    first.get_or_insert(f);
+                    last = Some(l);
+                }
+                Item::Coll(c) => match (&plan.colls[i], pass.spec(c)) {
+                    (Some(split), _) => {
+                        let feeding = chunk_ops[split.segment].clone();
+                        chunk_ops[i] = self.fused_collective(c, split, &feeding, suffix);
+                    }
+                    (None, Some(spec)) => self.par_collective(c, spec, pass, suffix),
+                    (None, None) => {}
+                },
+            }
+        }
+        // Stages always hold a compute segment (see compute::build_stages).
+        let last = last.unwrap_or(OpId(0));
+        (first.unwrap_or(last), last)
+    }
+
+    /// Emits the chunks of a fused collective `<name>.<suffix>.c<i>`. A gather's chunks are
+    /// issued from the host like one collective; a reduce's chunk `i` waits for the GEMM
+    /// chunk `i` in `feeding` and the next compute op waits for every chunk. Returns the
+    /// chunk ops.
+    fn fused_collective(
+        &mut self,
+        c: &ParColl,
+        split: &tp_overlap::CollSplit,
+        feeding: &[OpId],
+        suffix: &str,
+    ) -> Vec<OpId> {
+        let gather = split
+            .chunks
+            .first()
+            .is_some_and(|s| s.kind == hpfsdp_plan::collective::CollectiveKind::AllGather);
+        let issue = self.issue_point();
+        let mut ops = Vec::with_capacity(split.chunks.len());
+        for (i, &spec) in split.chunks.iter().enumerate() {
+            let deps = match feeding.get(i) {
+                Some(&gemm) => vec![gemm],
+                None => issue.clone(),
+            };
+            let name = format!("{}.{suffix}.c{i}", c.name);
+            if let Some(op) = self.par_collective_op(c, spec, &deps, &name) {
+                ops.push(op);
+                if !gather {
+                    self.pending.push(op);
+                }
+            }
+        }
+        ops
+    }
+
+    /// Emits a compute segment fused with a gather (its head GEMM chunk `i` waits for gather
+    /// chunk `i` in `gathered`) and/or a reduce (its chunks are returned for the reduce
+    /// chunks to wait on). The stage's `stage_deps` go to the first op; collectives pending
+    /// from before go to the first op that is not a head chunk (the head GEMM only needs the
+    /// gathered input). Returns (first, last, chunks feeding the reduce).
+    fn fused_segment(
+        &mut self,
+        split: &SegmentSplit,
+        gathered: Option<Vec<OpId>>,
+        stage_deps: &[OpId],
+        name: &str,
+    ) -> (OpId, OpId, Vec<OpId>) {
+        let mut stage_deps = Some(stage_deps);
+        let mut ops: Vec<OpId> = Vec::new();
+        let gathered = gathered.unwrap_or_default();
+        let mut head = Vec::with_capacity(split.head.len());
+        for (i, kernels) in split.head.iter().enumerate() {
+            let mut d: Vec<OpId> = gathered.get(i).copied().into_iter().collect();
+            d.extend_from_slice(stage_deps.take().unwrap_or(&[]));
+            let op = self.compute_kernels(
+                Stream::Compute,
+                Category::Compute,
+                kernels,
+                &d,
+                &format!("{name}.c{i}"),
+            );
+            head.push(op);
+        }
+        ops.extend(&head);
+        if !split.body.is_empty() {
+            let d = self.take_deps(stage_deps.take().unwrap_or(&[]));
+            ops.push(self.compute_kernels(
+                Stream::Compute,
+                Category::Compute,
+                &split.body,
+                &d,
+                name,
+            ));
+        }
+        let tail_name = if split.head.is_empty() { "c" } else { "out.c" };
+        let mut tail = Vec::with_capacity(split.tail.len());
+        for (i, kernels) in split.tail.iter().enumerate() {
+            let d = if i == 0 {
+                self.take_deps(stage_deps.take().unwrap_or(&[]))
+            } else {
+                Vec::new()
+            };
+            let op = self.compute_kernels(
+                Stream::Compute,
+                Category::Compute,
+                kernels,
+                &d,
+                &format!("{name}.{tail_name}{i}"),
+            );
+            tail.push(op);
+        }
+        ops.extend(&tail);
+        let feeding = if split.shared { head } else { tail };
+        let first = ops.first().copied().unwrap_or(OpId(0));
+        let last = ops.last().copied().unwrap_or(first);
+        (
+            first,
+            last,
+            if split.reduce.is_some() {
+                feeding
+            } else {
+                Vec::new()
+            },
+        )
+    }
+
+    /// Makes the next compute op wait for `ops`: a host-side `Work::wait()`, which blocks the
+    /// current stream on the collective's end event without launching anything.
+    pub fn wait_for(&mut self, ops: &[OpId]) {
+        self.pending.extend_from_slice(ops);
+    }
+
+    /// Flushes pending collectives into the dependencies of the next compute op: returns them.
+    pub fn drain_pending(&mut self) -> Vec<OpId> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Records an allocation.
+    pub fn alloc(&mut self, op: OpId, tag: MemTag, bytes: u64) {
+        if bytes > 0 {
+            self.b.alloc(op, tag, bytes);
+        }
+    }
+
+    /// Records a free.
+    pub fn free(&mut self, op: OpId, tag: MemTag, bytes: u64) {
+        if bytes > 0 {
+            self.b.free(op, tag, bytes);
+        }
+    }
+
+    /// Declares resident memory.
+    pub fn resident(&mut self, tag: MemTag, bytes: u64) {
+        if bytes > 0 {
+            self.b.resident(tag, bytes);
+        }
+    }
+
+    /// Validates and returns the program.
+    pub fn build(self) -> Result<StepProgram, super::StrategyError> {
+        Ok(self.b.build()?)
+    }
+}
+
+/// Activation memory effects of a stage's forward, recompute and backward.
+pub(crate) fn forward_activations(e: &mut Emitter, stage: &Stage, last_fwd: OpId) {
+    e.alloc(last_fwd, MemTag::Activations, stage.saved_bytes);
+}
+
+/// Emits a stage's backward, with recompute first when the stage recomputes, and the
+/// activation memory effects. `deps` are waited for by the first op (recompute or backward).
+/// Returns (first, last) backward compute op.
+pub(crate) fn backward_with_recompute(
+    e: &mut Emitter,
+    stage: &Stage,
+    deps: &[OpId],
+) -> (OpId, OpId) {
+    let mut deps = deps.to_vec();
+    if stage.recompute {
+        let (_, last_re) = e.stage_forward(stage, &deps, true);
+        e.alloc(last_re, MemTag::Activations, stage.full_act_bytes);
+        deps.clear();
+        deps.extend(e.drain_pending());
+        let (first, last) = e.stage_backward(stage, &deps);
+        e.free(
+            last,
+            MemTag::Activations,
+            stage.full_act_bytes + stage.saved_bytes,
+        );
+        (first, last)
+    } else {
+        let (first, last) = e.stage_backward(stage, &deps);
+        e.free(last, MemTag::Activations, stage.saved_bytes);
+        (first, last)
+    }
+}
+
+/// A program emitted up to its optimizer schedule (the **model path**: forward, backward and
+/// gradient reduction), with what lowering the schedule needs. Programs of ranks with the
+/// same model path share it: the path is emitted once, its ops frozen into a shared prefix
+/// ([`ProgramBuilder::freeze_prefix`]), and every rank's schedule appended to a copy
+/// ([`finish_schedule`]).
+#[derive(Clone)]
+pub(crate) struct ModelPath<'a> {
+    /// The emitter after the model path.
+    pub e: Emitter<'a>,
+    /// Ops the schedule's first ops wait for.
+    pub ready: Vec<OpId>,
+    /// Gradient bytes the schedule's last op frees (`None`: the strategy frees none there).
+    pub grads_freed: Option<u64>,
+    /// Resident optimizer-state bytes other than the schedule's (declared with them, as the
+    /// last resident entry, by [`finish_schedule`]).
+    pub optimizer_base_bytes: u64,
+}
+
+impl<'a> ModelPath<'a> {
+    /// Moves the path to `rank` with its group table (`None` when the table does not intern
+    /// to the same slots and tiers, so the path's collectives would name other groups).
+    pub fn rebase(mut self, rank: usize, groups: Vec<(Group, Tier)>) -> Option<Self> {
+        let tiers: Vec<Tier> = groups.iter().map(|(_, t)| *t).collect();
+        let ids = self
+            .e
+            .b
+            .rebase(rank, groups.into_iter().map(|(g, _)| g).collect());
+        let same = ids.len() == self.e.ids.len()
+            && ids
+                .iter()
+                .zip(&tiers)
+                .zip(&self.e.ids)
+                .all(|((id, t), (old_id, old_t))| id == old_id && t == old_t);
+        same.then_some(self)
+    }
+}
+
+/// A [`ModelPath`] whose ops are frozen into a shared prefix, held without the strategy
+/// context (a generator caches one per model key): [`FrozenPath::thaw`] gives each rank a
+/// copy that shares the prefix and appends its own ops.
+#[derive(Clone)]
+pub(crate) struct FrozenPath {
+    b: ProgramBuilder,
+    ids: Vec<(GroupId, Tier)>,
+    last_compute: Option<OpId>,
+    pending: Vec<OpId>,
+    mb_prefix: String,
+    ready: Vec<OpId>,
+    grads_freed: Option<u64>,
+    optimizer_base_bytes: u64,
+}
+
+impl ModelPath<'_> {
+    /// Freezes the path's ops into a shared prefix (validated once, see
+    /// [`ProgramBuilder::freeze_prefix`]).
+    pub fn freeze(self) -> FrozenPath {
+        let mut b = self.e.b;
+        b.freeze_prefix();
+        FrozenPath {
+            b,
+            ids: self.e.ids,
+            last_compute: self.e.last_compute,
+            pending: self.e.pending,
+            mb_prefix: self.e.mb_prefix,
+            ready: self.ready,
+            grads_freed: self.grads_freed,
+            optimizer_base_bytes: self.optimizer_base_bytes,
+        }
+    }
+}
+
+impl FrozenPath {
+    /// A copy of the path on `ctx` (the context it was emitted with) that shares its ops;
+    /// `reserve_ops` is room for the ops the copy will append.
+    pub fn thaw<'a>(&self, ctx: &'a Ctx, reserve_ops: usize) -> ModelPath<'a> {
+        let mut b = self.b.clone();
+        b.reserve_ops(reserve_ops);
+        ModelPath {
+            e: Emitter {
+                ctx,
+                b,
+                ids: self.ids.clone(),
+                last_compute: self.last_compute,
+                pending: self.pending.clone(),
+                mb_prefix: self.mb_prefix.clone(),
+            },
+            ready: self.ready.clone(),
+            grads_freed: self.grads_freed,
+            optimizer_base_bytes: self.optimizer_base_bytes,
+        }
+    }
+}
+
+/// Appends the optimizer schedule `sched` to a model path and builds the program: the
+/// resident optimizer state (base plus the schedule's momentum and AdamW moments), the
+/// schedule's ops after `ready`, and the gradient free on its last op.
+pub(crate) fn finish_schedule(
+    mut path: ModelPath<'_>,
+    sched: &super::muon::schedule::Schedule,
+) -> Result<StepProgram, super::StrategyError> {
+    path.e.resident(
+        MemTag::Optimizer,
+        path.optimizer_base_bytes + sched.momentum_bytes + sched.adamw_state_bytes,
+    );
+    if let Some(last) = super::muon::schedule::lower(&mut path.e, sched, &path.ready)
+        && let Some(grads) = path.grads_freed
+    {
+        path.e.free(last, MemTag::Grads, grads);
+    }
+    path.e.build()
+}

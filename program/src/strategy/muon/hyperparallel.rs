@@ -1,0 +1,727 @@
+//! HyperParallel's layout-driven distributed Muon (notes `hyper-parallel.md` 6.4-6.7, 8.1;
+//! paper §6, Algorithm "One distributed Muon step"; the shard path as HyperParallel's
+//! `_process_shard_params` runs it at commit 3ad2a77, the revision whose `min_batch_size`
+//! the plan's memory batches follow).
+//!
+//! Per execution slot of the Muon plan (descending size; a slot holds one batch for every
+//! rank, or one per expert-parallel coordinate for per-expert weights), on every rank
+//! holding the slot's batch of its coordinate:
+//! 1. **Replica dedup (6.5):** only parameters whose replica owner is the rank's replica
+//!    coordinate (coordinate modulo the subgroup size `R_s`) are processed; their momentum
+//!    is the only Muon state the rank keeps (1/R_s of the one-copy-per-replica state).
+//! 2. **Momentum** on the local shards of those parameters (one foreach op).
+//! 3. Per NS memory batch (the plan's 2^29 / shard-size split with `min_batch_size = S`,
+//!    restricted to the owned parameters), in order, each finished before the next starts:
+//!    - **shard path** (`_process_shard_params`: `for sub_batch in safe_batches:
+//!      _gather_and_compute_shard_updates(sub_batch)` then
+//!      `_fused_broadcast_and_apply(sub_batch)`): one fused bf16 all-gather per shard axis
+//!      in axis order, each segment padded to 512 bytes (6.4 "fused gather"); the shard
+//!      owner (balanced over the whole assignment, inside its replica subset) runs **batched
+//!      NS** per core shape on the full matrices; then the sub-batch's **relay broadcast**
+//!      (6.4 `_batched_relay_broadcast`): per shard dim `d`, one async broadcast per compute
+//!      coordinate owning a matrix of the sub-batch and aligned with the rank on dims `> d`,
+//!      all waited before dim `d + 1`; then **slice and apply** of the sub-batch on the local
+//!      shards (`_foreach_mul_` / `_foreach_add_`), which waits for the relay;
+//!    - **local path** (no shard axis cuts the matrix plane, e.g. experts sharded on `E`):
+//!      batched NS on the rank's local matrices with no communication; one apply after the
+//!      batch's last NS.
+//! 4. **Replica broadcast** (6.5): per source coordinate of the subgroup, buffers of at most
+//!    512 MiB (512-byte aligned segments), sent hop by hop over the replicate dims (a rank
+//!    joins dim `d` when it matches the source on later dims; every hop but the last is
+//!    waited). The last hop stays in flight: after the next batch flushes, the oldest batch
+//!    is landed (unpacked), so at most one batch is in flight (`_max_inflight_batches = 1`);
+//!    a final drain lands the last one. This is the pipelining of the paper's Fig. "Batched
+//!    orthogonalization and pipelining": the replica broadcast runs on the replicate process
+//!    group's stream, beneath the next batch's compute.
+//!
+//! No prefetch on the shard path: every collective of the optimizer step is issued from the
+//! compute stream on the shard process group, so its communication stream first waits for
+//! the compute issued before it (c10d `syncStreams`, [`Dep::Issue`]), and the relay's
+//! `work.wait()` makes the apply wait for the relay. The next sub-batch's gather is issued
+//! after that apply (source order above), so gather, NS, relay and apply of consecutive
+//! sub-batches run one after the other; only the replica broadcast overlaps compute. (An
+//! earlier model issued the next sub-batch's gather before the current NS and relayed once
+//! per assignment after all its NS; the source does neither.) Ops follow a
+//! rank-independent sequence of (slot, memory batch) steps, so every member of a
+//! communicator issues its collectives in the same order.
+//!
+//! **Paper and code agree on this order** (checked against the three versions of
+//! `hyper_parallel/core/optimizer/muon.py` with a shard path in the public index: 3ad2a77 and
+//! the earlier `_gather_and_compute_shard_updates(valid_params, ..., lr, rms, ns_steps,
+//! buffer_cache)` one run it exactly as above; the first one is more serial still, one
+//! owner per batch (`compute_flat = batch_idx % total_shard_size`) and a blocking
+//! `dist.broadcast` per parameter followed by a host read of its learning rate
+//! (`lrs_to_broadcast[p].item()`) before its apply). The paper's Algorithm "One distributed Muon
+//! step" (`hyperparallel-fsdp-paper.tex` lines 1807-1829) loops over the batches: "fused-gather
+//! ... owners: batched NS ... issue-async relay broadcast of B along shard axes / subgroup
+//! shard ranks: slice from relay; apply with decay / replica owners: issue-async per-axis
+//! broadcast" with the comment "<= 1 in flight; new batch settles oldest" on the *replica*
+//! line. Its text (lines 1831-1841) says which broadcast is pipelined: "Each batch's replica
+//! broadcast is issued asynchronously as soon as the batch finishes, with at most one batch
+//! in flight. Admitting a new batch settles the oldest ...; dimension-by-dimension relay
+//! removes host-side bubbles." The "async" relay is `_batched_relay_broadcast`'s
+//! `async_op=True` broadcasts within one dimension, waited before the next dimension
+//! (its docstring: "By operating asynchronously within each dimension, we eliminate CPU
+//! overhead bubbles while strictly preserving the multidimensional relay dependency"), and the
+//! apply of the same batch consumes the relay. The pipelining with at most one batch in
+//! flight is `AsyncReplicateBroadcaster` (`optimizer.py`: `_max_inflight_batches = 1`,
+//! `flush_group` issues the async hierarchical broadcast then `_wait_and_release_oldest`
+//! while more than one is in flight, `wait_all` is the final drain), modelled in step 4.
+//! On a pure FSDP mesh (the dense Muon comparisons) there is no replica broadcast, so
+//! nothing of the optimizer step's communication is sunk beneath compute, in the paper's
+//! algorithm as in the code; Figure "Batched orthogonalization and pipelining" (b) draws
+//! the replica-broadcast case.
+//!
+//! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
+//! doing the same work get identical programs and fold in the simulator.
+
+use super::ns_cost;
+use super::schedule::{Dep, Schedule};
+use super::{
+    NsCall, NsImpl, OptParam, RankView, adamw_routed_units, apply, capped_calls, fused_calls,
+    local_matrices, local_shard_elems, momentum, ns_ops, pad512_bf16,
+};
+use crate::step::{MemTag, Stream};
+use crate::strategy::Ctx;
+use hpfsdp_plan::CollectiveKind;
+use hpfsdp_plan::kernel::KernelWork;
+use hpfsdp_plan::muon::NS_BATCH_NUMEL;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// Stream of the replica-domain broadcasts (the replicate process group's stream).
+pub const REPLICA_STREAM: Stream = Stream::Aux(0);
+/// Replica broadcast buffer cap (`replicate_broadcast_max_bytes`, 512 MiB).
+pub const REPLICA_BROADCAST_MAX_BYTES: u64 = 512 * 1024 * 1024;
+
+/// The batch a rank runs in one slot of the plan.
+struct RankBatch {
+    /// Index in the plan.
+    index: usize,
+    /// Slot (names use it: equal across EP coordinates).
+    slot: usize,
+    /// Held parameters.
+    held: Arc<Held>,
+    /// What the rank's replica coordinate owns of them.
+    owned: Arc<Owned>,
+    /// Shard path.
+    shard_path: bool,
+    /// Replica coordinate.
+    rc: Vec<usize>,
+}
+
+/// The held parameters of a plan batch that one replica coordinate owns: a function of the
+/// batch, the EP class and the replica coordinate only, so built once and shared by every
+/// rank with those ([`Pieces`]).
+#[derive(Debug)]
+struct Owned {
+    /// Held parameters this replica coordinate owns.
+    params: Vec<usize>,
+    /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
+    /// none of it).
+    units: Vec<Vec<usize>>,
+}
+
+/// The parameters of a plan batch one EP class holds ([`OptCtx::held`](super::OptCtx)).
+#[derive(Debug)]
+struct Held {
+    /// Held parameters, in batch order.
+    params: Vec<usize>,
+    /// Per domain (dense, expert): some held parameter of it has a replica owner.
+    replicated: [bool; 2],
+}
+
+/// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.
+type SourceBytes = HashMap<Vec<usize>, u64>;
+
+/// A shared map of computed pieces ([`cached`]).
+type Cache<K, V> = Arc<Mutex<HashMap<K, Arc<V>>>>;
+
+/// Rank-independent pieces of the HyperParallel schedule, each computed once per distinct
+/// input and shared by every rank's build: a folded job builds one schedule per optimizer
+/// coordinate (thousands on exp-d scaled out), and the walks over a batch's held parameters
+/// (thousands of per-expert weights, each looked up in the plan's owner maps) were most of
+/// each build. The pieces are pure functions of their keys, so which rank computes one first
+/// (builds run in parallel) does not change any schedule.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pieces {
+    /// Per (plan batch, EP class): the batch's parameters the class holds.
+    held: Cache<(usize, usize), Held>,
+    /// Per (plan batch, EP class, replica coordinate): what that coordinate owns.
+    owned: Cache<(usize, usize, Vec<usize>), Owned>,
+    /// Per (plan batch, EP class, dense and expert FSDP positions (`usize::MAX` for a
+    /// domain none of whose held parameters is replicated), master bytes per element):
+    /// bytes per replica owner.
+    sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
+}
+
+/// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.
+fn cached<K: std::hash::Hash + Eq, V>(
+    map: &Mutex<HashMap<K, Arc<V>>>,
+    key: K,
+    make: impl FnOnce() -> V,
+) -> Arc<V> {
+    if let Ok(m) = map.lock()
+        && let Some(v) = m.get(&key)
+    {
+        return v.clone();
+    }
+    let v = Arc::new(make());
+    match map.lock() {
+        Ok(mut m) => m.entry(key).or_insert(v).clone(),
+        Err(_) => v,
+    }
+}
+
+/// What replica coordinate `rc` owns of the held parameters `held` of plan batch `index`.
+fn owned_by(ctx: &Ctx, index: usize, held: &[usize], rc: &[usize]) -> Owned {
+    let b = &ctx.opt.plan.batches[index];
+    let params: Vec<usize> = held
+        .iter()
+        .copied()
+        .filter(|i| b.replica_owner.get(i).is_none_or(|c| c.as_slice() == rc))
+        .collect();
+    let mut sorted = params.clone();
+    sorted.sort_unstable();
+    let units = b
+        .memory_batches
+        .iter()
+        .map(|mb| {
+            mb.iter()
+                .copied()
+                .filter(|i| sorted.binary_search(i).is_ok())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    Owned { params, units }
+}
+
+/// Whether `view`'s shard coordinate on `p`'s shard axes is `owner` (allocation-free
+/// [`RankView::shard_coord`] comparison).
+fn is_shard_owner(view: &RankView, p: &OptParam, owner: Option<&Vec<usize>>) -> bool {
+    owner.is_some_and(|o| {
+        o.len() == p.shard.len() && o.iter().zip(&p.shard).all(|(&c, a)| c == view.coord(a))
+    })
+}
+
+/// All coordinates of a grid, lexicographic.
+pub(crate) fn grid(sizes: &[usize]) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = vec![Vec::new()];
+    for &s in sizes {
+        out = out
+            .into_iter()
+            .flat_map(|c| {
+                (0..s.max(1)).map(move |i| {
+                    let mut c = c.clone();
+                    c.push(i);
+                    c
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// The batch the rank runs in every slot (`None`: it holds none of the slot's batches).
+fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
+    let oc = &ctx.opt;
+    let pieces = &oc.hp_pieces;
+    oc.slots
+        .iter()
+        .map(|slot| {
+            // The slot's batch of this rank's EP coordinate (or of every rank).
+            slot.batches.iter().find_map(|&index| {
+                let b = &oc.plan.batches[index];
+                if b.ep_owner.is_some_and(|o| o != view.class) {
+                    return None;
+                }
+                let held = cached(&pieces.held, (index, view.class), || {
+                    let params = oc.held(index, view.class);
+                    let mut replicated = [false; 2];
+                    for i in params.iter().filter(|i| b.replica_owner.contains_key(i)) {
+                        replicated[Ctx::domain_index(oc.params[*i].domain)] = true;
+                    }
+                    Held { params, replicated }
+                });
+                let &first = held.params.first()?;
+                let rc = view.replica_coord(&oc.params[first]);
+                let owned = cached(&pieces.owned, (index, view.class, rc.clone()), || {
+                    owned_by(ctx, index, &held.params, &rc)
+                });
+                Some(RankBatch {
+                    index,
+                    slot: b.slot,
+                    held,
+                    owned,
+                    shard_path: b.shard_path,
+                    rc,
+                })
+            })
+        })
+        .collect()
+}
+
+/// Elements of the largest piece of parameter `i` any rank holds before the fused gather
+/// along its shard axis `from` (the earlier axes already gathered): every tensor dim
+/// ceil-chunked by the axes `from..` that cut it (notes 6.4: a segment is the elementwise
+/// max of the ranks' local shapes, rounded up to 512 bytes).
+fn max_piece(ctx: &Ctx, i: usize, from: usize) -> u64 {
+    let p = &ctx.opt.plan.params[i];
+    let mut shape = p.shape.clone();
+    for a in p.shard_axes.iter().skip(from) {
+        if let Some(d) = shape.get_mut(a.tensor_dim) {
+            *d = d.div_ceil(a.size.max(1) as u64);
+        }
+    }
+    shape.iter().product()
+}
+
+/// The kernels `fused_allgather_dtensor_params` (hyper-parallel
+/// `core/optimizer/sharding_category.py`) launches around the fused gather of shard axis `k`
+/// of the parameters `members` (`kept`: the ones this rank computes, the only ones unpacked
+/// after the last axis):
+/// - before it, `_prepare_gather_inputs` moves each parameter's shard dim to dim 0 and makes
+///   it contiguous (`t.movedim(d, 0).contiguous()`), a copy kernel unless the dim is 0 and the
+///   input already contiguous (the momentum output on the first axis; after an earlier axis
+///   the unpacked result is a `movedim` view of its concatenation, contiguous only when that
+///   axis cut dim 0). Packing into the buffer (`pack_buffer[...].copy_(gi.view(-1))`) is a
+///   contiguous same-dtype copy, which torch_npu runs as a device memcpy, not a kernel;
+/// - after it, `_unpack_gathered_results` concatenates each parameter's per-rank rows
+///   (`torch.cat(param_chunks)`): one kernel per unpacked parameter.
+///
+/// Each copy reads and writes the bf16 piece once. Returns (before, after).
+fn gather_staging(
+    ctx: &Ctx,
+    members: &[usize],
+    kept: &[usize],
+    k: usize,
+) -> (Vec<KernelWork>, Vec<KernelWork>) {
+    let plan = &ctx.opt.plan.params;
+    let bytes = |i: usize, from: usize| 2 * max_piece(ctx, i, from) * ns_cost::NS_ELEM_BYTES;
+    let mut moved = (0u32, 0u64);
+    for &i in members {
+        let axes = &plan[i].shard_axes;
+        let dim = axes.get(k).map_or(0, |a| a.tensor_dim);
+        let input_contiguous = k == 0 || axes.get(k - 1).is_some_and(|a| a.tensor_dim == 0);
+        if dim != 0 || !input_contiguous {
+            moved = (moved.0 + 1, moved.1 + bytes(i, k));
+        }
+    }
+    let last = k + 1 == ctx.opt.params[members[0]].shard.len();
+    let unpacked = if last { kept } else { members };
+    let cats = (
+        unpacked.len() as u32,
+        unpacked.iter().map(|&i| bytes(i, k + 1)).sum::<u64>(),
+    );
+    let work = |(n, b): (u32, u64)| {
+        (n > 0)
+            .then(|| KernelWork::memory_bound(n, 0, b))
+            .into_iter()
+            .collect()
+    };
+    (work(moved), work(cats))
+}
+
+/// Fused gathers of one NS memory batch, per shard axis, with the kernels around each
+/// ([`gather_staging`]; `kept`: the members this rank computes); returns (last op, buffer
+/// bytes).
+fn gathers(
+    ctx: &Ctx,
+    s: &mut Schedule,
+    prefix: &str,
+    members: &[usize],
+    kept: &[usize],
+) -> (Option<u32>, u64) {
+    let first = &ctx.opt.params[members[0]];
+    let mut last: Option<u32> = None;
+    let mut buffers = 0;
+    for (k, a) in first.shard.iter().enumerate() {
+        let input: u64 = members
+            .iter()
+            .map(|&i| pad512_bf16(max_piece(ctx, i, k)))
+            .sum();
+        let out = input * a.size as u64;
+        let (before, after) = gather_staging(ctx, members, kept, k);
+        let mut deps = vec![Dep::Issue];
+        deps.extend(last.map(Dep::Op));
+        if !before.is_empty() {
+            let name = s.name(|| format!("{prefix}.pack.{}", a.name));
+            let op = s.kernels(name, before, deps);
+            deps = vec![Dep::Op(op), Dep::Issue];
+        }
+        if let Some(op) = s.coll(
+            s.name(|| format!("{prefix}.ag.{}", a.name)),
+            Stream::Optimizer,
+            a.slot,
+            CollectiveKind::AllGather,
+            input,
+            out,
+            hpfsdp_plan::model::DType::Bf16,
+            deps,
+        ) {
+            s.alloc(op, MemTag::Buffers, out);
+            buffers += out;
+            last = Some(op);
+            if !after.is_empty() {
+                let name = s.name(|| format!("{prefix}.unpack.{}", a.name));
+                last = Some(s.kernels(name, after, vec![Dep::Op(op), Dep::Issue]));
+            }
+        }
+    }
+    (last, buffers)
+}
+
+/// The HyperParallel Muon schedule of one rank.
+///
+/// Steps: every NS memory batch position of every slot, in slot order, whether or not the
+/// rank takes part in it. Every op has a rank-independent position (step, phase), and a
+/// rank emits an op on a communicator exactly when its fellow members do, so all members of
+/// a communicator issue the same sequence (whatever the EP coordinate and the replica
+/// ownership in other domains).
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
+    let oc = &ctx.opt;
+    adamw_routed_units(ctx, view, &mut s);
+    let grad_bytes = super::grad_dtype(ctx).bytes();
+    let batches = rank_batches(ctx, view);
+    s.momentum_bytes = batches
+        .iter()
+        .flatten()
+        .flat_map(|b| &b.owned.params)
+        .map(|&i| oc.params[i].local_elems * grad_bytes)
+        .sum();
+    let mut momentum_done = vec![false; batches.len()];
+    let mut in_flight: Option<(Vec<u32>, u64, usize)> = None;
+    for (slot, x) in oc.slots.iter().enumerate() {
+        for u in 0..x.steps {
+            let Some(b) = batches[slot].as_ref() else {
+                continue;
+            };
+            let Some(members) = b.owned.units.get(u).filter(|m| !m.is_empty()) else {
+                continue;
+            };
+            if !std::mem::replace(&mut momentum_done[b.slot], true) {
+                let owned = &b.owned.params;
+                let elems = owned.iter().map(|&i| oc.params[i].local_elems).sum();
+                let name = s.name(|| format!("muon.b{}.momentum", b.slot));
+                momentum(ctx, &mut s, name, elems, owned.len() as u32);
+            }
+            memory_batch(ctx, view, &mut s, b, (slot, u), members);
+        }
+        let Some(b) = &batches[slot] else {
+            continue;
+        };
+        if let Some(f) = finish_slot(ctx, view, &mut s, b, slot) {
+            if let Some(prev) = in_flight.take() {
+                land(&mut s, prev);
+            }
+            in_flight = Some(f);
+        }
+    }
+    if let Some(prev) = in_flight.take() {
+        land(&mut s, prev);
+    }
+    s
+}
+
+/// One NS memory batch `u` of slot `slot` on this rank (`members`: the owned parameters of
+/// the batch), in source order (`_process_shard_params`): on the shard path the batch's
+/// fused gathers, which wait for the previous sub-batch's apply already issued
+/// ([`Dep::Issue`]; nothing is prefetched), then the NS of the matrices the rank computes,
+/// then `_fused_broadcast_and_apply(sub_batch)`: the relay, then the slice-and-apply on the
+/// local shards; on the local path the NS alone.
+fn memory_batch(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    b: &RankBatch,
+    (slot, u): (usize, usize),
+    members: &[usize],
+) {
+    let oc = &ctx.opt;
+    let (gather, buf) = if b.shard_path {
+        let prefix = s.name(|| format!("muon.b{}.m{u}", b.slot));
+        let kept = computed_here(ctx, view, b, members);
+        gathers(ctx, s, &prefix, members, &kept)
+    } else {
+        (None, 0)
+    };
+    let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
+    let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
+    let calls = unit_ns_calls(ctx, view, b, members);
+    let ns = ns_ops(ctx, s, &prefix, calls, &deps, NsImpl::Bf16);
+    if let Some(&last) = ns.last().or(gather.as_ref()) {
+        s.free(last, MemTag::Buffers, buf);
+    }
+    if b.shard_path {
+        let relay = relay_broadcast(ctx, view, s, b, u, members);
+        let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
+        let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
+        deps.push(Dep::Issue);
+        if let Some(k) = slice_copies(ctx, members) {
+            let name = s.name(|| format!("muon.b{slot}.m{u}.slice"));
+            deps = vec![Dep::Op(s.kernels(name, vec![k], deps)), Dep::Issue];
+        }
+        let name = s.name(|| format!("muon.b{slot}.m{u}.apply"));
+        let op = apply(ctx, s, name, elems, members.len() as u32, deps);
+        s.free(op, MemTag::Buffers, relay.1);
+    }
+}
+
+/// The end of the rank's batch in slot `slot`: on the local path one apply after the
+/// batch's last NS; then the replica broadcast of the updated local parameters (returned
+/// as in flight when the rank takes part in any).
+fn finish_slot(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    b: &RankBatch,
+    slot: usize,
+) -> Option<(Vec<u32>, u64, usize)> {
+    let oc = &ctx.opt;
+    let owned = &b.owned.params;
+    if !b.shard_path && !owned.is_empty() {
+        let elems = owned.iter().map(|&i| oc.params[i].local_elems).sum();
+        let name = s.name(|| format!("muon.b{slot}.apply"));
+        apply(ctx, s, name, elems, owned.len() as u32, vec![Dep::Issue]);
+    }
+    replica_broadcast(s, ctx, view, b, ctx.opts.master_dtype.bytes())
+}
+
+/// The copies `chunk_update_by_layout` (hyper-parallel `core/optimizer/sharding_category.py`)
+/// makes when it slices each full update back to the local shard: `narrow` along every shard
+/// axis's tensor dim is a view, made contiguous (`local_update.contiguous()`) before the
+/// apply's `view(local shape)`; a slice along a dim other than 0 is not contiguous, so one
+/// copy of the local shard (bf16, read and written once) per such parameter, none when every
+/// shard axis cuts dim 0.
+fn slice_copies(ctx: &Ctx, members: &[usize]) -> Option<KernelWork> {
+    let oc = &ctx.opt;
+    let moved: Vec<usize> = members
+        .iter()
+        .copied()
+        .filter(|&i| {
+            oc.plan.params[i]
+                .shard_axes
+                .iter()
+                .any(|a| a.tensor_dim != 0 && a.size > 1)
+        })
+        .collect();
+    let bytes: u64 = moved
+        .iter()
+        .map(|&i| 2 * oc.params[i].local_elems * ns_cost::NS_ELEM_BYTES)
+        .sum();
+    (!moved.is_empty()).then(|| KernelWork::memory_bound(moved.len() as u32, 0, bytes))
+}
+
+/// The members of a shard-path memory batch whose Newton-Schulz this rank computes (its
+/// shard coordinate is the parameter's owner in the batch's shard group).
+fn computed_here(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -> Vec<usize> {
+    let oc = &ctx.opt;
+    let plan_b = &oc.plan.batches[b.index];
+    members
+        .iter()
+        .copied()
+        .filter(|&i| is_shard_owner(view, &oc.params[i], plan_b.shard_owner.get(&i)))
+        .collect()
+}
+
+/// The NS calls of one memory batch on this rank: on the shard path the matrices it owns in
+/// the shard group, per core shape, in calls under 2^29 / S whole-matrix elements each
+/// (`_gather_and_compute_shard_updates`); on the local path its local matrices, per core
+/// shape.
+fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -> Vec<NsCall> {
+    let oc = &ctx.opt;
+    if b.shard_path {
+        let plan_b = &oc.plan.batches[b.index];
+        let mine: Vec<((u64, u64), u64, u64)> = members
+            .iter()
+            .filter_map(|&i| {
+                let p = &oc.params[i];
+                let mine = is_shard_owner(view, p, plan_b.shard_owner.get(&i));
+                mine.then_some((p.core?, p.matrices, p.numel))
+            })
+            .collect();
+        let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
+        capped_calls(&mine, cap)
+    } else {
+        fused_calls(members.iter().filter_map(|&i| {
+            let p = &oc.params[i];
+            Some((p.core?, local_matrices(ctx, p, view)))
+        }))
+    }
+}
+
+/// The relay broadcasts of NS memory batch `u` of a shard-path batch (`members`: its owned
+/// parameters), dim by dim, each dim waited before the next (`_batched_relay_broadcast`: one
+/// async broadcast per compute coordinate that owns a matrix of the sub-batch and is
+/// aligned with the rank on later dims, each carrying that owner's packed bf16 updates,
+/// 512-B padded per matrix). The broadcasts of one dim share the shard process group's
+/// stream, so they run one after the other. Returns (ops, buffer bytes).
+fn relay_broadcast(
+    ctx: &Ctx,
+    view: &RankView,
+    s: &mut Schedule,
+    b: &RankBatch,
+    u: usize,
+    members: &[usize],
+) -> (Vec<u32>, u64) {
+    let oc = &ctx.opt;
+    let mut relay: Vec<u32> = Vec::new();
+    let mut relay_buf = 0;
+    let Some(&f) = members.first().filter(|_| b.shard_path) else {
+        return (relay, relay_buf);
+    };
+    let plan_b = &oc.plan.batches[b.index];
+    let first = &oc.params[f];
+    let mine = view.shard_coord(first);
+    // Bytes of every compute coordinate, in lexicographic coordinate order.
+    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
+    for i in members {
+        if let Some(c) = plan_b.shard_owner.get(i) {
+            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
+        }
+    }
+    let mut prev_dim: Vec<u32> = Vec::new();
+    for (d, a) in first.shard.iter().enumerate() {
+        let mut this_dim = Vec::new();
+        for (c, &n) in &bytes {
+            if n == 0 || c.get(d + 1..) != mine.get(d + 1..) {
+                continue;
+            }
+            let mut deps = vec![Dep::Issue];
+            deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
+            let name = s.name(|| {
+                let label: Vec<String> = c.iter().map(|x| x.to_string()).collect();
+                format!(
+                    "muon.b{}.m{u}.relay.{}.c{}",
+                    b.slot,
+                    a.name,
+                    label.join("_")
+                )
+            });
+            if let Some(op) = s.coll(
+                name,
+                Stream::Optimizer,
+                a.slot,
+                CollectiveKind::Broadcast,
+                n,
+                n,
+                hpfsdp_plan::model::DType::Bf16,
+                deps,
+            ) {
+                s.alloc(op, MemTag::Buffers, n);
+                relay_buf += n;
+                this_dim.push(op);
+            }
+        }
+        relay.extend(&this_dim);
+        prev_dim = this_dim;
+    }
+    (relay, relay_buf)
+}
+
+/// The hierarchical replica broadcasts of one batch; returns (last-hop ops, bytes received,
+/// slot) when the rank takes part in any. Each parameter travels as the local shard the
+/// source really holds: its replica group shares the rank's FSDP shard position, so that is
+/// the rank's own unpadded shard (short, or empty, on the last positions of a dim that does
+/// not split evenly), each segment padded to 512 bytes.
+fn replica_broadcast(
+    s: &mut Schedule,
+    ctx: &Ctx,
+    view: &RankView,
+    b: &RankBatch,
+    master: u64,
+) -> Option<(Vec<u32>, u64, usize)> {
+    let first = &ctx.opt.params[*b.held.params.first()?];
+    if first.replicate.iter().all(|a| a.slot.is_none()) {
+        return None;
+    }
+    let sizes: Vec<usize> = first.replicate.iter().map(|a| a.coord_size).collect();
+    let mut last_hops = Vec::new();
+    let mut received = 0;
+    let mut first_op: Option<u32> = None;
+    let by_src = source_bytes(ctx, view, b, master);
+    for src in grid(&sizes) {
+        let bytes: u64 = by_src.get(&src).copied().unwrap_or(0);
+        let chunks = bytes.div_ceil(REPLICA_BROADCAST_MAX_BYTES);
+        let label = s.name(|| {
+            let c: Vec<String> = src.iter().map(|x| x.to_string()).collect();
+            c.join("_")
+        });
+        for c in 0..chunks {
+            let n = (bytes - c * REPLICA_BROADCAST_MAX_BYTES).min(REPLICA_BROADCAST_MAX_BYTES);
+            let mut prev: Option<u32> = None;
+            for (d, a) in first.replicate.iter().enumerate() {
+                if src[d + 1..] != b.rc[d + 1..] {
+                    continue;
+                }
+                let mut deps = vec![Dep::Issue];
+                deps.extend(prev.map(Dep::Op));
+                let name = s.name(|| format!("muon.b{}.rb.{}.s{label}.k{c}", b.slot, a.name));
+                if let Some(op) = s.coll(
+                    name,
+                    REPLICA_STREAM,
+                    a.slot,
+                    CollectiveKind::Broadcast,
+                    n,
+                    n,
+                    ctx.opts.master_dtype,
+                    deps,
+                ) {
+                    first_op.get_or_insert(op);
+                    prev = Some(op);
+                }
+            }
+            if let Some(op) = prev {
+                last_hops.push(op);
+                if src != b.rc {
+                    received += n;
+                }
+            }
+        }
+    }
+    // The receive buffers of every source are packed when the batch is flushed (notes 6.5:
+    // `flush_group` packs, then issues the async broadcasts), so they are allocated with the
+    // batch's first broadcast: the same op on every member, whichever source it is.
+    if let Some(op) = first_op {
+        s.alloc(op, MemTag::Buffers, received);
+    }
+    (!last_hops.is_empty()).then_some((last_hops, received, b.slot))
+}
+
+/// Bytes each replica owner of batch `b` sources (every held parameter with a replica owner,
+/// as the local shard the rank holds, 512-byte padded), shared by every rank of the same
+/// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`]).
+fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
+    let oc = &ctx.opt;
+    let plan_b = &oc.plan.batches[b.index];
+    let pos: [usize; 2] = std::array::from_fn(|d| {
+        if b.held.replicated[d] {
+            view.fsdp_pos[d]
+        } else {
+            usize::MAX
+        }
+    });
+    cached(
+        &oc.hp_pieces.sources,
+        (b.index, view.class, pos, master),
+        || {
+            let mut by_src = SourceBytes::new();
+            for &i in &b.held.params {
+                if let Some(owner) = plan_b.replica_owner.get(&i) {
+                    let elems = local_shard_elems(ctx, &oc.params[i], view);
+                    *by_src.entry(owner.clone()).or_default() +=
+                        (elems * master).div_ceil(512) * 512;
+                }
+            }
+            by_src
+        },
+    )
+}
+
+/// Lands an in-flight batch: waits its broadcasts and unpacks what was received.
+fn land(s: &mut Schedule, (ops, bytes, slot): (Vec<u32>, u64, usize)) {
+    let mut deps: Vec<Dep> = ops.iter().map(|&o| Dep::Op(o)).collect();
+    deps.push(Dep::Issue);
+    let op = s.copy(s.name(|| format!("muon.b{slot}.land")), bytes, 1, deps);
+    s.free(op, MemTag::Buffers, bytes);
+}

@@ -1,0 +1,258 @@
+//! The optimizer schedule: a rank's optimizer ops as a small, hashable list that the
+//! strategies lower into their [`Emitter`] after backward.
+//!
+//! Building the schedule apart from the program lets [`super::template_digest`] hash exactly
+//! what will be emitted (owner-dependent NS work, relay participation, owned state), so that
+//! equal template keys still mean identical programs modulo groups and op names, and ranks
+//! whose optimizer work happens to be identical share one template.
+
+use crate::step::{Category, ComputeWork, CopyWork, MemTag, OpId, Stream};
+use crate::strategy::emit::Emitter;
+use crate::strategy::parallel::CollSpec;
+use hpfsdp_plan::CollectiveKind;
+use hpfsdp_plan::kernel::KernelWork;
+use hpfsdp_plan::model::DType;
+
+/// What an op waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Dep {
+    /// An earlier op of the schedule (its index).
+    Op(u32),
+    /// The last compute-stream op issued before it (c10d issue semantics).
+    Issue,
+    /// The strategy's "gradients are reduced" ops.
+    Ready,
+}
+
+/// What an op does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Work {
+    /// Kernels.
+    Compute(ComputeWork),
+    /// A kernel mix (interned into the program when lowered).
+    Kernels(Vec<KernelWork>),
+    /// A device copy.
+    Copy(CopyWork),
+    /// A collective on the group at table position `slot`.
+    Coll {
+        /// Group table position.
+        slot: usize,
+        /// Kind and per-rank bytes.
+        spec: CollSpec,
+        /// Wire dtype.
+        dtype: DType,
+        /// Every buffer a multiple of 512 bytes.
+        aligned: bool,
+    },
+}
+
+/// One scheduled op.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SOp {
+    /// Name (no parameter names: equal work gives equal names).
+    pub name: String,
+    /// Stream.
+    pub stream: Stream,
+    /// Report category.
+    pub category: Category,
+    /// Payload.
+    pub work: Work,
+    /// Dependencies.
+    pub deps: Vec<Dep>,
+    /// Bytes allocated when it starts.
+    pub alloc: Option<(MemTag, u64)>,
+    /// Bytes freed when it ends.
+    pub free: Option<(MemTag, u64)>,
+}
+
+/// A rank's optimizer schedule and the optimizer state it keeps resident.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Schedule {
+    /// Ops in issue order.
+    pub ops: Vec<SOp>,
+    /// Resident Muon momentum bytes.
+    pub momentum_bytes: u64,
+    /// Resident AdamW moment bytes.
+    pub adamw_state_bytes: u64,
+    /// Leave op names empty (a schedule built only to be hashed: names cost time and
+    /// [`Schedule::hash_without_names`] skips them).
+    pub anonymous: bool,
+}
+
+impl Schedule {
+    /// Hashes everything the program will carry except op names (labels for reports, which
+    /// symmetry folding ignores): ops, streams, payloads, dependencies, memory effects and the
+    /// resident optimizer state.
+    pub fn hash_without_names<H: std::hash::Hasher>(&self, h: &mut H) {
+        use std::hash::Hash;
+        self.ops.len().hash(h);
+        for op in &self.ops {
+            op.stream.hash(h);
+            op.category.hash(h);
+            op.work.hash(h);
+            op.deps.hash(h);
+            op.alloc.hash(h);
+            op.free.hash(h);
+        }
+        self.momentum_bytes.hash(h);
+        self.adamw_state_bytes.hash(h);
+    }
+
+    /// An op name: `f()`, or empty for an anonymous schedule (so hot paths do not format
+    /// names that are thrown away).
+    pub fn name(&self, f: impl FnOnce() -> String) -> String {
+        if self.anonymous { String::new() } else { f() }
+    }
+
+    fn push(&mut self, op: SOp) -> u32 {
+        self.ops.push(op);
+        (self.ops.len() - 1) as u32
+    }
+
+    /// Appends kernel work on the compute stream.
+    pub fn compute(&mut self, name: String, work: ComputeWork, deps: Vec<Dep>) -> u32 {
+        self.push(SOp {
+            name,
+            stream: Stream::Compute,
+            category: Category::Optimizer,
+            work: Work::Compute(work),
+            deps,
+            alloc: None,
+            free: None,
+        })
+    }
+
+    /// Appends a kernel mix on the compute stream (NS GEMMs, memory-bound optimizer kernels).
+    pub fn kernels(&mut self, name: String, kernels: Vec<KernelWork>, deps: Vec<Dep>) -> u32 {
+        self.push(SOp {
+            name,
+            stream: Stream::Compute,
+            category: Category::Optimizer,
+            work: Work::Kernels(kernels),
+            deps,
+            alloc: None,
+            free: None,
+        })
+    }
+
+    /// Appends a device copy on the compute stream.
+    pub fn copy(&mut self, name: String, bytes: u64, kernels: u32, deps: Vec<Dep>) -> u32 {
+        self.push(SOp {
+            name,
+            stream: Stream::Compute,
+            category: Category::Optimizer,
+            work: Work::Copy(CopyWork {
+                bytes,
+                kernels: kernels.max(1),
+            }),
+            deps,
+            alloc: None,
+            free: None,
+        })
+    }
+
+    /// Appends a collective on `stream` (nothing when the group is absent: a single rank).
+    #[allow(clippy::too_many_arguments)]
+    pub fn coll(
+        &mut self,
+        name: String,
+        stream: Stream,
+        slot: Option<usize>,
+        kind: CollectiveKind,
+        input_bytes: u64,
+        output_bytes: u64,
+        dtype: DType,
+        deps: Vec<Dep>,
+    ) -> Option<u32> {
+        let slot = slot?;
+        let aligned = input_bytes.is_multiple_of(512) && output_bytes.is_multiple_of(512);
+        Some(self.push(SOp {
+            name,
+            stream,
+            category: Category::Optimizer,
+            work: Work::Coll {
+                slot,
+                spec: CollSpec {
+                    kind,
+                    input_bytes,
+                    output_bytes,
+                },
+                dtype,
+                aligned,
+            },
+            deps,
+            alloc: None,
+            free: None,
+        }))
+    }
+
+    /// Adds an allocation to op `i`.
+    pub fn alloc(&mut self, i: u32, tag: MemTag, bytes: u64) {
+        if bytes > 0
+            && let Some(op) = self.ops.get_mut(i as usize)
+        {
+            let a = op.alloc.get_or_insert((tag, 0));
+            a.1 += bytes;
+        }
+    }
+
+    /// Adds a free to op `i`.
+    pub fn free(&mut self, i: u32, tag: MemTag, bytes: u64) {
+        if bytes > 0
+            && let Some(op) = self.ops.get_mut(i as usize)
+        {
+            let f = op.free.get_or_insert((tag, 0));
+            f.1 += bytes;
+        }
+    }
+}
+
+/// Emits `s` after the strategy's backward; `ready` are the ops that deliver the reduced
+/// gradients. Returns the last op emitted.
+pub(crate) fn lower(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpId> {
+    let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
+    let mut last = None;
+    for op in &s.ops {
+        let mut deps = Vec::with_capacity(op.deps.len() + ready.len());
+        for d in &op.deps {
+            match *d {
+                Dep::Op(i) => deps.extend(ids.get(i as usize).copied().flatten()),
+                Dep::Issue => deps.extend(e.issue_point()),
+                Dep::Ready => deps.extend_from_slice(ready),
+            }
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        let id = match &op.work {
+            Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
+            Work::Kernels(k) => Some(e.compute_kernels(op.stream, op.category, k, &deps, &op.name)),
+            Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),
+            Work::Coll {
+                slot,
+                spec,
+                dtype,
+                aligned,
+            } => e.collective_on(
+                op.stream,
+                op.category,
+                *slot,
+                *spec,
+                *dtype,
+                *aligned,
+                &deps,
+                &op.name,
+            ),
+        };
+        if let Some(id) = id {
+            if let Some((tag, b)) = op.alloc {
+                e.alloc(id, tag, b);
+            }
+            if let Some((tag, b)) = op.free {
+                e.free(id, tag, b);
+            }
+            last = Some(id);
+        }
+        ids.push(id);
+    }
+    last
+}

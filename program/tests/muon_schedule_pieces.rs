@@ -1,0 +1,67 @@
+//! HyperParallel Muon schedules share rank-independent pieces between ranks (held
+//! parameters, replica-owned sets, replica-broadcast bytes per owner: `hyperparallel::Pieces`
+//! in `OptCtx`). A rank's program must not depend on which ranks filled those pieces first:
+//! every rank's program from a generator that already built every other rank (in reverse
+//! order, through template keys and programs) equals the one from a fresh generator that
+//! builds that rank alone, on `mini-exp-d` (EP, TP, replica subgroups, shard and local paths)
+//! and on the Muon miniatures.
+
+use hpfsdp_program::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
+
+mod common;
+use common::{Plans, mini_exp_d, muon_miniatures, plans_of};
+use hpfsdp_plan::scenario::Scenario;
+
+/// `muon-replica-24` on 2 replicas x 3 shards: replicated parameters whose FSDP shards are
+/// uneven, so replica-broadcast bytes differ by shard position.
+fn uneven_hsdp() -> Plans {
+    let at = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plan/tests/fixtures/muon-replica-24.toml");
+    let text = std::fs::read_to_string(&at).unwrap();
+    let text = text
+        .replace("dp_replicate = 24", "dp_replicate = 2")
+        .replace("dp_shard = 2", "dp_shard = 3")
+        .replace("global_batch = 48", "global_batch = 6")
+        .replace("dies_per_machine = 16", "dies_per_machine = 6")
+        .replace("machines_per_supernode = 3", "machines_per_supernode = 1");
+    plans_of(Scenario::from_str_at(&text, &at).unwrap())
+}
+
+fn check(x: &Plans) -> usize {
+    let kind = StrategyKind::HyperParallel;
+    let o = OptimizerStrategy::HyperParallelMuon;
+    let Ok(warm) = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o) else {
+        return 0;
+    };
+    let w = warm.world_size();
+    let keys: Vec<u64> = (0..w).rev().map(|r| warm.template_key(r)).collect();
+    for r in (0..w).rev() {
+        warm.program_unnamed(r).unwrap();
+    }
+    for (rank, key) in (0..w).rev().zip(keys) {
+        let cold = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o).unwrap();
+        let name = &x.s.file.name;
+        assert_eq!(
+            cold.template_key(rank),
+            key,
+            "{name} rank {rank}: template key"
+        );
+        assert_eq!(
+            cold.program_unnamed(rank).unwrap(),
+            warm.program_unnamed(rank).unwrap(),
+            "{name} rank {rank}"
+        );
+    }
+    w
+}
+
+#[test]
+fn hyperparallel_schedules_do_not_depend_on_which_rank_builds_first() {
+    let mut ranks = check(&mini_exp_d());
+    assert!(ranks > 1, "mini-exp-d has several ranks");
+    assert_eq!(check(&uneven_hsdp()), 6);
+    for x in &muon_miniatures() {
+        ranks += check(x);
+    }
+    assert!(ranks > 8);
+}
