@@ -51,6 +51,14 @@ pub struct ModelSection {
     /// Master dtype of the parameters (`bf16` or `f32`).
     #[serde(default = "default_bf16")]
     pub dtype: String,
+    /// Train only the first N decoder layers of the config (as a measurement harness that
+    /// sets `num_hidden_layers` on the HF config does); absent: the config's own count.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_hidden_layers: Option<usize>,
+    /// Override the config's `tie_word_embeddings` (an untied LM head is a parameter of its
+    /// own); absent: the config's own value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tie_word_embeddings: Option<bool>,
 }
 
 fn default_bf16() -> String {
@@ -701,7 +709,39 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
         };
         key_err("model", key, format!("[model] {key}: {e}"))
     })?;
+    let model = apply_config_overrides(model, &raw.model, &key_err)?;
     Ok((model, master_dtype))
+}
+
+/// Rebuilds `model` with `[model] num_hidden_layers` / `tie_word_embeddings` applied to its
+/// config (validated again, so a count the config cannot take is an error on that key).
+fn apply_config_overrides(
+    model: ModelIr,
+    section: &ModelSection,
+    key_err: &dyn Fn(&str, &str, String) -> PlanError,
+) -> PlanResult<ModelIr> {
+    if section.num_hidden_layers.is_none() && section.tie_word_embeddings.is_none() {
+        return Ok(model);
+    }
+    let mut config = model.config.clone();
+    let key = if section.num_hidden_layers.is_some() {
+        "num_hidden_layers"
+    } else {
+        "tie_word_embeddings"
+    };
+    if let Some(layers) = section.num_hidden_layers {
+        config.num_hidden_layers = layers;
+    }
+    if let Some(tie) = section.tie_word_embeddings {
+        config.tie_word_embeddings = tie;
+    }
+    ModelIr::from_config(model.name.clone(), config, model.options).map_err(|e| {
+        key_err(
+            "model",
+            key,
+            format!("[model] {key}: the overridden config is not valid: {e}"),
+        )
+    })
 }
 
 /// Checks `[mesh]` and `[topology]` and builds the dense mesh, the expert mesh and the topology.

@@ -290,8 +290,19 @@ impl ComputeWork {
 pub struct CopyWork {
     /// Bytes copied (each is read once and written once).
     pub bytes: u64,
-    /// Number of device kernels this op stands for (each costs a host launch); at least 1.
+    /// Number of device kernels this op stands for (each costs a host launch); at least 1
+    /// unless the op is made of driver copies only (`memcpys > 0`).
     pub kernels: u32,
+    /// Driver copy calls (`cudaMemcpyAsync` device to device) this op stands for: each costs
+    /// a host call like a launch, but a profiler lists it as a memcpy, not as a kernel (for
+    /// example NCCL's single-rank out-of-place collectives and `split_with_sizes_copy` of
+    /// contiguous rows).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub memcpys: u32,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
 }
 
 /// One collective call as seen by one rank.
@@ -820,6 +831,9 @@ impl StepProgram {
                     mix: id.0,
                 })
             }
+            Payload::Copy(CopyWork {
+                kernels, memcpys, ..
+            }) if *kernels == 0 && *memcpys > 0 => Ok(()),
             Payload::Compute(ComputeWork { kernels, .. })
             | Payload::Copy(CopyWork { kernels, .. }) => {
                 if *kernels == 0 {
@@ -1026,7 +1040,11 @@ impl ProgramBuilder {
         self.push(
             stream,
             Category::Copy,
-            Payload::Copy(CopyWork { bytes, kernels: 1 }),
+            Payload::Copy(CopyWork {
+                bytes,
+                kernels: 1,
+                memcpys: 0,
+            }),
             deps,
         )
     }

@@ -461,7 +461,7 @@ fn op_exec(
             }
         }
         Payload::Copy(w) => Exec::Device {
-            duration_ns: ns(copy_s(w.bytes, w.kernels, profile)),
+            duration_ns: ns(copy_s(w.bytes, w.kernels + w.memcpys, profile)),
             side_wait_ns: 0,
             uses_cube: false,
         },

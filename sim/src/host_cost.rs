@@ -52,7 +52,7 @@ pub fn production_events(op: &Op) -> u32 {
     }
     match &op.payload {
         Payload::Compute(w) => w.kernels,
-        Payload::Copy(w) => w.kernels,
+        Payload::Copy(w) => w.kernels + w.memcpys,
         Payload::Collective(_) | Payload::Host { .. } => 0,
     }
 }
@@ -137,7 +137,7 @@ impl HostCosts {
     pub fn op_ns(&self, op: &Op) -> u64 {
         let base = match &op.payload {
             Payload::Compute(w) => self.kernels_ns(w.kernels),
-            Payload::Copy(w) => self.kernels_ns(w.kernels),
+            Payload::Copy(w) => self.kernels_ns(w.kernels + w.memcpys),
             Payload::Collective(_) => self.collective_ns(),
             Payload::Host { duration_ns } => self.host_op_ns(*duration_ns, op.deps.len()),
         };
@@ -172,7 +172,7 @@ impl HostTotals {
         for op in ops {
             match &op.payload {
                 Payload::Compute(w) => t.kernels += u64::from(w.kernels),
-                Payload::Copy(w) => t.kernels += u64::from(w.kernels),
+                Payload::Copy(w) => t.kernels += u64::from(w.kernels + w.memcpys),
                 Payload::Collective(_) => t.collectives += 1,
                 Payload::Host { .. } => t.d2h_syncs += u64::from(!op.deps.is_empty()),
             }

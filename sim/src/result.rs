@@ -57,10 +57,18 @@ pub struct RankResult {
 pub struct LaunchCounts {
     /// Device kernels per step (compute and copy kernels).
     pub device_kernels: u64,
+    /// Driver device-to-device copies per step (`CopyWork::memcpys`: listed by a profiler as
+    /// memcpy, not as kernels).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub memcpys: u64,
     /// Collectives per step.
     pub collectives: u64,
     /// Host ops that wait for device work (device -> host synchronisations and host work).
     pub host_ops: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl LaunchCounts {
@@ -70,7 +78,10 @@ impl LaunchCounts {
         for op in &program.ops {
             match &op.payload {
                 Payload::Compute(w) => c.device_kernels += w.kernels as u64,
-                Payload::Copy(w) => c.device_kernels += w.kernels as u64,
+                Payload::Copy(w) => {
+                    c.device_kernels += u64::from(w.kernels);
+                    c.memcpys += u64::from(w.memcpys);
+                }
                 Payload::Collective(_) => c.collectives += 1,
                 Payload::Host { .. } => c.host_ops += 1,
             }

@@ -206,6 +206,34 @@ impl<'a> Emitter<'a> {
             Payload::Copy(crate::step::CopyWork {
                 bytes,
                 kernels: kernels.max(1),
+                memcpys: 0,
+            }),
+            deps,
+        );
+        self.name(op, name);
+        if stream == Stream::Compute {
+            self.last_compute = Some(op);
+        }
+        op
+    }
+
+    /// Emits `calls` driver copies (`cudaMemcpyAsync` device to device, no kernel) of `bytes`
+    /// bytes in all on `stream` with category [`Category::Copy`]; returns the op.
+    pub fn memcpy(
+        &mut self,
+        stream: Stream,
+        bytes: u64,
+        calls: u32,
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let op = self.b.push(
+            stream,
+            Category::Copy,
+            Payload::Copy(crate::step::CopyWork {
+                bytes,
+                kernels: 0,
+                memcpys: calls.max(1),
             }),
             deps,
         );

@@ -50,12 +50,15 @@
 //! - **Optimizer:** the placeholder AdamW per unit after its reductions, or the optimizer
 //!   strategy's schedule (`strategy::muon`) after all of them.
 
+mod single_rank;
+
 use super::emit::{Emitter, backward_with_recompute, forward_activations, shard_group_stream};
 use super::muon;
-use super::optimizer::optimizer_step;
+use single_rank::is_single_rank;
+use super::host_events::ADAMW_FOREACH_EVENTS_PER_PARAM;
 use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
-use crate::step::{Category, Group, MemTag, OpId, StepProgram, Stream};
+use crate::step::{Category, ComputeWork, Group, MemTag, OpId, StepProgram, Stream};
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::fsdp::{DataDomain, ParamFsdp};
 use hpfsdp_plan::topology::Tier;
@@ -69,6 +72,10 @@ struct CommGroup {
     dim1: u32,
     ag_in: u64,
     ag_out: u64,
+    /// The unit's unsharded gradients as autograd produces them (param dtype, padded).
+    unsharded_grad_bytes: u64,
+    /// Elements of each local parameter shard, in model order (the optimizer's tensor list).
+    shard_numels: Vec<u64>,
     rs_in: u64,
     rs_out: u64,
 }
@@ -101,6 +108,8 @@ fn comm_groups(ctx: &Ctx, params: &[&ParamFsdp]) -> Vec<CommGroup> {
             dim1: ps.iter().filter(|p| p.shard_dim != 0).count() as u32,
             ag_in: shard_elems * pd,
             ag_out: shard_elems * pd * s,
+            unsharded_grad_bytes: shard_elems * pd * s,
+            shard_numels: ps.iter().map(|p| p.padded_shard_numel).collect(),
             rs_in: shard_elems * rd * s,
             rs_out: shard_elems * rd,
         });
@@ -154,7 +163,9 @@ impl F2<'_> {
         let phase = if bwd { ".bwd" } else { "" };
         for gi in 0..self.units[u].groups.len() {
             let g = &self.units[u].groups[gi];
-            if self.e.ctx.shard_size[Ctx::domain_index(g.domain)] <= 1 {
+            if is_single_rank(&self.e.ctx.shard_size, g.domain) {
+                let cin = self.single_rank_copy_in(u, gi, phase);
+                self.ag[u].push((gi, cin));
                 continue;
             }
             let (ag_in, ag_out, domain) = (g.ag_in, g.ag_out, g.domain);
@@ -205,6 +216,12 @@ impl F2<'_> {
         let mut last = None;
         for (gi, ag) in pending {
             let g = &self.units[u].groups[gi];
+            if is_single_rank(&self.e.ctx.shard_size, g.domain) {
+                let op = self.single_rank_copy_out(u, gi, ag, phase);
+                self.copy_outs.push(op);
+                last = Some(op);
+                continue;
+            }
             let (ag_out, dim1, domain) = (g.ag_out, g.dim1, g.domain);
             let op = self.e.copy(
                 Stream::Compute,
@@ -228,103 +245,141 @@ impl F2<'_> {
         if !self.gathered[u] {
             return;
         }
-        let bytes: u64 = self.units[u]
-            .groups
-            .iter()
-            .filter(|g| self.e.ctx.shard_size[Ctx::domain_index(g.domain)] > 1)
-            .map(|g| g.ag_out)
-            .sum();
+        let bytes: u64 = self.units[u].groups.iter().map(|g| g.ag_out).sum();
         self.e.free(at, MemTag::Params, bytes);
         self.gathered[u] = false;
     }
 
+    /// Reduces unit `u`'s gradients after its backward: every parameter group's
+    /// reduce-scatter (and all-reduce with replicas), each after the previous unit's.
     fn reduce(&mut self, u: usize, first_mb: bool) {
-        let o = &self.e.ctx.opts;
-        let rd = o.reduce_dtype;
-        let name = short(&self.units[u].name).to_string();
         let wait = std::mem::take(&mut self.prev_reduce);
         let mut ops = Vec::new();
         for gi in 0..self.units[u].groups.len() {
-            let g = &self.units[u].groups[gi];
-            let (rs_in, rs_out, dim1, domain) = (g.rs_in, g.rs_out, g.dim1, g.domain);
-            let di = Ctx::domain_index(domain);
-            if self.e.ctx.shard_size[di] <= 1 {
-                continue;
-            }
-            let gname = group_name(&name, domain);
-            let div = super::avg_division::fsdp2_division(
-                rd,
-                self.e.ctx.shard_size[di] * self.e.ctx.replicate_size[di],
-            );
-            // The compute stream waits for the previous unit's reduce-scatter, then packs.
-            let cin = self.e.copy(
-                Stream::Compute,
-                rs_in,
-                1 + dim1,
-                &wait,
-                &format!("{gname}.rs_copy_in"),
-            );
-            self.e.alloc(cin, MemTag::Buffers, rs_in);
-            self.e.free(cin, MemTag::Grads, rs_in);
-            let spec = CollSpec {
-                kind: CollectiveKind::ReduceScatter,
-                input_bytes: rs_in,
-                output_bytes: rs_out,
-            };
-            // `_div_if_needed(input, predivide_factor)` on the reduce-scatter stream.
-            let rs_stream = shard_group_stream(domain);
-            let pre = self.divide_if_needed(rs_stream, div.pre_factor, rs_in, cin, &gname, "pre");
-            let Some(rs) = self.e.collective(
-                shard_group_stream(domain),
-                Category::FsdpRs,
-                shard_group(domain),
-                spec,
-                rd,
-                rs_in.is_multiple_of(512),
-                &[pre],
-                &format!("{gname}.rs"),
-            ) else {
-                continue;
-            };
-            self.e.free(rs, MemTag::Buffers, rs_in);
-            if first_mb {
-                self.e.alloc(rs, MemTag::Grads, rs_out);
-            }
-            let rs = self.npu_avg(div.op, domain, Category::FsdpRs, rs_out, rs, &gname);
-            let spec = CollSpec {
-                kind: CollectiveKind::AllReduce,
-                input_bytes: rs_out,
-                output_bytes: rs_out,
-            };
-            let ar = self.e.collective(
-                Stream::AllReduce,
-                Category::FsdpAr,
-                replicate_group(domain),
-                spec,
-                rd,
-                rs_out.is_multiple_of(512),
-                &[rs],
-                &format!("{gname}.ar"),
-            );
-            let ar =
-                ar.map(|ar| self.npu_avg(div.op, domain, Category::FsdpAr, rs_out, ar, &gname));
-            // `_div_if_needed(reduce_output, postdivide_factor)` on the post-reduce stream: the
-            // all-reduce stream with replicas, else the reduce-scatter stream.
-            let (last, post_stream) = match ar {
-                Some(ar) => (ar, Stream::AllReduce),
-                None => (rs, rs_stream),
-            };
-            ops.push(self.divide_if_needed(
-                post_stream,
-                div.post_factor,
-                rs_out,
-                last,
-                &gname,
-                "post",
-            ));
+            ops.extend(self.reduce_group(u, gi, &wait, first_mb));
         }
         self.reduce_ops[u].extend(ops.iter().copied());
         self.prev_reduce = ops;
+    }
+
+    /// One parameter group's reduction: its reduce-scatter (or the single-rank copies),
+    /// then [`Self::reduce_tail`]. Returns the op that completes it.
+    fn reduce_group(&mut self, u: usize, gi: usize, wait: &[OpId], first_mb: bool) -> Option<OpId> {
+        let domain = self.units[u].groups[gi].domain;
+        let di = Ctx::domain_index(domain);
+        let div = super::avg_division::fsdp2_division(
+            self.e.ctx.opts.reduce_dtype,
+            self.e.ctx.shard_size[di] * self.e.ctx.replicate_size[di],
+        );
+        let rs = if is_single_rank(&self.e.ctx.shard_size, domain) {
+            self.single_rank_reduce(u, gi, wait, first_mb)
+        } else {
+            self.reduce_scatter(u, gi, wait, first_mb, &div)?
+        };
+        Some(self.reduce_tail(u, gi, rs, first_mb, &div))
+    }
+
+    /// The reduce-scatter of group `gi` of unit `u` over a multi-rank shard group: the
+    /// compute stream waits for the previous unit's reduce-scatter (`wait`), then packs
+    /// (`chunk_cat`), the pre-division runs and the collective follows on the group's
+    /// stream. `None` when no collective is issued.
+    fn reduce_scatter(
+        &mut self,
+        u: usize,
+        gi: usize,
+        wait: &[OpId],
+        first_mb: bool,
+        div: &super::avg_division::Fsdp2Division,
+    ) -> Option<OpId> {
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let g = &self.units[u].groups[gi];
+        let (rs_in, rs_out, dim1, domain) = (g.rs_in, g.rs_out, g.dim1, g.domain);
+        let unsharded_grads = g.unsharded_grad_bytes;
+        let gname = group_name(short(&self.units[u].name), domain);
+        let cin = self.e.copy(
+            Stream::Compute,
+            rs_in,
+            1 + dim1,
+            wait,
+            &format!("{gname}.rs_copy_in"),
+        );
+        self.e.alloc(cin, MemTag::Buffers, rs_in);
+        self.e.free(cin, MemTag::Grads, unsharded_grads);
+        let spec = CollSpec {
+            kind: CollectiveKind::ReduceScatter,
+            input_bytes: rs_in,
+            output_bytes: rs_out,
+        };
+        // `_div_if_needed(input, predivide_factor)` on the reduce-scatter stream.
+        let rs_stream = shard_group_stream(domain);
+        let pre = self.divide_if_needed(rs_stream, div.pre_factor, rs_in, cin, &gname, "pre");
+        let rs = self.e.collective(
+            rs_stream,
+            Category::FsdpRs,
+            shard_group(domain),
+            spec,
+            rd,
+            rs_in.is_multiple_of(512),
+            &[pre],
+            &format!("{gname}.rs"),
+        )?;
+        self.e.free(rs, MemTag::Buffers, rs_in);
+        if first_mb {
+            self.e.alloc(rs, MemTag::Grads, rs_out);
+        }
+        Some(self.npu_avg(div.op, domain, Category::FsdpRs, rs_out, rs, &gname))
+    }
+
+    /// After group `gi`'s reduce-scatter `rs`: the all-reduce over the replicas (HSDP), the
+    /// post-division and, from the second micro-batch on, the accumulation into the sharded
+    /// gradients, on the post-reduce stream (the all-reduce stream with replicas, else the
+    /// reduce-scatter stream). Returns the last op.
+    fn reduce_tail(
+        &mut self,
+        u: usize,
+        gi: usize,
+        rs: OpId,
+        first_mb: bool,
+        div: &super::avg_division::Fsdp2Division,
+    ) -> OpId {
+        let rd = self.e.ctx.opts.reduce_dtype;
+        let g = &self.units[u].groups[gi];
+        let (rs_out, params, domain) = (g.rs_out, g.params, g.domain);
+        let gname = group_name(short(&self.units[u].name), domain);
+        let spec = CollSpec {
+            kind: CollectiveKind::AllReduce,
+            input_bytes: rs_out,
+            output_bytes: rs_out,
+        };
+        let ar = self.e.collective(
+            Stream::AllReduce,
+            Category::FsdpAr,
+            replicate_group(domain),
+            spec,
+            rd,
+            rs_out.is_multiple_of(512),
+            &[rs],
+            &format!("{gname}.ar"),
+        );
+        let ar = ar.map(|ar| self.npu_avg(div.op, domain, Category::FsdpAr, rs_out, ar, &gname));
+        let (last, post_stream) = match ar {
+            Some(ar) => (ar, Stream::AllReduce),
+            None => (rs, shard_group_stream(domain)),
+        };
+        let post = self.divide_if_needed(post_stream, div.post_factor, rs_out, last, &gname, "post");
+        if first_mb {
+            return post;
+        }
+        // `sharded_param.grad._local_tensor += new_sharded_grad`: one add per parameter.
+        let elems = rs_out / rd.bytes().max(1);
+        let add = self.e.compute(
+            post_stream,
+            Category::FsdpRs,
+            ComputeWork::memory_bound(elems, 3 * rs_out, params.max(1)),
+            &[post],
+            &format!("{gname}.grad_accumulate"),
+        );
+        add
     }
 }
 
@@ -441,7 +496,7 @@ pub(crate) fn generate(
     f.e.mb_prefix.clear();
     match &sched {
         Some(sched) => f.muon_optimizer(sched),
-        None => f.adamw_per_unit(),
+        None => f.torch_adamw(),
     }
     f.e.build()
 }
@@ -482,16 +537,6 @@ fn fsdp2_units(ctx: &Ctx, rank: usize) -> (Vec<Unit>, Vec<Option<usize>>) {
 }
 
 impl F2<'_> {
-    /// The parameter groups of unit `u` that are sharded (shard group of more than one
-    /// rank): the ones that all-gather, reduce-scatter and hold gradient buffers.
-    fn sharded_groups(&self, u: usize) -> impl Iterator<Item = &CommGroup> {
-        let shard_size = self.e.ctx.shard_size;
-        self.units[u]
-            .groups
-            .iter()
-            .filter(move |g| shard_size[Ctx::domain_index(g.domain)] > 1)
-    }
-
     /// Memory held for the whole step: the master-dtype parameter shards and the
     /// optimizer state (the Muon schedule's, or AdamW's moments of every shard).
     fn reserve_resident_state(&mut self, sched: Option<&muon::schedule::Schedule>) {
@@ -506,7 +551,8 @@ impl F2<'_> {
             MemTag::Optimizer,
             match sched {
                 Some(s) => s.momentum_bytes + s.adamw_state_bytes,
-                None => shard_elems * super::optimizer::ADAMW_STATE_BYTES_PER_ELEM,
+                // torch's AdamW keeps both moments in the parameter's dtype.
+                None => shard_elems * 2 * master_bytes,
             },
         );
     }
@@ -562,7 +608,7 @@ impl F2<'_> {
             let grads: u64 = if self.units[u].root && grads_held[u] {
                 0
             } else {
-                self.sharded_groups(u).map(|g| g.rs_in).sum()
+                self.units[u].groups.iter().map(|g| g.unsharded_grad_bytes).sum()
             };
             self.e.alloc(first, MemTag::Grads, grads);
             grads_held[u] = true;
@@ -603,7 +649,7 @@ impl F2<'_> {
         let mut ready = self.e.issue_point();
         ready.extend(self.reduce_ops.iter().flatten().copied());
         let grads: u64 = (0..self.units.len())
-            .flat_map(|u| self.sharded_groups(u))
+            .flat_map(|u| self.units[u].groups.iter())
             .map(|g| g.rs_out)
             .sum();
         if let Some(last) = muon::schedule::lower(&mut self.e, sched, &ready) {
@@ -611,21 +657,50 @@ impl F2<'_> {
         }
     }
 
-    /// The placeholder AdamW step per unit, forward order, each after its unit's reductions
-    /// (`finalize_backward` waits them); frees the unit's reduced gradients.
-    fn adamw_per_unit(&mut self) {
-        for u in 0..self.units.len() {
-            let elems: u64 = self.units[u].groups.iter().map(|g| g.shard_elems).sum();
-            let tensors: u32 = self.units[u].groups.iter().map(|g| g.params).sum();
-            if tensors == 0 {
-                continue;
+    /// `torch.optim.AdamW`'s foreach step over every local shard after every unit's
+    /// reductions (`finalize_backward` waits them): one op per `_foreach_*` pass
+    /// ([`super::torch_adamw`]), the square-root temporary alive from its pass to the last;
+    /// `zero_grad(set_to_none=True)` then frees the reduced gradients.
+    fn torch_adamw(&mut self) {
+        let groups = || self.units.iter().flat_map(|u| u.groups.iter());
+        let numels: Vec<u64> = groups().flat_map(|g| g.shard_numels.iter().copied()).collect();
+        if numels.is_empty() {
+            return;
+        }
+        let elems: u64 = numels.iter().sum();
+        let grads: u64 = groups().map(|g| g.rs_out).sum();
+        let master = self.e.ctx.opts.master_dtype;
+        let passes = super::torch_adamw::passes(master, master, self.e.ctx.opts.adamw_weight_decay);
+        let mut deps = self.e.issue_point();
+        deps.extend(self.reduce_ops.iter().flatten().copied());
+        let temporary = elems * master.bytes();
+        let mut last = None;
+        for (i, pass) in passes.iter().enumerate() {
+            let kernels = super::torch_adamw::launches(numels.iter().copied(), pass.depth, pass.scalar_list);
+            let work = ComputeWork::memory_bound(
+                elems,
+                (pass.read_bytes + pass.write_bytes) * elems,
+                u32::try_from(kernels.max(1)).unwrap_or(u32::MAX),
+            );
+            let op = self.e.compute(
+                Stream::Compute,
+                Category::Optimizer,
+                work,
+                if i == 0 { &deps } else { &[] },
+                &format!("optimizer.{}", pass.name),
+            );
+            if i == 0 {
+                self.e.b.host_events(op, ADAMW_FOREACH_EVENTS_PER_PARAM * numels.len() as u32);
             }
-            let grads: u64 = self.sharded_groups(u).map(|g| g.rs_out).sum();
-            let mut deps = self.e.issue_point();
-            deps.extend(self.reduce_ops[u].iter().copied());
-            let name = short(&self.units[u].name).to_string();
-            let reduce_dtype = self.e.ctx.opts.reduce_dtype;
-            let op = optimizer_step(&mut self.e, &name, elems, tensors, reduce_dtype, &deps);
+            if pass.allocates_temporary {
+                self.e.alloc(op, MemTag::Optimizer, temporary);
+            }
+            if pass.frees_temporary {
+                self.e.free(op, MemTag::Optimizer, temporary);
+            }
+            last = Some(op);
+        }
+        if let Some(op) = last {
             self.e.free(op, MemTag::Grads, grads);
         }
     }

@@ -31,6 +31,7 @@ pub mod routing;
 pub mod saved_activations;
 mod step_tail;
 pub mod tp_grad_sync;
+pub mod torch_adamw;
 pub mod tp_overlap;
 pub mod validation;
 pub mod vocab_parallel_loss;
@@ -224,6 +225,9 @@ pub struct StrategyOptions {
     pub seq_len: u64,
     /// TP collectives fused with the neighbouring GEMMs (`[train] tp_comm_overlap`).
     pub tp_comm_overlap: tp_overlap::TpCommOverlap,
+    /// AdamW's decoupled weight decay is on (`[optimizer.adamw] weight_decay != 0`): torch's
+    /// AdamW then runs one more pass over the parameters ([`torch_adamw`]).
+    pub adamw_weight_decay: bool,
 }
 
 impl StrategyOptions {
@@ -274,6 +278,7 @@ impl StrategyOptions {
             micro_batch: t.micro_batch,
             seq_len: t.seq_len,
             tp_comm_overlap,
+            adamw_weight_decay: scenario.file.optimizer.adamw.weight_decay != 0.0,
         })
     }
 }

@@ -144,6 +144,7 @@ impl Schedule {
             work: Work::Copy(CopyWork {
                 bytes,
                 kernels: kernels.max(1),
+                memcpys: 0,
             }),
             deps,
             alloc: None,

@@ -1,0 +1,126 @@
+//! FSDP2 on a single-rank shard group (a one-GPU `fully_shard`, or HSDP with `dp_shard = 1`):
+//! the collectives degenerate, the copies around them do not.
+//!
+//! Measured on one H200 with torch 2.11 (`shared/calibration/h200/profiles/`, the three
+//! FSDP2 runs and the dense-14B trace), per unit:
+//! - **copy-in** (`all_gather_copy_in`, pre-forward and pre-backward hooks): one cast kernel
+//!   per parameter (`_foreach_copy_` from the fp32 master shard into the flat bf16 buffer;
+//!   `bfloat16_copy_kernel_cuda`: 93 kernels in the dense-14B forward for 91 parameters plus
+//!   the root's tensors), reading the master bytes and writing the param-dtype bytes;
+//! - **all-gather**: NCCL's one-rank in-place all-gather launches nothing (no NCCL kernel in
+//!   any of the three kernel tables);
+//! - **copy-out** (`split_with_sizes_copy` of a one-row output): one device-to-device memcpy
+//!   per parameter (178,257,920 B = one bf16 `gate_proj` of Qwen3-14B, 48 times = 8 layers x 3
+//!   MLP projections x forward + backward);
+//! - **reduce-scatter copy-in** (`chunk_cat` of the bf16 gradients into the fp32 reduce
+//!   buffer): one `chunk_cat_cuda_kernel<float, BFloat16>` per unit;
+//! - **reduce-scatter**: NCCL's one-rank out-of-place reduce-scatter is one device-to-device
+//!   memcpy of the whole reduce buffer (1,321,247,744 B = one Qwen3-14B layer's 330.3 M
+//!   parameters in fp32, 8 times; 6,223,319,040 B for the root).
+//!
+//! No division (`data_parallel_size == 1`: `ReduceOp.SUM`) and no all-reduce without
+//! replicas.
+
+use super::{F2, group_name, short};
+use crate::step::{MemTag, OpId, Stream};
+use hpfsdp_plan::fsdp::DataDomain;
+
+impl F2<'_> {
+    /// Copy-in of single-rank group `gi` of unit `u`: one cast (or copy) kernel per parameter
+    /// into the flat all-gather buffer, after the copy-out two units earlier. Returns the op
+    /// the copy-out waits for (there is no collective).
+    pub(super) fn single_rank_copy_in(&mut self, u: usize, gi: usize, phase: &str) -> OpId {
+        let o = &self.e.ctx.opts;
+        let (master, pd) = (o.master_dtype.bytes(), o.param_dtype.bytes());
+        let g = &self.units[u].groups[gi];
+        let (elems, params, ag_out) = (g.shard_elems, g.params, g.ag_out);
+        let gname = group_name(short(&self.units[u].name), g.domain);
+        let deps: Vec<OpId> = self
+            .copy_outs
+            .len()
+            .checked_sub(2)
+            .map(|i| self.copy_outs[i])
+            .into_iter()
+            .collect();
+        // Each element is read in the master dtype and written in the param dtype:
+        // `CopyWork::bytes` is the mean of the two (the copy cost reads and writes it).
+        let cin = self.e.copy(
+            Stream::Copy,
+            elems * (master + pd) / 2,
+            params,
+            &deps,
+            &format!("{gname}.copy_in{phase}"),
+        );
+        self.e.alloc(cin, MemTag::Buffers, ag_out);
+        cin
+    }
+
+    /// Copy-out of single-rank group `gi` of unit `u` after `cin`: one device-to-device
+    /// memcpy per parameter on the compute stream.
+    pub(super) fn single_rank_copy_out(
+        &mut self,
+        u: usize,
+        gi: usize,
+        cin: OpId,
+        phase: &str,
+    ) -> OpId {
+        let g = &self.units[u].groups[gi];
+        let (params, ag_out, domain) = (g.params, g.ag_out, g.domain);
+        let gname = group_name(short(&self.units[u].name), domain);
+        let op = self.e.memcpy(
+            Stream::Compute,
+            ag_out,
+            params,
+            &[cin],
+            &format!("{gname}.copy_out{phase}"),
+        );
+        self.e.alloc(op, MemTag::Params, ag_out);
+        self.e.free(op, MemTag::Buffers, ag_out);
+        op
+    }
+
+    /// Reduction of single-rank group `gi` of unit `u` after `wait`: `chunk_cat` of the
+    /// param-dtype gradients into the reduce-dtype buffer on the compute stream, then the
+    /// one-rank reduce-scatter as one memcpy of the buffer on the group's stream. Returns the
+    /// memcpy (what the optimizer waits for).
+    pub(super) fn single_rank_reduce(
+        &mut self,
+        u: usize,
+        gi: usize,
+        wait: &[OpId],
+        first_mb: bool,
+    ) -> OpId {
+        let o = &self.e.ctx.opts;
+        let (pd, rd) = (o.param_dtype.bytes(), o.reduce_dtype.bytes());
+        let g = &self.units[u].groups[gi];
+        let (elems, rs_in, rs_out, domain) = (g.shard_elems, g.rs_in, g.rs_out, g.domain);
+        let unsharded_grads = g.unsharded_grad_bytes;
+        let gname = group_name(short(&self.units[u].name), domain);
+        let cin = self.e.copy(
+            Stream::Compute,
+            elems * (pd + rd) / 2,
+            1,
+            wait,
+            &format!("{gname}.rs_copy_in"),
+        );
+        self.e.alloc(cin, MemTag::Buffers, rs_in);
+        self.e.free(cin, MemTag::Grads, unsharded_grads);
+        let rs = self.e.memcpy(
+            super::shard_group_stream(domain),
+            rs_in,
+            1,
+            &[cin],
+            &format!("{gname}.rs"),
+        );
+        self.e.free(rs, MemTag::Buffers, rs_in);
+        if first_mb {
+            self.e.alloc(rs, MemTag::Grads, rs_out);
+        }
+        rs
+    }
+}
+
+/// Whether `domain`'s shard group is a single rank under `shard_size` (per data domain).
+pub(super) fn is_single_rank(shard_size: &[usize], domain: DataDomain) -> bool {
+    shard_size[super::Ctx::domain_index(domain)] <= 1
+}
