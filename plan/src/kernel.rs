@@ -58,9 +58,21 @@ pub enum KernelClass {
     /// A memory-bound kernel: norms, RoPE, activations, residual adds, casts, softmax, router
     /// top-k, permutes, loss, optimizer element-wise (foreach) kernels, embedding lookups.
     MemoryBound,
+    /// A `multi_tensor_apply` kernel of a `torch._foreach_*` operator (the optimizer's
+    /// element-wise passes): memory-bound, but at its own fraction of the HBM bandwidth (it
+    /// walks tensor lists in 65,536-element chunks).
+    MultiTensorApply,
 }
 
 impl KernelClass {
+    /// Whether the class is memory-bound element-wise work (vector cores, not GEMM units).
+    pub fn is_memory_bound(&self) -> bool {
+        matches!(
+            self,
+            KernelClass::MemoryBound | KernelClass::MultiTensorApply
+        )
+    }
+
     /// Short kebab-case name of the class (`gemm`, `grouped-gemm`, `attention`, `memory-bound`).
     pub fn name(&self) -> &'static str {
         match self {
@@ -68,6 +80,7 @@ impl KernelClass {
             KernelClass::GroupedGemm { .. } => "grouped-gemm",
             KernelClass::Attention { .. } => "attention",
             KernelClass::MemoryBound => "memory-bound",
+            KernelClass::MultiTensorApply => "multi-tensor-apply",
         }
     }
 }
@@ -153,6 +166,7 @@ impl MixId {
                     head_dim,
                 } => (3, batch, seq, heads, head_dim),
                 KernelClass::MemoryBound => (4, 0, 0, 0, 0),
+                KernelClass::MultiTensorApply => (5, 0, 0, 0, 0),
             };
             hasher.update(&[tag]);
             for v in [a, b, c, d, k.count as u64, k.flops, k.hbm_bytes] {

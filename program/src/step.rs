@@ -299,6 +299,30 @@ pub struct CopyWork {
     /// contiguous rows).
     #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub memcpys: u32,
+    /// What kind of copy kernel it is (a plain copy or FSDP2's `chunk_cat`), which sets the
+    /// bandwidth it reaches.
+    #[serde(default, skip_serializing_if = "CopyKind::is_plain")]
+    pub kind: CopyKind,
+}
+
+/// The kernel of a [`CopyWork`]: plain copies and casts, or kernels that reach a bandwidth of
+/// their own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum CopyKind {
+    /// `copy_`, casts, `split_with_sizes_copy`, driver memcpys.
+    #[default]
+    Plain,
+    /// `torch._chunk_cat` (FSDP2's reduce-scatter copy-in): interleaves every gradient's
+    /// chunks into the reduce buffer, at a fraction of a plain copy's bandwidth.
+    ChunkCat,
+}
+
+impl CopyKind {
+    /// Whether this is a plain copy (the default, left out of serialized programs).
+    pub fn is_plain(&self) -> bool {
+        *self == CopyKind::Plain
+    }
 }
 
 fn is_zero_u32(n: &u32) -> bool {
@@ -1044,6 +1068,7 @@ impl ProgramBuilder {
                 bytes,
                 kernels: 1,
                 memcpys: 0,
+                kind: CopyKind::Plain,
             }),
             deps,
         )

@@ -42,9 +42,22 @@ pub struct ComputeSpec {
     pub attention_relative_efficiency: f64,
     /// Sequence length (tokens per sequence on the rank) at which attention runs at half that.
     pub attention_seq_half: f64,
+    /// Bandwidth of `multi_tensor_apply` (`torch._foreach_*`) kernels over that of plain
+    /// memory-bound kernels (`calibration.hbm_efficiency`), in (0, 1]; 1 when absent.
+    #[serde(default = "unit_ratio")]
+    pub foreach_relative_bandwidth: f64,
+    /// Bandwidth of FSDP2's reduce-scatter copy-in (`chunk_cat` of the gradients into the
+    /// reduce buffer) over that of plain device copies (`calibration.copy_efficiency`), in
+    /// (0, 1]; 1 when absent.
+    #[serde(default = "unit_ratio")]
+    pub chunk_cat_relative_bandwidth: f64,
     /// The parsed `gemm_table` (filled when the profile is loaded).
     #[serde(skip)]
     pub table: Option<GemmTable>,
+}
+
+fn unit_ratio() -> f64 {
+    1.0
 }
 
 impl Default for ComputeSpec {
@@ -58,6 +71,8 @@ impl Default for ComputeSpec {
             gemm_k_half: 256.0,
             attention_relative_efficiency: 0.75,
             attention_seq_half: 256.0,
+            foreach_relative_bandwidth: 1.0,
+            chunk_cat_relative_bandwidth: 1.0,
             table: None,
         }
     }
@@ -114,10 +129,16 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
         KernelClass::Attention { seq, .. } => attention_efficiency(seq, profile),
         // Element-wise arithmetic is never the bound of these kernels; the ceiling keeps the
         // roofline defined.
-        KernelClass::MemoryBound => c.gemm_ceiling,
+        KernelClass::MemoryBound | KernelClass::MultiTensorApply => c.gemm_ceiling,
+    };
+    let bandwidth = match k.class {
+        KernelClass::MultiTensorApply => {
+            c.hbm_efficiency * profile.compute.foreach_relative_bandwidth
+        }
+        _ => c.hbm_efficiency,
     };
     let math = k.flops as f64 / (d.bf16_flops_per_s * efficiency.max(1e-9));
-    let memory = k.hbm_bytes as f64 / (d.hbm_bandwidth_bytes_per_s * c.hbm_efficiency);
+    let memory = k.hbm_bytes as f64 / (d.hbm_bandwidth_bytes_per_s * bandwidth);
     math.max(memory) + k.count as f64 * c.device_launch_us_per_kernel * 1e-6
 }
 

@@ -12,6 +12,7 @@
 use crate::profile::{Algorithm, HardwareProfile, TierSpec};
 use crate::shape::GroupShape;
 use hpfsdp_plan::{CollectiveKind, Tier};
+use hpfsdp_program::step::CopyKind;
 use serde::{Deserialize, Serialize};
 
 /// Alpha-beta parameters of one tier for one collective phase.
@@ -383,8 +384,18 @@ pub fn compute_work_s(
 /// Device copy of `bytes` (read once, written once) at HBM bandwidth, seconds:
 /// `2 bytes / (hbm_bw * copy_eff) + kernels * device_launch`.
 pub fn copy_s(bytes: u64, kernels: u32, profile: &HardwareProfile) -> f64 {
+    copy_of_kind_s(bytes, kernels, CopyKind::Plain, profile)
+}
+
+/// [`copy_s`] for a copy kernel of `kind`: FSDP2's `chunk_cat` at
+/// `compute.chunk_cat_relative_bandwidth` of a plain copy's bandwidth.
+pub fn copy_of_kind_s(bytes: u64, kernels: u32, kind: CopyKind, profile: &HardwareProfile) -> f64 {
     let c = &profile.calibration;
-    2.0 * bytes as f64 / (profile.device.hbm_bandwidth_bytes_per_s * c.copy_efficiency)
+    let relative = match kind {
+        CopyKind::Plain => 1.0,
+        CopyKind::ChunkCat => profile.compute.chunk_cat_relative_bandwidth,
+    };
+    2.0 * bytes as f64 / (profile.device.hbm_bandwidth_bytes_per_s * c.copy_efficiency * relative)
         + kernels as f64 * c.device_launch_us_per_kernel * 1e-6
 }
 

@@ -33,7 +33,7 @@
 //! without hashing ([`pending`]), and nothing is allocated per event except a collective
 //! instance's arrival and phase lists.
 
-use crate::cost::{collective_phases, compute_work_s, copy_s};
+use crate::cost::{collective_phases, compute_work_s};
 use crate::error::SimError;
 use crate::host_cost::HostCosts;
 use crate::memory::MemoryTracker;
@@ -461,7 +461,12 @@ fn op_exec(
             }
         }
         Payload::Copy(w) => Exec::Device {
-            duration_ns: ns(copy_s(w.bytes, w.kernels + w.memcpys, profile)),
+            duration_ns: ns(crate::cost::copy_of_kind_s(
+                w.bytes,
+                w.kernels + w.memcpys,
+                w.kind,
+                profile,
+            )),
             side_wait_ns: 0,
             uses_cube: false,
         },

@@ -500,6 +500,14 @@ impl HardwareProfile {
             k.attention_relative_efficiency,
         )?;
         positive("compute.attention_seq_half", k.attention_seq_half)?;
+        fraction(
+            "compute.foreach_relative_bandwidth",
+            k.foreach_relative_bandwidth,
+        )?;
+        fraction(
+            "compute.chunk_cat_relative_bandwidth",
+            k.chunk_cat_relative_bandwidth,
+        )?;
         fraction("calibration.hbm_efficiency", c.hbm_efficiency)?;
         fraction("calibration.copy_efficiency", c.copy_efficiency)?;
         fraction(

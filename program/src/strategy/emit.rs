@@ -200,6 +200,26 @@ impl<'a> Emitter<'a> {
         deps: &[OpId],
         name: &str,
     ) -> OpId {
+        self.copy_of_kind(
+            stream,
+            bytes,
+            kernels,
+            crate::step::CopyKind::Plain,
+            deps,
+            name,
+        )
+    }
+
+    /// [`Self::copy`] of a given kernel kind (FSDP2's `chunk_cat`).
+    pub fn copy_of_kind(
+        &mut self,
+        stream: Stream,
+        bytes: u64,
+        kernels: u32,
+        kind: crate::step::CopyKind,
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
         let op = self.b.push(
             stream,
             Category::Copy,
@@ -207,6 +227,7 @@ impl<'a> Emitter<'a> {
                 bytes,
                 kernels: kernels.max(1),
                 memcpys: 0,
+                kind,
             }),
             deps,
         );
@@ -234,6 +255,7 @@ impl<'a> Emitter<'a> {
                 bytes,
                 kernels: 0,
                 memcpys: calls.max(1),
+                kind: crate::step::CopyKind::Plain,
             }),
             deps,
         );

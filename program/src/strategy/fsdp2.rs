@@ -53,15 +53,16 @@
 mod single_rank;
 
 use super::emit::{Emitter, backward_with_recompute, forward_activations, shard_group_stream};
-use super::muon;
-use single_rank::is_single_rank;
 use super::host_events::ADAMW_FOREACH_EVENTS_PER_PARAM;
+use super::muon;
 use super::parallel::CollSpec;
 use super::{Ctx, GroupKind, StrategyError};
 use crate::step::{Category, ComputeWork, Group, MemTag, OpId, StepProgram, Stream};
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::fsdp::{DataDomain, ParamFsdp};
+use hpfsdp_plan::kernel::{KernelClass, KernelWork};
 use hpfsdp_plan::topology::Tier;
+use single_rank::is_single_rank;
 
 /// One FSDP2 parameter group (the params of one unit in one data domain).
 struct CommGroup {
@@ -296,10 +297,11 @@ impl F2<'_> {
         let (rs_in, rs_out, dim1, domain) = (g.rs_in, g.rs_out, g.dim1, g.domain);
         let unsharded_grads = g.unsharded_grad_bytes;
         let gname = group_name(short(&self.units[u].name), domain);
-        let cin = self.e.copy(
+        let cin = self.e.copy_of_kind(
             Stream::Compute,
             rs_in,
             1 + dim1,
+            crate::step::CopyKind::ChunkCat,
             wait,
             &format!("{gname}.rs_copy_in"),
         );
@@ -366,7 +368,8 @@ impl F2<'_> {
             Some(ar) => (ar, Stream::AllReduce),
             None => (rs, shard_group_stream(domain)),
         };
-        let post = self.divide_if_needed(post_stream, div.post_factor, rs_out, last, &gname, "post");
+        let post =
+            self.divide_if_needed(post_stream, div.post_factor, rs_out, last, &gname, "post");
         if first_mb {
             return post;
         }
@@ -608,7 +611,11 @@ impl F2<'_> {
             let grads: u64 = if self.units[u].root && grads_held[u] {
                 0
             } else {
-                self.units[u].groups.iter().map(|g| g.unsharded_grad_bytes).sum()
+                self.units[u]
+                    .groups
+                    .iter()
+                    .map(|g| g.unsharded_grad_bytes)
+                    .sum()
             };
             self.e.alloc(first, MemTag::Grads, grads);
             grads_held[u] = true;
@@ -663,7 +670,9 @@ impl F2<'_> {
     /// `zero_grad(set_to_none=True)` then frees the reduced gradients.
     fn torch_adamw(&mut self) {
         let groups = || self.units.iter().flat_map(|u| u.groups.iter());
-        let numels: Vec<u64> = groups().flat_map(|g| g.shard_numels.iter().copied()).collect();
+        let numels: Vec<u64> = groups()
+            .flat_map(|g| g.shard_numels.iter().copied())
+            .collect();
         if numels.is_empty() {
             return;
         }
@@ -676,12 +685,14 @@ impl F2<'_> {
         let temporary = elems * master.bytes();
         let mut last = None;
         for (i, pass) in passes.iter().enumerate() {
-            let kernels = super::torch_adamw::launches(numels.iter().copied(), pass.depth, pass.scalar_list);
-            let work = ComputeWork::memory_bound(
-                elems,
-                (pass.read_bytes + pass.write_bytes) * elems,
-                u32::try_from(kernels.max(1)).unwrap_or(u32::MAX),
-            );
+            let kernels =
+                super::torch_adamw::launches(numels.iter().copied(), pass.depth, pass.scalar_list);
+            let work = self.e.b.intern_kernels(&[KernelWork {
+                class: KernelClass::MultiTensorApply,
+                count: u32::try_from(kernels.max(1)).unwrap_or(u32::MAX),
+                flops: elems,
+                hbm_bytes: (pass.read_bytes + pass.write_bytes) * elems,
+            }]);
             let op = self.e.compute(
                 Stream::Compute,
                 Category::Optimizer,
@@ -690,7 +701,9 @@ impl F2<'_> {
                 &format!("optimizer.{}", pass.name),
             );
             if i == 0 {
-                self.e.b.host_events(op, ADAMW_FOREACH_EVENTS_PER_PARAM * numels.len() as u32);
+                self.e
+                    .b
+                    .host_events(op, ADAMW_FOREACH_EVENTS_PER_PARAM * numels.len() as u32);
             }
             if pass.allocates_temporary {
                 self.e.alloc(op, MemTag::Optimizer, temporary);

@@ -63,10 +63,8 @@ pub(crate) fn holds_side_cores(
         // waits for every compute kernel.
         SideStreamKernels::WaitForVectorCores => {
             side_uses_cube
-                || matches!(
-                    class,
-                    KernelClass::MemoryBound | KernelClass::Attention { .. }
-                )
+                || class.is_memory_bound()
+                || matches!(class, KernelClass::Attention { .. })
         }
     }
 }
@@ -78,11 +76,7 @@ pub(crate) fn uses_cube_cores(
 ) -> bool {
     work.mix
         .and_then(|id| mixes.get(&id))
-        .is_some_and(|kernels| {
-            kernels
-                .iter()
-                .any(|k| !matches!(k.class, KernelClass::MemoryBound))
-        })
+        .is_some_and(|kernels| kernels.iter().any(|k| !k.class.is_memory_bound()))
 }
 
 /// Expected wait, seconds, of a side-stream kernel that arrives at a uniformly random time

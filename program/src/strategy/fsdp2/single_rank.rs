@@ -22,7 +22,23 @@
 //! replicas.
 
 use super::{F2, group_name, short};
-use crate::step::{MemTag, OpId, Stream};
+
+/// Host CPU operator events of a copy-in per parameter: `aten::to` -> `_to_copy` ->
+/// `empty_strided` + `copy_` (the dense-14B trace: 44 of the 58 events inside a layer's
+/// `FSDP::pre_forward` for its 11 parameters).
+pub const COPY_IN_EVENTS_PER_PARAM: u32 = 4;
+/// Host events of a copy-out per parameter (`aten::copy_`: 11 of the 58).
+pub const COPY_OUT_EVENTS_PER_PARAM: u32 = 1;
+/// Host events of a hook around a copy-in/copy-out pair that no parameter accounts for
+/// (3 of the 58: post-backward registration and views).
+pub const UNSHARD_HOOK_EVENTS: u32 = 3;
+/// Host events of a reduction per parameter (`aten::as_strided` views of the reduced
+/// gradient: 11 of the 22 events inside a layer's `FSDP::post_backward_reduce`).
+pub const REDUCE_EVENTS_PER_PARAM: u32 = 1;
+/// Host events of a reduction that no parameter accounts for (`empty` x 2, `view`,
+/// `fsdp::chunk_cat` and its `_chunk_cat`, `copy_`, ...: the other 11 of the 22).
+pub const REDUCE_FIXED_EVENTS: u32 = 11;
+use crate::step::{CopyKind, MemTag, OpId, Stream};
 use hpfsdp_plan::fsdp::DataDomain;
 
 impl F2<'_> {
@@ -52,6 +68,9 @@ impl F2<'_> {
             &format!("{gname}.copy_in{phase}"),
         );
         self.e.alloc(cin, MemTag::Buffers, ag_out);
+        self.e
+            .b
+            .host_events(cin, COPY_IN_EVENTS_PER_PARAM * params + UNSHARD_HOOK_EVENTS);
         cin
     }
 
@@ -76,6 +95,7 @@ impl F2<'_> {
         );
         self.e.alloc(op, MemTag::Params, ag_out);
         self.e.free(op, MemTag::Buffers, ag_out);
+        self.e.b.host_events(op, COPY_OUT_EVENTS_PER_PARAM * params);
         op
     }
 
@@ -95,16 +115,21 @@ impl F2<'_> {
         let g = &self.units[u].groups[gi];
         let (elems, rs_in, rs_out, domain) = (g.shard_elems, g.rs_in, g.rs_out, g.domain);
         let unsharded_grads = g.unsharded_grad_bytes;
+        let params = g.params;
         let gname = group_name(short(&self.units[u].name), domain);
-        let cin = self.e.copy(
+        let cin = self.e.copy_of_kind(
             Stream::Compute,
             elems * (pd + rd) / 2,
             1,
+            CopyKind::ChunkCat,
             wait,
             &format!("{gname}.rs_copy_in"),
         );
         self.e.alloc(cin, MemTag::Buffers, rs_in);
         self.e.free(cin, MemTag::Grads, unsharded_grads);
+        self.e
+            .b
+            .host_events(cin, REDUCE_EVENTS_PER_PARAM * params + REDUCE_FIXED_EVENTS);
         let rs = self.e.memcpy(
             super::shard_group_stream(domain),
             rs_in,

@@ -145,6 +145,7 @@ impl Schedule {
                 bytes,
                 kernels: kernels.max(1),
                 memcpys: 0,
+                kind: crate::step::CopyKind::Plain,
             }),
             deps,
             alloc: None,
