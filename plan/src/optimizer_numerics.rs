@@ -18,18 +18,29 @@ pub enum NsOpOrder {
     /// Keller Jordan's eager form, Python precedence: `B = b·A + (c·A)·A`, every operation
     /// rounded (`eager`).
     ScaleThenMultiply,
-    /// `torch.optim.Muon`: `B = addmm(A, A, A, beta=b, alpha=c)` and
-    /// `X = addmm(X, B, X, beta=a)`: one bf16 rounding per `b·A + c·A·A` and per `a·X + B·X`
-    /// (`addmm`).
+    /// `torch.optim.Muon`'s operations: `B = addmm(A, A, A, beta=b, alpha=c)` and
+    /// `X = addmm(X, B, X, beta=a)`: one bf16 rounding per `b·A + c·A·A` and per `a·X + B·X`,
+    /// products summed in ascending order (`addmm`). Bitwise torch only where the
+    /// summation order does not change a bf16 rounding; the two orders below are torch's.
     Addmm,
+    /// The `addmm` operations with torch's native CPU bf16 GEMM kernels (ATen `cpublas`,
+    /// AVX2 and AVX-512 builds): the orders torch takes on CPUs without AVX-512, with
+    /// `torch.backends.mkldnn.enabled = False`, and for GEMMs of at most 4096 multiply-adds
+    /// everywhere (`addmm_cpublas`).
+    AddmmCpublas,
+    /// torch's dispatch on an AVX-512 CPU: GEMMs of more than 4096 multiply-adds in oneDNN's
+    /// bf16 order (products in pairs), the others as `addmm_cpublas` (`addmm_onednn`).
+    AddmmOnednn,
 }
 
 impl NsOpOrder {
     /// Every order, in documentation order.
-    pub const ALL: [NsOpOrder; 3] = [
+    pub const ALL: [NsOpOrder; 5] = [
         NsOpOrder::GramSquaredFirst,
         NsOpOrder::ScaleThenMultiply,
         NsOpOrder::Addmm,
+        NsOpOrder::AddmmCpublas,
+        NsOpOrder::AddmmOnednn,
     ];
 
     /// The scenario name (`[optimizer.muon] ns_order`).
@@ -38,6 +49,8 @@ impl NsOpOrder {
             NsOpOrder::GramSquaredFirst => "gram_squared_first",
             NsOpOrder::ScaleThenMultiply => "eager",
             NsOpOrder::Addmm => "addmm",
+            NsOpOrder::AddmmCpublas => "addmm_cpublas",
+            NsOpOrder::AddmmOnednn => "addmm_onednn",
         }
     }
 

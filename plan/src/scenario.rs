@@ -316,8 +316,9 @@ pub struct MuonOptions {
     /// a batch of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_batch_fill_owners: Option<bool>,
-    /// Newton-Schulz rounding order (`gram_squared_first`, `eager`, `addmm`; default: the
-    /// preset's), see [`crate::optimizer_numerics::NsOpOrder`].
+    /// Newton-Schulz rounding order (`gram_squared_first`, `eager`, `addmm`,
+    /// `addmm_cpublas`, `addmm_onednn`; default: the preset's), see
+    /// [`crate::optimizer_numerics::NsOpOrder`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ns_order: Option<String>,
     /// Element-wise form of the momentum and update (`unfused` or `torch_cpu_fma`; default:

@@ -1,19 +1,24 @@
 //! The reference optimizers against golden vectors produced by real PyTorch (torch 2.15.0 on
-//! an AVX-512 x86 CPU, `tools/torch_golden.py`; the files record the version and CPU):
+//! an AVX-512 x86 CPU, `tools/torch_golden.py` and, for `adamw_cancel.toml`,
+//! `tools/torch_cpu_paths_golden.py`; the files record the version and CPU):
 //!
-//! - AdamW `torch_cpu_fma` equals `torch.optim.AdamW` (`_single_tensor_adam`) bitwise in both
-//!   moments (f32 and f64), and in the parameter wherever torch's `sqrt` was correctly rounded;
-//!   where it was not, the same operation order fed torch's root reproduces torch's parameter
-//!   bitwise, so the square root is the only difference left. The default `unfused` form is
-//!   shown to differ (it is platform-independent, not torch's CPU kernels).
-//! - Newton-Schulz in the `addmm` order equals `torch.optim.Muon`'s `_zeropower_via_newtonschulz`
-//!   within a stated bf16 ulp bound (the GEMMs may accumulate in a different order than
-//!   torch's oneDNN kernel; measured: bitwise on every golden), and is closer to exact
-//!   Newton-Schulz than the eager Keller-Jordan order (goldens and 20 seeded Gaussian
-//!   matrices).
-//! - The `torch` Muon preset (EMA momentum and update as torch's fused CPU kernels, `addmm`
-//!   Newton-Schulz) equals `torch.optim.Muon` bitwise, stage by stage and over 3 chained
-//!   steps; the unfused element-wise form is shown to differ.
+//! - AdamW `torch_cpu_fma` equals `torch.optim.AdamW` (`_single_tensor_adam`; its foreach path
+//!   gives the same bits) bitwise in both moments (f32 and f64), and in the parameter wherever
+//!   torch's `sqrt` was correctly rounded; where it was not, the same operation order fed
+//!   torch's root reproduces torch's parameter bitwise, so the square root is the only
+//!   difference left, and one step then differs by at most `2^(4−P)·|update| + 1 ulp` of the
+//!   parameter ([`param_bound`]), also where weight decay and the update nearly cancel. The
+//!   default `unfused` form is shown to differ (it is platform-independent, not torch's CPU
+//!   kernels).
+//! - The `torch` preset's Newton-Schulz (`addmm_cpublas`, torch's native CPU GEMM orders)
+//!   equals `torch.optim.Muon`'s `_zeropower_via_newtonschulz` bitwise on every golden (all
+//!   GEMMs here are at most 4096 multiply-adds: torch's native kernels even on AVX-512; the
+//!   larger shapes and the oneDNN path are in `torch_cpu_paths.rs`); the `addmm` operations
+//!   are closer to exact Newton-Schulz than the eager Keller-Jordan order (goldens and 20
+//!   seeded Gaussian matrices).
+//! - The `torch` Muon preset (EMA momentum and update as torch's fused CPU kernels,
+//!   `addmm_cpublas` Newton-Schulz) equals `torch.optim.Muon` bitwise, stage by stage and over
+//!   3 chained steps; the unfused element-wise form is shown to differ.
 //!
 //! Every stage is fed torch's inputs, so one stage's difference does not hide another's.
 
@@ -113,29 +118,138 @@ struct AdamwTally {
     moments_bitwise: bool,
     sqrt_not_correctly_rounded: usize,
     param_bitwise_where_sqrt_agrees: bool,
+    /// Our own chain from the initial parameter, where torch's root ever differed (reported).
     param_max_ulps_where_sqrt_differs: u64,
     torch_order_with_torch_sqrt_bitwise: bool,
+    /// One step from torch's previous parameter, where torch's root differs: within
+    /// [`param_bound`] everywhere.
+    step_within_bound: bool,
+    /// Largest `|p − p_torch| / |update|` of those steps.
+    step_max_diff_over_update: f64,
+    /// Largest `|p − p_torch|` of those steps in ulps of the parameter.
+    step_max_ulps: u64,
 }
 
-/// Runs `numerics` over a case's steps in type `T`, feeding torch's moments back each step
-/// only through our own state (the moments are compared, not copied).
+/// The unit in the last place of `x` (a value of `T`, held in f64).
+fn ulp_of<T: Real>(x: f64) -> f64 {
+    let (digits, min_exp) = if T::NAME == "f32" {
+        (24, -126)
+    } else {
+        (53, -1022)
+    };
+    let e = if x == 0.0 {
+        min_exp
+    } else {
+        (libm::floor(libm::log2(x.abs())) as i32).max(min_exp)
+    };
+    libm::pow(2.0, f64::from(e - (digits - 1)))
+}
+
+/// What one step may change where torch's square root is 1 ulp off the correctly rounded one
+/// (everything else equal and bitwise, as the moments and the order check show). With `P` the
+/// precision (24, 53): the root differs by at most `2^(1−P)` relatively; `sqrt(v)/bc2` and
+/// `+ eps` each add at most one rounding on either side (`eps > 0` only shrinks a relative
+/// difference), so the denominators differ by at most `6·2^−P`, and the update
+/// `(−step_size·m)/denom` by at most `8·2^−P` of itself; the final `p·(1 − lr·wd) + u` adds
+/// one rounding on either side. Hence `|p − p_torch| ≤ 2^(4−P)·|u| + ulp(p)` (twice the
+/// first-order term, for the second-order ones). Relative to the update, not to the
+/// parameter: where weight decay and the update nearly cancel, `p` is tiny and the same
+/// difference is hundreds of its ulps.
+fn param_bound<T: Real>(update: f64, p: f64, p_torch: f64) -> f64 {
+    let precision = if T::NAME == "f32" { 24 } else { 53 };
+    libm::pow(2.0, f64::from(4 - precision)) * update.abs()
+        + ulp_of::<T>(p.abs().max(p_torch.abs()))
+}
+
+/// torch's step inputs and outputs at one step of one case.
+struct TorchStep<T> {
+    param_in: Vec<T>,
+    param: Vec<T>,
+    exp_avg: Vec<T>,
+    exp_avg_sq: Vec<T>,
+    sqrt: Vec<T>,
+}
+
+fn torch_step<T>(step: &Value, param_in: Vec<T>, read: fn(&Value) -> Vec<T>) -> TorchStep<T> {
+    TorchStep {
+        param_in,
+        param: read(&step["param"]),
+        exp_avg: read(&step["exp_avg"]),
+        exp_avg_sq: read(&step["exp_avg_sq"]),
+        sqrt: read(&step["sqrt_exp_avg_sq"]),
+    }
+}
+
+/// One step `k` (1-based) of `opt` from torch's input parameter and our own previous moments
+/// `m`, `v` (updated in place), tallied against torch.
+fn adamw_step_vs_torch<T: Real>(
+    opt: &AdamW,
+    k: u64,
+    grad: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    torch: &TorchStep<T>,
+    sqrt_ever_differed: &mut [bool],
+    t: &mut AdamwTally,
+) {
+    let mut p = torch.param_in.clone();
+    opt.update(k, &mut p, grad, m, v);
+    let n = p.len();
+    t.moments_bitwise &= (0..n).all(|i| {
+        m[i].to_bits_u64() == torch.exp_avg[i].to_bits_u64()
+            && v[i].to_bits_u64() == torch.exp_avg_sq[i].to_bits_u64()
+    });
+    // The same scalars and order as AdamW::update, with torch's root in the denominator.
+    let s = |x: f64| T::from_f64(x);
+    let (lr, wd, b1, b2, eps) = (opt.lr, opt.weight_decay, opt.beta1, opt.beta2, opt.eps);
+    let step_size = s(lr / (1.0 - libm::pow(b1, k as f64)));
+    let bc2_sqrt = s(libm::sqrt(1.0 - libm::pow(b2, k as f64)));
+    for i in 0..n {
+        let denom = torch.sqrt[i] / bc2_sqrt + s(eps);
+        let want = torch.param_in[i] * s(1.0 - lr * wd) + -step_size * torch.exp_avg[i] / denom;
+        t.torch_order_with_torch_sqrt_bitwise &= want.to_bits_u64() == torch.param[i].to_bits_u64();
+        if torch.exp_avg_sq[i].sqrt().to_bits_u64() == torch.sqrt[i].to_bits_u64() {
+            t.param_bitwise_where_sqrt_agrees &= p[i].to_bits_u64() == torch.param[i].to_bits_u64();
+            continue;
+        }
+        sqrt_ever_differed[i] = true;
+        t.sqrt_not_correctly_rounded += 1;
+        let update = (-step_size * m[i] / (v[i].sqrt() / bc2_sqrt + s(eps))).to_f64();
+        let (ours, theirs) = (p[i].to_f64(), torch.param[i].to_f64());
+        let diff = (ours - theirs).abs();
+        t.step_within_bound &= diff <= param_bound::<T>(update, ours, theirs);
+        if update != 0.0 {
+            t.step_max_diff_over_update = t.step_max_diff_over_update.max(diff / update.abs());
+        }
+        t.step_max_ulps = t.step_max_ulps.max(ulps(p[i], torch.param[i]));
+    }
+}
+
+fn fresh_tally() -> AdamwTally {
+    AdamwTally {
+        moments_bitwise: true,
+        param_bitwise_where_sqrt_agrees: true,
+        torch_order_with_torch_sqrt_bitwise: true,
+        step_within_bound: true,
+        ..AdamwTally::default()
+    }
+}
+
+/// Runs `numerics` over a case's steps in type `T`: each step from torch's previous parameter
+/// (tallied), and our own chain from the initial parameter (reported in ulps).
 fn run_adamw<T: Real>(
     case: &Value,
     numerics: ElementwiseNumerics,
     read: fn(&Value) -> Vec<T>,
 ) -> AdamwTally {
     let opt = adamw_of(case, numerics);
-    let mut p = read(&case["param"]);
-    let n = p.len();
+    let mut own_p = read(&case["param"]);
+    let n = own_p.len();
     let (mut m, mut v) = (vec![T::ZERO; n], vec![T::ZERO; n]);
-    let mut torch_prev_p = p.clone();
+    let (mut own_m, mut own_v) = (m.clone(), v.clone());
+    let mut torch_prev_p = own_p.clone();
     let mut sqrt_ever_differed = vec![false; n];
-    let mut t = AdamwTally {
-        moments_bitwise: true,
-        param_bitwise_where_sqrt_agrees: true,
-        torch_order_with_torch_sqrt_bitwise: true,
-        ..AdamwTally::default()
-    };
+    let mut t = fresh_tally();
     let grads = case["grads"].as_array().unwrap();
     for (k, (g, step)) in grads
         .iter()
@@ -143,39 +257,29 @@ fn run_adamw<T: Real>(
         .enumerate()
     {
         let g = read(g);
-        opt.update((k + 1) as u64, &mut p, &g, &mut m, &mut v);
-        let (tp, tm, tv, tsqrt) = (
-            read(&step["param"]),
-            read(&step["exp_avg"]),
-            read(&step["exp_avg_sq"]),
-            read(&step["sqrt_exp_avg_sq"]),
+        let torch = torch_step(step, torch_prev_p, read);
+        adamw_step_vs_torch(
+            &opt,
+            (k + 1) as u64,
+            &g,
+            &mut m,
+            &mut v,
+            &torch,
+            &mut sqrt_ever_differed,
+            &mut t,
         );
-        t.moments_bitwise &= (0..n).all(|i| {
-            m[i].to_bits_u64() == tm[i].to_bits_u64() && v[i].to_bits_u64() == tv[i].to_bits_u64()
-        });
-        // The same scalars and order as AdamW::update, with torch's root in the denominator,
-        // starting from torch's previous parameter.
-        let s = |x: f64| T::from_f64(x);
-        let (lr, wd, b1, b2, eps) = (opt.lr, opt.weight_decay, opt.beta1, opt.beta2, opt.eps);
-        let tt = (k + 1) as f64;
-        let step_size = s(lr / (1.0 - libm::pow(b1, tt)));
-        let bc2_sqrt = s(libm::sqrt(1.0 - libm::pow(b2, tt)));
+        opt.update((k + 1) as u64, &mut own_p, &g, &mut own_m, &mut own_v);
         for i in 0..n {
-            if tv[i].sqrt().to_bits_u64() != tsqrt[i].to_bits_u64() {
-                sqrt_ever_differed[i] = true;
-                t.sqrt_not_correctly_rounded += 1;
-            }
-            let denom = tsqrt[i] / bc2_sqrt + s(eps);
-            let want = torch_prev_p[i] * s(1.0 - lr * wd) + -step_size * tm[i] / denom;
-            t.torch_order_with_torch_sqrt_bitwise &= want.to_bits_u64() == tp[i].to_bits_u64();
             if sqrt_ever_differed[i] {
-                t.param_max_ulps_where_sqrt_differs =
-                    t.param_max_ulps_where_sqrt_differs.max(ulps(p[i], tp[i]));
+                t.param_max_ulps_where_sqrt_differs = t
+                    .param_max_ulps_where_sqrt_differs
+                    .max(ulps(own_p[i], torch.param[i]));
             } else {
-                t.param_bitwise_where_sqrt_agrees &= p[i].to_bits_u64() == tp[i].to_bits_u64();
+                t.param_bitwise_where_sqrt_agrees &=
+                    own_p[i].to_bits_u64() == torch.param[i].to_bits_u64();
             }
         }
-        torch_prev_p = tp;
+        torch_prev_p = torch.param;
     }
     t
 }
@@ -188,11 +292,21 @@ fn run_adamw_case(case: &Value, numerics: ElementwiseNumerics) -> AdamwTally {
     }
 }
 
-/// Largest parameter difference, in ulps, accepted where torch's root was 1 ulp off: a 1-ulp
-/// relative change of the denominator changes the update by about 1 ulp of the update, which
-/// is far below 1 ulp of the parameter unless the update dominates it; over 3 steps the
-/// parameter can move by at most a couple of its ulps.
-const PARAM_ULPS_WHERE_SQRT_DIFFERS: u64 = 2;
+fn assert_adamw_tally(name: &str, t: &AdamwTally) {
+    assert!(
+        t.moments_bitwise,
+        "{name}: exp_avg/exp_avg_sq not bitwise: {t:?}"
+    );
+    assert!(
+        t.torch_order_with_torch_sqrt_bitwise,
+        "{name}: torch's order with torch's root does not reproduce torch: {t:?}"
+    );
+    assert!(t.param_bitwise_where_sqrt_agrees, "{name}: {t:?}");
+    assert!(
+        t.step_within_bound,
+        "{name}: a step beyond the update-relative bound: {t:?}"
+    );
+}
 
 #[test]
 fn adamw_torch_cpu_fma_matches_torch_bitwise_up_to_its_sqrt() {
@@ -202,22 +316,91 @@ fn adamw_torch_cpu_fma_matches_torch_bitwise_up_to_its_sqrt() {
         let name = case["name"].as_str().unwrap();
         let t = run_adamw_case(case, ElementwiseNumerics::TorchCpuFma);
         eprintln!("{name}: torch_cpu_fma {t:?}");
-        assert!(
-            t.moments_bitwise,
-            "{name}: exp_avg/exp_avg_sq not bitwise: {t:?}"
-        );
-        assert!(
-            t.torch_order_with_torch_sqrt_bitwise,
-            "{name}: torch's order with torch's root does not reproduce torch: {t:?}"
-        );
-        assert!(t.param_bitwise_where_sqrt_agrees, "{name}: {t:?}");
-        assert!(
-            t.param_max_ulps_where_sqrt_differs <= PARAM_ULPS_WHERE_SQRT_DIFFERS,
-            "{name}: {t:?}"
-        );
+        assert_adamw_tally(name, &t);
         sqrt_off += t.sqrt_not_correctly_rounded;
     }
     eprintln!("torch sqrt results not correctly rounded over all AdamW goldens: {sqrt_off}");
+}
+
+/// Packed hex bit patterns (`adamw_cancel.toml`) of either float type.
+fn packed<T: Real>(v: &Value) -> Vec<T> {
+    let s = v.as_str().expect("packed hex string");
+    let digits = if T::NAME == "f32" { 8 } else { 16 };
+    (0..s.len() / digits)
+        .map(|i| {
+            let bits = u64::from_str_radix(&s[i * digits..(i + 1) * digits], 16).expect("hex");
+            if T::NAME == "f32" {
+                T::from_f32(f32::from_bits(bits as u32))
+            } else {
+                T::from_f64(f64::from_bits(bits))
+            }
+        })
+        .collect()
+}
+
+fn run_adamw_cancel<T: Real>(g: &Value, case: &Value) -> AdamwTally {
+    let opt = adamw_of(g, ElementwiseNumerics::TorchCpuFma);
+    let grads: Vec<Vec<T>> = case["grads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(packed)
+        .collect();
+    let n = grads[0].len();
+    let (mut m, mut v) = (vec![T::ZERO; n], vec![T::ZERO; n]);
+    let mut ever = vec![false; n];
+    let mut t = fresh_tally();
+    for (k, (grad, step)) in grads
+        .iter()
+        .zip(case["step"].as_array().unwrap())
+        .enumerate()
+    {
+        let torch = torch_step(step, packed(&step["param_in"]), packed);
+        adamw_step_vs_torch(
+            &opt,
+            (k + 1) as u64,
+            grad,
+            &mut m,
+            &mut v,
+            &torch,
+            &mut ever,
+            &mut t,
+        );
+    }
+    t
+}
+
+/// Parameters set before every step so that weight decay and the update nearly cancel (the
+/// regime where the difference torch's root makes is hundreds of the parameter's ulps): the
+/// moments are bitwise, the parameter is bitwise wherever torch's root is correctly rounded,
+/// and within the update-relative [`param_bound`] everywhere else.
+#[test]
+fn adamw_bound_holds_where_decay_and_update_cancel() {
+    let g = load("adamw_cancel.toml");
+    let mut ulps_seen = Vec::new();
+    for case in cases(&g) {
+        let dtype = case["dtype"].as_str().unwrap();
+        assert!(
+            case["foreach_bitwise_equal"].as_bool().unwrap(),
+            "{dtype}: torch's foreach AdamW differed from its single-tensor path"
+        );
+        let t = match dtype {
+            "f32" => run_adamw_cancel::<f32>(&g, case),
+            "f64" => run_adamw_cancel::<f64>(&g, case),
+            other => panic!("dtype {other:?}"),
+        };
+        eprintln!("cancel-{dtype}: {t:?}");
+        assert_adamw_tally(dtype, &t);
+        assert!(
+            t.sqrt_not_correctly_rounded > 0,
+            "{dtype}: torch's root never differed"
+        );
+        ulps_seen.push(t.step_max_ulps);
+    }
+    assert!(
+        ulps_seen.iter().any(|&u| u > 2),
+        "the inputs do not reach the cancelling regime (max ulps {ulps_seen:?})"
+    );
 }
 
 #[test]
@@ -358,20 +541,18 @@ fn distance(a: &[f32], exact: &[f64]) -> f64 {
         .sqrt()
 }
 
-/// Largest bf16-ulp distance accepted between the `addmm` order and torch: the GEMMs sum in
-/// a different order than torch's oneDNN kernels, so an f32 accumulator can land on the other
-/// side of a bf16 rounding boundary (1 ulp); NS iterations then carry such a flip into
-/// neighbouring elements with the coefficients' gain (|a| + |b| + |c| ≈ 10 per step).
-const NS_BF16_ULPS: u64 = 4;
-
+/// The `torch` preset (`addmm_cpublas`) equals torch bitwise on every golden (these GEMMs are
+/// all at most 4096 multiply-adds, so torch ran its native kernels on this AVX-512 CPU too);
+/// the ascending `addmm` order is reported, and the `addmm` operations (one rounding per
+/// `torch.addmm`) are closer to exact Newton-Schulz than the eager form.
 #[test]
-fn newton_schulz_addmm_order_matches_torch_muon() {
+fn newton_schulz_torch_preset_matches_torch_muon() {
     let g = load("ns.toml");
     let base = MuonConfig::preset(MuonPreset::Torch);
     assert_eq!(
         base.ns.order,
-        NsOpOrder::Addmm,
-        "the torch preset uses addmm"
+        NsOpOrder::AddmmCpublas,
+        "the torch preset's order"
     );
     let (mut dist_addmm, mut dist_eager) = (0.0, 0.0);
     for case in cases(&g) {
@@ -386,6 +567,12 @@ fn newton_schulz_addmm_order_matches_torch_muon() {
         cfg.ns.coefficients.truncate(steps);
         assert_eq!(cfg.ns.coefficients.len(), steps);
         let (input, want) = (bf16s(&case["input"]), bf16s(&case["output"]));
+        let (_, max_t, eq_t) = ns_against(&cfg, base.ns.order, (rows, cols), &input, &want);
+        assert_eq!(
+            eq_t,
+            want.len(),
+            "{name}: torch preset {max_t} bf16 ulps from torch"
+        );
         let (addmm, max_a, eq_a) = ns_against(&cfg, NsOpOrder::Addmm, (rows, cols), &input, &want);
         let (eager, max_e, eq_e) = ns_against(
             &cfg,
@@ -403,11 +590,6 @@ fn newton_schulz_addmm_order_matches_torch_muon() {
             want.len(),
             distance(&want, &exact)
         );
-        assert!(
-            max_a <= NS_BF16_ULPS,
-            "{name}: addmm {max_a} bf16 ulps from torch"
-        );
-        assert!(eq_a >= eq_e, "{name}: addmm farther from torch than eager");
         dist_addmm += da;
         dist_eager += de;
     }
@@ -505,11 +687,12 @@ fn muon_torch_preset_matches_torch_muon_bitwise() {
         let n = t.elements;
         assert_eq!(t.buffer_bitwise, n, "{name}: momentum buffer");
         assert_eq!(t.ns_input_bitwise, n, "{name}: Newton-Schulz input");
-        assert!(t.ns_output_max_bf16_ulps <= NS_BF16_ULPS, "{name}: {t:?}");
+        assert_eq!(
+            t.ns_output_bitwise, n,
+            "{name}: Newton-Schulz output: {t:?}"
+        );
         assert_eq!(t.param_bitwise, n, "{name}: updated parameter");
-        if t.ns_output_bitwise == n {
-            assert!(t.chained_param_bitwise, "{name}: own 3-step chain: {t:?}");
-        }
+        assert!(t.chained_param_bitwise, "{name}: own 3-step chain: {t:?}");
     }
 }
 
@@ -631,7 +814,7 @@ fn addmm_order_is_closer_to_exact_newton_schulz_than_eager() {
 fn muon_numerics_overrides_resolve_per_preset() {
     use hpfsdp_plan::scenario::MuonOptions;
     let torch = MuonConfig::preset(MuonPreset::Torch);
-    assert_eq!(torch.ns.order, NsOpOrder::Addmm);
+    assert_eq!(torch.ns.order, NsOpOrder::AddmmCpublas);
     assert_eq!(torch.elementwise, ElementwiseNumerics::TorchCpuFma);
     let kj = MuonConfig::preset(MuonPreset::KellerJordan);
     assert_eq!(kj.ns.order, NsOpOrder::ScaleThenMultiply, "eager form kept");
@@ -648,6 +831,8 @@ fn muon_numerics_overrides_resolve_per_preset() {
     };
     let c = resolve(MuonPreset::HyperParallel, Some("addmm"), None).unwrap();
     assert_eq!(c.ns.order, NsOpOrder::Addmm);
+    let c = resolve(MuonPreset::Torch, Some("addmm_onednn"), None).unwrap();
+    assert_eq!(c.ns.order, NsOpOrder::AddmmOnednn);
     let c = resolve(MuonPreset::Torch, Some("eager"), Some("unfused")).unwrap();
     assert_eq!(
         (c.ns.order, c.elementwise),

@@ -2,6 +2,7 @@
 //!
 //! - [`presets`]: the named presets with their exact constants and the scenario mapping.
 //! - [`newton_schulz`]: bf16-per-operation Newton-Schulz, per matrix and shape-fused batched.
+//! - [`torch_cpu`]: torch's own CPU GEMM and norm orders (the `addmm_cpublas`/`addmm_onednn` Newton-Schulz).
 //! - [`update`]: momentum, in-update scaling and the decoupled-weight-decay apply.
 //! - [`routing`], [`adapters`]: which parameters are Muon matrices and how fused matrices split.
 //! - [`orthogonalize`]: the split → Newton-Schulz → scale → restore stage every executor shares.
@@ -27,6 +28,7 @@ pub mod orthogonalize;
 pub mod presets;
 pub mod routing;
 pub mod single;
+pub mod torch_cpu;
 pub mod update;
 
 pub use accuracy::{NsAccuracy, accuracy_table, ns_accuracy};

@@ -22,6 +22,9 @@
 //! the end), and divided by `bf16(‖X‖_F + ε)` (or `bf16(max(‖X‖_F, ε))`) where the norm
 //! accumulates `x²` in ascending order with fused multiply-adds and is rounded to bf16.
 //!
+//! The `AddmmCpublas` and `AddmmOnednn` orders are the `Addmm` operations with torch's own
+//! CPU reduction orders and norm ([`super::torch_cpu`]).
+//!
 //! [`newton_schulz`] works on one matrix; [`newton_schulz_batched`] runs a stack of matrices
 //! of one core shape through every stage together (matrices in parallel) with per-matrix
 //! norms, and gives the same bits as the per-matrix form.
@@ -30,6 +33,7 @@ use rayon::prelude::*;
 
 use super::error::{MuonError, MuonResult};
 use super::presets::{NormMode, NsConfig, NsOpOrder};
+use super::torch_cpu::newton_schulz_torch_cpu;
 use crate::bf16::quantize_bf16 as q;
 use crate::matmul::{MatRef, gemm, matmul, matmul_nt};
 use crate::reduce::sum_squares;
@@ -68,8 +72,16 @@ fn zip_map(a: &Tensor<f32>, b: &Tensor<f32>, f: impl Fn(f32, f32) -> f32) -> Ten
     Tensor::from_vec(a.shape(), data).unwrap_or_else(|_| unreachable!("same shape"))
 }
 
+/// Whether `order` runs torch's own CPU kernels ([`super::torch_cpu`]).
+fn is_torch_cpu(order: NsOpOrder) -> bool {
+    matches!(order, NsOpOrder::AddmmCpublas | NsOpOrder::AddmmOnednn)
+}
+
 /// Orthogonalizes one `[rows, cols]` matrix (the result holds bf16 values in f32).
 pub fn newton_schulz(g: &Tensor<f32>, ns: &NsConfig) -> MuonResult<Tensor<f32>> {
+    if is_torch_cpu(ns.order) {
+        return newton_schulz_torch_cpu(g, ns);
+    }
     let (rows, cols) = g.dims2("newton_schulz")?;
     if rows == 0 || cols == 0 {
         return Ok(g.clone());
@@ -95,7 +107,8 @@ pub fn newton_schulz(g: &Tensor<f32>, ns: &NsConfig) -> MuonResult<Tensor<f32>> 
                 let cgg = matmul(&cg, &gram)?.map(q);
                 zip_map(&gram, &cgg, |g, s| q(q(b * g) + s))
             }
-            NsOpOrder::Addmm => {
+            // The torch CPU orders returned above; they share `Addmm`'s operations.
+            NsOpOrder::Addmm | NsOpOrder::AddmmCpublas | NsOpOrder::AddmmOnednn => {
                 let sq = matmul(&gram, &gram)?;
                 zip_map(&gram, &sq, |g, s| addmm_epilogue(c, s, b, g))
             }
@@ -180,6 +193,9 @@ pub fn newton_schulz_batched(
     if size == 0 || count == 0 {
         return Ok(data.to_vec());
     }
+    if is_torch_cpu(ns.order) {
+        return torch_cpu_per_matrix(data, rows, cols, ns);
+    }
     let tall = rows > cols;
     let (r, c) = if tall { (cols, rows) } else { (rows, cols) };
     let mut x = vec![0.0f32; count * size];
@@ -217,7 +233,7 @@ pub fn newton_schulz_batched(
                     .zip(gram.par_iter())
                     .for_each(|(s, &g)| *s = q(q(b * g) + *s));
             }
-            NsOpOrder::Addmm => {
+            NsOpOrder::Addmm | NsOpOrder::AddmmCpublas | NsOpOrder::AddmmOnednn => {
                 batched_product(&gram, &gram, &mut tmp, r, r, r, false, false)?;
                 tmp.par_iter_mut()
                     .zip(gram.par_iter())
@@ -244,6 +260,25 @@ pub fn newton_schulz_batched(
     } else {
         Ok(x)
     }
+}
+
+/// torch's CPU orders on a stack: each matrix on its own (its kernels are per matrix), the
+/// matrices in parallel.
+fn torch_cpu_per_matrix(
+    data: &[f32],
+    rows: usize,
+    cols: usize,
+    ns: &NsConfig,
+) -> MuonResult<Vec<f32>> {
+    let size = rows * cols;
+    let outs = data
+        .par_chunks(size)
+        .map(|m| {
+            let t = Tensor::from_vec(&[rows, cols], m.to_vec())?;
+            Ok(newton_schulz_torch_cpu(&t, ns)?.as_slice().to_vec())
+        })
+        .collect::<MuonResult<Vec<Vec<f32>>>>()?;
+    Ok(outs.concat())
 }
 
 #[cfg(test)]

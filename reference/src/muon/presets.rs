@@ -6,13 +6,17 @@
 //! |---|---|---|---|---|
 //! | `hyperparallel` | two-coefficient heavy ball `(0.95, 0.95)`, Nesterov | asym5 (5 per-step triples, `[:steps]`) | `X/(‖X‖+1e-10)` | `0.2·sqrt(max(m,n))` into the bf16 update |
 //! | `keller-jordan` | EMA (lerp) 0.95, Nesterov | `(3.4445, -4.7750, 2.0315)` × steps | `X/(‖X‖+1e-7)` | `max(1, m/n)^0.5` into the bf16 update |
-//! | `torch` | EMA (lerp) 0.95, Nesterov, torch's fused CPU kernels | legacy triple, `addmm` order | `X/max(‖X‖, 1e-7)` | lr × `sqrt(max(1, m/n))` (`original`) or lr × `rms·sqrt(max(m,n))` (`match_rms_adamw`) |
+//! | `torch` | EMA (lerp) 0.95, Nesterov, torch's fused CPU kernels | legacy triple, `addmm_cpublas` order | `X/max(‖X‖, 1e-7)` | lr × `sqrt(max(1, m/n))` (`original`) or lr × `rms·sqrt(max(m,n))` (`match_rms_adamw`) |
 //! | `moonlight` | heavy ball 0.95, Nesterov | legacy triple | `X/(‖X‖+1e-7)` | lr × `0.2·sqrt(max(m,n))` |
 //! | `custom` | as `hyperparallel` | the given triples | as `hyperparallel` | as `hyperparallel` |
 //!
 //! The Gram polynomial's rounding ([`NsOpOrder`]): `hyperparallel`/`custom` round
 //! `b·A + c·(A·A)` per operation, `keller-jordan` and `moonlight` the eager `b·A + (c·A)·A`,
-//! `torch` rounds once per `torch.addmm`; `[optimizer.muon] ns_order` overrides it.
+//! `torch` rounds once per `torch.addmm` and sums every GEMM in the order of torch's native
+//! CPU kernels (`addmm_cpublas`: bitwise `torch.optim.Muon` on x86-64 CPUs without AVX-512,
+//! with `torch.backends.mkldnn.enabled = False`, and for matrices whose GEMMs stay at or
+//! below 4096 multiply-adds; `addmm_onednn` is torch's dispatch on AVX-512 CPUs, see
+//! [`super::torch_cpu`]); `[optimizer.muon] ns_order` overrides it.
 //!
 //! Decoupled weight decay `p ← p·(1 − lr·λ)` uses the unadjusted learning rate everywhere.
 
@@ -263,7 +267,7 @@ impl MuonConfig {
                     coefficients: legacy,
                     epsilon: 1e-7,
                     norm: NormMode::ClampEps,
-                    order: NsOpOrder::Addmm,
+                    order: NsOpOrder::AddmmCpublas,
                 },
                 scale: UpdateScale::ShapeInLr,
                 elementwise: ElementwiseNumerics::TorchCpuFma,
