@@ -51,6 +51,11 @@ pub struct ComputeSpec {
     /// (0, 1]; 1 when absent.
     #[serde(default = "unit_ratio")]
     pub chunk_cat_relative_bandwidth: f64,
+    /// Grouped expert GEMMs as one GEMM over every group's rows (`torch._grouped_mm`: one
+    /// launch fills the device across experts) at this fraction of that GEMM's efficiency,
+    /// in (0, 1]; absent: each group costed at its own rows (tokens per expert).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grouped_gemm_relative_efficiency: Option<f64>,
     /// The parsed `gemm_table` (filled when the profile is loaded).
     #[serde(skip)]
     pub table: Option<GemmTable>,
@@ -73,6 +78,7 @@ impl Default for ComputeSpec {
             attention_seq_half: 256.0,
             foreach_relative_bandwidth: 1.0,
             chunk_cat_relative_bandwidth: 1.0,
+            grouped_gemm_relative_efficiency: None,
             table: None,
         }
     }
@@ -121,11 +127,16 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
     let efficiency = match k.class {
         KernelClass::Gemm { m, n, k, .. } => gemm_efficiency(m, n, k, profile),
         KernelClass::GroupedGemm {
+            groups,
             tokens_per_group,
             n,
             k,
-            ..
-        } => gemm_efficiency(tokens_per_group, n, k, profile),
+        } => match profile.compute.grouped_gemm_relative_efficiency {
+            Some(relative) => {
+                relative * gemm_efficiency(groups.saturating_mul(tokens_per_group), n, k, profile)
+            }
+            None => gemm_efficiency(tokens_per_group, n, k, profile),
+        },
         KernelClass::Attention { seq, .. } => attention_efficiency(seq, profile),
         // Element-wise arithmetic is never the bound of these kernels; the ceiling keeps the
         // roofline defined.

@@ -508,6 +508,9 @@ impl HardwareProfile {
             "compute.chunk_cat_relative_bandwidth",
             k.chunk_cat_relative_bandwidth,
         )?;
+        if let Some(r) = k.grouped_gemm_relative_efficiency {
+            fraction("compute.grouped_gemm_relative_efficiency", r)?;
+        }
         fraction("calibration.hbm_efficiency", c.hbm_efficiency)?;
         fraction("calibration.copy_efficiency", c.copy_efficiency)?;
         fraction(

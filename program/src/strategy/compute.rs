@@ -83,6 +83,11 @@ pub struct Stage {
     pub saved_bytes: u64,
     /// Activation bytes of a full forward (what recompute re-materializes).
     pub full_act_bytes: u64,
+    /// Working bytes alive during the stage's last forward op beyond what it saves (the
+    /// head's logits and their f32 upcast, [`saved_activations::head_working_bytes`]).
+    pub fwd_working_bytes: u64,
+    /// Working bytes alive during the stage's first backward op (the loss's gradients).
+    pub bwd_working_bytes: u64,
 }
 
 impl Stage {
@@ -349,6 +354,12 @@ fn build_stage(
     let cfg = &env.scenario.model.config;
     let full_act_bytes = saved_activations::stage_bytes(cfg, piece, &env.saved);
     let checkpoint_bytes = saved_activations::checkpoint_bytes(cfg, &env.saved).round() as u64;
+    let is_head = piece.layer.is_none() && piece.name != "model.embed_tokens";
+    let (fwd_working, bwd_working) = if is_head {
+        saved_activations::head_working_bytes(cfg, &env.saved)
+    } else {
+        (0.0, 0.0)
+    };
     Stage {
         name: stage_name,
         layer: piece.layer,
@@ -360,6 +371,8 @@ fn build_stage(
             full_act_bytes
         },
         full_act_bytes,
+        fwd_working_bytes: fwd_working.round() as u64,
+        bwd_working_bytes: bwd_working.round() as u64,
     }
 }
 

@@ -579,6 +579,18 @@ impl<'a> Emitter<'a> {
 /// Activation memory effects of a stage's forward, recompute and backward.
 pub(crate) fn forward_activations(e: &mut Emitter, stage: &Stage, last_fwd: OpId) {
     e.alloc(last_fwd, MemTag::Activations, stage.saved_bytes);
+    if stage.fwd_working_bytes > 0 {
+        e.alloc(last_fwd, MemTag::Other, stage.fwd_working_bytes);
+        e.free(last_fwd, MemTag::Other, stage.fwd_working_bytes);
+    }
+}
+
+/// The stage's backward working memory, alive during its first backward op `first_bwd`.
+fn backward_working_memory(e: &mut Emitter, stage: &Stage, first_bwd: OpId) {
+    if stage.bwd_working_bytes > 0 {
+        e.alloc(first_bwd, MemTag::Other, stage.bwd_working_bytes);
+        e.free(first_bwd, MemTag::Other, stage.bwd_working_bytes);
+    }
 }
 
 /// Emits a stage's backward, with recompute first when the stage recomputes, and the
@@ -596,6 +608,7 @@ pub(crate) fn backward_with_recompute(
         deps.clear();
         deps.extend(e.drain_pending());
         let (first, last) = e.stage_backward(stage, &deps);
+        backward_working_memory(e, stage, first);
         e.free(
             last,
             MemTag::Activations,
@@ -604,6 +617,7 @@ pub(crate) fn backward_with_recompute(
         (first, last)
     } else {
         let (first, last) = e.stage_backward(stage, &deps);
+        backward_working_memory(e, stage, first);
         e.free(last, MemTag::Activations, stage.saved_bytes);
         (first, last)
     }

@@ -603,11 +603,12 @@ impl F2<'_> {
                 Some(u) if !self.units[u].root => self.gather_for_backward(u),
                 _ => Vec::new(),
             };
-            let (first, last) = backward_with_recompute(&mut self.e, stage, &deps);
+            let (_, last) = backward_with_recompute(&mut self.e, stage, &deps);
             let Some(u) = unit else {
                 continue;
             };
-            // The root's gradient buffers are allocated by its first stage's backward only.
+            // Gradients appear as a stage's backward ends (its weight gradients come last);
+            // the root's buffers are allocated by its first stage's backward only.
             let grads: u64 = if self.units[u].root && grads_held[u] {
                 0
             } else {
@@ -617,7 +618,7 @@ impl F2<'_> {
                     .map(|g| g.unsharded_grad_bytes)
                     .sum()
             };
-            self.e.alloc(first, MemTag::Grads, grads);
+            self.e.alloc(last, MemTag::Grads, grads);
             grads_held[u] = true;
             if !self.units[u].root {
                 if ctx.opts.reshard_after_backward || last_mb {

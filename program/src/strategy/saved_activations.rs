@@ -228,6 +228,22 @@ pub fn head_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
         + F32_BYTES
 }
 
+/// Working memory of the head beyond what it saves, `(forward, backward)` bytes: with
+/// HF's `ForCausalLMLoss` (not vocab-parallel) the forward holds the bf16 logits and their
+/// f32 upcast next to the saved f32 log-softmax (`(a + 4) V` per token), and the loss
+/// backward holds two f32 `[tokens, V]` gradients at once (`nll_loss_backward`'s and
+/// `_log_softmax_backward_data`'s, `8 V`). Measured on a one-layer Qwen3-1.7B-shaped FSDP2
+/// step at 4,096 tokens (CPU replica of the H200 harness, profiler memory events): the
+/// forward and backward peaks 8.00 and 9.24 GB above the step's start. A vocab-parallel
+/// loss keeps its own buffers (0 here).
+pub fn head_working_bytes(cfg: &ModelConfig, l: &SavedLayout) -> (f64, f64) {
+    if l.loss_parallel {
+        return (0.0, 0.0);
+    }
+    let v = cfg.vocab_size as f64 * l.sequence_tokens;
+    ((l.a() + F32_BYTES) * v, 2.0 * F32_BYTES * v)
+}
+
 /// Saved bytes of one profile piece (`piece.layer` a decoder layer, `model.embed_tokens` the
 /// embedding, anything else the head), rounded to whole bytes.
 pub fn stage_bytes(cfg: &ModelConfig, piece: &LayerCompute, l: &SavedLayout) -> u64 {
