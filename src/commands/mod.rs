@@ -7,6 +7,7 @@ pub mod calibrate_tables;
 pub mod collbench;
 pub mod export;
 pub mod gate;
+pub mod limits;
 pub mod lint_gate;
 pub mod muon;
 pub mod plan;

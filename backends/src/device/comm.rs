@@ -19,10 +19,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::buffer::DeviceBuffer;
+use super::kernels::DeviceKernels;
 use super::library::{CollLibrary, Launch, P2pDirection, P2pOp, RawComm};
 use super::p2p::{self, P2pWork, PendingQueue};
 use super::rendezvous::IdExchange;
-use super::runtime::{DevPtr, Stream};
+use super::runtime::{DevPtr, DeviceRuntime, Stream};
 use super::staging::{DeviceContext, Output, StagedWork, Staging, record_around};
 use super::validate::{self, Spec};
 use super::world::WorldSpec;
@@ -147,6 +148,28 @@ impl<L: CollLibrary> DeviceComm<L> {
     /// Where this rank sits.
     pub fn world_spec(&self) -> WorldSpec {
         self.world
+    }
+
+    /// The runtime's name for this rank's device (`NVIDIA H200`, `Ascend910B2`).
+    pub fn device_name(&self) -> CommResult<String> {
+        let ctx = &self.shared.ctx;
+        ctx.rt.device_name(ctx.device_index)
+    }
+
+    /// The accelerator runtime (streams, events, copies on this rank's device).
+    pub fn runtime(&self) -> Arc<dyn DeviceRuntime> {
+        Arc::clone(&self.shared.ctx.rt)
+    }
+
+    /// This rank's device index.
+    pub fn device_index(&self) -> usize {
+        self.shared.ctx.device_index
+    }
+
+    /// Device-side compute on this rank's device (see [`CollLibrary::kernels`]).
+    pub fn load_kernels(&self, gemm: bool) -> CommResult<Option<Box<dyn DeviceKernels>>> {
+        self.activate()?;
+        self.shared.lib.kernels(self.shared.ctx.device_index, gemm)
     }
 
     /// Device microseconds of the most recently completed call (handles record their time when

@@ -10,6 +10,8 @@
 mod report;
 mod scale;
 
+use super::limits;
+
 use anyhow::{Context, Result, bail};
 use hpfsdp_backends::replay::{
     ComputeMode, FaultBoard, FaultInjection, ReplayError, ReplayOptions, ReplayRank,
@@ -26,6 +28,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+/// Measured steps by default: enough for a median and a spread.
+pub const DEFAULT_STEPS: usize = 5;
+/// Warm-up steps by default: the first steps pay for first-touch allocations, communicator
+/// set-up and cold caches.
+pub const DEFAULT_WARMUP: usize = 2;
+
 /// Options of `hpfsdp replay`.
 #[derive(clap::Args)]
 pub struct ReplayArgs {
@@ -37,17 +45,21 @@ pub struct ReplayArgs {
     /// FSDP strategy whose programs are replayed (default: the scenario's).
     #[arg(long, value_name = "S")]
     pub strategy: Option<String>,
-    /// Shrink the mesh to N ranks (dp_shard shrinks first; tp, cp, ep kept).
-    #[arg(long, value_name = "N")]
+    /// Shrink the mesh to N ranks (dp_shard shrinks first; tp, cp, ep kept); 1 to 4096, at
+    /// most the scenario's ranks, and at most 64 on --backend inproc.
+    #[arg(long, value_name = "N", value_parser = limits::count_in(1, limits::REPLAY_MAX_RANKS))]
     pub ranks: Option<usize>,
-    /// Truncate the model to L decoder layers.
-    #[arg(long, value_name = "L")]
+    /// Truncate the model to L decoder layers (1 to the model's layers).
+    #[arg(long, value_name = "L", value_parser = limits::count_in(1, limits::REPLAY_MAX_LAYERS))]
     pub layers: Option<usize>,
-    /// Measured steps (the median one is shown).
-    #[arg(long, default_value_t = 1)]
+    /// Measured steps, 1 to 1000 (the median one is shown; their spread is reported).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_STEPS,
+          value_parser = limits::count_in(1, limits::REPLAY_MAX_STEPS))]
     pub steps: usize,
-    /// Unmeasured warm-up steps.
-    #[arg(long, default_value_t = 0)]
+    /// Unmeasured warm-up steps before them, 0 to 1000 (allocators, communicators, caches
+    /// and clocks settle: the first step of a run is never a warm step).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_WARMUP,
+          value_parser = limits::count_in(0, limits::REPLAY_MAX_WARMUP))]
     pub warmup: usize,
     /// Output directory (default reports/replay/<scenario>).
     #[arg(long, value_name = "DIR")]
@@ -170,6 +182,33 @@ fn check_memory(backend: BackendKind, ranks: &[ReplayRank]) -> Result<()> {
     Ok(())
 }
 
+/// Refuses run-dependent counts beyond their limits ([`limits`]): more ranks than the
+/// in-process backend runs as threads, or a span log (steps x ops x ranks) above its cap.
+fn check_counts(args: &ReplayArgs, ranks: &[ReplayRank]) -> Result<()> {
+    let n = ranks.len() as u64;
+    if args.backend.ranks_are_threads() && n > limits::INPROC_MAX_RANKS {
+        bail!(
+            "the scenario has {n} ranks but --backend inproc runs at most {} as threads; pass --ranks N with N <= {} or replay on a multi-process backend",
+            limits::INPROC_MAX_RANKS,
+            limits::INPROC_MAX_RANKS
+        );
+    }
+    let ops: u64 = ranks.iter().map(|r| r.program.ops.len() as u64).sum();
+    let span_bytes = std::mem::size_of::<hpfsdp_program::step::OpSpan>() as u64;
+    let bytes = (args.steps as u64).saturating_mul(ops).saturating_mul(span_bytes);
+    if bytes > limits::REPLAY_MAX_SPAN_BYTES {
+        let most = limits::REPLAY_MAX_SPAN_BYTES / ops.max(1).saturating_mul(span_bytes);
+        bail!(
+            "--steps {}: {ops} ops over the ranks give {:.1} GiB of measured spans (limit {} GiB); use --steps {} or fewer, or scale down with --layers L or --ranks N",
+            args.steps,
+            bytes as f64 / (1u64 << 30) as f64,
+            limits::REPLAY_MAX_SPAN_BYTES >> 30,
+            most.max(1)
+        );
+    }
+    Ok(())
+}
+
 /// `MemAvailable` of `/proc/meminfo`, when readable (Linux).
 fn available_memory_bytes() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -181,9 +220,6 @@ fn available_memory_bytes() -> Option<u64> {
 /// Runs the command.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
     ensure_built(args.backend)?;
-    if args.steps == 0 {
-        bail!("--steps 0: measure at least one step");
-    }
     if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
         bail!(
             "--timeout-s {}: give a positive number of seconds",
@@ -216,6 +252,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
         fault: args.inject_fault,
     };
     check_injection(&ranks, &options)?;
+    check_counts(args, &ranks)?;
     check_memory(args.backend, &ranks)?;
     let predicted_s = prep.predicted.end_ns() as f64 * 1e-9;
     if predicted_s > 10.0 {
