@@ -255,6 +255,25 @@ impl<L: CollLibrary> DeviceComm<L> {
         Ok(())
     }
 
+    /// Create the communicators of the groups this rank belongs to, in one order every rank
+    /// shares (ascending rank lists), so ranks that meet in several groups never wait on
+    /// each other in a cycle. Each rank may pass its own list (unlike
+    /// [`DeviceComm::create_groups`]); the world communicator already exists.
+    pub fn join_groups(&self, groups: &[Group]) -> CommResult<()> {
+        self.activate()?;
+        let mut mine: Vec<&Group> = groups
+            .iter()
+            .filter(|g| g.contains(self.world.rank))
+            .collect();
+        mine.sort_by(|a, b| a.ranks().cmp(b.ranks()));
+        mine.dedup_by(|a, b| a.ranks() == b.ranks() && a.id() == b.id());
+        for g in mine {
+            g.check_world(self.world.world_size)?;
+            self.comm_for(g)?;
+        }
+        Ok(())
+    }
+
     /// Make this rank's device current for the calling thread (library calls that create
     /// communicators or enqueue work need it; the communicator may have moved threads).
     pub(super) fn activate(&self) -> CommResult<()> {
@@ -640,5 +659,9 @@ impl<L: CollLibrary> Collective for DeviceComm<L> {
 
     fn trace(&self) -> Vec<TraceEvent> {
         self.trace.borrow().clone()
+    }
+
+    fn prepare_groups(&self, groups: &[Group]) -> CommResult<()> {
+        self.join_groups(groups)
     }
 }

@@ -12,6 +12,10 @@
 //! different collective from its peers ends the replay with an error naming the rank, the op
 //! index and name, and the group; nothing waits forever.
 
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub mod device;
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub mod device_work;
 pub mod fault;
 pub mod gather;
 pub mod issue;

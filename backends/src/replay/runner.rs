@@ -11,7 +11,7 @@ use hpfsdp_program::step::{
 use crate::collective::Collective;
 use crate::group::Group;
 use crate::inproc::InProcWorld;
-use crate::replay::fault::{FaultBoard, FaultCause, RankFault, ReplayError};
+use crate::replay::fault::{FaultBoard, FaultCause, FaultOp, RankFault, ReplayError};
 use crate::replay::gather::{RankMeasurement, gather_measurements};
 use crate::replay::options::{FaultKind, ReplayOptions};
 use crate::replay::walker::{Walker, idle_wait};
@@ -106,6 +106,29 @@ pub fn check_injection(ranks: &[ReplayRank], options: &ReplayOptions) -> Result<
     Ok(())
 }
 
+/// One rank's step walker: the host walker ([`Walker`]) or, on accelerator backends, the
+/// device walker (`replay::device::DeviceWalker`).
+pub trait StepWalk {
+    /// Walks one step (warm-up included in the count) and returns one span per op.
+    fn walk_step(&mut self, step: usize) -> Result<Vec<OpSpan>, RankFault>;
+    /// The op being executed, for naming the op of a panic.
+    fn current(&self) -> Option<usize>;
+    /// What op `i` does in step `step`, for fault messages.
+    fn describe_at(&self, i: usize, step: usize) -> FaultOp;
+}
+
+impl<C: Collective + ?Sized> StepWalk for Walker<'_, C> {
+    fn walk_step(&mut self, step: usize) -> Result<Vec<OpSpan>, RankFault> {
+        self.walk(step)
+    }
+    fn current(&self) -> Option<usize> {
+        self.current_op
+    }
+    fn describe_at(&self, i: usize, step: usize) -> FaultOp {
+        self.describe(i, step)
+    }
+}
+
 /// Runs warm-up and measured steps of `rank` on `comm`, then gathers every rank's spans on
 /// rank 0 (which gets `Some`). Faults are posted on `board` (shared by the ranks of one
 /// process) so the other ranks stop; the error lists every fault the board holds.
@@ -115,33 +138,53 @@ pub fn run_rank<C: Collective + ?Sized>(
     options: &ReplayOptions,
     board: &FaultBoard,
 ) -> Result<Option<Vec<RankMeasurement>>, ReplayError> {
-    let fail = |fault: RankFault| {
-        board.post(fault);
-        ReplayError::from_faults(board.faults())
-    };
-    let setup = |message: String| RankFault {
+    let walker = Walker::new(comm, &rank.program, &rank.op_ns, options, board)
+        .map_err(|m| post_setup(comm, board, m))?;
+    run_steps(comm, rank, options, board, walker)
+}
+
+/// Posts a set-up failure of this rank and returns the board's error.
+pub(crate) fn post_setup<C: Collective + ?Sized>(
+    comm: &C,
+    board: &FaultBoard,
+    message: String,
+) -> ReplayError {
+    board.post(RankFault {
         rank: comm.rank(),
         cause: FaultCause::Died,
         op: None,
         message,
+    });
+    ReplayError::from_faults(board.faults())
+}
+
+/// Creates the communicators, walks warm-up and measured steps with `walker`, and gathers the
+/// measured spans on rank 0 (see [`run_rank`]).
+pub fn run_steps<C: Collective + ?Sized>(
+    comm: &C,
+    rank: &ReplayRank,
+    options: &ReplayOptions,
+    board: &FaultBoard,
+    mut walker: impl StepWalk,
+) -> Result<Option<Vec<RankMeasurement>>, ReplayError> {
+    let fail = |fault: RankFault| {
+        board.post(fault);
+        ReplayError::from_faults(board.faults())
     };
-    let mut walker = Walker::new(comm, &rank.program, &rank.op_ns, options, board)
-        .map_err(|m| fail(setup(m)))?;
-    let world = Group::world(comm.world_size()).map_err(|e| fail(setup(e.to_string())))?;
+    let setup = |message: String| post_setup(comm, board, message);
+    let world = Group::world(comm.world_size()).map_err(|e| setup(e.to_string()))?;
     // Communicators up front: collectives are issued asynchronously, so two ranks may first
     // use two shared groups in different orders.
     let mut groups = vec![world.clone()];
     for g in &rank.program.groups {
-        groups.push(
-            Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| fail(setup(e.to_string())))?,
-        );
+        groups.push(Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| setup(e.to_string()))?);
     }
     comm.prepare_groups(&groups)
-        .map_err(|e| fail(setup(format!("creating the communicators: {e}"))))?;
+        .map_err(|e| setup(format!("creating the communicators: {e}")))?;
     let mut measured = Vec::with_capacity(options.steps);
     for step in 0..options.warmup + options.steps.max(1) {
-        sync_world(comm, &world, board).map_err(|m| fail(setup(m)))?;
-        let walked = catch_unwind(AssertUnwindSafe(|| walker.walk(step)));
+        sync_world(comm, &world, board).map_err(setup)?;
+        let walked = catch_unwind(AssertUnwindSafe(|| walker.walk_step(step)));
         let spans = match walked {
             Ok(Ok(spans)) => spans,
             Ok(Err(fault)) => return Err(fail(fault)),
@@ -154,7 +197,7 @@ pub fn run_rank<C: Collective + ?Sized>(
                 return Err(fail(RankFault {
                     rank: comm.rank(),
                     cause: FaultCause::Died,
-                    op: walker.current_op.map(|i| walker.describe(i, step)),
+                    op: walker.current().map(|i| walker.describe_at(i, step)),
                     message: format!("panicked: {message}"),
                 }));
             }
@@ -167,7 +210,7 @@ pub fn run_rank<C: Collective + ?Sized>(
         rank: comm.rank(),
         steps: measured,
     };
-    gather_measurements(comm, &mine).map_err(|e| fail(setup(format!("gathering spans: {e}"))))
+    gather_measurements(comm, &mine).map_err(|e| setup(format!("gathering spans: {e}")))
 }
 
 /// A world barrier that gives up when another rank of this process faulted.
