@@ -5,6 +5,7 @@ pub mod calibrate;
 pub mod calibrate_report;
 pub mod calibrate_tables;
 pub mod collbench;
+pub mod device_profile;
 pub mod export;
 pub mod gate;
 pub mod limits;
