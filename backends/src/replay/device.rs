@@ -297,14 +297,16 @@ impl DeviceWalker<'_> {
             }
             self.inject(i, step)?;
             if self.on_host(i) {
-                for d in self.program.ops[i].deps.clone() {
-                    self.wait_done(d.index(), step)?;
-                }
-                let start = t0.elapsed().as_nanos() as u64;
+                let deps_end = self.wait_deps(i, step, &host)?;
+                let begun = t0.elapsed().as_nanos() as u64;
                 let board = self.board;
                 spin_for(Duration::from_nanos(self.op_ns[i]), &mut || !board.aborted());
-                host[i] = Some((start, t0.elapsed().as_nanos() as u64));
-                launched[i] = start;
+                let took = (t0.elapsed().as_nanos() as u64).saturating_sub(begun);
+                // The host clock starts a little after the device's origin: a host op starts
+                // no earlier than its dependencies ended on the device.
+                let start = begun.max(deps_end);
+                host[i] = Some((start, start + took));
+                launched[i] = begun;
             } else {
                 let swap = self
                     .fault
@@ -321,6 +323,32 @@ impl DeviceWalker<'_> {
         }
         self.spans(&host, &launched)
             .map_err(|e| self.fault_at(0, step, FaultCause::Died, e.to_string()))
+    }
+
+    /// Waits for op `i`'s dependencies and returns when the last of them ended (device ops:
+    /// their end event's time from the origin; host ops: as measured).
+    fn wait_deps(
+        &mut self,
+        i: usize,
+        step: usize,
+        host: &[Option<(u64, u64)>],
+    ) -> Result<u64, RankFault> {
+        let mut end_ns = 0u64;
+        for d in self.program.ops[i].deps.clone() {
+            let d = d.index();
+            self.wait_done(d, step)?;
+            let end = match (host[d], self.events[d]) {
+                (Some((_, e)), _) => e,
+                (None, Some((_, e))) => self
+                    .rt
+                    .elapsed_ms(self.origin, e)
+                    .map(|ms| (f64::from(ms.max(0.0)) * 1e6) as u64)
+                    .map_err(|e| self.fault_at(d, step, FaultCause::Died, e.to_string()))?,
+                (None, None) => 0,
+            };
+            end_ns = end_ns.max(end);
+        }
+        Ok(end_ns)
     }
 
     /// Records the origin on the first stream and waits for it; the host clock starts then.
