@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use hpfsdp_backends::collbench::device::run_device_sweep;
 use hpfsdp_backends::collbench::{BenchKind, BenchOptions};
+use hpfsdp_backends::device::DeviceCollective;
 use hpfsdp_backends::device::cuda_driver::CudaDriver;
 use hpfsdp_backends::device::kernels::{GemmProblem, SPIN_BLOCK_THREADS, SPIN_PTX};
-use hpfsdp_backends::device::DeviceCollective;
 use hpfsdp_backends::nccl::NcclComm;
 use hpfsdp_backends::replay::device::{DeviceWalker, run_device_rank};
 use hpfsdp_backends::replay::{ComputeMode, FaultBoard, ReplayOptions, ReplayRank};
@@ -52,7 +52,10 @@ fn a_missing_driver_is_reported_by_the_calls_that_need_it() {
     // Collectives work without the driver; the device name and kernels name what is missing.
     let c = NcclComm::from_lookup(&env_of(env)).expect("comm without the driver");
     let e = c.device_name().unwrap_err().to_string();
-    assert!(e.contains("CUDA driver") && e.contains("HPFSDP_CUDA_DRIVER_LIB"), "{e}");
+    assert!(
+        e.contains("CUDA driver") && e.contains("HPFSDP_CUDA_DRIVER_LIB"),
+        "{e}"
+    );
     let e = c.load_kernels(false).err().expect("no kernels").to_string();
     assert!(e.contains("HPFSDP_CUDA_DRIVER_LIB"), "{e}");
 }
@@ -86,7 +89,11 @@ fn the_spin_kernel_launches_one_block_per_sm_for_the_duration() {
     let c = comm(0, 1, &dir);
     let k = c.load_kernels(false).unwrap().expect("CUDA kernels");
     assert!(!k.has_gemm());
-    assert!(k.describe().contains("PTX spin kernel 4x128"), "{}", k.describe());
+    assert!(
+        k.describe().contains("PTX spin kernel 4x128"),
+        "{}",
+        k.describe()
+    );
     let stream = c.runtime().create_stream().unwrap();
     log_reset();
     k.spin(stream, 1_500_000).unwrap();
@@ -137,7 +144,11 @@ fn cublas_gemms_compute_the_row_major_product() {
     let dir = fresh_dir("dev-gemm");
     let c = comm(0, 1, &dir);
     let k = c.load_kernels(true).unwrap().expect("CUDA kernels");
-    assert!(k.has_gemm() && k.describe().contains("cuBLAS"), "{}", k.describe());
+    assert!(
+        k.has_gemm() && k.describe().contains("cuBLAS"),
+        "{}",
+        k.describe()
+    );
     // Two products of [3, 5] · [5, 4]; the second B is shared (stride 0).
     let p = GemmProblem {
         m: 3,
@@ -150,7 +161,8 @@ fn cublas_gemms_compute_the_row_major_product() {
     };
     let a: Vec<f32> = (0..30).map(|i| (i % 4) as f32).collect();
     let b: Vec<f32> = (0..20).map(|i| ((i * 3) % 5) as f32 - 1.0).collect();
-    let to_bf16 = |v: &[f32]| Buffer::from(v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>());
+    let to_bf16 =
+        |v: &[f32]| Buffer::from(v.iter().map(|&x| bf16::from_f32(x)).collect::<Vec<_>>());
     let da = c.upload(&to_bf16(&a)).unwrap();
     let db = c.upload(&to_bf16(&b)).unwrap();
     let dc = c.alloc_device(DType::Bf16, 24).unwrap();
@@ -186,7 +198,11 @@ fn device_collbench_times_only_collective_calls_and_checks_both_columns() {
         (rows, seen, log_take())
     });
     for (rows, seen, log) in results {
-        assert_eq!(rows.len(), seen, "every row is handed out as it is measured");
+        assert_eq!(
+            rows.len(),
+            seen,
+            "every row is handed out as it is measured"
+        );
         assert_eq!(rows.len(), 5 * 3);
         for row in &rows {
             assert_eq!(row.wrong(), Some(0), "{row:?}");
@@ -205,7 +221,10 @@ fn device_collbench_times_only_collective_calls_and_checks_both_columns() {
             "{regions:?}"
         );
         // Results are checked after the timed regions (device-to-host copies exist).
-        assert!(log.iter().any(|c| c.starts_with("cudaMemcpy D2H")), "{log:?}");
+        assert!(
+            log.iter().any(|c| c.starts_with("cudaMemcpy D2H")),
+            "{log:?}"
+        );
     }
 }
 
@@ -225,7 +244,10 @@ fn programs() -> Vec<StepProgram> {
                 dtype: PlanDType::Bf16,
                 aligned_512: false,
             };
-            let mix = [KernelWork::gemm(8, 4, 6, 1, 2), KernelWork::memory_bound(2, 0, 256)];
+            let mix = [
+                KernelWork::gemm(8, 4, 6, 1, 2),
+                KernelWork::memory_bound(2, 0, 256),
+            ];
             let c0 = b.compute_kernels(Stream::Compute, Category::Compute, &mix, &[]);
             let ag = b.collective(
                 Stream::AllGather,
@@ -302,7 +324,11 @@ fn device_replay_runs_every_op_on_the_device_in_busy_mode() {
     });
     let all = results[0].measurements.clone().expect("rank 0 gathers");
     assert!(results[1].measurements.is_none());
-    assert!(results[0].compute.contains("PTX spin kernel"), "{}", results[0].compute);
+    assert!(
+        results[0].compute.contains("PTX spin kernel"),
+        "{}",
+        results[0].compute
+    );
     for m in &all {
         assert_eq!(m.steps.len(), 2, "warm-up steps are not kept");
         for spans in &m.steps {
@@ -316,7 +342,10 @@ fn device_replay_runs_every_op_on_the_device_in_busy_mode() {
     // predicted duration (other tests of this binary may launch spins too).
     let (after, after_ns, _, _) = spin_launches();
     assert!(after - before >= 18, "{before} -> {after}");
-    assert!(after_ns - before_ns >= 6 * (2 * 1_000_000 + 300_000), "{before_ns} -> {after_ns}");
+    assert!(
+        after_ns - before_ns >= 6 * (2 * 1_000_000 + 300_000),
+        "{before_ns} -> {after_ns}"
+    );
 }
 
 #[test]
@@ -346,7 +375,11 @@ fn a_device_step_allocates_nothing_and_copies_nothing_to_or_from_the_host() {
         let has = |p: &str| log.iter().filter(|c| c.starts_with(p)).count();
         // Real mode: the mix's GEMM (twice) and memory-bound copies, the copy op, the
         // collectives on device buffers, and a device-side wait for the all-gather.
-        assert_eq!(has("cublasGemmStridedBatchedEx m=4 n=8 k=6 batch=1"), 2, "{log:?}");
+        assert_eq!(
+            has("cublasGemmStridedBatchedEx m=4 n=8 k=6 batch=1"),
+            2,
+            "{log:?}"
+        );
         assert!(has("cudaMemcpyAsync D2D") >= 5, "{log:?}");
         assert_eq!(has("cuLaunchKernel"), 0, "{log:?}");
         assert_eq!(has("ncclAllGather"), 1, "{log:?}");

@@ -234,7 +234,9 @@ pub fn table_footer(rows: &[BenchRow], tier: &str) -> String {
         Some(w) => format!("{w} FAILED"),
         None => "N/A (not checked: -c 0)".to_string(),
     };
-    format!("# tier: {tier}; out of bounds values: {status}\n# Avg bus bandwidth    : {avg:.4}\n#\n")
+    format!(
+        "# tier: {tier}; out of bounds values: {status}\n# Avg bus bandwidth    : {avg:.4}\n#\n"
+    )
 }
 
 /// Prints each row as the sweep measures it (rank 0 only).
@@ -248,7 +250,11 @@ fn printer(rank: usize) -> impl FnMut(&BenchRow) {
 }
 
 /// The tier of the benchmarked groups on `profile`'s topology.
-fn tier_of(profile: &HardwareProfile, world: usize, groups: &[hpfsdp_backends::Group]) -> &'static str {
+fn tier_of(
+    profile: &HardwareProfile,
+    world: usize,
+    groups: &[hpfsdp_backends::Group],
+) -> &'static str {
     let topology = profile.topology_for(world);
     groups
         .iter()
@@ -258,8 +264,12 @@ fn tier_of(profile: &HardwareProfile, world: usize, groups: &[hpfsdp_backends::G
 }
 
 fn load_profile(choice: &ProfileChoice) -> Result<HardwareProfile> {
-    HardwareProfile::load_named(&choice.name, "scenarios/hardware")
-        .with_context(|| format!("loading hardware profile '{}' ({})", choice.name, choice.reason))
+    HardwareProfile::load_named(&choice.name, "scenarios/hardware").with_context(|| {
+        format!(
+            "loading hardware profile '{}' ({})",
+            choice.name, choice.reason
+        )
+    })
 }
 
 /// What a rank ends the sweep with.
@@ -301,7 +311,12 @@ pub fn run(args: &CollbenchArgs) -> Result<ExitCode> {
         let results = run_on_backend(args.backend, threads, timeout, |comm| {
             let o = options(args, comm.world_size())?;
             if comm.rank() == 0 {
-                print!("# collbench on {} ({} ranks, host buffers)\n{}", args.backend, comm.world_size(), table_header());
+                print!(
+                    "# collbench on {} ({} ranks, host buffers)\n{}",
+                    args.backend,
+                    comm.world_size(),
+                    table_header()
+                );
             }
             let rows = run_sweep(comm, &o, &mut printer(comm.rank()))?;
             let tier = tier_of(&profile, comm.world_size(), &o.groups);

@@ -102,7 +102,10 @@ mod tests {
             profile_for_device("NVIDIA H100 80GB HBM3"),
             Some("nvidia-h100-hgx")
         );
-        assert_eq!(profile_for_device("NVIDIA GB200"), Some("nvidia-gb200-nvl72"));
+        assert_eq!(
+            profile_for_device("NVIDIA GB200"),
+            Some("nvidia-gb200-nvl72")
+        );
         assert_eq!(profile_for_device("NVIDIA GH200 480GB"), None);
         assert_eq!(profile_for_device("Ascend910B2"), Some("ascend-910b"));
         assert_eq!(profile_for_device("Ascend910_9391"), Some("ascend-910c-a3"));
@@ -124,15 +127,25 @@ mod tests {
         assert!(c.reason.contains("'NVIDIA H200'"), "{}", c.reason);
         let c = choose(Some("ascend-910c-a3"), BackendKind::Nccl, h200).unwrap();
         assert_eq!(c.name, "ascend-910c-a3");
-        assert!(c.reason.contains("whose profile is nvidia-h200-hgx"), "{}", c.reason);
+        assert!(
+            c.reason.contains("whose profile is nvidia-h200-hgx"),
+            "{}",
+            c.reason
+        );
         let e = choose(None, BackendKind::Nccl, Some(Ok("NVIDIA A100".into())))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("'NVIDIA A100'") && e.contains("--hardware"), "{e}");
+        assert!(
+            e.contains("'NVIDIA A100'") && e.contains("--hardware"),
+            "{e}"
+        );
         let e = choose(None, BackendKind::Hccl, Some(Err("no symbol".into())))
             .unwrap_err()
             .to_string();
         assert!(e.contains("no symbol") && e.contains("--hardware"), "{e}");
-        assert_eq!(choose(None, BackendKind::InProc, None).unwrap().name, "cpu-mpi");
+        assert_eq!(
+            choose(None, BackendKind::InProc, None).unwrap().name,
+            "cpu-mpi"
+        );
     }
 }

@@ -311,13 +311,7 @@ impl DeviceRuntime for CudaRuntime {
     ) -> CommResult<()> {
         // SAFETY: both allocations hold at least `bytes` (sized by the caller); live stream.
         let code = unsafe {
-            (self.fns.memcpy_async)(
-                dst.0,
-                src.0,
-                bytes,
-                CUDA_MEMCPY_DEVICE_TO_DEVICE,
-                stream.0,
-            )
+            (self.fns.memcpy_async)(dst.0, src.0, bytes, CUDA_MEMCPY_DEVICE_TO_DEVICE, stream.0)
         };
         self.check(
             code,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use super::buffer::DeviceBuffer;
 use super::comm::DeviceComm;
 use super::library::{CollLibrary, Launch, P2pDirection, P2pOp, RawComm};
-use super::runtime::{DevPtr, Stream};
 use super::p2p;
+use super::runtime::{DevPtr, Stream};
 use super::staging::{Output, StagedWork, record_around};
 use super::validate::{self, Spec};
 use crate::error::{CommError, CommResult};
@@ -373,7 +373,12 @@ impl<L: CollLibrary> DeviceComm<L> {
 
     /// [`DeviceComm::issue_device_p2p`] on the caller's `stream`, with no events and no wait
     /// (as [`DeviceComm::enqueue_on`]).
-    pub fn enqueue_p2p_on(&self, ops: &[DeviceP2p<'_>], tag: u64, stream: Stream) -> CommResult<()> {
+    pub fn enqueue_p2p_on(
+        &self,
+        ops: &[DeviceP2p<'_>],
+        tag: u64,
+        stream: Stream,
+    ) -> CommResult<()> {
         let (raw, _) = self.resolve_p2p(ops, tag)?;
         let at = Launch {
             comm: self.shared.world,

@@ -43,7 +43,6 @@ pub struct GemmProblem {
     pub stride_c: usize,
 }
 
-
 /// The spin kernel: `hpfsdp_spin(u64 duration_ns)`. Assembled and checked with `ptxas` for
 /// sm_80, sm_90 and sm_100; PTX ISA 6.0 / sm_60, so any driver since CUDA 9 JIT-compiles it.
 pub const SPIN_PTX: &str = r#"//
@@ -163,7 +162,10 @@ impl DeviceKernels for CudaKernels {
         let mut params = [(&mut ns as *mut u64).cast::<std::ffi::c_void>()];
         // SAFETY: hpfsdp_spin takes one .u64 parameter; `ns` outlives the call (the driver
         // copies parameters at launch).
-        unsafe { self.driver.launch(self.spin, self.dims, stream, &mut params) }
+        unsafe {
+            self.driver
+                .launch(self.spin, self.dims, stream, &mut params)
+        }
     }
 
     fn has_gemm(&self) -> bool {
@@ -182,8 +184,7 @@ impl DeviceKernels for CudaKernels {
             Some(blas) => blas.gemm_bf16(stream, problem, a, b, c),
             None => Err(crate::error::CommError::Unavailable {
                 backend: "nccl".into(),
-                reason: "GEMMs need cuBLAS, which was not loaded (--compute real loads it)"
-                    .into(),
+                reason: "GEMMs need cuBLAS, which was not loaded (--compute real loads it)".into(),
             }),
         }
     }

@@ -141,7 +141,8 @@ impl<'a> DeviceWalker<'a> {
             poisoned: false,
             current_op: None,
         };
-        w.prepare().map_err(|e| format!("preparing the device replay: {e}"))?;
+        w.prepare()
+            .map_err(|e| format!("preparing the device replay: {e}"))?;
         Ok(w)
     }
 
@@ -237,7 +238,10 @@ impl<'a> DeviceWalker<'a> {
         if c.kind != PlanKind::Broadcast {
             self.buffer((stream, Role::Recv, dt, recv))?;
         }
-        if self.fault.is_some_and(|f| f.op == i && f.kind == FaultKind::Mismatch) {
+        if self
+            .fault
+            .is_some_and(|f| f.op == i && f.kind == FaultKind::Mismatch)
+        {
             self.buffer((stream, Role::Swap, dt, n * p))?;
         }
         Ok(())
@@ -300,7 +304,9 @@ impl DeviceWalker<'_> {
                 let deps_end = self.wait_deps(i, step, &host)?;
                 let begun = t0.elapsed().as_nanos() as u64;
                 let board = self.board;
-                spin_for(Duration::from_nanos(self.op_ns[i]), &mut || !board.aborted());
+                spin_for(Duration::from_nanos(self.op_ns[i]), &mut || {
+                    !board.aborted()
+                });
                 let took = (t0.elapsed().as_nanos() as u64).saturating_sub(begun);
                 // The host clock starts a little after the device's origin: a host op starts
                 // no earlier than its dependencies ended on the device.
@@ -385,7 +391,13 @@ impl DeviceWalker<'_> {
         self.rt.record_event(end, s)
     }
 
-    fn buf(&self, stream: ProgStream, role: Role, dt: DType, len: usize) -> CommResult<&DeviceBuffer> {
+    fn buf(
+        &self,
+        stream: ProgStream,
+        role: Role,
+        dt: DType,
+        len: usize,
+    ) -> CommResult<&DeviceBuffer> {
         self.buffers
             .get(&(stream, role, dt, len))
             .ok_or_else(|| CommError::Unavailable {

@@ -180,7 +180,10 @@ mod tests {
             panic!("one grouped GEMM");
         };
         assert_eq!((p.m, p.n, p.k, p.batch), (64, 32, 16, 8));
-        assert_eq!(operand_elements(&p), (8 * 64 * 16, 8 * 16 * 32, 8 * 64 * 32));
+        assert_eq!(
+            operand_elements(&p),
+            (8 * 64 * 16, 8 * 16 * 32, 8 * 64 * 32)
+        );
         // Attention of 2 x 1024^3 FLOPs: one square product of side 1024.
         let att = KernelWork {
             class: KernelClass::Attention {
@@ -203,7 +206,10 @@ mod tests {
     fn huge_batched_operands_are_shared() {
         let p = problem(8192, 8192, 8192, 64);
         assert_eq!((p.stride_a, p.stride_b, p.stride_c), (0, 0, 0));
-        assert_eq!(operand_elements(&p), (8192 * 8192, 8192 * 8192, 8192 * 8192));
+        assert_eq!(
+            operand_elements(&p),
+            (8192 * 8192, 8192 * 8192, 8192 * 8192)
+        );
         assert_eq!(copies(3, 10), vec![Launch::Copy(4); 3]);
         assert!(copies(3, 0).is_empty());
     }

@@ -177,7 +177,8 @@ pub fn run_steps<C: Collective + ?Sized>(
     // use two shared groups in different orders.
     let mut groups = vec![world.clone()];
     for g in &rank.program.groups {
-        groups.push(Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| setup(e.to_string()))?);
+        groups
+            .push(Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| setup(e.to_string()))?);
     }
     comm.prepare_groups(&groups)
         .map_err(|e| setup(format!("creating the communicators: {e}")))?;

@@ -114,17 +114,12 @@ fn check_memory(backend: BackendKind, ranks: &[ReplayRank]) -> Result<()> {
 /// Refuses run-dependent counts beyond their limits ([`limits`]): more ranks than the
 /// in-process backend runs as threads, or a span log (steps x ops x ranks) above its cap.
 fn check_counts(args: &ReplayArgs, ranks: &[ReplayRank]) -> Result<()> {
-    let n = ranks.len() as u64;
-    if args.backend.ranks_are_threads() && n > limits::INPROC_MAX_RANKS {
-        bail!(
-            "the scenario has {n} ranks but --backend inproc runs at most {} as threads; pass --ranks N with N <= {} or replay on a multi-process backend",
-            limits::INPROC_MAX_RANKS,
-            limits::INPROC_MAX_RANKS
-        );
-    }
+    check_threads(args, ranks.len())?;
     let ops: u64 = ranks.iter().map(|r| r.program.ops.len() as u64).sum();
     let span_bytes = std::mem::size_of::<hpfsdp_program::step::OpSpan>() as u64;
-    let bytes = (args.steps as u64).saturating_mul(ops).saturating_mul(span_bytes);
+    let bytes = (args.steps as u64)
+        .saturating_mul(ops)
+        .saturating_mul(span_bytes);
     if bytes > limits::REPLAY_MAX_SPAN_BYTES {
         let most = limits::REPLAY_MAX_SPAN_BYTES / ops.max(1).saturating_mul(span_bytes);
         bail!(
@@ -133,6 +128,18 @@ fn check_counts(args: &ReplayArgs, ranks: &[ReplayRank]) -> Result<()> {
             bytes as f64 / (1u64 << 30) as f64,
             limits::REPLAY_MAX_SPAN_BYTES >> 30,
             most.max(1)
+        );
+    }
+    Ok(())
+}
+
+/// Refuses more in-process ranks than [`limits::INPROC_MAX_RANKS`] (before predicting).
+fn check_threads(args: &ReplayArgs, n: usize) -> Result<()> {
+    if args.backend.ranks_are_threads() && n as u64 > limits::INPROC_MAX_RANKS {
+        bail!(
+            "the scenario has {n} ranks but --backend inproc runs at most {} as threads; pass --ranks N with N <= {} or replay on a multi-process backend",
+            limits::INPROC_MAX_RANKS,
+            limits::INPROC_MAX_RANKS
         );
     }
     Ok(())
@@ -162,6 +169,7 @@ pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
         crate::commands::preflight::check_hardware_flag(h)?;
     }
     let (scaled, strategy) = predict::load_scaled(args)?;
+    check_threads(args, scaled.scenario.world_size())?;
     if is_device(args.backend) {
         return run_device(args, scaled, &strategy);
     }

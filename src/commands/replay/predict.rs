@@ -1,7 +1,7 @@
 //! Loading, scaling and predicting the replayed scenario on the chosen hardware profile.
 
-use super::scale::{self, Scaled};
 use super::ReplayArgs;
+use super::scale::{self, Scaled};
 use crate::commands::device_profile::ProfileChoice;
 use anyhow::{Context, Result, bail};
 use hpfsdp_backends::replay::ReplayRank;
