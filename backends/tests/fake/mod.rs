@@ -22,7 +22,15 @@ use hpfsdp_backends::{
 pub fn fake_library() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake/fake_collectives.c");
+        // From the backends crate's tests, or from the workspace root's (the CLI's).
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let src = [
+            root.join("tests/fake/fake_collectives.c"),
+            root.join("backends/tests/fake/fake_collectives.c"),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("tests/fake/fake_collectives.c");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         let tmp = dir.join(format!("libfake_collectives.{}.so.tmp", std::process::id()));
         // Replaced atomically, so a copy another test process has mapped stays valid.
