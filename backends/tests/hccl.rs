@@ -243,8 +243,11 @@ fn device_replay_on_hccl_refuses_real_compute_and_runs_busy_compute_on_the_host(
     let mut b = ProgramBuilder::new(0);
     let c0 = b.compute(ComputeWork::memory_bound(0, 1024, 1), &[]);
     b.copy(Stream::Copy, 1024, &[c0]);
-    let program = b.build().unwrap();
-    let op_ns = vec![300_000, 100_000];
+    let rank = hpfsdp_backends::replay::ReplayRank {
+        program: b.build().unwrap(),
+        op_ns: vec![300_000, 100_000],
+        launch_ns: vec![0, 0],
+    };
     let dir = fresh_dir("hccl-device-replay");
     let c = HcclComm::from_lookup(&env_of(rank_env(0, 1, &dir))).unwrap();
     let board = FaultBoard::new();
@@ -252,7 +255,7 @@ fn device_replay_on_hccl_refuses_real_compute_and_runs_busy_compute_on_the_host(
         compute: ComputeMode::Real,
         ..ReplayOptions::default()
     };
-    let e = DeviceWalker::new(&c, &program, &op_ns, &o, &board)
+    let e = DeviceWalker::new(&c, &rank, &o, &board)
         .err()
         .expect("no device GEMMs on ACL");
     assert!(
@@ -260,7 +263,7 @@ fn device_replay_on_hccl_refuses_real_compute_and_runs_busy_compute_on_the_host(
         "{e}"
     );
     o.compute = ComputeMode::Busy;
-    let mut w = DeviceWalker::new(&c, &program, &op_ns, &o, &board).unwrap();
+    let mut w = DeviceWalker::new(&c, &rank, &o, &board).unwrap();
     assert!(w.compute_description().contains("host spin"));
     let spans = w.walk(0).unwrap();
     assert!(spans[0].end_ns - spans[0].start_ns >= 300_000, "{spans:?}");

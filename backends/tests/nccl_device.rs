@@ -282,6 +282,7 @@ fn rank(p: &StepProgram) -> ReplayRank {
         .collect();
     ReplayRank {
         program: p.clone(),
+        launch_ns: vec![5_000; p.ops.len()],
         op_ns,
     }
 }
@@ -357,7 +358,7 @@ fn a_device_step_allocates_nothing_and_copies_nothing_to_or_from_the_host() {
         let board = FaultBoard::new();
         let rr = rank(&programs[r]);
         let opts = options(ComputeMode::Real);
-        let mut w = DeviceWalker::new(&c, &rr.program, &rr.op_ns, &opts, &board).unwrap();
+        let mut w = DeviceWalker::new(&c, &rr, &opts, &board).unwrap();
         log_reset();
         let spans = w.walk(0).unwrap();
         assert_deps_respected(&rr.program, &spans);

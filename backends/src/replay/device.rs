@@ -14,7 +14,10 @@
 //!   bytes (`--compute real`), so communication contends with them for SMs and memory
 //!   bandwidth as in a real step;
 //! - host ops (and, on a backend without device kernels, compute and copy ops) block the host:
-//!   it waits for their dependencies' end events, then spins for their duration.
+//!   it waits for their dependencies' end events, then spins for their duration;
+//! - `--compute busy` also spends, on the host before each launch, the time the prediction's
+//!   host spent launching that op (its kernels' launch costs), so a host-bound prediction
+//!   stays host-bound; `--compute real` launches as fast as the host issues the calls.
 //!
 //! Every device op is recorded between a start and an end event on its stream; spans are
 //! the events' times from an origin event recorded, and waited for, at the step's start
@@ -41,6 +44,7 @@ use crate::replay::device_work::{Launch, ScratchNeed, real_launches};
 use crate::replay::fault::{FaultBoard, FaultCause, FaultOp, RankFault};
 use crate::replay::issue::{elements, even_split, input_elements, wire_dtype};
 use crate::replay::options::{ComputeMode, FaultInjection, FaultKind, ReplayOptions};
+use crate::replay::runner::ReplayRank;
 use crate::replay::walker::{describe_op, idle_wait};
 use crate::replay::work::spin_for;
 use crate::types::{DType, ReduceOp};
@@ -71,6 +75,7 @@ pub struct DeviceWalker<'a> {
     device_index: usize,
     program: &'a StepProgram,
     op_ns: &'a [u64],
+    launch_ns: &'a [u64],
     groups: Vec<Group>,
     options: &'a ReplayOptions,
     board: &'a FaultBoard,
@@ -94,12 +99,15 @@ impl<'a> DeviceWalker<'a> {
     /// allocates every communication buffer and compute scratch buffer up front.
     pub fn new(
         comm: &'a dyn DeviceCollective,
-        program: &'a StepProgram,
-        op_ns: &'a [u64],
+        rank: &'a ReplayRank,
         options: &'a ReplayOptions,
         board: &'a FaultBoard,
     ) -> Result<Self, String> {
-        if program.rank != comm.rank() || op_ns.len() != program.ops.len() {
+        let (program, op_ns) = (&rank.program, &rank.op_ns[..]);
+        if program.rank != comm.rank()
+            || op_ns.len() != program.ops.len()
+            || rank.launch_ns.len() != program.ops.len()
+        {
             return Err(format!(
                 "rank {}'s program ({} ops, {} durations) given to rank {}",
                 program.rank,
@@ -126,6 +134,7 @@ impl<'a> DeviceWalker<'a> {
             rt,
             program,
             op_ns,
+            launch_ns: &rank.launch_ns,
             groups,
             options,
             board,
@@ -148,8 +157,14 @@ impl<'a> DeviceWalker<'a> {
 
     /// What runs the compute ops, for reports.
     pub fn compute_description(&self) -> String {
+        let paced = match self.options.compute {
+            ComputeMode::Busy => {
+                "; the host spends each op's predicted launch time before launching it"
+            }
+            ComputeMode::Real => "; launches as fast as the host issues them",
+        };
         match &self.kernels {
-            Some(k) => k.describe(),
+            Some(k) => format!("{}{paced}", k.describe()),
             None => format!(
                 "host spin ({} loads no device kernels at run time)",
                 self.comm.backend_name()
@@ -314,6 +329,11 @@ impl DeviceWalker<'_> {
                 host[i] = Some((start, start + took));
                 launched[i] = begun;
             } else {
+                if self.options.compute == ComputeMode::Busy {
+                    let board = self.board;
+                    let d = Duration::from_nanos(self.launch_ns[i]);
+                    spin_for(d, &mut || !board.aborted());
+                }
                 let swap = self
                     .fault
                     .is_some_and(|f| f.kind == FaultKind::Mismatch && f.op == i && step == 0);
@@ -686,7 +706,7 @@ pub fn run_device_rank(
     options: &ReplayOptions,
     board: &FaultBoard,
 ) -> Result<DeviceReplay, crate::replay::ReplayError> {
-    let walker = DeviceWalker::new(comm, &rank.program, &rank.op_ns, options, board)
+    let walker = DeviceWalker::new(comm, rank, options, board)
         .map_err(|m| crate::replay::runner::post_setup(comm, board, m))?;
     let compute = walker.compute_description();
     let measurements = crate::replay::runner::run_steps(comm, rank, options, board, walker)?;

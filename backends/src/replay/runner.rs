@@ -24,6 +24,10 @@ pub struct ReplayRank {
     /// Nanoseconds each op keeps the CPU busy (compute, copy: the predicted span; host: its
     /// duration; collectives: unused, 0). One entry per op.
     pub op_ns: Vec<u64>,
+    /// Nanoseconds the predicted host spends launching each op (the time between the host
+    /// finishing the previous op and this one; 0 for host ops and where the prediction has
+    /// no launch times). The device walker's busy mode spends them before each launch.
+    pub launch_ns: Vec<u64>,
 }
 
 impl ReplayRank {
@@ -34,13 +38,24 @@ impl ReplayRank {
         predicted: &RankTimeline,
     ) -> Result<Self, ReplayError> {
         let mut op_ns = vec![0u64; program.ops.len()];
+        let mut launched = vec![None; program.ops.len()];
         let mut seen = vec![false; program.ops.len()];
         for s in &predicted.spans {
             let i = s.op.index();
             if i < op_ns.len() {
                 op_ns[i] = s.end_ns.saturating_sub(s.start_ns);
+                launched[i] = s.launched_ns;
                 seen[i] = true;
             }
+        }
+        let mut launch_ns = vec![0u64; program.ops.len()];
+        let mut host_at = 0u64;
+        for (i, op) in program.ops.iter().enumerate() {
+            let Some(at) = launched[i] else { continue };
+            if !matches!(op.payload, Payload::Host { .. }) {
+                launch_ns[i] = at.saturating_sub(host_at);
+            }
+            host_at = at;
         }
         for (i, op) in program.ops.iter().enumerate() {
             match op.payload {
@@ -55,7 +70,11 @@ impl ReplayRank {
                 _ => {}
             }
         }
-        Ok(Self { program, op_ns })
+        Ok(Self {
+            program,
+            op_ns,
+            launch_ns,
+        })
     }
 }
 
@@ -345,4 +364,41 @@ pub fn dependency_violations(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hpfsdp_program::step::{Category, ComputeWork, OpId, ProgramBuilder};
+
+    /// Launch costs are the predicted host's time between consecutive launches; host ops
+    /// (whose time is their duration) cost none.
+    #[test]
+    fn launch_costs_come_from_the_predicted_host_timeline() {
+        let mut b = ProgramBuilder::new(0);
+        let c0 = b.compute(ComputeWork::memory_bound(0, 64, 3), &[]);
+        let h = b.host(Category::Host, 500, &[c0]);
+        b.compute(ComputeWork::memory_bound(0, 64, 1), &[h]);
+        let program = b.build().unwrap();
+        let span = |op: u32, start_ns, end_ns, launched| OpSpan {
+            op: OpId(op),
+            start_ns,
+            end_ns,
+            launched_ns: Some(launched),
+            transfer_start_ns: None,
+        };
+        let predicted = RankTimeline {
+            rank: 0,
+            represents: vec![RankRange { start: 0, end: 1 }],
+            // compute launched at 30 ns (3 kernels), host op 100..600, compute launched at 610.
+            spans: vec![
+                span(0, 30, 100, 30),
+                span(1, 100, 600, 600),
+                span(2, 610, 700, 610),
+            ],
+        };
+        let r = ReplayRank::from_prediction(program, &predicted).unwrap();
+        assert_eq!(r.op_ns, vec![70, 500, 90]);
+        assert_eq!(r.launch_ns, vec![30, 0, 10]);
+    }
 }
