@@ -375,7 +375,7 @@ fn counts_beyond_their_limits_are_refused_naming_the_flag() {
     // More ranks than inproc runs as threads: refused before the prediction.
     let o = hpfsdp(&[
         "replay",
-        "scenarios/paper/exp-b.toml",
+        "scenarios/paper/exp-c.toml",
         "--backend",
         "inproc",
     ]);
