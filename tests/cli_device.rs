@@ -7,7 +7,6 @@
 #![cfg(feature = "nccl")]
 
 #[path = "../backends/tests/fake/mod.rs"]
-#[allow(dead_code)]
 mod fake;
 
 use serde_json::Value;

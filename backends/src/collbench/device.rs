@@ -147,7 +147,7 @@ pub fn run_device_sweep(
     let mut rows = Vec::new();
     for &kind in &o.kinds {
         for (size, count, len) in sweep_sizes(kind, o, n) {
-            let (mut oop, mut ip) = ((0.0, 0u64), None::<(f64, u64)>);
+            let (mut oop, mut ip): (Measured, Option<Measured>) = ((0.0, 0), None);
             match mine {
                 Some(g) => {
                     let (a, b) = measure_size(comm, g, &world, kind, len, o)?;
@@ -183,7 +183,10 @@ fn has_in_place(kind: BenchKind) -> bool {
     !matches!(kind, BenchKind::Broadcast | BenchKind::AllToAll)
 }
 
-/// `(time per call, wrong)` out of place and, where the kind has one, in place.
+/// One member's `(device microseconds per call, wrong elements)` of a column.
+type Measured = (f64, u64);
+
+/// The out-of-place column and, where the kind has one, the in-place column.
 fn measure_size(
     comm: &dyn DeviceCollective,
     g: &Group,
@@ -191,7 +194,7 @@ fn measure_size(
     kind: BenchKind,
     len: usize,
     o: &BenchOptions,
-) -> CommResult<((f64, u64), Option<(f64, u64)>)> {
+) -> CommResult<(Measured, Option<Measured>)> {
     let me = comm.rank();
     let n = g.size();
     let pos = g.position(me).unwrap_or(0);
