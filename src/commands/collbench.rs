@@ -83,7 +83,7 @@ pub struct CollbenchArgs {
     /// multiple of 512 bytes), so `calibrate --from` can fit HCCL's unaligned-buffer factor.
     #[arg(long)]
     pub unaligned: bool,
-    /// Bound on any wait for a peer, seconds.
+    /// Bound on any wait for a peer, seconds (up to 86400).
     #[arg(long = "timeout-s", default_value_t = 300.0)]
     pub timeout_s: f64,
 }
@@ -287,6 +287,7 @@ pub fn run(args: &CollbenchArgs) -> Result<ExitCode> {
     if let Some(h) = &args.hardware {
         crate::commands::preflight::check_hardware_flag(h)?;
     }
+    limits::check_timeout_s(args.timeout_s)?;
     let threads = args.ranks.unwrap_or(4);
     // Every option but the groups (they need the world size) is checked before any backend
     // starts; inproc knows its world already.
@@ -307,7 +308,7 @@ pub fn run(args: &CollbenchArgs) -> Result<ExitCode> {
         check_host_memory(args, threads)?;
         let choice = device_profile::choose(args.hardware.as_deref(), args.backend, None)?;
         let profile = load_profile(&choice)?;
-        let timeout = Duration::from_secs_f64(args.timeout_s.max(0.001));
+        let timeout = Duration::from_secs_f64(args.timeout_s);
         let results = run_on_backend(args.backend, threads, timeout, |comm| {
             let o = options(args, comm.world_size())?;
             if comm.rank() == 0 {

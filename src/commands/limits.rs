@@ -29,6 +29,19 @@ pub const COLLBENCH_MAX_WARMUP: u64 = 10_000;
 /// Largest size collbench sweeps to (`-e`), bytes: 16 GiB.
 pub const COLLBENCH_MAX_BYTES: u64 = 16 << 30;
 
+/// Longest `--timeout-s` of replay and collbench: one day.
+pub const MAX_TIMEOUT_S: f64 = 86_400.0;
+
+/// Checks a `--timeout-s` value: a positive number of seconds up to [`MAX_TIMEOUT_S`].
+pub fn check_timeout_s(t: f64) -> anyhow::Result<()> {
+    if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_S {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "--timeout-s {t}: give a positive number of seconds up to {MAX_TIMEOUT_S} (one day)"
+    )
+}
+
 /// A parser for a `usize` flag whose value must lie in `min..=max`.
 pub fn count_in(min: u64, max: u64) -> impl TypedValueParser<Value = usize> {
     RangedU64ValueParser::<usize>::new().range(min..=max)
@@ -43,6 +56,15 @@ mod tests {
     struct Probe {
         #[arg(long, value_parser = count_in(1, REPLAY_MAX_STEPS))]
         steps: usize,
+    }
+
+    #[test]
+    fn timeouts_are_bounded() {
+        assert!(check_timeout_s(60.0).is_ok());
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e300] {
+            let e = check_timeout_s(bad).unwrap_err().to_string();
+            assert!(e.contains("--timeout-s") && e.contains("86400"), "{e}");
+        }
     }
 
     #[test]

@@ -1,9 +1,15 @@
 //! `collbench`: the nccl-tests / hccl_test sweep on any backend.
 //!
 //! For each collective and each size from `min_bytes` to `max_bytes` (times `factor`), every
-//! group runs `warmup` untimed then `iters` timed calls back to back (issue, wait) on known
-//! inputs; the time of a size is the slowest rank's average per call, and every output is
-//! checked against the exact expected result.
+//! group runs `warmup` untimed then `iters` timed calls back to back on known inputs; the time
+//! of a size is the slowest rank's average per call, and (with `check`) the result is
+//! compared with the exact expected output outside the timed loop. Each row is handed to a
+//! callback as soon as it is measured.
+//!
+//! Two paths: [`run_sweep`] on host buffers (every backend; each call issued and waited on)
+//! and, on accelerator backends, `device::run_device_sweep` as nccl-tests runs: device-resident
+//! buffers allocated once per size, only the collective calls between two device events in
+//! the timed region, and nccl-tests' out-of-place and in-place columns.
 //!
 //! Sizes follow nccl-tests: `size` is the per-rank buffer nccl-tests reports (all-gather: the
 //! gathered output; reduce-scatter: the input; all-reduce, broadcast: the buffer; all-to-all:

@@ -4,7 +4,9 @@
 //! communication stream between two timing events, and the handle's wait synchronises on the
 //! end event, logs the device time ([`DeviceComm::last_device_time_us`]) and copies the output
 //! back. [`DeviceComm::issue_device`] runs the same operations on [`DeviceBuffer`]s that stay on
-//! the device, for replays that must time the communication alone.
+//! the device, for replays that must time the communication alone; `enqueue_on` puts them on
+//! a caller's stream (replay's device walker) and `time_calls` times back-to-back launches
+//! between two events (collbench).
 //!
 //! Groups map to vendor communicators: a group of the whole world uses the world communicator;
 //! other groups are split from it ([`DeviceComm::create_groups`], NCCL >= 2.18) or created on

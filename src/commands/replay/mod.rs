@@ -156,12 +156,7 @@ pub(crate) fn available_memory_bytes() -> Option<u64> {
 /// Runs the command.
 pub fn run(args: &ReplayArgs) -> Result<ExitCode> {
     ensure_built(args.backend)?;
-    if !(args.timeout_s.is_finite() && args.timeout_s > 0.0) {
-        bail!(
-            "--timeout-s {}: give a positive number of seconds",
-            args.timeout_s
-        );
-    }
+    limits::check_timeout_s(args.timeout_s)?;
     if let Some(dir) = &args.out {
         crate::commands::preflight::ensure_writable_dir(dir, "--out")?;
     }
