@@ -37,8 +37,13 @@ pub fn check_timeout_s(t: f64) -> anyhow::Result<()> {
     if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_S {
         return Ok(());
     }
+    let shown = if t.abs() >= 1e9 {
+        format!("{t:e}")
+    } else {
+        t.to_string()
+    };
     anyhow::bail!(
-        "--timeout-s {t}: give a positive number of seconds up to {MAX_TIMEOUT_S} (one day)"
+        "--timeout-s {shown}: give a positive number of seconds up to {MAX_TIMEOUT_S} (one day)"
     )
 }
 
