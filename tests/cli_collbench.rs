@@ -43,6 +43,7 @@ fn sweep(extra: &[&str], tag: &str) -> Vec<Vec<String>> {
     );
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert!(stdout.contains("out of bounds values: 0 OK"), "{stdout}");
+    assert!(stdout.contains("# Avg bus bandwidth"), "{stdout}");
     let text = std::fs::read_to_string(&file).unwrap();
     let _ = std::fs::remove_file(&file);
     let mut lines = text.lines();
@@ -131,6 +132,73 @@ fn bf16_on_pairs_of_ranks() {
     }
 }
 
+/// nccl-tests' short flags, rows printed as they are measured, the in-place block (N/A for
+/// host buffers), the closing average bus bandwidth, and `-c 0` leaving #wrong unknown.
+#[test]
+fn nccl_tests_flags_and_output() {
+    let file =
+        std::env::temp_dir().join(format!("hpfsdp-collbench-short-{}.csv", std::process::id()));
+    let o = hpfsdp(&[
+        "collbench",
+        "--backend",
+        "inproc",
+        "--ranks",
+        "2",
+        "--kinds",
+        "all-reduce",
+        "-b",
+        "64",
+        "-e",
+        "4K",
+        "-f",
+        "4",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "-c",
+        "0",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.trim_start().starts_with("all-reduce"))
+        .collect();
+    // 64, 256, 1024, 4096 bytes.
+    assert_eq!(rows.len(), 4, "{out}");
+    for r in &rows {
+        let cells: Vec<&str> = r.split_whitespace().collect();
+        assert_eq!(cells.len(), 14, "{r}");
+        assert_eq!(&cells[9..], ["N/A"; 5], "-c 0 and host buffers: {r}");
+    }
+    assert!(
+        out.contains("out-of-place") && out.contains("in-place"),
+        "{out}"
+    );
+    assert!(out.contains("out of bounds values: N/A"), "{out}");
+    let avg = out
+        .lines()
+        .find_map(|l| l.strip_prefix("# Avg bus bandwidth    : "))
+        .unwrap_or_else(|| panic!("no average line in {out}"));
+    assert!(avg.trim().parse::<f64>().unwrap() > 0.0, "{avg}");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let _ = std::fs::remove_file(&file);
+    assert!(
+        text.lines()
+            .skip(1)
+            .all(|l| l.split(',').nth(9) == Some("N/A")),
+        "{text}"
+    );
+}
+
 #[test]
 fn bad_input_is_refused() {
     for (args, needle) in [
@@ -159,6 +227,25 @@ fn bad_input_is_refused() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(needle), "{args:?}: '{needle}' not in {err}");
+    }
+    // Counts beyond their limits (issue 27: `--iters 4000000000` aborted allocating 128 GB,
+    // `--ranks 1000` gave nothing in 60 s, `--ranks 100000` aborted).
+    for (args, needle) in [
+        (vec!["--iters", "4000000000"], "1..=10000"),
+        (vec!["-n", "0"], "1..=10000"),
+        (vec!["-w", "4000000000"], "0..=10000"),
+        (vec!["--ranks", "1000"], "1..=64"),
+        (vec!["--ranks", "100000"], "1..=64"),
+        (vec!["-c", "2"], "0..=1"),
+        (vec!["-e", "32G"], "at most 17179869184 bytes"),
+    ] {
+        let mut all = vec!["collbench", "--backend", "inproc"];
+        all.extend(args.iter().copied());
+        let o = hpfsdp(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{all:?}: {err}");
+        assert!(err.contains(needle), "{all:?}: '{needle}' not in {err}");
+        assert!(!err.contains("panicked"), "{err}");
     }
     // A backend not compiled in names the feature and the rebuild; one compiled in refuses
     // --ranks (its launcher sets the rank count).

@@ -344,3 +344,86 @@ fn bad_input_is_refused() {
         "op #99999 does not exist",
     );
 }
+
+/// Every count a user gives has a limit, checked before anything is allocated or looped
+/// over: exit 2 with the flag and the limit (issue 27's reproducers: `--steps 1000000000`
+/// aborted allocating 24 GB, `--steps` at u64::MAX panicked, `--warmup 4000000000` never
+/// ended).
+#[test]
+fn counts_beyond_their_limits_are_refused_naming_the_flag() {
+    let dense = "scenarios/verify/dense-fsdp4.toml";
+    let base = ["replay", dense, "--backend", "inproc"];
+    for (flag, value, limit) in [
+        ("--steps", "1000000000", "1..=1000"),
+        ("--steps", "18446744073709551615", "1..=1000"),
+        ("--steps", "0", "1..=1000"),
+        ("--warmup", "4000000000", "0..=1000"),
+        ("--ranks", "100000", "1..=4096"),
+        ("--layers", "0", "1..=10000"),
+    ] {
+        let mut args = base.to_vec();
+        args.extend([flag, value]);
+        let o = hpfsdp(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(limit),
+            "{args:?}: '{flag}' and '{limit}' not in {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // More ranks than inproc runs as threads: refused before the prediction.
+    let o = hpfsdp(&[
+        "replay",
+        "scenarios/paper/exp-c.toml",
+        "--backend",
+        "inproc",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("runs at most 64 as threads"), "{err}");
+}
+
+/// The default run measures warm steps: 2 warm-up steps, then 5 measured ones whose spread
+/// is reported beside the median.
+#[test]
+fn defaults_measure_several_warm_steps_with_their_spread() {
+    let dir = out_dir("defaults");
+    let o = hpfsdp(&[
+        "replay",
+        "scenarios/verify/dense-fsdp4.toml",
+        "--backend",
+        "inproc",
+        "--ranks",
+        "2",
+        "--json",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    let doc: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["warmup"], 2);
+    let steps = doc["measured_steps_ns"].as_array().unwrap();
+    assert_eq!(steps.len(), 5);
+    let s = &doc["step_spread"];
+    let (min, median, max) = (
+        s["min_ms"].as_f64().unwrap(),
+        s["median_ms"].as_f64().unwrap(),
+        s["max_ms"].as_f64().unwrap(),
+    );
+    assert!(min > 0.0 && min <= median && median <= max, "{s}");
+    assert!(s["spread_pct"].as_f64().unwrap() >= 0.0);
+    assert!(
+        doc["hardware_reason"]
+            .as_str()
+            .unwrap()
+            .contains("CPU cores"),
+        "{doc}"
+    );
+    assert!(
+        doc["compute_on"].as_str().unwrap().contains("host spin"),
+        "{doc}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

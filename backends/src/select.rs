@@ -203,6 +203,41 @@ where
     }
 }
 
+/// Whether the backend runs on an accelerator (its ranks hold device memory and streams).
+pub fn is_device(kind: BackendKind) -> bool {
+    matches!(kind, BackendKind::Hccl | BackendKind::Nccl)
+}
+
+/// Runs `f` on this process's rank of an accelerator backend (`nccl`, `hccl`) with the
+/// device view of its communicator (device buffers, streams, device name, kernels).
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub fn run_on_device_backend<R, F>(kind: BackendKind, f: F) -> Result<R, SelectError>
+where
+    F: FnOnce(&dyn crate::device::DeviceCollective) -> R,
+{
+    ensure_built(kind)?;
+    let start = |source| SelectError::Start {
+        backend: kind.name(),
+        source,
+    };
+    match kind {
+        #[cfg(feature = "nccl")]
+        BackendKind::Nccl => {
+            let comm = crate::nccl::NcclComm::from_env().map_err(start)?;
+            Ok(f(&comm))
+        }
+        #[cfg(feature = "hccl")]
+        BackendKind::Hccl => {
+            let comm = crate::hccl::HcclComm::from_env().map_err(start)?;
+            Ok(f(&comm))
+        }
+        other => Err(start(CommError::Unavailable {
+            backend: other.name().into(),
+            reason: "not an accelerator backend".into(),
+        })),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

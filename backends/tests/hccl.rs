@@ -200,3 +200,72 @@ fn average_is_refused_on_device_buffers_where_hccl_has_none() {
         .expect("in-place broadcast");
     assert!(w.wait().unwrap() >= 0.0);
 }
+
+#[test]
+fn the_soc_name_and_device_sweep_work_without_device_kernels() {
+    use hpfsdp_backends::collbench::device::run_device_sweep;
+    use hpfsdp_backends::collbench::{BenchKind, BenchOptions};
+    use hpfsdp_backends::device::DeviceCollective;
+    let dir = fresh_dir("hccl-device-sweep");
+    let results = on_threads(2, |r| {
+        let c = HcclComm::from_lookup(&env_of(rank_env(r, 2, &dir))).unwrap();
+        assert_eq!(c.device_name().unwrap(), "Ascend910B2");
+        assert!(
+            c.load_kernels(false).unwrap().is_none(),
+            "ACL loads no kernels"
+        );
+        let o = BenchOptions {
+            kinds: BenchKind::ALL.to_vec(),
+            min_bytes: 512,
+            max_bytes: 2048,
+            factor: 4,
+            iters: 2,
+            warmup: 1,
+            dtype: DType::F32,
+            groups: vec![Group::world(2).unwrap()],
+            unaligned_twins: false,
+            check: true,
+        };
+        let dc: &dyn DeviceCollective = &c;
+        run_device_sweep(dc, &o, &mut |_| {}).unwrap()
+    });
+    for rows in results {
+        assert_eq!(rows.len(), 5 * 2);
+        assert!(rows.iter().all(|r| r.wrong() == Some(0)), "{rows:?}");
+    }
+}
+
+#[test]
+fn device_replay_on_hccl_refuses_real_compute_and_runs_busy_compute_on_the_host() {
+    use hpfsdp_backends::replay::device::DeviceWalker;
+    use hpfsdp_backends::replay::{ComputeMode, FaultBoard, ReplayOptions};
+    use hpfsdp_program::step::{ComputeWork, ProgramBuilder, Stream};
+    let mut b = ProgramBuilder::new(0);
+    let c0 = b.compute(ComputeWork::memory_bound(0, 1024, 1), &[]);
+    b.copy(Stream::Copy, 1024, &[c0]);
+    let rank = hpfsdp_backends::replay::ReplayRank {
+        program: b.build().unwrap(),
+        op_ns: vec![300_000, 100_000],
+        launch_ns: vec![0, 0],
+    };
+    let dir = fresh_dir("hccl-device-replay");
+    let c = HcclComm::from_lookup(&env_of(rank_env(0, 1, &dir))).unwrap();
+    let board = FaultBoard::new();
+    let mut o = ReplayOptions {
+        compute: ComputeMode::Real,
+        ..ReplayOptions::default()
+    };
+    let e = DeviceWalker::new(&c, &rank, &o, &board)
+        .err()
+        .expect("no device GEMMs on ACL");
+    assert!(
+        e.contains("--compute real") && e.contains("--compute busy"),
+        "{e}"
+    );
+    o.compute = ComputeMode::Busy;
+    let mut w = DeviceWalker::new(&c, &rank, &o, &board).unwrap();
+    assert!(w.compute_description().contains("host spin"));
+    let spans = w.walk(0).unwrap();
+    assert!(spans[0].end_ns - spans[0].start_ns >= 300_000, "{spans:?}");
+    assert!(spans[1].start_ns >= spans[0].end_ns, "{spans:?}");
+}

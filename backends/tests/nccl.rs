@@ -182,13 +182,9 @@ fn four_ranks_match_inproc_bit_for_bit_with_lazy_groups() {
 }
 
 fn split_calls() -> i64 {
-    // Kept loaded for the whole test binary, so the counter survives communicators coming and
-    // going (the backend opens the same file, which shares this mapping).
-    static LIB: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
     // SAFETY: the stand-in's test hook `long fake_split_calls(void)`.
     unsafe {
-        let lib = LIB.get_or_init(|| libloading::Library::new(fake_library()).expect("stand-in"));
-        let f = lib
+        let f = fake::hooks()
             .get::<unsafe extern "C" fn() -> std::ffi::c_long>("fake_split_calls")
             .expect("hook");
         #[allow(clippy::useless_conversion)] // c_long is 32 bits on some targets

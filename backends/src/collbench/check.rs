@@ -17,14 +17,39 @@ pub fn value(rank: usize, j: usize) -> f32 {
 
 /// Rank `rank`'s input of `len` elements.
 pub fn input(rank: usize, len: usize, dtype: DType) -> Buffer {
-    let v: Vec<f32> = (0..len).map(|j| value(rank, j)).collect();
+    // Inputs are small integers (0..=4), exact in every element type.
+    to_buffer((0..len).map(|j| value(rank, j)).collect(), dtype)
+}
+
+/// Converts known values to a buffer of `dtype` (exact: they are small integers).
+pub fn to_buffer(v: Vec<f32>, dtype: DType) -> Buffer {
     match dtype {
         DType::F32 => Buffer::F32(v),
         DType::Bf16 => Buffer::Bf16(v.into_iter().map(bf16::from_f32).collect()),
         DType::F64 => Buffer::F64(v.into_iter().map(f64::from).collect()),
-        // Inputs are small integers (0..=4), exact in u8.
         DType::U8 => Buffer::U8(v.into_iter().map(|x| x as u8).collect()),
     }
+}
+
+/// The in-place buffer of member `pos` (global rank `rank`) of a group of `n` for a
+/// collective whose per-member input has `len` elements: all-gather's is the whole output
+/// with the member's chunk holding its input (the rest zero), the others' is the input.
+pub fn in_place_input(
+    kind: BenchKind,
+    rank: usize,
+    pos: usize,
+    n: usize,
+    len: usize,
+    dtype: DType,
+) -> Buffer {
+    if kind != BenchKind::AllGather {
+        return input(rank, len, dtype);
+    }
+    let mut v = vec![0.0f32; len * n];
+    for j in 0..len {
+        v[pos * len + j] = value(rank, j);
+    }
+    to_buffer(v, dtype)
 }
 
 /// The exact output of member `pos` of a group with global ranks `ranks`, for a collective
@@ -54,6 +79,18 @@ pub fn expected(kind: BenchKind, ranks: &[usize], pos: usize, len: usize) -> Vec
                 .collect()
         }
     }
+}
+
+/// Elements `start..start + len` of `b` as f32 (exact for the known values).
+pub fn chunk(b: &Buffer, start: usize, len: usize) -> Buffer {
+    let all: Vec<f32> = match b {
+        Buffer::F32(v) => v.clone(),
+        Buffer::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        Buffer::F64(v) => v.iter().map(|&x| x as f32).collect(),
+        Buffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
+    };
+    let end = (start + len).min(all.len());
+    Buffer::F32(all.get(start..end).unwrap_or(&[]).to_vec())
 }
 
 /// Elements of `got` that differ from `want` (a length difference counts every missing or

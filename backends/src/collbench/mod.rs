@@ -1,9 +1,15 @@
 //! `collbench`: the nccl-tests / hccl_test sweep on any backend.
 //!
 //! For each collective and each size from `min_bytes` to `max_bytes` (times `factor`), every
-//! group runs `warmup` untimed then `iters` timed calls back to back (issue, wait) on known
-//! inputs; the time of a size is the slowest rank's average per call, and every output is
-//! checked against the exact expected result.
+//! group runs `warmup` untimed then `iters` timed calls back to back on known inputs; the time
+//! of a size is the slowest rank's average per call, and (with `check`) the result is
+//! compared with the exact expected output outside the timed loop. Each row is handed to a
+//! callback as soon as it is measured.
+//!
+//! Two paths: [`run_sweep`] on host buffers (every backend; each call issued and waited on)
+//! and, on accelerator backends, `device::run_device_sweep` as nccl-tests runs: device-resident
+//! buffers allocated once per size, only the collective calls between two device events in
+//! the timed region, and nccl-tests' out-of-place and in-place columns.
 //!
 //! Sizes follow nccl-tests: `size` is the per-rank buffer nccl-tests reports (all-gather: the
 //! gathered output; reduce-scatter: the input; all-reduce, broadcast: the buffer; all-to-all:
@@ -14,6 +20,8 @@
 //! factors ([`BenchKind::busbw_factor`]), in GB/s (1e9 bytes per second).
 
 pub mod check;
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub mod device;
 pub mod spec;
 
 use std::time::Instant;
@@ -48,6 +56,40 @@ pub struct BenchOptions {
     /// not a multiple of 512 bytes: the rows `hpfsdp calibrate --from` fits HCCL's
     /// unaligned-buffer factor from.
     pub unaligned_twins: bool,
+    /// Check every result against the exact expected output (nccl-tests' `-c 1`); without
+    /// it `#wrong` is unknown (`N/A`).
+    pub check: bool,
+}
+
+/// One timed column of a row (nccl-tests' out-of-place or in-place block).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    /// Slowest rank's average time per call, microseconds.
+    pub time_us: f64,
+    /// `size / time`, GB/s.
+    pub algbw_gbps: f64,
+    /// `algbw x factor`, GB/s.
+    pub busbw_gbps: f64,
+    /// Output elements that differ from the expected result, summed over ranks (`None`:
+    /// not checked).
+    pub wrong: Option<u64>,
+}
+
+impl Timing {
+    /// The timing of `size` bytes in `time_us` per call on groups of `n` ranks.
+    pub fn of(kind: BenchKind, size: u64, n: usize, time_us: f64, wrong: Option<u64>) -> Timing {
+        let algbw = if time_us > 0.0 {
+            size as f64 / (time_us * 1e-6) / 1e9
+        } else {
+            0.0
+        };
+        Timing {
+            time_us,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * kind.busbw_factor(n),
+            wrong,
+        }
+    }
 }
 
 /// One line of the sweep (the CSV row without the tier, which needs the hardware topology).
@@ -65,14 +107,12 @@ pub struct BenchRow {
     pub redop: &'static str,
     /// Root (group-local 0) for broadcast, -1 otherwise.
     pub root: i64,
-    /// Slowest rank's average time per call, microseconds.
-    pub time_us: f64,
-    /// `size / time`, GB/s.
-    pub algbw_gbps: f64,
-    /// `algbw x factor`, GB/s.
-    pub busbw_gbps: f64,
-    /// Output elements that differ from the expected result, summed over ranks and calls.
-    pub wrong: u64,
+    /// Separate send and receive buffers (broadcast: its one, in-place, call). The CSV's
+    /// columns.
+    pub out_of_place: Timing,
+    /// Receive buffer = send buffer, as nccl-tests' in-place block (device backends;
+    /// `None` where the call has no in-place form or the backend takes host buffers).
+    pub in_place: Option<Timing>,
     /// Ranks per group (the largest group).
     pub group_ranks: usize,
 }
@@ -85,6 +125,37 @@ impl BenchRow {
             DType::Bf16 => "bfloat16",
             DType::F64 => "double",
             DType::U8 => "uint8",
+        }
+    }
+
+    /// Wrong elements over both columns (`None`: not checked).
+    pub fn wrong(&self) -> Option<u64> {
+        let ip = self.in_place.map_or(Some(0), |t| t.wrong);
+        Some(self.out_of_place.wrong? + ip?)
+    }
+
+    /// A row of `kind` at `(size, count)` with its columns.
+    pub fn new(
+        kind: BenchKind,
+        (size, count): (u64, u64),
+        o: &BenchOptions,
+        n: usize,
+        out_of_place: Timing,
+        in_place: Option<Timing>,
+    ) -> BenchRow {
+        BenchRow {
+            kind,
+            size_bytes: size,
+            count,
+            dtype: o.dtype,
+            redop: match kind {
+                BenchKind::AllReduce | BenchKind::ReduceScatter => "sum",
+                _ => "none",
+            },
+            root: if kind == BenchKind::Broadcast { 0 } else { -1 },
+            out_of_place,
+            in_place,
+            group_ranks: n,
         }
     }
 }
@@ -154,9 +225,16 @@ fn issue<C: Collective + ?Sized>(
     }
 }
 
-/// Runs the sweep on this rank; every rank gets the rows (times and `#wrong` are reduced over
-/// the world).
-pub fn run_sweep<C: Collective + ?Sized>(comm: &C, o: &BenchOptions) -> CommResult<Vec<BenchRow>> {
+/// Runs the sweep on this rank with host buffers (every backend); every rank gets the rows
+/// (times and `#wrong` are reduced over the world) and `on_row` sees each as it is measured.
+/// The timed loop holds the calls (issue, then wait) and the copy of the input each call
+/// takes by value; inputs are made and the last output checked outside it. Accelerator backends time device-resident buffers instead
+/// ([`device::run_device_sweep`]).
+pub fn run_sweep<C: Collective + ?Sized>(
+    comm: &C,
+    o: &BenchOptions,
+    on_row: &mut dyn FnMut(&BenchRow),
+) -> CommResult<Vec<BenchRow>> {
     let world = Group::world(comm.world_size())?;
     let me = comm.rank();
     let mine = o.groups.iter().find(|g| g.contains(me));
@@ -168,60 +246,55 @@ pub fn run_sweep<C: Collective + ?Sized>(comm: &C, o: &BenchOptions) -> CommResu
             let mut elapsed_s = 0.0;
             if let Some(g) = mine {
                 let pos = g.position(me).unwrap_or(0);
-                let want = check::expected(kind, g.ranks(), pos, len);
+                let want = o.check.then(|| check::expected(kind, g.ranks(), pos, len));
+                let input = check::input(me, len, o.dtype);
                 for _ in 0..o.warmup {
-                    let out = issue(comm, kind, g, check::input(me, len, o.dtype))?.wait()?;
-                    wrong += check::count_wrong(&out, &want);
+                    issue(comm, kind, g, input.clone())?.wait()?;
                 }
                 comm.barrier(&world)?.wait()?;
-                let inputs: Vec<Buffer> = (0..o.iters.max(1))
-                    .map(|_| check::input(me, len, o.dtype))
-                    .collect();
+                let mut last = None;
+                let mut inputs = (0..o.iters.max(1)).map(|_| input.clone());
                 let t0 = Instant::now();
-                let mut outs = Vec::with_capacity(inputs.len());
-                for input in inputs {
-                    outs.push(issue(comm, kind, g, input)?.wait()?);
+                for next in &mut inputs {
+                    last = Some(issue(comm, kind, g, next)?.wait()?);
                 }
                 elapsed_s = t0.elapsed().as_secs_f64();
-                wrong += outs
-                    .iter()
-                    .map(|b| check::count_wrong(b, &want))
-                    .sum::<u64>();
+                if let (Some(want), Some(out)) = (&want, &last) {
+                    wrong += check::count_wrong(out, want);
+                }
             } else {
                 comm.barrier(&world)?.wait()?;
             }
             let mine_us = elapsed_s * 1e6 / o.iters.max(1) as f64;
-            let red = comm
-                .all_reduce(&world, Buffer::F32(vec![mine_us as f32]), ReduceOp::Max)?
-                .wait_vec::<f32>()?;
-            let bad = comm
-                .all_reduce(&world, Buffer::F32(vec![wrong as f32]), ReduceOp::Sum)?
-                .wait_vec::<f32>()?;
-            let time_us = f64::from(red.first().copied().unwrap_or(0.0));
-            let algbw = if time_us > 0.0 {
-                size as f64 / (time_us * 1e-6) / 1e9
-            } else {
-                0.0
-            };
-            rows.push(BenchRow {
-                kind,
-                size_bytes: size,
-                count,
-                dtype: o.dtype,
-                redop: match kind {
-                    BenchKind::AllReduce | BenchKind::ReduceScatter => "sum",
-                    _ => "none",
-                },
-                root: if kind == BenchKind::Broadcast { 0 } else { -1 },
-                time_us,
-                algbw_gbps: algbw,
-                busbw_gbps: algbw * kind.busbw_factor(n),
-                wrong: bad.first().copied().unwrap_or(0.0) as u64,
-                group_ranks: n,
-            });
+            let (time_us, wrong) = reduce_over_world(comm, &world, mine_us, wrong)?;
+            let wrong = o.check.then_some(wrong);
+            let oop = Timing::of(kind, size, n, time_us, wrong);
+            let row = BenchRow::new(kind, (size, count), o, n, oop, None);
+            on_row(&row);
+            rows.push(row);
         }
     }
     Ok(rows)
+}
+
+/// The slowest rank's time and the world's total of wrong elements (host all-reduces, never
+/// inside a timed region).
+pub(crate) fn reduce_over_world<C: Collective + ?Sized>(
+    comm: &C,
+    world: &Group,
+    mine_us: f64,
+    wrong: u64,
+) -> CommResult<(f64, u64)> {
+    let red = comm
+        .all_reduce(world, Buffer::F32(vec![mine_us as f32]), ReduceOp::Max)?
+        .wait_vec::<f32>()?;
+    let bad = comm
+        .all_reduce(world, Buffer::F32(vec![wrong as f32]), ReduceOp::Sum)?
+        .wait_vec::<f32>()?;
+    Ok((
+        f64::from(red.first().copied().unwrap_or(0.0)),
+        bad.first().copied().unwrap_or(0.0) as u64,
+    ))
 }
 
 /// Checks the options before a sweep: sizes ordered, factor at least 2, groups non-empty.
@@ -261,6 +334,7 @@ mod tests {
             dtype: DType::Bf16,
             groups: vec![Group::world(4).unwrap()],
             unaligned_twins: true,
+            check: true,
         };
         for kind in BenchKind::ALL {
             let sizes = sweep_sizes(kind, &o, 4);
@@ -272,10 +346,10 @@ mod tests {
                 assert!(pair[1].0 > pair[0].0);
             }
         }
-        let run = InProcWorld::run(4, |c| run_sweep(c, &o)).unwrap();
+        let run = InProcWorld::run(4, |c| run_sweep(c, &o, &mut |_| {})).unwrap();
         let rows = run.results[0].clone().unwrap();
         assert_eq!(rows.len(), 4 * BenchKind::ALL.len());
-        assert!(rows.iter().all(|r| r.wrong == 0), "{rows:?}");
+        assert!(rows.iter().all(|r| r.wrong() == Some(0)), "{rows:?}");
     }
 
     #[test]
@@ -290,6 +364,7 @@ mod tests {
             dtype: DType::F32,
             groups: vec![Group::world(4).unwrap()],
             unaligned_twins: false,
+            check: true,
         };
         validate(&o).unwrap();
         let sizes = sweep_sizes(BenchKind::AllGather, &o, 4);
@@ -301,10 +376,10 @@ mod tests {
         assert_eq!(sizes[2], (128, 8, 8));
         let rs = sweep_sizes(BenchKind::ReduceScatter, &o, 4);
         assert_eq!(rs[2], (128, 8, 32));
-        let run = InProcWorld::run(4, |c| run_sweep(c, &o)).unwrap();
+        let run = InProcWorld::run(4, |c| run_sweep(c, &o, &mut |_| {})).unwrap();
         let rows = run.results[0].clone().unwrap();
         assert_eq!(rows.len(), 3 + 3 + 3 + 3 + 3);
-        assert!(rows.iter().all(|r| r.wrong == 0), "{rows:?}");
+        assert!(rows.iter().all(|r| r.wrong() == Some(0)), "{rows:?}");
         assert_eq!(run.results[1].clone().unwrap().len(), rows.len());
     }
 }

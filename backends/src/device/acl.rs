@@ -28,6 +28,8 @@ pub const ACL_MEM_MALLOC_HUGE_FIRST: c_int = 0;
 pub const ACL_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 /// `ACL_MEMCPY_DEVICE_TO_HOST` (`aclrtMemcpyKind`).
 pub const ACL_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+/// `ACL_MEMCPY_DEVICE_TO_DEVICE` (`aclrtMemcpyKind`).
+pub const ACL_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
 type Handle = *mut c_void;
 
@@ -47,6 +49,9 @@ struct AclFns {
     synchronize_event: unsafe extern "C" fn(Handle) -> c_int,
     event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> c_int,
     destroy_event: unsafe extern "C" fn(Handle) -> c_int,
+    stream_wait_event: unsafe extern "C" fn(Handle, Handle) -> c_int,
+    memcpy_async: unsafe extern "C" fn(Handle, usize, *const c_void, usize, c_int, Handle) -> c_int,
+    soc_name: Option<unsafe extern "C" fn() -> *const c_char>,
     recent_err_msg: Option<unsafe extern "C" fn() -> *const c_char>,
 }
 
@@ -87,6 +92,9 @@ impl AclRuntime {
                 synchronize_event: libs.required("aclrtSynchronizeEvent")?,
                 event_elapsed_time: libs.required("aclrtEventElapsedTime")?,
                 destroy_event: libs.required("aclrtDestroyEvent")?,
+                stream_wait_event: libs.required("aclrtStreamWaitEvent")?,
+                memcpy_async: libs.required("aclrtMemcpyAsync")?,
+                soc_name: libs.optional("aclrtGetSocName"),
                 recent_err_msg: libs.optional("aclGetRecentErrMsg"),
             }
         };
@@ -257,6 +265,61 @@ impl DeviceRuntime for AclRuntime {
         self.check(
             unsafe { (self.fns.destroy_event)(event.0) },
             "aclrtDestroyEvent",
+        )
+    }
+
+    fn device_name(&self, _index: usize) -> CommResult<String> {
+        // aclrtGetSocName names the SoC of the process's devices (one kind per machine).
+        let Some(f) = self.fns.soc_name else {
+            return Err(CommError::Unavailable {
+                backend: "hccl".into(),
+                reason: "aclrtGetSocName is not in this ACL; pass --hardware NAME".into(),
+            });
+        };
+        // SAFETY: returns a static NUL-terminated string, or null before aclInit.
+        let p = unsafe { f() };
+        if p.is_null() {
+            return Err(CommError::Unavailable {
+                backend: "hccl".into(),
+                reason: "aclrtGetSocName returned no name".into(),
+            });
+        }
+        // SAFETY: non-null, NUL-terminated.
+        Ok(unsafe { CStr::from_ptr(p) }
+            .to_string_lossy()
+            .trim()
+            .to_string())
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> CommResult<()> {
+        // SAFETY: live handles.
+        self.check(
+            unsafe { (self.fns.stream_wait_event)(stream.0, event.0) },
+            "aclrtStreamWaitEvent",
+        )
+    }
+
+    fn copy_device_async(
+        &self,
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> CommResult<()> {
+        // SAFETY: both allocations hold at least `bytes` (sized by the caller); live stream.
+        let code = unsafe {
+            (self.fns.memcpy_async)(
+                dst.0,
+                bytes,
+                src.0,
+                bytes,
+                ACL_MEMCPY_DEVICE_TO_DEVICE,
+                stream.0,
+            )
+        };
+        self.check(
+            code,
+            &format!("aclrtMemcpyAsync(device to device, {bytes} bytes)"),
         )
     }
 }

@@ -4,7 +4,9 @@
 //! communication stream between two timing events, and the handle's wait synchronises on the
 //! end event, logs the device time ([`DeviceComm::last_device_time_us`]) and copies the output
 //! back. [`DeviceComm::issue_device`] runs the same operations on [`DeviceBuffer`]s that stay on
-//! the device, for replays that must time the communication alone.
+//! the device, for replays that must time the communication alone; `enqueue_on` puts them on
+//! a caller's stream (replay's device walker) and `time_calls` times back-to-back launches
+//! between two events (collbench).
 //!
 //! Groups map to vendor communicators: a group of the whole world uses the world communicator;
 //! other groups are split from it ([`DeviceComm::create_groups`], NCCL >= 2.18) or created on
@@ -19,10 +21,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::buffer::DeviceBuffer;
+use super::kernels::DeviceKernels;
 use super::library::{CollLibrary, Launch, P2pDirection, P2pOp, RawComm};
 use super::p2p::{self, P2pWork, PendingQueue};
 use super::rendezvous::IdExchange;
-use super::runtime::{DevPtr, Stream};
+use super::runtime::{DevPtr, DeviceRuntime, Stream};
 use super::staging::{DeviceContext, Output, StagedWork, Staging, record_around};
 use super::validate::{self, Spec};
 use super::world::WorldSpec;
@@ -149,6 +152,28 @@ impl<L: CollLibrary> DeviceComm<L> {
         self.world
     }
 
+    /// The runtime's name for this rank's device (`NVIDIA H200`, `Ascend910B2`).
+    pub fn device_name(&self) -> CommResult<String> {
+        let ctx = &self.shared.ctx;
+        ctx.rt.device_name(ctx.device_index)
+    }
+
+    /// The accelerator runtime (streams, events, copies on this rank's device).
+    pub fn runtime(&self) -> Arc<dyn DeviceRuntime> {
+        Arc::clone(&self.shared.ctx.rt)
+    }
+
+    /// This rank's device index.
+    pub fn device_index(&self) -> usize {
+        self.shared.ctx.device_index
+    }
+
+    /// Device-side compute on this rank's device (see [`CollLibrary::kernels`]).
+    pub fn load_kernels(&self, gemm: bool) -> CommResult<Option<Box<dyn DeviceKernels>>> {
+        self.activate()?;
+        self.shared.lib.kernels(self.shared.ctx.device_index, gemm)
+    }
+
     /// Device microseconds of the most recently completed call (handles record their time when
     /// waited on), or `None` before the first.
     pub fn last_device_time_us(&self) -> Option<f64> {
@@ -228,6 +253,25 @@ impl<L: CollLibrary> DeviceComm<L> {
             } else if pos.is_some() {
                 self.comm_for(g)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Create the communicators of the groups this rank belongs to, in one order every rank
+    /// shares (ascending rank lists), so ranks that meet in several groups never wait on
+    /// each other in a cycle. Each rank may pass its own list (unlike
+    /// [`DeviceComm::create_groups`]); the world communicator already exists.
+    pub fn join_groups(&self, groups: &[Group]) -> CommResult<()> {
+        self.activate()?;
+        let mut mine: Vec<&Group> = groups
+            .iter()
+            .filter(|g| g.contains(self.world.rank))
+            .collect();
+        mine.sort_by(|a, b| a.ranks().cmp(b.ranks()));
+        mine.dedup_by(|a, b| a.ranks() == b.ranks() && a.id() == b.id());
+        for g in mine {
+            g.check_world(self.world.world_size)?;
+            self.comm_for(g)?;
         }
         Ok(())
     }
@@ -617,5 +661,9 @@ impl<L: CollLibrary> Collective for DeviceComm<L> {
 
     fn trace(&self) -> Vec<TraceEvent> {
         self.trace.borrow().clone()
+    }
+
+    fn prepare_groups(&self, groups: &[Group]) -> CommResult<()> {
+        self.join_groups(groups)
     }
 }

@@ -2,6 +2,9 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
+use std::sync::Arc;
+
+use super::cuda_driver::CudaDriver;
 use super::loader::{LibrarySet, LibrarySpec};
 use super::runtime::{DevPtr, DeviceRuntime, Event, Stream};
 use super::world::EnvLookup;
@@ -28,6 +31,8 @@ pub const CUDA_ERROR_NOT_READY: c_int = 600;
 pub const CUDA_MEMCPY_HOST_TO_DEVICE: c_int = 1;
 /// `cudaMemcpyDeviceToHost`.
 pub const CUDA_MEMCPY_DEVICE_TO_HOST: c_int = 2;
+/// `cudaMemcpyDeviceToDevice`.
+pub const CUDA_MEMCPY_DEVICE_TO_DEVICE: c_int = 3;
 
 type Handle = *mut c_void;
 
@@ -47,13 +52,17 @@ struct CudaFns {
     event_query: unsafe extern "C" fn(Handle) -> c_int,
     event_elapsed_time: unsafe extern "C" fn(*mut f32, Handle, Handle) -> c_int,
     event_destroy: unsafe extern "C" fn(Handle) -> c_int,
+    stream_wait_event: unsafe extern "C" fn(Handle, Handle, u32) -> c_int,
+    memcpy_async: unsafe extern "C" fn(Handle, *const c_void, usize, c_int, Handle) -> c_int,
     get_error_string: Option<unsafe extern "C" fn(c_int) -> *const c_char>,
 }
 
-/// The CUDA runtime's symbol table (the library stays mapped until the process exits).
+/// The CUDA runtime's symbol table (the library stays mapped until the process exits), and
+/// the CUDA driver beside it (device names, kernels from PTX) when it loaded.
 pub struct CudaRuntime {
     fns: CudaFns,
     libs: LibrarySet,
+    driver: Result<Arc<CudaDriver>, CommError>,
 }
 
 impl std::fmt::Debug for CudaRuntime {
@@ -65,7 +74,9 @@ impl std::fmt::Debug for CudaRuntime {
 }
 
 impl CudaRuntime {
-    /// Load the CUDA runtime ([`CUDART_SPEC`], overridable through `lookup`).
+    /// Load the CUDA runtime ([`CUDART_SPEC`], overridable through `lookup`), and try the
+    /// CUDA driver ([`super::cuda_driver::CUDA_DRIVER_SPEC`]): its failure is kept and
+    /// reported by the calls that need it.
     pub fn load(lookup: EnvLookup<'_>) -> CommResult<CudaRuntime> {
         let libs = LibrarySet::open(&CUDART_SPEC, lookup)?;
         // SAFETY: each type below is the C prototype from the CUDA runtime API (notes §2.4).
@@ -85,10 +96,18 @@ impl CudaRuntime {
                 event_query: libs.required("cudaEventQuery")?,
                 event_elapsed_time: libs.required("cudaEventElapsedTime")?,
                 event_destroy: libs.required("cudaEventDestroy")?,
+                stream_wait_event: libs.required("cudaStreamWaitEvent")?,
+                memcpy_async: libs.required("cudaMemcpyAsync")?,
                 get_error_string: libs.optional("cudaGetErrorString"),
             }
         };
-        Ok(CudaRuntime { fns, libs })
+        let driver = CudaDriver::load(lookup).map(Arc::new);
+        Ok(CudaRuntime { fns, libs, driver })
+    }
+
+    /// The CUDA driver, or why it did not load.
+    pub fn driver(&self) -> CommResult<Arc<CudaDriver>> {
+        self.driver.clone()
     }
 
     /// The library file that was opened.
@@ -268,6 +287,35 @@ impl DeviceRuntime for CudaRuntime {
         self.check(
             unsafe { (self.fns.event_destroy)(event.0) },
             "cudaEventDestroy",
+        )
+    }
+
+    fn device_name(&self, index: usize) -> CommResult<String> {
+        self.driver()?.device_name(index)
+    }
+
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> CommResult<()> {
+        // SAFETY: live handles; flags 0 (cudaEventWaitDefault).
+        self.check(
+            unsafe { (self.fns.stream_wait_event)(stream.0, event.0, 0) },
+            "cudaStreamWaitEvent",
+        )
+    }
+
+    fn copy_device_async(
+        &self,
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> CommResult<()> {
+        // SAFETY: both allocations hold at least `bytes` (sized by the caller); live stream.
+        let code = unsafe {
+            (self.fns.memcpy_async)(dst.0, src.0, bytes, CUDA_MEMCPY_DEVICE_TO_DEVICE, stream.0)
+        };
+        self.check(
+            code,
+            &format!("cudaMemcpyAsync(device to device, {bytes} bytes)"),
         )
     }
 }

@@ -8,6 +8,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
+use super::kernels::DeviceKernels;
 use super::runtime::{DevPtr, DeviceRuntime, Stream};
 use crate::error::CommResult;
 use crate::types::{DType, ReduceOp};
@@ -124,6 +125,16 @@ pub trait CollLibrary: Send + Sync + 'static {
     fn destroy(&self, comm: RawComm) -> CommResult<()>;
     /// Whether the library reduces with `op` natively.
     fn supports(&self, op: ReduceOp) -> bool;
+    /// Device-side compute for replay on device `device_index` (with GEMMs when `gemm`), or
+    /// `None` when the runtime cannot run kernels loaded at run time (ACL).
+    fn kernels(
+        &self,
+        device_index: usize,
+        gemm: bool,
+    ) -> CommResult<Option<Box<dyn DeviceKernels>>> {
+        let _ = (device_index, gemm);
+        Ok(None)
+    }
 
     /// All-gather `count` elements per rank from `send` into `recv`.
     fn all_gather(

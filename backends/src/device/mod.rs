@@ -13,7 +13,9 @@
 //! - `library`: the `CollLibrary` trait a vendor collective library implements;
 //! - `comm`: `DeviceComm`, the [`crate::Collective`] implementation shared by both vendors,
 //!   plus device-resident `DeviceBuffer`s and per-call device times for replay;
-//! - `object`: `DeviceCollective`, the object-safe view a run-time backend factory returns.
+//! - `object`: `DeviceCollective`, the object-safe view a run-time backend factory returns;
+//! - `kernels`: `DeviceKernels`, device-side compute for replay (a PTX spin kernel through the
+//!   CUDA driver API in `cuda_driver`, GEMMs through `cublas`; none on ACL).
 //!
 //! Reductions on these backends are the vendor library's own (its order, its algorithms): the
 //! bitwise equality with `inproc` that [`crate::reduce`] guarantees is **not** promised here.
@@ -28,9 +30,15 @@ pub mod buffer;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod comm;
 #[cfg(feature = "nccl")]
+pub mod cublas;
+#[cfg(feature = "nccl")]
 pub mod cuda;
+#[cfg(feature = "nccl")]
+pub mod cuda_driver;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 mod device_ops;
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub mod kernels;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod library;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
@@ -50,6 +58,8 @@ mod validate;
 pub use buffer::DeviceBuffer;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub use comm::{DeviceComm, DeviceOp, DeviceP2p, DeviceTiming, DeviceWork};
+#[cfg(any(feature = "hccl", feature = "nccl"))]
+pub use kernels::DeviceKernels;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub use library::{CollLibrary, P2pDirection, P2pOp, RawComm};
 #[cfg(any(feature = "hccl", feature = "nccl"))]

@@ -3,9 +3,13 @@
 //! times and use device-resident buffers (`&dyn DeviceCollective` upcasts to
 //! `&dyn Collective`).
 
+use std::sync::Arc;
+
 use super::buffer::DeviceBuffer;
 use super::comm::{DeviceComm, DeviceOp, DeviceP2p, DeviceTiming, DeviceWork};
+use super::kernels::DeviceKernels;
 use super::library::CollLibrary;
+use super::runtime::{DeviceRuntime, Stream};
 use crate::buffer::Buffer;
 use crate::collective::Collective;
 use crate::error::CommResult;
@@ -35,6 +39,20 @@ pub trait DeviceCollective: Collective {
     fn issue_device<'a>(&self, group: &Group, op: DeviceOp<'a>) -> CommResult<DeviceWork<'a>>;
     /// Enqueue a batch of device sends/receives.
     fn issue_device_p2p<'a>(&self, ops: &[DeviceP2p<'a>], tag: u64) -> CommResult<DeviceWork<'a>>;
+    /// Enqueue a collective on device buffers on the caller's stream, no events, no wait.
+    fn enqueue_on(&self, group: &Group, op: DeviceOp<'_>, stream: Stream) -> CommResult<()>;
+    /// Enqueue a batch of device sends/receives on the caller's stream, no events, no wait.
+    fn enqueue_p2p_on(&self, ops: &[DeviceP2p<'_>], tag: u64, stream: Stream) -> CommResult<()>;
+    /// Device microseconds of `calls` back-to-back launches between two events.
+    fn time_calls(&self, group: &Group, op: DeviceOp<'_>, calls: usize) -> CommResult<f64>;
+    /// The runtime's name for this rank's device.
+    fn device_name(&self) -> CommResult<String>;
+    /// The accelerator runtime.
+    fn runtime(&self) -> Arc<dyn DeviceRuntime>;
+    /// This rank's device index.
+    fn device_index(&self) -> usize;
+    /// Device-side compute (spin kernel; GEMMs when `gemm`), `None` where unavailable.
+    fn load_kernels(&self, gemm: bool) -> CommResult<Option<Box<dyn DeviceKernels>>>;
 }
 
 impl<L: CollLibrary> DeviceCollective for DeviceComm<L> {
@@ -67,5 +85,26 @@ impl<L: CollLibrary> DeviceCollective for DeviceComm<L> {
     }
     fn issue_device_p2p<'a>(&self, ops: &[DeviceP2p<'a>], tag: u64) -> CommResult<DeviceWork<'a>> {
         DeviceComm::issue_device_p2p(self, ops, tag)
+    }
+    fn enqueue_on(&self, group: &Group, op: DeviceOp<'_>, stream: Stream) -> CommResult<()> {
+        DeviceComm::enqueue_on(self, group, op, stream)
+    }
+    fn enqueue_p2p_on(&self, ops: &[DeviceP2p<'_>], tag: u64, stream: Stream) -> CommResult<()> {
+        DeviceComm::enqueue_p2p_on(self, ops, tag, stream)
+    }
+    fn time_calls(&self, group: &Group, op: DeviceOp<'_>, calls: usize) -> CommResult<f64> {
+        DeviceComm::time_calls(self, group, op, calls)
+    }
+    fn device_name(&self) -> CommResult<String> {
+        DeviceComm::device_name(self)
+    }
+    fn runtime(&self) -> Arc<dyn DeviceRuntime> {
+        DeviceComm::runtime(self)
+    }
+    fn device_index(&self) -> usize {
+        DeviceComm::device_index(self)
+    }
+    fn load_kernels(&self, gemm: bool) -> CommResult<Option<Box<dyn DeviceKernels>>> {
+        DeviceComm::load_kernels(self, gemm)
     }
 }

@@ -73,4 +73,18 @@ pub trait DeviceRuntime: Send + Sync {
     fn elapsed_ms(&self, start: Event, end: Event) -> CommResult<f32>;
     /// Destroy an event.
     fn destroy_event(&self, event: Event) -> CommResult<()>;
+    /// The name the runtime gives device `index` (`NVIDIA H200`, `Ascend910B2`), which picks
+    /// the hardware profile a prediction uses.
+    fn device_name(&self, index: usize) -> CommResult<String>;
+    /// Make later work on `stream` wait on the device until `event` has completed (the host
+    /// does not block).
+    fn stream_wait_event(&self, stream: Stream, event: Event) -> CommResult<()>;
+    /// Enqueue a device-to-device copy of `bytes` from `src` to `dst` on `stream`.
+    fn copy_device_async(
+        &self,
+        dst: DevPtr,
+        src: DevPtr,
+        bytes: usize,
+        stream: Stream,
+    ) -> CommResult<()>;
 }

@@ -35,7 +35,10 @@ use self::abi::{
     NcclUniqueId, decode_version, nccl_dtype, nccl_op,
 };
 use self::symbols::NcclFns;
+use crate::device::cublas::{CUBLAS_SPEC, Cublas};
 use crate::device::cuda::CudaRuntime;
+use crate::device::cuda_driver::CudaDriver;
+use crate::device::kernels::{CudaKernels, DeviceKernels};
 use crate::device::library::{AllToAllVLayout, Launch};
 use crate::device::{
     CollLibrary, DevPtr, DeviceComm, DeviceRuntime, EnvLookup, IdExchange, LibrarySet, LibrarySpec,
@@ -61,6 +64,8 @@ pub struct NcclLibrary {
     fns: NcclFns,
     libs: LibrarySet,
     runtime: Arc<dyn DeviceRuntime>,
+    driver: CommResult<Arc<CudaDriver>>,
+    cublas_override: Option<String>,
     cudart_paths: Vec<String>,
     version: c_int,
 }
@@ -73,10 +78,13 @@ impl NcclLibrary {
         let fns = NcclFns::resolve(&libs)?;
         let cudart = CudaRuntime::load(lookup)?;
         let cudart_paths = cudart.paths().iter().map(|p| p.to_string()).collect();
+        let driver = cudart.driver();
         let mut lib = NcclLibrary {
             fns,
             libs,
             runtime: Arc::new(cudart),
+            driver,
+            cublas_override: lookup(CUBLAS_SPEC.env_var),
             cudart_paths,
             version: 0,
         };
@@ -285,6 +293,27 @@ impl CollLibrary for NcclLibrary {
 
     fn supports(&self, _op: ReduceOp) -> bool {
         true
+    }
+
+    fn kernels(
+        &self,
+        device_index: usize,
+        gemm: bool,
+    ) -> CommResult<Option<Box<dyn DeviceKernels>>> {
+        let driver = self.driver.clone()?;
+        let cublas = if gemm {
+            let forced = self.cublas_override.clone();
+            let lookup = move |k: &str| (k == CUBLAS_SPEC.env_var).then(|| forced.clone())?;
+            driver.make_current(device_index)?;
+            Some(Cublas::load(&lookup)?)
+        } else {
+            None
+        };
+        Ok(Some(Box::new(CudaKernels::new(
+            driver,
+            device_index,
+            cublas,
+        )?)))
     }
 
     fn all_gather(

@@ -34,7 +34,7 @@ pub fn wire_dtype(dtype: PlanDType) -> DType {
 }
 
 /// Elements of `dtype` needed to hold `bytes` bytes (rounded up).
-fn elements(bytes: u64, dtype: DType) -> usize {
+pub fn elements(bytes: u64, dtype: DType) -> usize {
     bytes.div_ceil(dtype.size_bytes() as u64) as usize
 }
 
@@ -62,7 +62,7 @@ pub fn input_elements(c: &CollectiveOp, p: usize) -> usize {
 }
 
 /// Even split of `n` elements over `p` members, lower members taking the remainder.
-fn even_split(n: usize, p: usize) -> Vec<usize> {
+pub fn even_split(n: usize, p: usize) -> Vec<usize> {
     (0..p).map(|j| n / p + usize::from(j < n % p)).collect()
 }
 

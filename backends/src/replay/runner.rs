@@ -11,7 +11,7 @@ use hpfsdp_program::step::{
 use crate::collective::Collective;
 use crate::group::Group;
 use crate::inproc::InProcWorld;
-use crate::replay::fault::{FaultBoard, FaultCause, RankFault, ReplayError};
+use crate::replay::fault::{FaultBoard, FaultCause, FaultOp, RankFault, ReplayError};
 use crate::replay::gather::{RankMeasurement, gather_measurements};
 use crate::replay::options::{FaultKind, ReplayOptions};
 use crate::replay::walker::{Walker, idle_wait};
@@ -24,6 +24,10 @@ pub struct ReplayRank {
     /// Nanoseconds each op keeps the CPU busy (compute, copy: the predicted span; host: its
     /// duration; collectives: unused, 0). One entry per op.
     pub op_ns: Vec<u64>,
+    /// Nanoseconds the predicted host spends launching each op (the time between the host
+    /// finishing the previous op and this one; 0 for host ops and where the prediction has
+    /// no launch times). The device walker's busy mode spends them before each launch.
+    pub launch_ns: Vec<u64>,
 }
 
 impl ReplayRank {
@@ -34,13 +38,24 @@ impl ReplayRank {
         predicted: &RankTimeline,
     ) -> Result<Self, ReplayError> {
         let mut op_ns = vec![0u64; program.ops.len()];
+        let mut launched = vec![None; program.ops.len()];
         let mut seen = vec![false; program.ops.len()];
         for s in &predicted.spans {
             let i = s.op.index();
             if i < op_ns.len() {
                 op_ns[i] = s.end_ns.saturating_sub(s.start_ns);
+                launched[i] = s.launched_ns;
                 seen[i] = true;
             }
+        }
+        let mut launch_ns = vec![0u64; program.ops.len()];
+        let mut host_at = 0u64;
+        for (i, op) in program.ops.iter().enumerate() {
+            let Some(at) = launched[i] else { continue };
+            if !matches!(op.payload, Payload::Host { .. }) {
+                launch_ns[i] = at.saturating_sub(host_at);
+            }
+            host_at = at;
         }
         for (i, op) in program.ops.iter().enumerate() {
             match op.payload {
@@ -55,7 +70,11 @@ impl ReplayRank {
                 _ => {}
             }
         }
-        Ok(Self { program, op_ns })
+        Ok(Self {
+            program,
+            op_ns,
+            launch_ns,
+        })
     }
 }
 
@@ -106,6 +125,29 @@ pub fn check_injection(ranks: &[ReplayRank], options: &ReplayOptions) -> Result<
     Ok(())
 }
 
+/// One rank's step walker: the host walker ([`Walker`]) or, on accelerator backends, the
+/// device walker (`replay::device::DeviceWalker`).
+pub trait StepWalk {
+    /// Walks one step (warm-up included in the count) and returns one span per op.
+    fn walk_step(&mut self, step: usize) -> Result<Vec<OpSpan>, RankFault>;
+    /// The op being executed, for naming the op of a panic.
+    fn current(&self) -> Option<usize>;
+    /// What op `i` does in step `step`, for fault messages.
+    fn describe_at(&self, i: usize, step: usize) -> FaultOp;
+}
+
+impl<C: Collective + ?Sized> StepWalk for Walker<'_, C> {
+    fn walk_step(&mut self, step: usize) -> Result<Vec<OpSpan>, RankFault> {
+        self.walk(step)
+    }
+    fn current(&self) -> Option<usize> {
+        self.current_op
+    }
+    fn describe_at(&self, i: usize, step: usize) -> FaultOp {
+        self.describe(i, step)
+    }
+}
+
 /// Runs warm-up and measured steps of `rank` on `comm`, then gathers every rank's spans on
 /// rank 0 (which gets `Some`). Faults are posted on `board` (shared by the ranks of one
 /// process) so the other ranks stop; the error lists every fault the board holds.
@@ -115,33 +157,54 @@ pub fn run_rank<C: Collective + ?Sized>(
     options: &ReplayOptions,
     board: &FaultBoard,
 ) -> Result<Option<Vec<RankMeasurement>>, ReplayError> {
-    let fail = |fault: RankFault| {
-        board.post(fault);
-        ReplayError::from_faults(board.faults())
-    };
-    let setup = |message: String| RankFault {
+    let walker = Walker::new(comm, &rank.program, &rank.op_ns, options, board)
+        .map_err(|m| post_setup(comm, board, m))?;
+    run_steps(comm, rank, options, board, walker)
+}
+
+/// Posts a set-up failure of this rank and returns the board's error.
+pub(crate) fn post_setup<C: Collective + ?Sized>(
+    comm: &C,
+    board: &FaultBoard,
+    message: String,
+) -> ReplayError {
+    board.post(RankFault {
         rank: comm.rank(),
         cause: FaultCause::Died,
         op: None,
         message,
+    });
+    ReplayError::from_faults(board.faults())
+}
+
+/// Creates the communicators, walks warm-up and measured steps with `walker`, and gathers the
+/// measured spans on rank 0 (see [`run_rank`]).
+pub fn run_steps<C: Collective + ?Sized>(
+    comm: &C,
+    rank: &ReplayRank,
+    options: &ReplayOptions,
+    board: &FaultBoard,
+    mut walker: impl StepWalk,
+) -> Result<Option<Vec<RankMeasurement>>, ReplayError> {
+    let fail = |fault: RankFault| {
+        board.post(fault);
+        ReplayError::from_faults(board.faults())
     };
-    let mut walker = Walker::new(comm, &rank.program, &rank.op_ns, options, board)
-        .map_err(|m| fail(setup(m)))?;
-    let world = Group::world(comm.world_size()).map_err(|e| fail(setup(e.to_string())))?;
+    let setup = |message: String| post_setup(comm, board, message);
+    let world = Group::world(comm.world_size()).map_err(|e| setup(e.to_string()))?;
     // Communicators up front: collectives are issued asynchronously, so two ranks may first
     // use two shared groups in different orders.
     let mut groups = vec![world.clone()];
     for g in &rank.program.groups {
-        groups.push(
-            Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| fail(setup(e.to_string())))?,
-        );
+        groups
+            .push(Group::new(g.label.clone(), g.ranks.clone()).map_err(|e| setup(e.to_string()))?);
     }
     comm.prepare_groups(&groups)
-        .map_err(|e| fail(setup(format!("creating the communicators: {e}"))))?;
+        .map_err(|e| setup(format!("creating the communicators: {e}")))?;
     let mut measured = Vec::with_capacity(options.steps);
     for step in 0..options.warmup + options.steps.max(1) {
-        sync_world(comm, &world, board).map_err(|m| fail(setup(m)))?;
-        let walked = catch_unwind(AssertUnwindSafe(|| walker.walk(step)));
+        sync_world(comm, &world, board).map_err(setup)?;
+        let walked = catch_unwind(AssertUnwindSafe(|| walker.walk_step(step)));
         let spans = match walked {
             Ok(Ok(spans)) => spans,
             Ok(Err(fault)) => return Err(fail(fault)),
@@ -154,7 +217,7 @@ pub fn run_rank<C: Collective + ?Sized>(
                 return Err(fail(RankFault {
                     rank: comm.rank(),
                     cause: FaultCause::Died,
-                    op: walker.current_op.map(|i| walker.describe(i, step)),
+                    op: walker.current().map(|i| walker.describe_at(i, step)),
                     message: format!("panicked: {message}"),
                 }));
             }
@@ -167,7 +230,7 @@ pub fn run_rank<C: Collective + ?Sized>(
         rank: comm.rank(),
         steps: measured,
     };
-    gather_measurements(comm, &mine).map_err(|e| fail(setup(format!("gathering spans: {e}"))))
+    gather_measurements(comm, &mine).map_err(|e| setup(format!("gathering spans: {e}")))
 }
 
 /// A world barrier that gives up when another rank of this process faulted.
@@ -301,4 +364,41 @@ pub fn dependency_violations(
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hpfsdp_program::step::{Category, ComputeWork, OpId, ProgramBuilder};
+
+    /// Launch costs are the predicted host's time between consecutive launches; host ops
+    /// (whose time is their duration) cost none.
+    #[test]
+    fn launch_costs_come_from_the_predicted_host_timeline() {
+        let mut b = ProgramBuilder::new(0);
+        let c0 = b.compute(ComputeWork::memory_bound(0, 64, 3), &[]);
+        let h = b.host(Category::Host, 500, &[c0]);
+        b.compute(ComputeWork::memory_bound(0, 64, 1), &[h]);
+        let program = b.build().unwrap();
+        let span = |op: u32, start_ns, end_ns, launched| OpSpan {
+            op: OpId(op),
+            start_ns,
+            end_ns,
+            launched_ns: Some(launched),
+            transfer_start_ns: None,
+        };
+        let predicted = RankTimeline {
+            rank: 0,
+            represents: vec![RankRange { start: 0, end: 1 }],
+            // compute launched at 30 ns (3 kernels), host op 100..600, compute launched at 610.
+            spans: vec![
+                span(0, 30, 100, 30),
+                span(1, 100, 600, 600),
+                span(2, 610, 700, 610),
+            ],
+        };
+        let r = ReplayRank::from_prediction(program, &predicted).unwrap();
+        assert_eq!(r.op_ns, vec![70, 500, 90]);
+        assert_eq!(r.launch_ns, vec![30, 0, 10]);
+    }
 }

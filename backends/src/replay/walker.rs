@@ -103,22 +103,7 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
                 program.ops.len()
             ));
         }
-        let groups = program
-            .groups
-            .iter()
-            .map(|g| {
-                Group::new(g.label.clone(), g.ranks.clone())
-                    .map_err(|e| format!("rank {}: group {}: {e}", program.rank, g.label))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        for g in &groups {
-            g.check_world(comm.world_size()).map_err(|e| {
-                format!(
-                    "rank {}: {e}; replay the scenario with as many ranks as its mesh has",
-                    program.rank
-                )
-            })?;
-        }
+        let groups = program_groups(program, comm.world_size())?;
         let mut group_ops = vec![Vec::new(); groups.len()];
         for (i, op) in program.ops.iter().enumerate() {
             if let Payload::Collective(c) = &op.payload {
@@ -403,6 +388,27 @@ impl<'a, C: Collective + ?Sized> Walker<'a, C> {
             FaultKind::Mismatch => Ok(()),
         }
     }
+}
+
+/// The backend groups of `program`, each checked against a world of `world_size` ranks.
+pub fn program_groups(program: &StepProgram, world_size: usize) -> Result<Vec<Group>, String> {
+    let groups = program
+        .groups
+        .iter()
+        .map(|g| {
+            Group::new(g.label.clone(), g.ranks.clone())
+                .map_err(|e| format!("rank {}: group {}: {e}", program.rank, g.label))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for g in &groups {
+        g.check_world(world_size).map_err(|e| {
+            format!(
+                "rank {}: {e}; replay the scenario with as many ranks as its mesh has",
+                program.rank
+            )
+        })?;
+    }
+    Ok(groups)
 }
 
 /// Waits a little when nothing can progress: yields first (a collective usually completes

@@ -8,9 +8,13 @@
  * completion inside the call (streams are tokens, events are host timestamps).
  *
  * Reductions combine ranks in ascending order in float (bf16 widened, rounded once).
+ * It also stands in for the CUDA driver API (device name, PTX modules, the replay spin
+ * kernel) and cuBLAS (a column-major bf16 GEMM computed on the host), and logs every call
+ * per thread (fake_log_take) so tests can check what ran inside a timed region.
  * Build: cc -shared -fPIC -O1 -o libfake_collectives.so fake_collectives.c -lpthread
  */
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -289,25 +293,147 @@ long fake_split_calls(void) { pthread_mutex_lock(&g_lock); long n = g_split_call
 static double now_ms(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6; }
 typedef struct { double t; int recorded; } Ev;
 
+/* ---------- per-thread call log (test hook) ----------
+ * Every runtime, driver, cuBLAS and collective entry point appends one line naming itself
+ * (and the copy direction for copies), so a test can check what ran between two events. */
+#define LOG_BYTES (1 << 20)
+static __thread char *t_log;
+static __thread size_t t_log_len;
+static __thread int t_log_overflow;
+static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void logf_(const char *fmt, ...) {
+  if (!t_log) { t_log = malloc(LOG_BYTES); t_log_len = 0; }
+  if (!t_log || t_log_len + 256 >= LOG_BYTES) { t_log_overflow = 1; return; }
+  va_list ap; va_start(ap, fmt);
+  int n = vsnprintf(t_log + t_log_len, 255, fmt, ap);
+  va_end(ap);
+  if (n < 0) return;
+  if (n > 254) n = 254;
+  t_log_len += (size_t)n;
+  t_log[t_log_len++] = '\n';
+}
+/* Test hook: clear this thread's log. */
+void fake_log_reset(void) { t_log_len = 0; t_log_overflow = 0; }
+/* Test hook: copy this thread's log into out (NUL-terminated); returns its length, or -1 if
+ * it overflowed or does not fit. */
+long fake_log_take(char *out, size_t cap) {
+  if (t_log_overflow || t_log_len + 1 > cap) return -1;
+  if (t_log_len) memcpy(out, t_log, t_log_len);
+  out[t_log_len] = 0;
+  return (long)t_log_len;
+}
+
 /* =================== CUDA runtime =================== */
 int cudaGetDeviceCount(int *n) { *n = 8; return 0; }
 int cudaSetDevice(int d) { return d >= 0 && d < 8 ? 0 : 101; }
 int cudaStreamCreate(void **s) { *s = malloc(16); return 0; }
 int cudaStreamDestroy(void *s) { free(s); return 0; }
 int cudaStreamSynchronize(void *s) { (void)s; return 0; }
-int cudaMalloc(void **p, size_t n) { *p = malloc(n ? n : 1); pthread_mutex_lock(&g_lock); int r = track(*p, n); pthread_mutex_unlock(&g_lock); return r ? 2 : 0; }
-int cudaFree(void *p) { pthread_mutex_lock(&g_lock); int r = untrack(p); pthread_mutex_unlock(&g_lock); if (r) return 1; free(p); return 0; }
+int cudaMalloc(void **p, size_t n) { logf_("cudaMalloc %zu", n); *p = malloc(n ? n : 1); pthread_mutex_lock(&g_lock); int r = track(*p, n); pthread_mutex_unlock(&g_lock); return r ? 2 : 0; }
+int cudaFree(void *p) { logf_("cudaFree"); pthread_mutex_lock(&g_lock); int r = untrack(p); pthread_mutex_unlock(&g_lock); if (r) return 1; free(p); return 0; }
 int cudaMemcpy(void *dst, const void *src, size_t n, int kind) {
+  logf_("cudaMemcpy %s %zu", kind == 1 ? "H2D" : kind == 2 ? "D2H" : "other", n);
   if ((kind == 1 && !inside(dst, n)) || (kind == 2 && !inside(src, n))) return 1;
   memcpy(dst, src, n); return 0;
 }
+/* Device-to-device only (what replay enqueues); both ends must be live allocations. */
+int cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, void *stream) {
+  (void)stream; logf_("cudaMemcpyAsync %s %zu", kind == 3 ? "D2D" : "other", n);
+  if (kind != 3 || !inside(dst, n) || !inside(src, n)) return 1;
+  memmove(dst, src, n); return 0;
+}
+int cudaStreamWaitEvent(void *s, void *e, unsigned flags) {
+  (void)s; logf_("cudaStreamWaitEvent %p", e);
+  return flags == 0 ? 0 : 1;
+}
 int cudaEventCreate(void **e) { *e = calloc(1, sizeof(Ev)); return 0; }
-int cudaEventRecord(void *e, void *s) { (void)s; ((Ev *)e)->t = now_ms(); ((Ev *)e)->recorded = 1; return 0; }
+int cudaEventRecord(void *e, void *s) { (void)s; logf_("cudaEventRecord %p", e); ((Ev *)e)->t = now_ms(); ((Ev *)e)->recorded = 1; return 0; }
 int cudaEventSynchronize(void *e) { return ((Ev *)e)->recorded ? 0 : 400; }
 int cudaEventQuery(void *e) { return ((Ev *)e)->recorded ? 0 : 600; }
 int cudaEventElapsedTime(float *ms, void *a, void *b) { *ms = (float)(((Ev *)b)->t - ((Ev *)a)->t); return 0; }
 int cudaEventDestroy(void *e) { free(e); return 0; }
 const char *cudaGetErrorString(int code) { return code ? "fake cuda error" : "no error"; }
+
+/* =================== CUDA driver API =================== */
+/* The device name comes from FAKE_CUDA_DEVICE_NAME (default "NVIDIA H200"). Modules are PTX
+ * text that must name a .version, a .target and the requested .entry; the one kernel the
+ * stand-in can "run" is hpfsdp_spin(u64 ns), which sleeps that long on the host. */
+typedef struct { char *text; } Module;
+typedef struct { Module *m; char name[64]; } Function;
+static long g_spin_launches;
+static unsigned long long g_spin_ns;
+static unsigned g_spin_grid, g_spin_block;
+int cuInit(unsigned flags) { return flags ? 1 : 0; }
+int cuDeviceGet(int *dev, int ordinal) { if (ordinal < 0 || ordinal >= 8) return 101; *dev = ordinal; return 0; }
+int cuDeviceGetName(char *name, int len, int dev) {
+  if (dev < 0 || dev >= 8 || len < 1) return 101;
+  const char *n = getenv("FAKE_CUDA_DEVICE_NAME");
+  snprintf(name, (size_t)len, "%s", n ? n : "NVIDIA H200");
+  return 0;
+}
+int cuDeviceGetAttribute(int *v, int attr, int dev) { (void)dev; if (attr != 16) return 1; *v = 4; return 0; }
+int cuDevicePrimaryCtxRetain(void **ctx, int dev) { static int ctxs[8]; if (dev < 0 || dev >= 8) return 101; *ctx = &ctxs[dev]; return 0; }
+int cuCtxSetCurrent(void *ctx) { return ctx ? 0 : 201; }
+int cuModuleLoadData(void **module, const void *image) {
+  const char *t = image;
+  logf_("cuModuleLoadData");
+  if (!t || !strstr(t, ".version") || !strstr(t, ".target") || !strstr(t, ".entry")) return 218; /* CUDA_ERROR_INVALID_PTX */
+  Module *m = calloc(1, sizeof(Module)); m->text = strdup(t); *module = m; return 0;
+}
+int cuModuleGetFunction(void **f, void *module, const char *name) {
+  Module *m = module; char want[80];
+  if (!m || !name || strlen(name) > 60) return 400;
+  snprintf(want, sizeof want, ".entry %s(", name);
+  if (!strstr(m->text, want)) return 500; /* CUDA_ERROR_NOT_FOUND */
+  Function *fn = calloc(1, sizeof(Function)); fn->m = m; snprintf(fn->name, sizeof fn->name, "%s", name); *f = fn; return 0;
+}
+int cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                   unsigned shmem, void *stream, void **params, void **extra) {
+  (void)stream; (void)extra; Function *fn = f;
+  if (!fn || strcmp(fn->name, "hpfsdp_spin") || !params || !params[0] || gx < 1 || bx < 1 || gy != 1 || gz != 1 || by != 1 || bz != 1 || shmem) return 1;
+  unsigned long long ns; memcpy(&ns, params[0], 8);
+  logf_("cuLaunchKernel hpfsdp_spin grid=%u block=%u ns=%llu", gx, bx, ns);
+  pthread_mutex_lock(&g_lock); g_spin_launches++; g_spin_ns += ns; g_spin_grid = gx; g_spin_block = bx; pthread_mutex_unlock(&g_lock);
+  struct timespec ts = { (time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull) };
+  while (nanosleep(&ts, &ts) != 0) {}
+  return 0;
+}
+int cuGetErrorString(int code, const char **s) { *s = code ? "fake cuda driver error" : "no error"; return 0; }
+/* Test hook: spin launches so far, their total nanoseconds, and the last grid and block. */
+long fake_spin_launches(unsigned long long *ns, unsigned *grid, unsigned *block) {
+  pthread_mutex_lock(&g_lock); long n = g_spin_launches; *ns = g_spin_ns; *grid = g_spin_grid; *block = g_spin_block; pthread_mutex_unlock(&g_lock); return n;
+}
+
+/* =================== cuBLAS =================== */
+/* Column-major, op N only, bf16 operands (CUDA_R_16BF = 14), f32 compute (68), host alpha/beta. */
+typedef struct { void *stream; int magic; } Blas;
+int cublasCreate_v2(void **h) { Blas *b = calloc(1, sizeof(Blas)); b->magic = 0xb1a5; *h = b; return 0; }
+int cublasDestroy_v2(void *h) { Blas *b = h; if (!b || b->magic != 0xb1a5) return 1; b->magic = 0; free(b); return 0; }
+int cublasSetStream_v2(void *h, void *s) { Blas *b = h; if (!b || b->magic != 0xb1a5) return 1; b->stream = s; return 0; }
+const char *cublasGetStatusString(int s) { return s ? "fake cublas: invalid value" : "CUBLAS_STATUS_SUCCESS"; }
+int cublasGemmStridedBatchedEx(void *h, int ta, int tb, int m, int n, int k, const void *alpha,
+    const void *A, int at, int lda, long long sa, const void *B, int bt, int ldb, long long sb,
+    const void *beta, void *C, int ct, int ldc, long long sc, int batch, int compute, int algo) {
+  Blas *bl = h; (void)algo;
+  logf_("cublasGemmStridedBatchedEx m=%d n=%d k=%d batch=%d", m, n, k, batch);
+  if (!bl || bl->magic != 0xb1a5 || ta || tb || at != 14 || bt != 14 || ct != 14 || compute != 68) return 7;
+  if (m < 1 || n < 1 || k < 1 || batch < 1 || lda < m || ldb < k || ldc < m || sa < 0 || sb < 0 || sc < 0) return 7;
+  size_t spanA = (size_t)sa * (batch - 1) + (size_t)lda * k, spanB = (size_t)sb * (batch - 1) + (size_t)ldb * n;
+  size_t spanC = (size_t)sc * (batch - 1) + (size_t)ldc * n;
+  if (!inside(A, 2 * spanA) || !inside(B, 2 * spanB) || !inside(C, 2 * spanC)) return 7;
+  float al, be; memcpy(&al, alpha, 4); memcpy(&be, beta, 4);
+  for (int q = 0; q < batch; q++)
+    for (int j = 0; j < n; j++)
+      for (int i = 0; i < m; i++) {
+        float acc = 0;
+        for (int l = 0; l < k; l++)
+          acc += load(A, T_BF16, (size_t)sa * q + i + (size_t)l * lda) * load(B, T_BF16, (size_t)sb * q + l + (size_t)j * ldb);
+        size_t c = (size_t)sc * q + i + (size_t)j * ldc;
+        float old = be != 0 ? load(C, T_BF16, c) : 0;
+        store(C, T_BF16, c, al * acc + be * old);
+      }
+  return 0;
+}
 
 /* =================== NCCL =================== */
 typedef struct { char internal[128]; } ncclUniqueId;
@@ -324,22 +450,22 @@ int ncclCommSplit(void *comm, int color, int key, void **out, void *config) {
 int ncclCommDestroy(void *comm) { if (!comm || ((RankComm *)comm)->magic != RC_MAGIC) return 4; ((RankComm *)comm)->magic = 0; free(comm); return 0; }
 const char *ncclGetErrorString(int r) { return r ? "fake nccl: invalid argument" : "no error"; }
 int ncclAllReduce(const void *s, void *r, size_t n, int t, int op, void *comm, void *st) {
-  (void)st; Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); a.op = op; return nr(run(comm, K_AR, a));
+  (void)st; logf_("ncclAllReduce %zu", n); Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); a.op = op; return nr(run(comm, K_AR, a));
 }
 int ncclReduceScatter(const void *s, void *r, size_t n, int t, int op, void *comm, void *st) {
-  (void)st; Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); a.op = op; return nr(run(comm, K_RS, a));
+  (void)st; logf_("ncclReduceScatter %zu", n); Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); a.op = op; return nr(run(comm, K_RS, a));
 }
 int ncclAllGather(const void *s, void *r, size_t n, int t, void *comm, void *st) {
-  (void)st; Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); return nr(run(comm, K_AG, a));
+  (void)st; logf_("ncclAllGather %zu", n); Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); return nr(run(comm, K_AG, a));
 }
 int ncclBroadcast(const void *s, void *r, size_t n, int t, int root, void *comm, void *st) {
-  (void)st; if (s != r) return 4; /* hpfsdp always broadcasts in place */
+  (void)st; logf_("ncclBroadcast %zu", n); if (s != r) return 4; /* hpfsdp always broadcasts in place */
   Args a = {0}; a.send = s; a.recv = r; a.count = n; a.dtype = nt(t); a.root = root; return nr(run(comm, K_BC, a));
 }
-int ncclSend(const void *b, size_t n, int t, int peer, void *comm, void *st) { (void)st; return nr(p2p_queue(1, (void *)b, n, nt(t), peer, comm)); }
-int ncclRecv(void *b, size_t n, int t, int peer, void *comm, void *st) { (void)st; return nr(p2p_queue(0, b, n, nt(t), peer, comm)); }
-int ncclGroupStart(void) { t_depth++; return 0; }
-int ncclGroupEnd(void) { if (t_depth <= 0) return 5; if (--t_depth == 0) return nr(p2p_flush()); return 0; }
+int ncclSend(const void *b, size_t n, int t, int peer, void *comm, void *st) { (void)st; logf_("ncclSend %zu", n); return nr(p2p_queue(1, (void *)b, n, nt(t), peer, comm)); }
+int ncclRecv(void *b, size_t n, int t, int peer, void *comm, void *st) { (void)st; logf_("ncclRecv %zu", n); return nr(p2p_queue(0, b, n, nt(t), peer, comm)); }
+int ncclGroupStart(void) { logf_("ncclGroupStart"); t_depth++; return 0; }
+int ncclGroupEnd(void) { logf_("ncclGroupEnd"); if (t_depth <= 0) return 5; if (--t_depth == 0) return nr(p2p_flush()); return 0; }
 
 /* =================== ACL =================== */
 int aclInit(const char *cfg) { (void)cfg; return 0; }
@@ -360,6 +486,13 @@ int aclrtSynchronizeEvent(void *e) { return cudaEventSynchronize(e) ? 100000 : 0
 int aclrtEventElapsedTime(float *ms, void *a, void *b) { return cudaEventElapsedTime(ms, a, b); }
 int aclrtDestroyEvent(void *e) { return cudaEventDestroy(e); }
 const char *aclGetRecentErrMsg(void) { return "fake acl error"; }
+int aclrtStreamWaitEvent(void *s, void *e) { return cudaStreamWaitEvent(s, e, 0) ? 100000 : 0; }
+int aclrtMemcpyAsync(void *dst, size_t max, const void *src, size_t n, int kind, void *s) {
+  if (n > max) return 100000;
+  return cudaMemcpyAsync(dst, src, n, kind, s) ? 100000 : 0;
+}
+/* The SoC name comes from FAKE_ASCEND_SOC_NAME (default "Ascend910B2"). */
+const char *aclrtGetSocName(void) { const char *n = getenv("FAKE_ASCEND_SOC_NAME"); return n ? n : "Ascend910B2"; }
 
 /* =================== HCCL =================== */
 typedef struct { char internal[4108]; } HcclRootInfo;

@@ -22,7 +22,15 @@ use hpfsdp_backends::{
 pub fn fake_library() -> PathBuf {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
-        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fake/fake_collectives.c");
+        // From the backends crate's tests, or from the workspace root's (the CLI's).
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let src = [
+            root.join("tests/fake/fake_collectives.c"),
+            root.join("backends/tests/fake/fake_collectives.c"),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+        .expect("tests/fake/fake_collectives.c");
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
         let tmp = dir.join(format!("libfake_collectives.{}.so.tmp", std::process::id()));
         // Replaced atomically, so a copy another test process has mapped stays valid.
@@ -45,6 +53,91 @@ pub fn fake_library() -> PathBuf {
         out
     })
     .clone()
+}
+
+/// The stand-in, kept loaded for the whole test binary so its counters and hooks survive
+/// communicators coming and going (the backends open the same file: one mapping).
+pub fn hooks() -> &'static libloading::Library {
+    static LIB: OnceLock<libloading::Library> = OnceLock::new();
+    // SAFETY: the stand-in has no initialisers beyond libc's.
+    LIB.get_or_init(|| unsafe { libloading::Library::new(fake_library()).expect("stand-in") })
+}
+
+/// Clears the calling thread's call log in the stand-in.
+pub fn log_reset() {
+    // SAFETY: the stand-in's hook `void fake_log_reset(void)`.
+    unsafe {
+        let f = hooks()
+            .get::<unsafe extern "C" fn()>(b"fake_log_reset")
+            .expect("fake_log_reset");
+        f();
+    }
+}
+
+/// The calling thread's call log since the last reset: one line per library call.
+pub fn log_take() -> Vec<String> {
+    let mut buf = vec![0u8; 1 << 20];
+    // SAFETY: the stand-in's hook `long fake_log_take(char *out, size_t cap)`; the buffer
+    // holds `cap` bytes.
+    let n = unsafe {
+        let f = hooks()
+            .get::<unsafe extern "C" fn(*mut std::ffi::c_char, usize) -> std::ffi::c_long>(
+                b"fake_log_take",
+            )
+            .expect("fake_log_take");
+        f(buf.as_mut_ptr().cast(), buf.len())
+    };
+    assert!(n >= 0, "the stand-in's call log overflowed");
+    String::from_utf8_lossy(&buf[..n as usize])
+        .lines()
+        .map(String::from)
+        .collect()
+}
+
+/// Spin-kernel launches so far in this process: `(launches, total ns, last grid, last block)`.
+pub fn spin_launches() -> (i64, u64, u32, u32) {
+    let (mut ns, mut grid, mut block) = (0u64, 0u32, 0u32);
+    // SAFETY: the stand-in's hook `long fake_spin_launches(unsigned long long *, unsigned *,
+    // unsigned *)` with valid out-pointers.
+    let n = unsafe {
+        let f = hooks()
+            .get::<unsafe extern "C" fn(*mut u64, *mut u32, *mut u32) -> std::ffi::c_long>(
+                b"fake_spin_launches",
+            )
+            .expect("fake_spin_launches");
+        f(&mut ns, &mut grid, &mut block)
+    };
+    #[allow(clippy::useless_conversion)] // c_long is 32 bits on some targets
+    (i64::from(n), ns, grid, block)
+}
+
+/// Checks a call log for timed regions (consecutive `cudaEventRecord` pairs): none may hold a
+/// host copy, an allocation or a free. Returns the calls inside each region.
+pub fn timed_regions(log: &[String]) -> Vec<Vec<String>> {
+    let mut regions = Vec::new();
+    let mut open: Option<Vec<String>> = None;
+    for line in log {
+        if line.starts_with("cudaEventRecord") {
+            match open.take() {
+                Some(region) => regions.push(region),
+                None => open = Some(Vec::new()),
+            }
+        } else if let Some(region) = open.as_mut() {
+            region.push(line.clone());
+        }
+    }
+    assert!(open.is_none(), "an event pair was left open: {log:?}");
+    for r in &regions {
+        for call in r {
+            assert!(
+                !(call.starts_with("cudaMemcpy ")
+                    || call.starts_with("cudaMalloc")
+                    || call.starts_with("cudaFree")),
+                "a timed region holds {call}: {r:?}"
+            );
+        }
+    }
+    regions
 }
 
 /// A fresh directory for one test's file rendezvous.
@@ -71,6 +164,8 @@ pub fn rank_env(rank: usize, n: usize, dir: &std::path::Path) -> Vec<(String, St
         ("LOCAL_RANK".into(), rank.to_string()),
         ("HPFSDP_NCCL_LIB".into(), lib.clone()),
         ("HPFSDP_CUDART_LIB".into(), lib.clone()),
+        ("HPFSDP_CUDA_DRIVER_LIB".into(), lib.clone()),
+        ("HPFSDP_CUBLAS_LIB".into(), lib.clone()),
         ("HPFSDP_HCCL_LIB".into(), lib.clone()),
         ("HPFSDP_ACL_LIB".into(), lib),
         (

@@ -2,6 +2,7 @@
 //! and the `--json` document.
 
 use super::{Prepared, ReplayArgs};
+use crate::commands::device_profile::ProfileChoice;
 use crate::table::Table;
 use anyhow::{Context, Result};
 use hpfsdp_backends::replay::MeasuredSteps;
@@ -69,9 +70,12 @@ struct JsonOut<'a> {
     strategy: &'a str,
     ranks: usize,
     compute: &'a str,
+    hardware_reason: &'a str,
+    compute_on: &'a str,
     scaling: &'a [String],
     warmup: usize,
     measured_steps_ns: &'a [u64],
+    step_spread: Spread,
     predicted: &'a StepFigures,
     measured: &'a StepFigures,
     by_category: Vec<CompareRow>,
@@ -80,6 +84,41 @@ struct JsonOut<'a> {
     ops: usize,
     dependency_violations: usize,
     out_dir: String,
+}
+
+/// The spread of the measured step times.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Spread {
+    /// Fastest measured step, ms.
+    pub min_ms: f64,
+    /// Median measured step (the lower median for an even count), ms.
+    pub median_ms: f64,
+    /// Slowest measured step, ms.
+    pub max_ms: f64,
+    /// `(max - min) / median`, percent.
+    pub spread_pct: f64,
+}
+
+/// The spread of `steps_ns` (all zero when there is none).
+pub fn spread(steps_ns: &[u64]) -> Spread {
+    let mut v: Vec<u64> = steps_ns.to_vec();
+    v.sort_unstable();
+    let at = |i: usize| v.get(i).copied().unwrap_or(0) as f64 * 1e-6;
+    let (min, median, max) = (
+        at(0),
+        at(v.len().saturating_sub(1) / 2),
+        at(v.len().saturating_sub(1)),
+    );
+    Spread {
+        min_ms: min,
+        median_ms: median,
+        max_ms: max,
+        spread_pct: if median > 0.0 {
+            100.0 * (max - min) / median
+        } else {
+            0.0
+        },
+    }
 }
 
 fn ms(ns: u64) -> String {
@@ -125,7 +164,13 @@ fn summary_table(r: &ReplayReport) -> String {
 }
 
 /// Writes the files and prints the summary (table or JSON).
-pub fn emit(args: &ReplayArgs, report: &ReplayReport, violations: usize) -> Result<ExitCode> {
+pub fn emit(
+    args: &ReplayArgs,
+    report: &ReplayReport,
+    choice: &ProfileChoice,
+    compute_on: &str,
+    violations: usize,
+) -> Result<ExitCode> {
     let dir = args
         .out
         .clone()
@@ -140,9 +185,12 @@ pub fn emit(args: &ReplayArgs, report: &ReplayReport, violations: usize) -> Resu
             strategy: &report.strategy,
             ranks: report.world_size,
             compute: &report.compute,
+            hardware_reason: &choice.reason,
+            compute_on,
             scaling: &report.scaling,
             warmup: report.warmup,
             measured_steps_ns: &report.measured_steps_ns,
+            step_spread: spread(&report.measured_steps_ns),
             predicted: &report.predicted,
             measured: &report.measured,
             by_category: report.by_category(),
@@ -164,13 +212,21 @@ pub fn emit(args: &ReplayArgs, report: &ReplayReport, violations: usize) -> Resu
         report.compute,
         report.hardware
     );
+    println!("prediction on {}: {}", report.hardware, choice.reason);
+    println!("compute ran as: {compute_on}");
     for note in &report.scaling {
         println!("scaled: {note}");
     }
     let steps: Vec<String> = report.measured_steps_ns.iter().map(|&n| ms(n)).collect();
+    let sp = spread(&report.measured_steps_ns);
     println!(
-        "measured step times (ms): {} (median shown)",
-        steps.join(", ")
+        "measured step times (ms) after {} warm-up step(s): {} (median {:.3} shown; min {:.3}, max {:.3}, spread {:.1}%)",
+        report.warmup,
+        steps.join(", "),
+        sp.median_ms,
+        sp.min_ms,
+        sp.max_ms,
+        sp.spread_pct
     );
     print!("{}", summary_table(report));
     if violations > 0 {
