@@ -60,13 +60,15 @@ cmd() {
 }
 run() {
   local rc=0
-  "$BIN" "$@" 2>"$WORK/stderr" || rc=$?
+  # Into a file first: a filter that stops reading early must not kill the binary (SIGPIPE).
+  "$BIN" "$@" >"$WORK/stdout" 2>"$WORK/stderr" || rc=$?
   if [[ " $OK_RC " != *" $rc "* ]]; then
     echo "regen-docs: 'hpfsdp $*' exited $rc (expected $OK_RC):" >&2
     sed 's/^/    /' "$WORK/stderr" >&2
     touch "$WORK/failed"
     return 1
   fi
+  cat "$WORK/stdout"
 }
 fence_open() { echo '```text'; }
 fence_close() { echo '```'; }
