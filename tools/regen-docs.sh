@@ -210,7 +210,7 @@ import json, sys
 name, path = sys.argv[1], sys.argv[2]
 gib = float(1 << 30)
 for r in json.load(open(path))["results"]:
-    run = r["strategy"] if r["optimizer"] == r["strategy"] else r["strategy"] + "+" + r["optimizer"]
+    run = r["strategy"]  # a Muon baseline's run is already named <strategy>+<baseline>
     o, m = r["optimizer_figures"], r["memory_spread"]
     tiers = ", ".join(f"{t} {b / gib:.2f}" for t, b in o["tier_bytes"].items() if b) or "-"
     print(f"| {name} | {run} | {r['step_time_s']:.3f} | {o['range_s']:.3f} | {o['exposed_comm_s']:.3f} "
