@@ -12,7 +12,7 @@ use hpfsdp_sim::calibration::coll_table::{
     is_collective_header, parse_collective_table, tier_key, tier_name,
 };
 use hpfsdp_sim::calibration::gemm_table::{
-    GemmRow, gemm_table_csv, is_gemm_header, parse_gemm_table,
+    GemmRow, efficiency_text, gemm_table_csv, is_gemm_header, parse_gemm_table,
 };
 use hpfsdp_sim::calibration::params::{SourcedRange, get, outside_sourced_ranges, set};
 use hpfsdp_sim::calibration::profile_edit::{Edit, EditValue};
@@ -239,7 +239,7 @@ fn gemm_section(file: &str, rows: &[GemmRow], profile: &HardwareProfile) -> Sect
                 format!("{}", r.k),
                 r.dtype.clone(),
                 format!("{:.2}", r.time_us),
-                format!("{:.4}", r.efficiency(profile)),
+                efficiency_text(r.efficiency(profile)),
             ]
         })
         .collect();
