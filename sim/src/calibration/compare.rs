@@ -19,6 +19,7 @@ use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_program::step::{Category, Payload};
 use hpfsdp_program::strategy::avg_division;
+use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -411,16 +412,13 @@ impl CalibrationSet {
         let mut step: BTreeMap<(&str, &str), f64> = BTreeMap::new();
         let mut twin: BTreeMap<(&str, &str, Option<&str>, bool), f64> = BTreeMap::new();
         let mut overheads: Vec<(usize, &MeasuredRun)> = Vec::new();
-        for (run, idx) in self.runs.iter().filter(|(r, _)| keep(r)) {
-            let options = RunOptions {
-                validation_mode: run.validation_mode,
-                ..RunOptions::default()
-            };
-            let sim = run_prepared(&self.prepared[*idx], profile, &options)?;
-            let n = self.simulations.fetch_add(1, Ordering::Relaxed) + 1;
-            if let Some(observe) = &self.observer {
-                observe(n);
-            }
+        let kept: Vec<&(MeasuredRun, usize)> = self.runs.iter().filter(|(r, _)| keep(r)).collect();
+        // The runs are independent: simulated in parallel, compared in order.
+        let sims = kept
+            .par_iter()
+            .map(|(run, idx)| self.simulate(run, *idx, profile))
+            .collect::<Result<Vec<_>, _>>()?;
+        for ((run, _), sim) in kept.into_iter().zip(sims) {
             let predicted = predicted_figures(
                 &sim.result,
                 &sim.rank0_program,
@@ -500,6 +498,27 @@ impl CalibrationSet {
             differences,
             host,
         })
+    }
+}
+
+impl CalibrationSet {
+    /// Simulates one run (its prepared workload `idx`) with `profile` and counts it.
+    fn simulate(
+        &self,
+        run: &MeasuredRun,
+        idx: usize,
+        profile: &HardwareProfile,
+    ) -> Result<crate::scenario_run::StrategyRun, SimError> {
+        let options = RunOptions {
+            validation_mode: run.validation_mode,
+            ..RunOptions::default()
+        };
+        let sim = run_prepared(&self.prepared[idx], profile, &options)?;
+        let n = self.simulations.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(observe) = &self.observer {
+            observe(n);
+        }
+        Ok(sim)
     }
 }
 

@@ -323,7 +323,7 @@ pub fn fit_joint(
     set: &CalibrationSet,
     start: &HardwareProfile,
     params: &[FitParam],
-    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    keep: impl Fn(&MeasuredRun) -> bool + Copy + Sync,
     options: &LmOptions,
 ) -> Result<FitOutcome, CalibrationError> {
     fit_joint_with(set, start, params, keep, options, Starts::WithProfile)
@@ -341,7 +341,7 @@ pub fn fit_joint_with(
     set: &CalibrationSet,
     start: &HardwareProfile,
     params: &[FitParam],
-    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    keep: impl Fn(&MeasuredRun) -> bool + Copy + Sync,
     options: &LmOptions,
     starts: Starts,
 ) -> Result<FitOutcome, CalibrationError> {
@@ -363,11 +363,11 @@ pub fn fit_joint_with(
         .iter()
         .map(|p| p.prior.centre.clamp(p.min, p.max).ln())
         .collect();
-    let mut data = |z: &[f64]| {
+    let data = |z: &[f64]| {
         let c = set.compare_where(&with_values(&base, params, z), keep)?;
         Ok::<_, CalibrationError>(residuals(&c))
     };
-    let mut f = |z: &[f64]| {
+    let f = |z: &[f64]| {
         let mut r = data(z)?;
         r.extend(prior_residuals(params, z));
         Ok::<_, CalibrationError>(r)
@@ -379,7 +379,7 @@ pub fn fit_joint_with(
     let mut best: Option<LmOutcome> = None;
     let (mut iterations, mut evaluations) = (0, 0);
     for (label, z0) in &points {
-        let out = minimise(z0, &lo, &hi, options, &mut f)?;
+        let out = minimise(z0, &lo, &hi, options, f)?;
         iterations += out.iterations;
         evaluations += out.evaluations;
         outcomes.push(StartOutcome {
@@ -398,7 +398,7 @@ pub fn fit_joint_with(
     let profile = with_values(&base, params, &out.x);
     let comparison = set.compare_where(&profile, keep)?;
     let r_data = residuals(&comparison);
-    let jac = jacobian(&out.x, &r_data, &hi, options.fd_step, &mut data)?;
+    let jac = jacobian(&out.x, &r_data, &hi, options.fd_step, &data)?;
     let widths: Vec<f64> = params.iter().map(|p| p.prior.log_width).collect();
     let shares = data_shares(&jac, &widths);
     let zero_columns: Vec<bool> = (0..params.len())
