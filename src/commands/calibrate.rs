@@ -7,6 +7,7 @@
 //! new profile file with the fitted values. Without runs for the profile nothing is compared
 //! (exit 0, said on stderr) unless `--fit` or `--loo` asked for it (an error).
 
+use super::calibrate_csv as csv;
 use super::calibrate_json::json;
 use super::calibrate_report::{
     figure_table, flag, host_table, label, loo_tables, page, params_table, starts_table, value,
@@ -277,7 +278,7 @@ fn report_sections(
     let ranges = Section {
         heading: "Unfitted constants with public ranges".into(),
         text: "Constants no held-in figure isolates, so the fit leaves them alone; public \
-               measurements confine them (sim/src/calibration/params.rs SOURCED_RANGES)."
+               measurements confine them (the runs files' [[sourced_range]] entries)."
             .into(),
         table: sourced_ranges_table(ranges, profile),
     };
@@ -410,16 +411,21 @@ fn write_report(
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut files: Vec<(PathBuf, String)> = vec![
         (out.join("report.html"), report.to_html()),
-        (out.join("comparison.csv"), figure_table(checked).to_csv()),
+        (
+            out.join("comparison.csv"),
+            csv::comparison(checked).to_csv(),
+        ),
         (out.join("comparison.md"), report.report.to_markdown()),
     ];
     if let Some(f) = fit {
-        files.push((out.join("constants.csv"), params_table(f).to_csv()));
+        files.push((out.join("constants.csv"), csv::constants(f).to_csv()));
     }
     if let Some(folds) = folds {
-        let (summary, detail) = loo_tables(folds);
-        files.push((out.join("loo.csv"), summary.to_csv()));
-        files.push((out.join("loo-figures.csv"), detail.to_csv()));
+        files.push((out.join("loo.csv"), csv::loo(folds).to_csv()));
+        files.push((
+            out.join("loo-figures.csv"),
+            csv::loo_figures(folds).to_csv(),
+        ));
     }
     for (path, text) in &files {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;

@@ -457,7 +457,7 @@ pub fn page(
             heading: "Fitted constants".into(),
             text: format!(
                 "Joint bounded MAP fit on the log residuals of every fitted figure plus one \
-                 prior residual per constant (public sources, sim/src/calibration/params.rs): \
+                 prior residual per constant (the runs files' [[fit]] entries): \
                  cost {:.4} -> {:.4} (figures {:.4} + priors {:.4}) in {} iterations ({} \
                  simulations of the measured runs). Data share: the fraction of a constant's \
                  prior variance the figures removed; below 0.5 the prior sets it. A constant \
@@ -485,7 +485,9 @@ pub fn page(
     sections.push(Section {
         heading: "Every figure".into(),
         text: "fitted = in the least squares; predicted = derived (counts, payloads, memory) \
-               or not fitted in this run. Tolerances and gating: sim/src/calibration/gates.rs."
+               or not fitted in this run; not modelled = measured, but the simulator has no \
+               model of it. Tolerances and gating: each figure's default rule \
+               (sim/src/calibration/gates.rs) unless its runs file overrides it."
             .into(),
         table: figure_table(checked),
     });
@@ -494,8 +496,8 @@ pub fn page(
         sections.push(Section {
             heading: "Leave-one-out".into(),
             text: "Each experiment left out in turn, then each run of an experiment with \
-                   several runs (`B / PyTorch FSDP2`: fitted on HyperParallel-FSDP's run and \
-                   experiment A, the question a plan change asks): the constants are refitted \
+                   several runs (`B / PyTorch FSDP2`: fitted on its sibling run and the other \
+                   experiments, the question a plan change asks): the constants are refitted \
                    (MAP) on the rest, starting from the priors, the bound midpoints and the \
                    host-bound start, never from the profile's fitted values, with bounds and \
                    measured constants that use none of the left-out experiment's \

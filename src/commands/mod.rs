@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod calibrate_csv;
 pub mod calibrate_json;
 pub mod calibrate_report;
 pub mod calibrate_runs;

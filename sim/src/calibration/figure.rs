@@ -140,6 +140,24 @@ impl Figure {
         }
     }
 
+    /// The unit of the figure's values: `s`, `B`, `B/s`, `count` or `fraction`.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Figure::AllGatherBytes
+            | Figure::ReduceScatterBytes
+            | Figure::PeakAllocatedBytes
+            | Figure::PeakReservedBytes => "B",
+            Figure::WeightedBandwidth => "B/s",
+            Figure::OverlapRate => "fraction",
+            Figure::AllGathers
+            | Figure::ReduceScatters
+            | Figure::DeviceKernels
+            | Figure::Collectives
+            | Figure::ValidationCpuEvents => "count",
+            _ => "s",
+        }
+    }
+
     /// False for a figure the simulator has no model of (shown as "not modelled", never
     /// compared).
     pub fn modelled(self) -> bool {
@@ -168,6 +186,15 @@ mod tests {
         keys.dedup();
         assert_eq!(keys.len(), Figure::ALL.len());
         assert_eq!(Figure::from_key("step_time"), None);
+        for f in Figure::ALL {
+            let unit_suffix = match f.unit() {
+                "s" => "_s",
+                "B" => "_bytes",
+                "B/s" => "_bytes_per_s",
+                _ => "",
+            };
+            assert!(f.key().ends_with(unit_suffix), "{f:?}");
+        }
         let mut sorted = Figure::ALL;
         sorted.sort();
         assert_eq!(sorted, Figure::ALL, "ALL is in declaration (report) order");

@@ -102,7 +102,10 @@ pub(crate) fn jacobian<E: Send>(
             let mut xp = x.to_vec();
             xp[j] += h;
             let rp = f(&xp)?;
-            Ok(r.iter().enumerate().map(|(i, ri)| (rp[i] - ri) / h).collect())
+            Ok(r.iter()
+                .enumerate()
+                .map(|(i, ri)| (rp[i] - ri) / h)
+                .collect())
         })
         .collect::<Result<_, E>>()?;
     Ok((0..r.len())
