@@ -470,3 +470,53 @@ fn a_profile_without_measured_runs_is_not_compared_and_says_so() {
     assert!(err.contains("--fit/--loo need measured runs"), "{err}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The CSVs hold numbers (base units named in the header or the `unit` column), not display
+/// strings: every measured, predicted, error and tolerance cell parses as a number or is
+/// empty, flags are true/false.
+#[test]
+fn the_comparison_csv_holds_numbers_with_units_in_the_header() {
+    let out = scratch("csv");
+    let o = hpfsdp(&["calibrate", "--out", out.to_str().unwrap()]);
+    assert!(matches!(o.status.code(), Some(0 | 1)));
+    let text = std::fs::read_to_string(out.join("comparison.csv")).unwrap();
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(
+        &header[..8],
+        [
+            "experiment",
+            "run",
+            "figure",
+            "unit",
+            "measured (unit)",
+            "predicted (unit)",
+            "relative error (fraction)",
+            "tolerance (fraction)"
+        ]
+    );
+    let mut rows = 0;
+    for line in lines {
+        // The first eleven cells never hold a comma (the source, last, may be quoted).
+        let cells: Vec<&str> = line.splitn(12, ',').collect();
+        for (i, cell) in cells.iter().enumerate().take(8).skip(4) {
+            assert!(
+                cell.is_empty() || cell.parse::<f64>().is_ok(),
+                "column {i}: {line}"
+            );
+        }
+        assert!(
+            ["s", "B", "B/s", "count", "fraction"].contains(&cells[3]),
+            "{line}"
+        );
+        assert!(["true", "false"].contains(&cells[9]) && ["true", "false"].contains(&cells[10]));
+        assert!(!line.contains('%') || line.contains("README"), "{line}");
+        rows += 1;
+    }
+    assert!(rows >= 30);
+    assert!(
+        text.contains("B,PyTorch FSDP2,step_time_s,s,3.72,"),
+        "{text}"
+    );
+    std::fs::remove_dir_all(&out).ok();
+}

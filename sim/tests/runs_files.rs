@@ -553,3 +553,70 @@ step_time_s = { value = "1.5 s", source = "my log" }
         );
     }
 }
+
+mod phases {
+    //! Forward, backward and optimizer device time of a one-GPU step: the phases follow the
+    //! issue order (one forward and one backward per micro-batch, then the optimizer), and
+    //! their spans on the compute stream fit inside the step.
+
+    use super::*;
+    use hpfsdp_plan::scenario::Scenario;
+    use hpfsdp_program::step::Category;
+    use hpfsdp_sim::calibration::phases::{Phase, phase_device_s, phase_of_ops};
+    use hpfsdp_sim::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
+
+    /// A one-rank FSDP2 step of the tiny dense model with `micro_batches` micro-batches.
+    fn one_gpu(micro_batches: usize) -> ScenarioPlans {
+        let model = root().join("scenarios/verify/models/tiny-dense.toml");
+        let text = format!(
+            "name = \"one-gpu\"\nhardware = \"nvidia-h200-hgx\"\n\
+             [model]\ncompact = \"{}\"\ndtype = \"f32\"\n\
+             [mesh]\ndp_replicate = 1\ndp_shard = 1\ntp = 1\nep = 1\n\
+             [topology]\ndies_per_machine = 1\nmachines_per_supernode = 1\nsupernodes = 1\n\
+             [train]\nseq_len = 32\nglobal_batch = {micro_batches}\nmicro_batch = 1\n\
+             recompute = \"off\"\n\
+             [fsdp]\nstrategy = \"fsdp2\"\nparam_dtype = \"bf16\"\nreduce_dtype = \"f32\"\n\
+             [optimizer]\nkind = \"adamw\"\npreset = \"hyperparallel\"\n",
+            model.display()
+        );
+        let dir = std::env::temp_dir().join(format!("hpfsdp-phases-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("one-gpu-{micro_batches}.toml"));
+        std::fs::write(&path, text).unwrap();
+        ScenarioPlans::new(Scenario::load(&path).unwrap())
+    }
+
+    #[test]
+    fn phases_follow_the_issue_order_per_micro_batch() {
+        for micro_batches in [1, 2] {
+            let plans = one_gpu(micro_batches);
+            let profile = HardwareProfile::builtin("nvidia-h200-hgx").unwrap();
+            let run = simulate_strategy(&plans, "fsdp2", &profile, &RunOptions::default()).unwrap();
+            let program = &run.rank0_program;
+            let phases = phase_of_ops(program);
+            let mut sequence: Vec<Phase> = Vec::new();
+            for (op, (phase, _)) in program.ops.iter().zip(&phases) {
+                let name = op.name.as_deref().unwrap_or("");
+                if name.ends_with(".fwd") {
+                    assert_eq!(*phase, Phase::Forward, "{name}");
+                } else if name.ends_with(".bwd") {
+                    assert_eq!(*phase, Phase::Backward, "{name}");
+                } else if op.category == Category::Optimizer {
+                    assert_eq!(*phase, Phase::Optimizer, "{name}");
+                }
+                if sequence.last() != Some(phase) {
+                    sequence.push(*phase);
+                }
+            }
+            let mut want = Vec::new();
+            for _ in 0..micro_batches {
+                want.extend([Phase::Forward, Phase::Backward]);
+            }
+            want.push(Phase::Optimizer);
+            assert_eq!(sequence, want);
+            let [forward, backward, optimizer] = phase_device_s(&run.result, program).unwrap();
+            assert!(forward > 0.0 && backward > forward && optimizer > 0.0);
+            assert!(forward + backward + optimizer <= run.result.step_time_s());
+        }
+    }
+}
