@@ -118,6 +118,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
          files in scenarios/runs/ name scenarios beside them)"
     })?;
     let bar = progress(&mut set);
+    bar.set_message("simulating the measured runs");
     let options = LmOptions::default();
     let fit = if args.fit {
         bar.set_message("joint fit");

@@ -7,8 +7,9 @@
 //!
 //! Step programs carry no phase tag, so the phase of an op is derived from its place in the
 //! host issue order ([`phase_of_ops`]): an op of category `Optimizer` starts the optimizer
-//! phase, an op whose name ends in `.bwd` (a stage's backward pass, the loss backward) starts
-//! a backward segment, and an op whose name ends in `.fwd` after a backward starts the next
+//! phase, an op whose name ends in `.bwd` (a stage's backward pass, the loss backward) or
+//! `.recompute` (activation recomputation, which runs inside `loss.backward()`) starts a
+//! backward segment, and an op whose name ends in `.fwd` after a backward starts the next
 //! micro-batch's forward. Everything issued in between belongs to the current phase: FSDP
 //! copy-ins, copy-outs and reductions of a pass, and the trainer's own work after the last
 //! backward (HyperParallel's loss read-backs and gradient clipping count to the backward until
@@ -39,7 +40,8 @@ pub fn phase_of_ops(program: &StepProgram) -> Vec<(Phase, usize)> {
     for op in &program.ops {
         let next = if op.category == Category::Optimizer {
             Phase::Optimizer
-        } else if phase == Phase::Forward && ends_with(op, ".bwd") {
+        } else if phase == Phase::Forward && (ends_with(op, ".bwd") || ends_with(op, ".recompute"))
+        {
             Phase::Backward
         } else if phase == Phase::Backward && ends_with(op, ".fwd") {
             Phase::Forward
