@@ -240,6 +240,9 @@ pub struct CalibrationSet {
     observer: Option<SimulationObserver>,
 }
 
+/// What a prepared workload is shared by: scenario file, strategy, optimizer.
+type PreparedKey = (PathBuf, String, Option<String>);
+
 /// Called after every simulated run with the number simulated so far (a progress bar).
 pub type SimulationObserver = Box<dyn Fn(usize) + Send + Sync>;
 
@@ -280,50 +283,10 @@ impl CalibrationSet {
             files: Vec::new(),
         };
         let mut plans: Vec<(PathBuf, ScenarioPlans)> = Vec::new();
-        let mut keys: Vec<(PathBuf, String, Option<String>)> = Vec::new();
+        let mut keys: Vec<PreparedKey> = Vec::new();
         for file in &files {
             for run in &file.runs {
-                let plan = match plans.iter().position(|(p, _)| *p == run.scenario) {
-                    Some(i) => i,
-                    None => {
-                        let scenario = Scenario::load(&run.scenario).map_err(|e| {
-                            SimError::Workload(format!(
-                                "calibration scenario {} (run '{}' of {}): {e}",
-                                run.scenario.display(),
-                                run.label,
-                                file.path.display()
-                            ))
-                        })?;
-                        plans.push((run.scenario.clone(), ScenarioPlans::new(scenario)));
-                        plans.len() - 1
-                    }
-                };
-                let key = (
-                    run.scenario.clone(),
-                    run.strategy.clone(),
-                    run.optimizer.clone(),
-                );
-                let idx = match keys.iter().position(|k| *k == key) {
-                    Some(i) => i,
-                    None => {
-                        let prepared = prepare(
-                            &plans[plan].1,
-                            &run.strategy,
-                            run.optimizer.as_deref(),
-                            RunOptions::default().fold,
-                        )
-                        .map_err(|e| {
-                            SimError::Workload(format!(
-                                "run '{}' of {}: {e}",
-                                run.label,
-                                file.path.display()
-                            ))
-                        })?;
-                        set.prepared.push(prepared);
-                        keys.push(key);
-                        set.prepared.len() - 1
-                    }
-                };
+                let idx = set.prepared_index(run, &file.path, &mut plans, &mut keys)?;
                 set.runs.push((run.clone(), idx));
             }
             set.differences.extend(file.differences.iter().cloned());
@@ -335,6 +298,54 @@ impl CalibrationSet {
         }
         set.files = files;
         Ok(set)
+    }
+
+    /// The index of `run`'s prepared workload, loading its scenario (`plans`, by path) and
+    /// preparing its programs (`keys`: scenario, strategy, optimizer) the first time they are
+    /// needed.
+    fn prepared_index(
+        &mut self,
+        run: &MeasuredRun,
+        file: &Path,
+        plans: &mut Vec<(PathBuf, ScenarioPlans)>,
+        keys: &mut Vec<PreparedKey>,
+    ) -> Result<usize, CalibrationError> {
+        let key = (
+            run.scenario.clone(),
+            run.strategy.clone(),
+            run.optimizer.clone(),
+        );
+        if let Some(i) = keys.iter().position(|k| *k == key) {
+            return Ok(i);
+        }
+        let plan = match plans.iter().position(|(p, _)| *p == run.scenario) {
+            Some(i) => i,
+            None => {
+                let scenario = Scenario::load(&run.scenario).map_err(|e| {
+                    SimError::Workload(format!(
+                        "calibration scenario {} (run '{}' of {}): {e}",
+                        run.scenario.display(),
+                        run.label,
+                        file.display()
+                    ))
+                })?;
+                plans.push((run.scenario.clone(), ScenarioPlans::new(scenario)));
+                plans.len() - 1
+            }
+        };
+        let fold = RunOptions::default().fold;
+        let prepared = prepare(
+            &plans[plan].1,
+            &run.strategy,
+            run.optimizer.as_deref(),
+            fold,
+        )
+        .map_err(|e| {
+            SimError::Workload(format!("run '{}' of {}: {e}", run.label, file.display()))
+        })?;
+        self.prepared.push(prepared);
+        keys.push(key);
+        Ok(self.prepared.len() - 1)
     }
 
     /// The runs files of the set, in order.
@@ -407,81 +418,45 @@ impl CalibrationSet {
         profile: &HardwareProfile,
         keep: impl Fn(&MeasuredRun) -> bool,
     ) -> Result<Comparison, SimError> {
-        let mut rows = Vec::new();
-        let mut host = Vec::new();
-        let mut step: BTreeMap<(&str, &str), f64> = BTreeMap::new();
-        let mut twin: BTreeMap<(&str, &str, Option<&str>, bool), f64> = BTreeMap::new();
-        let mut overheads: Vec<(usize, &MeasuredRun)> = Vec::new();
         let kept: Vec<&(MeasuredRun, usize)> = self.runs.iter().filter(|(r, _)| keep(r)).collect();
         // The runs are independent: simulated in parallel, compared in order.
         let sims = kept
             .par_iter()
             .map(|(run, idx)| self.simulate(run, *idx, profile))
             .collect::<Result<Vec<_>, _>>()?;
+        let (mut rows, mut host, mut steps) = (Vec::new(), Vec::new(), Vec::new());
         for ((run, _), sim) in kept.into_iter().zip(sims) {
-            let predicted = predicted_figures(
-                &sim.result,
-                &sim.rank0_program,
-                profile,
-                run.validation_mode,
-            );
+            let (result, rank0) = (&sim.result, &sim.rank0_program);
+            let predicted = predicted_figures(result, rank0, profile, run.validation_mode);
+            let costs = HostCosts::of(profile, run.validation_mode);
             host.push(HostRow::of(
                 (&run.experiment, &run.label),
-                &sim.result,
-                &sim.rank0_program,
-                HostCosts::of(profile, run.validation_mode),
+                result,
+                rank0,
+                costs,
             ));
-            let step_s = sim.result.step_time_s();
-            step.insert((&run.experiment, &run.label), step_s);
-            twin.insert(
-                (
-                    &run.experiment,
-                    &run.strategy,
-                    run.optimizer.as_deref(),
-                    run.validation_mode,
-                ),
-                step_s,
-            );
-            for m in &run.figures {
-                if m.figure == Figure::ValidationOverheadS {
-                    overheads.push((rows.len(), run));
-                }
-                let predicted = predicted.get(&m.figure).copied().unwrap_or(f64::NAN);
-                rows.push(FigureRow {
-                    experiment: run.experiment.clone(),
-                    run: run.label.clone(),
-                    figure: m.figure,
-                    measured: m.value,
-                    predicted,
-                    rule: m.rule,
-                    source: m.source.clone(),
-                });
-            }
+            steps.push((run, result.step_time_s()));
+            rows.extend(run.figures.iter().map(|m| FigureRow {
+                experiment: run.experiment.clone(),
+                run: run.label.clone(),
+                figure: m.figure,
+                measured: m.value,
+                predicted: predicted.get(&m.figure).copied().unwrap_or(f64::NAN),
+                rule: m.rule,
+                source: m.source.clone(),
+            }));
         }
-        // Validation-mode overhead: this run's step minus its production twin's.
-        for (i, run) in overheads {
-            let key = |validation| {
-                (
-                    run.experiment.as_str(),
-                    run.strategy.as_str(),
-                    run.optimizer.as_deref(),
-                    validation,
-                )
-            };
-            rows[i].predicted = match (twin.get(&key(true)), twin.get(&key(false))) {
-                (Some(v), Some(p)) => v - p,
-                _ => f64::NAN,
-            };
-        }
-        // A figure that needs a run `keep` leaves out is not compared: its measured value
-        // embeds that run's measurement (the overhead is the validation step minus the
-        // production step), so a fit without the twin must not see it either.
-        rows.retain(|r| !(r.figure == Figure::ValidationOverheadS && r.predicted.is_nan()));
+        predict_validation_overheads(&mut rows, &steps);
         let differences = self
             .differences
             .iter()
             .map(|d| {
-                let of = |label: &str| step.get(&(d.experiment.as_str(), label)).copied();
+                let of = |label: &str| {
+                    steps
+                        .iter()
+                        .find(|(r, _)| r.experiment == d.experiment && r.label == label)
+                        .map(|(_, s)| *s)
+                };
                 let predicted = match (of(&d.run), of(&d.baseline)) {
                     (Some(a), Some(b)) => a / b - 1.0,
                     _ => f64::NAN,
@@ -499,6 +474,33 @@ impl CalibrationSet {
             host,
         })
     }
+}
+
+/// Predicts every validation-mode overhead row: its run's simulated step minus that of its
+/// production twin (same experiment, strategy and optimizer) among the simulated `steps`. A
+/// row whose twin was not simulated is dropped: its measured value embeds the twin's
+/// measurement (the overhead is the validation step minus the production step), so a fit
+/// without the twin must not see it either.
+fn predict_validation_overheads(rows: &mut Vec<FigureRow>, steps: &[(&MeasuredRun, f64)]) {
+    for row in rows
+        .iter_mut()
+        .filter(|r| r.figure == Figure::ValidationOverheadS)
+    {
+        let Some((run, v)) = steps
+            .iter()
+            .find(|(r, _)| r.experiment == row.experiment && r.label == row.run)
+        else {
+            continue;
+        };
+        let twin = steps.iter().find(|(p, _)| {
+            !p.validation_mode
+                && p.experiment == run.experiment
+                && p.strategy == run.strategy
+                && p.optimizer == run.optimizer
+        });
+        row.predicted = twin.map_or(f64::NAN, |(_, p)| v - p);
+    }
+    rows.retain(|r| !(r.figure == Figure::ValidationOverheadS && r.predicted.is_nan()));
 }
 
 impl CalibrationSet {

@@ -284,18 +284,7 @@ impl RunsFile {
             .iter()
             .map(|f| fit_param(&errors, f, &runs))
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some((dup, _)) = raw.fit.iter().enumerate().find(|(i, f)| {
-            raw.fit[..*i]
-                .iter()
-                .any(|o| o.key.get_ref() == f.key.get_ref())
-        }) {
-            let key = &raw.fit[dup].key;
-            return Err(errors.at(
-                key.span(),
-                "fit.key",
-                format!("'{}' has two [[fit]] entries; keep one", key.get_ref()),
-            ));
-        }
+        unique_fit_keys(&errors, &raw.fit)?;
         let measured_constants = raw
             .measured_constant
             .iter()
@@ -317,6 +306,20 @@ impl RunsFile {
             sourced_ranges,
         })
     }
+}
+
+/// Refuses a key with two `[[fit]]` entries.
+fn unique_fit_keys(errors: &Errors, fit: &[RawFit]) -> Result<(), CalibrationError> {
+    for (i, f) in fit.iter().enumerate() {
+        if fit[..i].iter().any(|o| o.key.get_ref() == f.key.get_ref()) {
+            return Err(errors.at(
+                f.key.span(),
+                "fit.key",
+                format!("'{}' has two [[fit]] entries; keep one", f.key.get_ref()),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A dotted profile key this calibration can read and write, or an error listing them.
