@@ -6,14 +6,19 @@
 use crate::profile::HardwareProfile;
 
 macro_rules! profile_keys {
-    ($($key:literal => $($field:ident).+;)*) => {
+    (
+        $($key:literal => $($field:ident).+;)*
+        optional: $($okey:literal => $($ofield:ident).+;)*
+    ) => {
         /// Every key [`get`] and [`set`] know, in table order.
-        pub const KEYS: &[&str] = &[$($key),*];
+        pub const KEYS: &[&str] = &[$($key,)* $($okey),*];
 
-        /// Reads a constant of a profile by its dotted key; `None` for a key not in [`KEYS`].
+        /// Reads a constant of a profile by its dotted key; `None` for a key not in [`KEYS`]
+        /// (and for an optional key the profile leaves unset).
         pub fn get(profile: &HardwareProfile, key: &str) -> Option<f64> {
             Some(match key {
                 $($key => profile.$($field).+,)*
+                $($okey => return profile.$($ofield).+,)*
                 _ => return None,
             })
         }
@@ -22,6 +27,7 @@ macro_rules! profile_keys {
         pub fn set(profile: &mut HardwareProfile, key: &str, value: f64) -> bool {
             match key {
                 $($key => profile.$($field).+ = value,)*
+                $($okey => profile.$($ofield).+ = Some(value),)*
                 _ => return false,
             }
             true
@@ -52,6 +58,8 @@ profile_keys! {
     "tiers.intra_supernode.latency_us" => tiers.intra_supernode.latency_us;
     "tiers.inter_supernode.efficiency" => tiers.inter_supernode.efficiency;
     "tiers.inter_supernode.latency_us" => tiers.inter_supernode.latency_us;
+    optional:
+    "calibration.host_us_per_cpu_event" => calibration.host_us_per_cpu_event;
 }
 
 #[cfg(test)]
