@@ -71,14 +71,27 @@ enum Command {
         #[command(flatten)]
         lint: commands::lint_gate::LintArgs,
     },
-    /// Compare the hardware profile's predictions with the held-in measured runs (experiment B,
-    /// experiment A micro batch 2), optionally fit its residual constants jointly (--fit) and
-    /// refit without each experiment (--loo), or fit its curves from measured tables (--from),
-    /// and write the calibration report. Exit status 1 when a gating figure leaves its tolerance.
+    /// Compare the hardware profile's predictions with measured runs (runs files: --runs, or
+    /// every file of scenarios/runs/ measured on the profile; the paper's experiments B and A
+    /// micro batch 2 for ascend-910c-a3), optionally fit the constants they name jointly
+    /// (--fit) and refit without each experiment and run (--loo), or fit the profile's curves
+    /// from measured tables (--from), and write the calibration report. Exit status 1 when a
+    /// gating figure leaves its tolerance; 0 with "nothing compared" when no runs exist for
+    /// the profile and neither --fit nor --loo was asked.
     Calibrate {
-        /// Hardware profile name (scenarios/hardware/<name>.toml).
+        /// Hardware profile: a name (scenarios/hardware/<name>.toml or built in) or the path of
+        /// a profile file of your own (my-cluster.toml).
         #[arg(long, default_value = "ascend-910c-a3")]
         hardware: String,
+        /// Runs file to compare with (repeatable; files are combined): measured runs with their
+        /// figures, sources and tolerances, and the constants a fit may move
+        /// (scenarios/runs/*.toml show the format). Default: every runs file of scenarios/runs/
+        /// whose `hardware` is the profile's name.
+        #[arg(long = "runs", value_name = "FILE")]
+        runs: Vec<PathBuf>,
+        /// Compare --runs files measured on another profile (refused otherwise).
+        #[arg(long)]
+        any_hardware: bool,
         /// Fit the residual constants jointly (bounded least squares on log residuals of every
         /// fitted figure), print the fit, every residual and the constants at a bound.
         #[arg(long)]
@@ -208,6 +221,8 @@ fn main() -> ExitCode {
         }),
         Command::Calibrate {
             hardware,
+            runs,
+            any_hardware,
             fit,
             loo,
             from,
@@ -216,6 +231,8 @@ fn main() -> ExitCode {
             json,
         } => commands::calibrate::run(&commands::calibrate::CalibrateArgs {
             hardware,
+            runs,
+            any_hardware,
             fit: fit || loo,
             loo,
             from,

@@ -29,6 +29,13 @@ pub const MUON_PRESETS: &[&str] = &[
 /// `[train] tp_comm_overlap` modes: TP collectives serialized with compute, or fused with the
 /// neighbouring GEMM and pipelined in chunks (see `strategy::tp_overlap`).
 pub const TP_COMM_OVERLAP_MODES: &[&str] = &["none", "fused"];
+/// `[train] loss_logits` values.
+pub const LOSS_LOGITS_MODES: &[&str] = &["chunked", "whole_f32"];
+
+fn default_loss_logits() -> String {
+    "chunked".into()
+}
+
 /// Distributed-Muon baselines.
 pub const MUON_BASELINES: &[&str] = &["naive", "moonlight", "dmuon", "matrixfsdp", "flexshard"];
 
@@ -171,6 +178,12 @@ pub struct TrainSection {
     /// Vocab-parallel loss.
     #[serde(default)]
     pub loss_parallel: bool,
+    /// How the (non-vocab-parallel) loss holds the logits ([`LOSS_LOGITS_MODES`]):
+    /// `chunked` (default: only what the loss saves, as HyperParallel's `ChunkedCausalLMLoss`
+    /// or a fused kernel) or `whole_f32` (transformers' `ForCausalLMLoss`: the bf16 logits,
+    /// their f32 upcast and two f32 vocabulary gradients at once).
+    #[serde(default = "default_loss_logits")]
+    pub loss_logits: String,
     /// Low-precision (fp8) training; gates `when = "low_precision"` overrides.
     #[serde(default)]
     pub low_precision: bool,
@@ -950,6 +963,18 @@ fn training_shape(
     };
 
     check_tp_comm_overlap(tr, &key_err)?;
+    if !LOSS_LOGITS_MODES.contains(&tr.loss_logits.as_str()) {
+        return Err(key_err(
+            "train",
+            "loss_logits",
+            format!(
+                "[train] loss_logits = \"{}\"; use one of {} (chunked: the loss keeps only what \
+                 it saves; whole_f32: transformers' ForCausalLMLoss upcasts every logit to f32)",
+                tr.loss_logits,
+                LOSS_LOGITS_MODES.join(", ")
+            ),
+        ));
+    }
     Ok((grad_accum_steps, recompute))
 }
 

@@ -272,11 +272,15 @@ pub const BUILTIN_PROFILES: [(&str, &str); 6] = [
     ),
 ];
 
-/// GEMM tables of the built-in profiles (file name, CSV text), compiled in like the profiles.
-/// None is shipped yet: no public per-shape GEMM measurements of these devices with a source
-/// for every point were available, so the built-in profiles use the shape model; a user's
-/// own table (`hpfsdp calibrate --from gemm.csv`) goes next to a profile file on disk.
-pub const BUILTIN_GEMM_TABLES: [(&str, &str); 0] = [];
+/// GEMM tables of the built-in profiles (file name, CSV text), compiled in like the profiles:
+/// a profile's `[compute] gemm_table = "<file name>"` picks one. `nvidia-h200-hgx.gemm.csv` is
+/// what `hpfsdp calibrate --hardware nvidia-h200-hgx --from
+/// scenarios/hardware/measured/h200-gemm.csv` writes from the 1,000-shape bf16 sweep measured
+/// on one H200 (a test regenerates it); a user's own table goes next to a profile file on disk.
+pub const BUILTIN_GEMM_TABLES: [(&str, &str); 1] = [(
+    "nvidia-h200-hgx.gemm.csv",
+    include_str!("../../scenarios/hardware/nvidia-h200-hgx.gemm.csv"),
+)];
 
 impl HardwareProfile {
     /// Reads and validates a profile file; its `[compute] gemm_table` is read relative to it.

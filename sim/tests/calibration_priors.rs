@@ -7,13 +7,23 @@ use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::fit::{FitOutcome, fit_joint};
 use hpfsdp_sim::calibration::lm::LmOptions;
 use hpfsdp_sim::calibration::loo::{Fold, leave_one_out, leave_one_run_out};
-use hpfsdp_sim::calibration::params::{FIT_PARAMS, FitParam, MaxFrom, fit_param, get, set};
+use hpfsdp_sim::calibration::params::{FitParam, MaxFrom, get, set};
 use hpfsdp_sim::calibration::prior::Prior;
-use hpfsdp_sim::calibration::{CalibrationSet, Figure, MeasuredRun};
+use hpfsdp_sim::calibration::{CalibrationSet, Figure, MeasuredRun, PAPER_A3_RUNS};
 use std::path::Path;
 
 fn root() -> &'static Path {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// The shipped runs file of the paper's held-in experiments, scenarios loaded.
+fn paper_set() -> CalibrationSet {
+    CalibrationSet::load(&[root().join(PAPER_A3_RUNS)]).unwrap()
+}
+
+/// The paper runs file's fit constant `key`.
+fn fit_param(set: &CalibrationSet, key: &str) -> FitParam {
+    set.fit_param(key).unwrap().clone()
 }
 
 fn a3() -> HardwareProfile {
@@ -30,10 +40,10 @@ fn with_other_fitted_values(profile: &HardwareProfile, params: &[FitParam]) -> H
         // us); stay well under it.
         let max = p.max.min(100.0);
         let mut v = (0.75 * p.min.ln() + 0.25 * max.ln()).exp();
-        if (v - get(profile, p.key).unwrap()).abs() < 1e-6 * v {
+        if (v - get(profile, &p.key).unwrap()).abs() < 1e-6 * v {
             v = (0.5 * p.min.ln() + 0.5 * max.ln()).exp();
         }
-        assert!(set(&mut other, p.key, v), "{}", p.key);
+        assert!(set(&mut other, &p.key, v), "{}", p.key);
     }
     other
 }
@@ -53,13 +63,16 @@ fn fold_fingerprint(f: &Fold) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>, Vec<f64>) {
     )
 }
 
-fn assert_folds_blind_to_the_profile(params: &[FitParam], options: &LmOptions) {
-    let set_all = CalibrationSet::load(root()).unwrap();
+fn assert_folds_blind_to_the_profile(
+    set_all: &CalibrationSet,
+    params: &[FitParam],
+    options: &LmOptions,
+) {
     let shipped = a3();
     let other = with_other_fitted_values(&shipped, params);
     let folds = |profile: &HardwareProfile| {
-        let mut f = leave_one_out(&set_all, profile, params, options).unwrap();
-        f.extend(leave_one_run_out(&set_all, profile, params, options).unwrap());
+        let mut f = leave_one_out(set_all, profile, params, options).unwrap();
+        f.extend(leave_one_run_out(set_all, profile, params, options).unwrap());
         f
     };
     let (a, b) = (folds(&shipped), folds(&other));
@@ -87,23 +100,25 @@ fn assert_folds_blind_to_the_profile(params: &[FitParam], options: &LmOptions) {
 /// the profile the "profile" start's outcome differs between the two profiles at once.
 #[test]
 fn a_folds_result_does_not_depend_on_the_profiles_fitted_values() {
+    let set_all = paper_set();
     let params = [
-        *fit_param("calibration.gemm_ceiling").unwrap(),
-        *fit_param("calibration.host_unmodelled_us_per_kernel").unwrap(),
-        *fit_param("tiers.intra_machine.efficiency").unwrap(),
+        fit_param(&set_all, "calibration.gemm_ceiling"),
+        fit_param(&set_all, "calibration.host_unmodelled_us_per_kernel"),
+        fit_param(&set_all, "tiers.intra_machine.efficiency"),
     ];
     let options = LmOptions {
         max_iterations: 1,
         ..LmOptions::default()
     };
-    assert_folds_blind_to_the_profile(&params, &options);
+    assert_folds_blind_to_the_profile(&set_all, &params, &options);
 }
 
 /// The same with every constant of the fit and the default solver settings.
 #[test]
 #[ignore = "two full leave-one-out runs, experiment and run folds: ~1,500 simulations of the measured runs (~90 s)"]
 fn every_folds_result_is_blind_to_the_profiles_fitted_values() {
-    assert_folds_blind_to_the_profile(&FIT_PARAMS, &LmOptions::default());
+    let set_all = paper_set();
+    assert_folds_blind_to_the_profile(&set_all, set_all.fit_params(), &LmOptions::default());
 }
 
 /// MAP: fitted on experiment B alone, the inter-supernode efficiency (exp B runs on the 16
@@ -115,30 +130,30 @@ fn every_folds_result_is_blind_to_the_profiles_fitted_values() {
 /// fraction of it, exp B's host time depends on it.)
 #[test]
 fn the_prior_sets_what_no_figure_pins_and_the_figures_set_the_rest() {
-    let set_all = CalibrationSet::load(root()).unwrap();
+    let set_all = paper_set();
     let mut start = a3();
     let validation = FitParam {
-        key: "tiers.inter_supernode.efficiency",
+        key: "tiers.inter_supernode.efficiency".into(),
         min: 0.05,
         max: 1.0,
-        bound_source: "ASSUMPTION for this test: any efficiency",
+        bound_source: "ASSUMPTION for this test: any efficiency".into(),
         max_from: MaxFrom::Fixed,
         blind: None,
         prior: Prior {
             centre: 0.5,
             log_width: 0.5,
-            source: "ASSUMPTION for this test",
+            source: "ASSUMPTION for this test".into(),
         },
     };
-    let copy = *fit_param("calibration.copy_efficiency").unwrap();
+    let copy = fit_param(&set_all, "calibration.copy_efficiency");
     // A start far from the prior (inside its bounds), so staying there would show.
-    set(&mut start, validation.key, 0.9);
+    set(&mut start, &validation.key, 0.9);
     let options = LmOptions {
         max_iterations: 4,
         ..LmOptions::default()
     };
     let b = |r: &MeasuredRun| r.experiment == "B";
-    let out = fit_joint(&set_all, &start, &[copy, validation], b, &options).unwrap();
+    let out = fit_joint(&set_all, &start, &[copy, validation.clone()], b, &options).unwrap();
     let (c, v) = (&out.params[0], &out.params[1]);
     assert!(
         v.unidentified && v.data_share == 0.0 && !v.identified(),

@@ -234,11 +234,11 @@ fn the_gemm_table_has_the_documented_columns_and_efficiencies() {
     assert_eq!(lines.next(), Some("m,n,k,dtype,efficiency,source"));
     assert_eq!(
         lines.next(),
-        Some("1024,4096,4096,bf16,0.4569,measured:g.csv:3")
+        Some("1024,4096,4096,bf16,0.456911,measured:g.csv:3 (200 us)")
     );
     assert_eq!(
         lines.next(),
-        Some("4096,4096,4096,bf16,0.5000,measured:g.csv:2")
+        Some("4096,4096,4096,bf16,0.500040,measured:g.csv:2 (731 us)")
     );
     let err = parse_gemm_table(
         "m,n,k,dtype,time_us\n4096,4096,4096,bf16,100\n",

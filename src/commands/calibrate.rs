@@ -1,11 +1,19 @@
-//! `hpfsdp calibrate`: compare a hardware profile's predictions with the held-in measurements
-//! (experiment B, experiment A micro batch 2); with `--fit` fit its residual constants jointly,
-//! with `--loo` also refit without each experiment; with `--from` fit its curves from measured
-//! tables first; write the calibration report (`reports/calibration/` by default) and, with
-//! `--write-profile`, a new profile file with the fitted values.
+//! `hpfsdp calibrate`: compare a hardware profile's predictions with measured runs given as
+//! data (runs files: `--runs FILE`..., or every shipped runs file of `scenarios/runs/`
+//! measured on the profile; the paper's held-in experiments for `ascend-910c-a3`); with `--fit`
+//! fit the constants the runs files name jointly, with `--loo` also refit without each
+//! experiment and each run; with `--from` fit its curves from measured tables first; write
+//! the calibration report (`reports/calibration/` by default) and, with `--write-profile`, a
+//! new profile file with the fitted values. Without runs for the profile nothing is compared
+//! (exit 0, said on stderr) unless `--fit` or `--loo` asked for it (an error).
 
+use super::calibrate_csv as csv;
+use super::calibrate_json::json;
 use super::calibrate_report::{
     figure_table, flag, host_table, label, loo_tables, page, params_table, starts_table, value,
+};
+use super::calibrate_runs::{
+    PROFILE_DIR, load_profile, nothing_compared, progress, runs_files, scope_line,
 };
 use super::calibrate_tables::{
     FromTables, apply_tables, sections, sourced_ranges_table, write_gemm_outputs,
@@ -15,8 +23,8 @@ use hpfsdp_reports::table::{Section, Table};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::fit::{FitOutcome, fit_joint};
 use hpfsdp_sim::calibration::lm::LmOptions;
-use hpfsdp_sim::calibration::loo::{Fold, leave_one_out, leave_one_run_out};
-use hpfsdp_sim::calibration::params::FIT_PARAMS;
+use hpfsdp_sim::calibration::loo::{Fold, experiment_holdouts, fold, run_holdouts};
+use hpfsdp_sim::calibration::params::SourcedRange;
 use hpfsdp_sim::calibration::profile_edit::{Edit, EditValue, apply_edits};
 use hpfsdp_sim::calibration::verdict::{Checked, check};
 use hpfsdp_sim::calibration::{CalibrationSet, Comparison};
@@ -24,14 +32,15 @@ use hpfsdp_sim::profile::BUILTIN_PROFILES;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-/// Directory of the shipped profiles.
-const PROFILE_DIR: &str = "scenarios/hardware";
-
 /// The command's arguments.
 #[derive(Debug, Clone)]
 pub struct CalibrateArgs {
-    /// Hardware profile name.
+    /// Hardware profile: a shipped name or the path of a profile file.
     pub hardware: String,
+    /// Runs files to compare with (empty: the shipped ones measured on the profile).
+    pub runs: Vec<PathBuf>,
+    /// Compare `--runs` files measured on another profile.
+    pub any_hardware: bool,
     /// Joint fit of the residual constants.
     pub fit: bool,
     /// Leave-one-out refits.
@@ -44,21 +53,6 @@ pub struct CalibrateArgs {
     pub out: PathBuf,
     /// Print JSON instead of tables.
     pub json: bool,
-}
-
-/// The profile's TOML text and where it came from (a file, or the built-in copy).
-fn profile_text(name: &str) -> Result<(String, Option<PathBuf>)> {
-    let path = Path::new(PROFILE_DIR).join(format!("{name}.toml"));
-    if path.exists() {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
-        return Ok((text, Some(path)));
-    }
-    BUILTIN_PROFILES
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map(|(_, t)| (t.to_string(), None))
-        .with_context(|| format!("no hardware profile '{name}'"))
 }
 
 /// Refuses to overwrite the profile being calibrated or any shipped profile (a file of
@@ -93,27 +87,43 @@ fn check_target(target: &Path, source: Option<&Path>) -> Result<()> {
 
 /// Runs the command.
 pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
-    crate::commands::preflight::check_hardware_flag(&args.hardware)?;
-    let mut profile = HardwareProfile::load_named(&args.hardware, PROFILE_DIR)
-        .with_context(|| format!("loading hardware profile '{}'", args.hardware))?;
-    let (text, source) = profile_text(&args.hardware)?;
+    let loaded = load_profile(&args.hardware)?;
+    let mut profile = loaded.profile;
     crate::commands::preflight::ensure_writable_dir(&args.out, "--out")?;
     if let Some(target) = &args.write_profile {
-        check_target(target, source.as_deref())?;
+        check_target(target, loaded.source.as_deref())?;
     }
     let stem = args
         .write_profile
         .as_ref()
         .and_then(|p| p.file_stem())
-        .map_or(args.hardware.clone(), |s| s.to_string_lossy().into_owned());
+        .map_or(profile.name.clone(), |s| s.to_string_lossy().into_owned());
     let from = apply_tables(&args.from, &mut profile, &format!("{stem}.gemm.csv"))?;
-    let set = CalibrationSet::load(Path::new(".")).context(
-        "loading the calibration scenarios (run from the repository root: they live in scenarios/paper/)",
-    )?;
+    let runs = runs_files(&args.runs, &profile.name, args.any_hardware)?;
+    if runs.files.is_empty() {
+        if args.fit || args.loo {
+            bail!(
+                "--fit/--loo need measured runs: {}",
+                nothing_compared(&profile.name)
+            );
+        }
+        write_outputs(args, &loaded.text, &stem, None, &from)?;
+        eprintln!("{}", nothing_compared(&profile.name));
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut set = CalibrationSet::new(runs.files).context(if runs.explicit {
+        "loading the scenarios of the --runs files"
+    } else {
+        "loading the calibration scenarios (run from the repository root: the shipped runs \
+         files in scenarios/runs/ name scenarios beside them)"
+    })?;
+    let bar = progress(&mut set);
+    bar.set_message("simulating the measured runs");
     let options = LmOptions::default();
     let fit = if args.fit {
+        bar.set_message("joint fit");
         Some(
-            fit_joint(&set, &profile, &FIT_PARAMS, |_| true, &options)
+            fit_joint(&set, &profile, set.fit_params(), |_| true, &options)
                 .context("fitting the profile's residual constants")?,
         )
     } else {
@@ -127,55 +137,117 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
     };
     let checked = check(&comparison, fit.is_some());
     let folds = if args.loo {
-        let mut folds =
-            leave_one_out(&set, &profile, &FIT_PARAMS, &options).context("leave-one-out")?;
-        folds.extend(
-            leave_one_run_out(&set, &profile, &FIT_PARAMS, &options)
-                .context("leave-one-run-out")?,
-        );
-        Some(folds)
+        Some(leave_out(&set, &profile, &options, &bar)?)
     } else {
         None
     };
-    let extra = report_sections(&from, &profile, &comparison);
+    bar.finish_and_clear();
+    let outcome = Outcome {
+        set: &set,
+        profile: &profile,
+        checked: &checked,
+        comparison: &comparison,
+        fit: fit.as_ref(),
+        folds: folds.as_deref(),
+        from: &from,
+    };
+    let passed = report(args, &outcome)?;
+    write_outputs(args, &loaded.text, &stem, fit.as_ref(), &from)?;
+    eprintln!("{}", scope_line(&profile.name, &set));
+    Ok(if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// Everything one calibration produced.
+struct Outcome<'a> {
+    set: &'a CalibrationSet,
+    profile: &'a HardwareProfile,
+    checked: &'a Checked,
+    comparison: &'a Comparison,
+    fit: Option<&'a FitOutcome>,
+    folds: Option<&'a [Fold]>,
+    from: &'a FromTables,
+}
+
+/// Every leave-one-out fold: each experiment, then each run of a multi-run experiment, with
+/// the fold named on the progress bar.
+fn leave_out(
+    set: &CalibrationSet,
+    profile: &HardwareProfile,
+    options: &LmOptions,
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<Fold>> {
+    let holdouts: Vec<_> = experiment_holdouts(set)
+        .into_iter()
+        .chain(run_holdouts(set))
+        .collect();
+    let n = holdouts.len();
+    let mut folds = Vec::with_capacity(n);
+    for (i, left_out) in holdouts.into_iter().enumerate() {
+        bar.set_message(format!("leave-one-out {}/{n}: without {left_out}", i + 1));
+        let what = if left_out.run.is_some() {
+            "leave-one-run-out"
+        } else {
+            "leave-one-out"
+        };
+        folds.push(fold(set, profile, set.fit_params(), options, left_out).context(what)?);
+    }
+    Ok(folds)
+}
+
+/// Prints the outcome (tables or JSON) and writes the report; returns the verdict.
+fn report(args: &CalibrateArgs, o: &Outcome) -> Result<bool> {
+    let ranges = o.set.sourced_ranges();
+    let extra = report_sections(o.from, o.profile, o.comparison, ranges);
+    let description: Vec<&str> = o
+        .set
+        .files()
+        .iter()
+        .map(|f| f.description.trim())
+        .filter(|d| !d.is_empty())
+        .collect();
     let report = page(
-        &comparison.profile,
-        &checked,
-        fit.as_ref(),
-        folds.as_deref(),
+        &o.comparison.profile,
+        &description.join(" "),
+        o.checked,
+        o.fit,
+        o.folds,
         extra,
     );
     if args.json {
         println!(
             "{}",
             serde_json::to_string_pretty(&json(
-                (&checked, &comparison),
-                fit.as_ref(),
-                folds.as_deref(),
-                (&from, &sourced_ranges_table(&profile))
+                (o.checked, o.comparison),
+                o.fit,
+                o.folds,
+                (o.from, &sourced_ranges_table(ranges, o.profile))
             ))?
         );
     } else {
-        print_text(
-            (&checked, &comparison),
-            fit.as_ref(),
-            folds.as_deref(),
-            &report.report,
-        );
-        print_sourced_ranges(&profile);
+        print_text((o.checked, o.comparison), o.fit, o.folds, &report.report);
+        print_sourced_ranges(ranges, o.profile);
     }
-    write_report(
-        &args.out,
-        &report,
-        &checked,
-        fit.as_ref(),
-        folds.as_deref(),
-        args.json,
-    )?;
+    write_report(&args.out, &report, o.checked, o.fit, o.folds, args.json)?;
+    Ok(report.report.verdict.as_ref().is_some_and(|v| v.passed))
+}
+
+/// Writes the profile with the fitted values (`--write-profile`), or else the GEMM tables
+/// `--from` produced beside the report.
+fn write_outputs(
+    args: &CalibrateArgs,
+    text: &str,
+    stem: &str,
+    fit: Option<&FitOutcome>,
+    from: &FromTables,
+) -> Result<()> {
     if let Some(target) = &args.write_profile {
-        write_profile(target, &text, &stem, fit.as_ref(), &from, args.json)?;
+        write_profile(target, text, stem, fit, from, args.json)?;
     } else if !from.gemm_outputs.is_empty() {
-        let written = write_gemm_outputs(&from, &args.out)?;
+        let written = write_gemm_outputs(from, &args.out)?;
         eprintln!(
             "wrote {} (pass --write-profile FILE to also write a profile pointing at it)",
             written
@@ -185,12 +257,7 @@ pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
                 .join(", ")
         );
     }
-    let passed = report.report.verdict.as_ref().is_some_and(|v| v.passed);
-    Ok(if passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
+    Ok(())
 }
 
 /// The report's extra sections: the host model per run, the unfitted constants with public
@@ -199,6 +266,7 @@ fn report_sections(
     from: &FromTables,
     profile: &HardwareProfile,
     comparison: &Comparison,
+    ranges: &[SourcedRange],
 ) -> Vec<Section> {
     let host = Section {
         heading: "Host model".into(),
@@ -211,19 +279,23 @@ fn report_sections(
     let ranges = Section {
         heading: "Unfitted constants with public ranges".into(),
         text: "Constants no held-in figure isolates, so the fit leaves them alone; public \
-               measurements confine them (sim/src/calibration/params.rs SOURCED_RANGES)."
+               measurements confine them (the runs files' [[sourced_range]] entries)."
             .into(),
-        table: sourced_ranges_table(profile),
+        table: sourced_ranges_table(ranges, profile),
     };
-    [host, ranges]
-        .into_iter()
+    let ranges = (!ranges.table.rows.is_empty()).then_some(ranges);
+    std::iter::once(host)
+        .chain(ranges)
         .chain(sections(from, profile))
         .collect()
 }
 
 /// Prints the unfitted constants' public ranges without their sources (the report has them).
-fn print_sourced_ranges(profile: &HardwareProfile) {
-    let ranges = sourced_ranges_table(profile);
+fn print_sourced_ranges(ranges: &[SourcedRange], profile: &HardwareProfile) {
+    if ranges.is_empty() {
+        return;
+    }
+    let ranges = sourced_ranges_table(ranges, profile);
     let cut = |r: &Vec<String>| r[..r.len() - 1].to_vec();
     let brief = Table {
         headers: cut(&ranges.headers),
@@ -250,7 +322,7 @@ fn print_text(
             if p.at_bound.is_some() {
                 println!(
                     "FLAG: {} = {:.4} is {} [{}, {}]: {}",
-                    p.param.key,
+                    &p.param.key,
                     p.value,
                     flag(p),
                     p.param.min,
@@ -297,7 +369,7 @@ fn print_text(
                 println!(
                     "  {} left out: {} {} measured {} predicted {} ({})",
                     fold.left_out,
-                    r.row.run,
+                    &r.row.run,
                     label(r.row.figure),
                     value(r.row.figure, r.row.measured),
                     value(r.row.figure, r.row.predicted),
@@ -340,16 +412,21 @@ fn write_report(
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut files: Vec<(PathBuf, String)> = vec![
         (out.join("report.html"), report.to_html()),
-        (out.join("comparison.csv"), figure_table(checked).to_csv()),
+        (
+            out.join("comparison.csv"),
+            csv::comparison(checked).to_csv(),
+        ),
         (out.join("comparison.md"), report.report.to_markdown()),
     ];
     if let Some(f) = fit {
-        files.push((out.join("constants.csv"), params_table(f).to_csv()));
+        files.push((out.join("constants.csv"), csv::constants(f).to_csv()));
     }
     if let Some(folds) = folds {
-        let (summary, detail) = loo_tables(folds);
-        files.push((out.join("loo.csv"), summary.to_csv()));
-        files.push((out.join("loo-figures.csv"), detail.to_csv()));
+        files.push((out.join("loo.csv"), csv::loo(folds).to_csv()));
+        files.push((
+            out.join("loo-figures.csv"),
+            csv::loo_figures(folds).to_csv(),
+        ));
     }
     for (path, text) in &files {
         std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?;
@@ -417,99 +494,4 @@ fn write_profile(
         println!("{line}");
     }
     Ok(())
-}
-
-fn json(
-    (checked, comparison): (&Checked, &Comparison),
-    fit: Option<&FitOutcome>,
-    folds: Option<&[Fold]>,
-    (from, ranges): (&FromTables, &Table),
-) -> serde_json::Value {
-    use serde_json::json;
-    let rows: Vec<_> = checked
-        .rows
-        .iter()
-        .map(|r| {
-            json!({
-                "experiment": r.row.experiment, "run": r.row.run,
-                "figure": format!("{:?}", r.row.figure),
-                "measured": r.row.measured, "predicted": finite(r.row.predicted),
-                "relative_error": r.row.relative_error().and_then(finite),
-                "fitted": r.fitted, "gating": r.gating, "passed": r.passed,
-                "tolerance": r.tolerance.label(),
-            })
-        })
-        .collect();
-    let params = |f: &FitOutcome| -> Vec<serde_json::Value> {
-        f.params
-            .iter()
-            .map(|p| {
-                json!({"key": p.param.key, "start": p.start, "value": p.value,
-                       "min": p.param.min, "max": p.param.max, "flag": flag(p),
-                       "bound_source": p.param.bound_source,
-                       "prior_centre": p.param.prior.centre,
-                       "prior_log_width": p.param.prior.log_width,
-                       "prior_sigmas": p.prior_sigmas, "data_share": p.data_share,
-                       "identified_by_data": p.identified(),
-                       "prior_source": p.param.prior.source})
-            })
-            .collect()
-    };
-    let tiers: Vec<_> = from
-        .collective_fits
-        .iter()
-        .flat_map(|(file, fits)| fits.tiers.iter().map(move |f| (file, f)))
-        .map(|(file, f)| {
-            json!({"file": file, "tier": format!("{:?}", f.tier), "latency_us": f.latency_us,
-                   "efficiency": f.efficiency, "efficiency_at_bound": f.efficiency_at_bound,
-                   "latency_at_bound": f.latency_at_bound,
-                   "rms_relative_error": f.rms_relative_error()})
-        })
-        .collect();
-    let unaligned: Vec<_> = from
-        .collective_fits
-        .iter()
-        .filter_map(|(file, fits)| fits.unaligned.as_ref().map(|u| (file, u)))
-        .map(|(file, u)| {
-            json!({"file": file, "unaligned_bandwidth_factor": u.factor,
-                   "at_bound": u.at_bound, "rows": u.rows.len(),
-                   "rms_relative_error": u.rms_relative_error()})
-        })
-        .collect();
-    json!({
-        "passed": checked.passed && folds.is_none_or(|f| f.iter().all(|f| f.held_out.passed)),
-        "exp_b_diff_error_pp": checked.exp_b_diff_error_pp,
-        "rows": rows,
-        "fit": fit.map(|f| json!({"cost_start": f.cost_start, "cost": f.cost,
-                                  "data_cost": f.data_cost, "prior_cost": f.prior_cost,
-            "iterations": f.iterations, "evaluations": f.evaluations, "params": params(f),
-            "starts": f.starts.iter().map(|s| json!({"label": s.label, "start": s.start,
-                "end": s.end, "cost_start": s.cost_start, "cost": s.cost,
-                "iterations": s.iterations})).collect::<Vec<_>>()})),
-        "loo": folds.map(|folds| folds.iter().map(|f| json!({
-            "left_out": f.left_out.to_string(), "left_out_experiment": f.left_out.experiment, "left_out_run": f.left_out.run, "params": params(&f.fit), "passed": f.held_out.passed,
-            "rms_log_error": finite(f.rms_log_error()),
-        })).collect::<Vec<_>>()),
-        "tier_fits": tiers,
-        "unaligned_fits": unaligned,
-        "sourced_ranges": ranges.rows.iter().map(|r| json!({"key": r[0], "value": r[1].parse::<f64>().ok(),
-            "range": r[2], "verdict": r[3], "source": r[4]})).collect::<Vec<_>>(),
-        "host": comparison.host.iter().map(|h| {
-            let [kernel_s, unmodelled_s, cpu_event_s, collective_s, sync_s, validation_s] =
-                h.class_s();
-            json!({"experiment": h.experiment, "run": h.run, "kernels": h.totals.kernels,
-                "cpu_events": h.totals.cpu_events, "cpu_events_floor": h.totals.floor_events,
-                "cpu_event_s": cpu_event_s,
-                "collectives": h.totals.collectives, "d2h_syncs": h.totals.d2h_syncs,
-                "validation_events": h.totals.validation_events,
-                "kernel_launch_s": kernel_s, "unmodelled_per_kernel_s": unmodelled_s,
-                "collective_launch_s": collective_s,
-                "d2h_sync_s": sync_s, "validation_s": validation_s,
-                "host_busy_s": h.host_busy_s, "step_s": h.step_s})
-        }).collect::<Vec<_>>(),
-    })
-}
-
-fn finite(v: f64) -> Option<f64> {
-    v.is_finite().then_some(v)
 }

@@ -11,7 +11,7 @@ use hpfsdp_reports::table::{Section, Table, TableReport, Verdict};
 use hpfsdp_reports::units::BYTES_PER_GIB;
 use hpfsdp_sim::calibration::Figure;
 use hpfsdp_sim::calibration::fit::{AtBound, FitOutcome, FittedParam, is_fitted_row, log_residual};
-use hpfsdp_sim::calibration::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance};
+use hpfsdp_sim::calibration::gates::Tolerance;
 use hpfsdp_sim::calibration::loo::Fold;
 use hpfsdp_sim::calibration::verdict::{Checked, CheckedRow};
 
@@ -19,6 +19,9 @@ use hpfsdp_sim::calibration::verdict::{Checked, CheckedRow};
 /// convention, `hpfsdp_reports::units`), bandwidth in GB/s (decimal, as link data sheets
 /// quote it).
 pub fn value(figure: Figure, v: f64) -> String {
+    if !figure.modelled() && v.is_nan() {
+        return NOT_MODELLED.into();
+    }
     match figure {
         Figure::AllGathers
         | Figure::ReduceScatters
@@ -26,7 +29,10 @@ pub fn value(figure: Figure, v: f64) -> String {
         | Figure::Collectives
         | Figure::ValidationCpuEvents => format!("{v:.0}"),
         Figure::OverlapRate => format!("{:.2}%", v * 100.0),
-        Figure::AllGatherBytes | Figure::ReduceScatterBytes | Figure::PeakAllocatedBytes => {
+        Figure::AllGatherBytes
+        | Figure::ReduceScatterBytes
+        | Figure::PeakAllocatedBytes
+        | Figure::PeakReservedBytes => {
             format!("{:.3}", v / BYTES_PER_GIB)
         }
         Figure::WeightedBandwidth => format!("{:.3}", v / 1e9),
@@ -50,7 +56,13 @@ pub fn flag(p: &FittedParam) -> &'static str {
     }
 }
 
+/// What a report shows for a figure the simulator does not predict.
+pub const NOT_MODELLED: &str = "not modelled";
+
 fn result_word(r: &CheckedRow) -> &'static str {
+    if !r.row.figure.modelled() {
+        return NOT_MODELLED;
+    }
     match (r.passed, r.gating) {
         (true, _) => "pass",
         (false, true) => "FAIL",
@@ -152,6 +164,16 @@ pub fn starts_table(fit: &FitOutcome) -> Table {
     }
 }
 
+/// The relative error of a row as a report shows it (`+2.6%`; `-` when the measurement is
+/// zero or the figure is not predicted).
+pub fn error_cell(row: &hpfsdp_sim::calibration::FigureRow) -> String {
+    match row.relative_error() {
+        Some(e) if e.is_finite() => format!("{:+.1}%", e * 100.0),
+        Some(e) if row.figure.modelled() => format!("{:+.1}%", e * 100.0),
+        _ => "-".into(),
+    }
+}
+
 /// Every figure row: role, measured, predicted, error, log residual, tolerance, result.
 pub fn figure_table(checked: &Checked) -> Table {
     let rows = checked
@@ -166,8 +188,7 @@ pub fn figure_table(checked: &Checked) -> Table {
                 if r.fitted { "fitted" } else { "predicted" }.to_string(),
                 value(row.figure, row.measured),
                 value(row.figure, row.predicted),
-                row.relative_error()
-                    .map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
+                error_cell(row),
                 if is_fitted_row(row) {
                     format!("{:+.4}", log_residual(row))
                 } else {
@@ -206,7 +227,7 @@ pub fn params_table(fit: &FitOutcome) -> Table {
         .params
         .iter()
         .map(|p| {
-            let prior = p.param.prior;
+            let prior = &p.param.prior;
             vec![
                 p.param.key.to_string(),
                 format!("{:.4}", p.start),
@@ -218,8 +239,8 @@ pub fn params_table(fit: &FitOutcome) -> Table {
                 format!("{:.2}", p.data_share),
                 if p.identified() { "data" } else { "prior" }.to_string(),
                 flag(p).to_string(),
-                one_line(p.param.bound_source),
-                one_line(prior.source),
+                one_line(&p.param.bound_source),
+                one_line(&prior.source),
             ]
         })
         .collect();
@@ -255,7 +276,7 @@ fn blinded(fold: &Fold) -> String {
     fold.blinded
         .iter()
         .map(|m| {
-            let key = m.key.rsplit('.').next().unwrap_or(m.key);
+            let key = m.key.rsplit('.').next().unwrap_or(&m.key);
             format!("{key}={}", m.blind_value)
         })
         .collect::<Vec<_>>()
@@ -269,7 +290,7 @@ fn prior_dominated(fit: &FitOutcome) -> String {
         .params
         .iter()
         .filter(|p| !p.identified())
-        .map(|p| p.param.key.rsplit('.').next().unwrap_or(p.param.key))
+        .map(|p| p.param.key.rsplit('.').next().unwrap_or(&p.param.key))
         .collect();
     if keys.is_empty() {
         "-".into()
@@ -282,7 +303,7 @@ fn compact_params(fit: &FitOutcome) -> String {
     fit.params
         .iter()
         .map(|p| {
-            let key = p.param.key.rsplit('.').next().unwrap_or(p.param.key);
+            let key = p.param.key.rsplit('.').next().unwrap_or(&p.param.key);
             let mark = match p.at_bound {
                 Some(_) => "*",
                 None => "",
@@ -317,7 +338,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
         .collect();
     let detail = folds
         .iter()
-        .flat_map(|f| f.held_out.rows.iter().map(move |r| (f.left_out, r)))
+        .flat_map(|f| f.held_out.rows.iter().map(move |r| (&f.left_out, r)))
         .map(|(left_out, r)| {
             vec![
                 left_out.to_string(),
@@ -325,9 +346,7 @@ pub fn loo_tables(folds: &[Fold]) -> (Table, Table) {
                 label(r.row.figure),
                 value(r.row.figure, r.row.measured),
                 value(r.row.figure, r.row.predicted),
-                r.row
-                    .relative_error()
-                    .map_or("-".into(), |e| format!("{:+.1}%", e * 100.0)),
+                error_cell(&r.row),
                 r.tolerance.label(),
                 result_word(r).to_string(),
             ]
@@ -374,10 +393,13 @@ pub fn verdict(checked: &Checked, folds: Option<&[Fold]>) -> Verdict {
         "{} of {gating} gating figures within tolerance",
         gating - failures.len()
     );
-    if let Some(d) = checked.exp_b_diff_error_pp {
-        text.push_str(&format!(
-            "; experiment-B step-time difference off by {d:+.1} pp (tolerance ±{EXP_B_DIFF_TOLERANCE_PP} pp)"
-        ));
+    for d in &checked.differences {
+        if let Some(e) = d.error_pp() {
+            text.push_str(&format!(
+                "; {} off by {e:+.1} pp (tolerance ±{} pp)",
+                d.difference.label, d.difference.tolerance_pp
+            ));
+        }
     }
     if !failures.is_empty() {
         text.push_str(&format!("; out of tolerance: {}", failures.join(", ")));
@@ -407,7 +429,7 @@ pub fn bars(checked: &Checked) -> Vec<ErrorBar> {
     checked
         .rows
         .iter()
-        .filter(|r| r.row.measured != 0.0)
+        .filter(|r| r.row.measured != 0.0 && r.row.figure.modelled())
         .map(|r| ErrorBar {
             label: format!("{}: {}", r.row.run, label(r.row.figure)),
             relative_error: r.row.relative_error().unwrap_or(f64::NAN),
@@ -423,6 +445,7 @@ pub fn bars(checked: &Checked) -> Vec<ErrorBar> {
 /// The whole page.
 pub fn page(
     profile: &str,
+    description: &str,
     checked: &Checked,
     fit: Option<&FitOutcome>,
     folds: Option<&[Fold]>,
@@ -434,7 +457,7 @@ pub fn page(
             heading: "Fitted constants".into(),
             text: format!(
                 "Joint bounded MAP fit on the log residuals of every fitted figure plus one \
-                 prior residual per constant (public sources, sim/src/calibration/params.rs): \
+                 prior residual per constant (the runs files' [[fit]] entries): \
                  cost {:.4} -> {:.4} (figures {:.4} + priors {:.4}) in {} iterations ({} \
                  simulations of the measured runs). Data share: the fraction of a constant's \
                  prior variance the figures removed; below 0.5 the prior sets it. A constant \
@@ -462,7 +485,9 @@ pub fn page(
     sections.push(Section {
         heading: "Every figure".into(),
         text: "fitted = in the least squares; predicted = derived (counts, payloads, memory) \
-               or not fitted in this run. Tolerances and gating: sim/src/calibration/gates.rs."
+               or not fitted in this run; not modelled = measured, but the simulator has no \
+               model of it. Tolerances and gating: each figure's default rule \
+               (sim/src/calibration/gates.rs) unless its runs file overrides it."
             .into(),
         table: figure_table(checked),
     });
@@ -471,8 +496,8 @@ pub fn page(
         sections.push(Section {
             heading: "Leave-one-out".into(),
             text: "Each experiment left out in turn, then each run of an experiment with \
-                   several runs (`B / PyTorch FSDP2`: fitted on HyperParallel-FSDP's run and \
-                   experiment A, the question a plan change asks): the constants are refitted \
+                   several runs (`B / PyTorch FSDP2`: fitted on its sibling run and the other \
+                   experiments, the question a plan change asks): the constants are refitted \
                    (MAP) on the rest, starting from the priors, the bound midpoints and the \
                    host-bound start, never from the profile's fitted values, with bounds and \
                    measured constants that use none of the left-out experiment's \
@@ -502,9 +527,7 @@ pub fn page(
         report: TableReport {
             title: format!("Calibration of {profile} against measured runs"),
             subtitle: format!(
-                "Held-in measurements only (shared/calibration/README.md: experiment B, \
-                 experiment A micro batch 2). {} Sizes in GiB (2^30 B), bandwidth in GB/s \
-                 (10^9 B/s).",
+                "{description} {} Sizes in GiB (2^30 B), bandwidth in GB/s (10^9 B/s).",
                 if fit.is_some() {
                     "Constants fitted in this run."
                 } else {

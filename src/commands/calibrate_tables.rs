@@ -12,9 +12,9 @@ use hpfsdp_sim::calibration::coll_table::{
     is_collective_header, parse_collective_table, tier_key, tier_name,
 };
 use hpfsdp_sim::calibration::gemm_table::{
-    GemmRow, gemm_table_csv, is_gemm_header, parse_gemm_table,
+    GemmRow, efficiency_text, gemm_table_csv, is_gemm_header, parse_gemm_table,
 };
-use hpfsdp_sim::calibration::params::{SOURCED_RANGES, get, outside_sourced_ranges, set};
+use hpfsdp_sim::calibration::params::{SourcedRange, get, outside_sourced_ranges, set};
 use hpfsdp_sim::calibration::profile_edit::{Edit, EditValue};
 use std::path::{Path, PathBuf};
 
@@ -239,7 +239,7 @@ fn gemm_section(file: &str, rows: &[GemmRow], profile: &HardwareProfile) -> Sect
                 format!("{}", r.k),
                 r.dtype.clone(),
                 format!("{:.2}", r.time_us),
-                format!("{:.4}", r.efficiency(profile)),
+                efficiency_text(r.efficiency(profile)),
             ]
         })
         .collect();
@@ -269,16 +269,17 @@ pub fn write_gemm_outputs(from: &FromTables, dir: &Path) -> Result<Vec<PathBuf>>
     Ok(written)
 }
 
-/// The unfitted constants with public ranges ([`SOURCED_RANGES`]): each one's value in
-/// `profile`, its range, whether it lies inside, and the measurements behind the range, so a
-/// profile edited by hand (or a `--write-profile` from someone's tables) that leaves a
-/// public range is visible in every `calibrate` run, not only in a unit test.
-pub fn sourced_ranges_table(profile: &HardwareProfile) -> Table {
-    let outside = outside_sourced_ranges(profile);
-    let rows = SOURCED_RANGES
+/// The unfitted constants with public ranges (the runs files' `[[sourced_range]]` entries):
+/// each one's value in `profile`, its range, whether it lies inside, and the measurements
+/// behind the range, so a profile edited by hand (or a `--write-profile` from someone's
+/// tables) that leaves a public range is visible in every `calibrate` run, not only in a
+/// unit test.
+pub fn sourced_ranges_table(ranges: &[SourcedRange], profile: &HardwareProfile) -> Table {
+    let outside = outside_sourced_ranges(ranges, profile);
+    let rows = ranges
         .iter()
         .map(|r| {
-            let value = get(profile, r.key);
+            let value = get(profile, &r.key);
             let verdict = match value {
                 None => "not in profile".to_string(),
                 Some(_) if outside.iter().any(|(o, _)| o.key == r.key) => {
@@ -287,7 +288,7 @@ pub fn sourced_ranges_table(profile: &HardwareProfile) -> Table {
                 Some(_) => "inside".to_string(),
             };
             vec![
-                r.key.to_string(),
+                r.key.clone(),
                 value.map_or("-".to_string(), |v| format!("{v:.3}")),
                 format!("[{}, {}]", r.min, r.max),
                 verdict,
@@ -312,26 +313,36 @@ mod tests {
         .unwrap()
     }
 
+    fn paper_ranges() -> Vec<SourcedRange> {
+        let path =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join(hpfsdp_sim::calibration::PAPER_A3_RUNS);
+        hpfsdp_sim::calibration::RunsFile::load(&path)
+            .unwrap()
+            .sourced_ranges
+    }
+
     #[test]
     fn the_shipped_profile_is_inside_every_public_range_and_an_edit_outside_is_named() {
+        let ranges = paper_ranges();
+        assert!(!ranges.is_empty());
         let verdicts = |p: &HardwareProfile| -> Vec<String> {
-            sourced_ranges_table(p)
+            sourced_ranges_table(&ranges, p)
                 .rows
                 .iter()
                 .map(|r| r[3].clone())
                 .collect()
         };
         let mut profile = a3();
-        assert_eq!(verdicts(&profile), vec!["inside"; SOURCED_RANGES.len()]);
-        for range in SOURCED_RANGES {
+        assert_eq!(verdicts(&profile), vec!["inside"; ranges.len()]);
+        for range in &ranges {
             assert!(
-                set(&mut profile, range.key, range.max * 2.0),
+                set(&mut profile, &range.key, range.max * 2.0),
                 "{}",
                 range.key
             );
         }
-        let table = sourced_ranges_table(&profile);
-        for (row, range) in table.rows.iter().zip(SOURCED_RANGES) {
+        let table = sourced_ranges_table(&ranges, &profile);
+        for (row, range) in table.rows.iter().zip(&ranges) {
             assert_eq!(row[0], range.key);
             assert_eq!(row[3], "OUTSIDE its public range", "{row:?}");
             assert!(

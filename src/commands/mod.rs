@@ -2,7 +2,10 @@
 
 pub mod bench;
 pub mod calibrate;
+pub mod calibrate_csv;
+pub mod calibrate_json;
 pub mod calibrate_report;
+pub mod calibrate_runs;
 pub mod calibrate_tables;
 pub mod collbench;
 pub mod device_profile;

@@ -355,7 +355,8 @@ fn build_stage(
     let full_act_bytes = saved_activations::stage_bytes(cfg, piece, &env.saved);
     let checkpoint_bytes = saved_activations::checkpoint_bytes(cfg, &env.saved).round() as u64;
     let is_head = piece.layer.is_none() && piece.name != "model.embed_tokens";
-    let (fwd_working, bwd_working) = if is_head {
+    let whole_f32_loss = env.scenario.file.train.loss_logits == "whole_f32";
+    let (fwd_working, bwd_working) = if is_head && whole_f32_loss {
         saved_activations::head_working_bytes(cfg, &env.saved)
     } else {
         (0.0, 0.0)

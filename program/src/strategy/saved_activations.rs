@@ -228,8 +228,9 @@ pub fn head_bytes(cfg: &ModelConfig, l: &SavedLayout) -> f64 {
         + F32_BYTES
 }
 
-/// Working memory of the head beyond what it saves, `(forward, backward)` bytes: with
-/// HF's `ForCausalLMLoss` (not vocab-parallel) the forward holds the bf16 logits and their
+/// Working memory of the head beyond what it saves, `(forward, backward)` bytes, for a
+/// scenario with `[train] loss_logits = "whole_f32"`: with HF's `ForCausalLMLoss` (not
+/// vocab-parallel) the forward holds the bf16 logits and their
 /// f32 upcast next to the saved f32 log-softmax (`(a + 4) V` per token), and the loss
 /// backward holds two f32 `[tokens, V]` gradients at once (`nll_loss_backward`'s and
 /// `_log_softmax_backward_data`'s, `8 V`). Measured on a one-layer Qwen3-1.7B-shaped FSDP2

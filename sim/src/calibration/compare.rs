@@ -1,36 +1,47 @@
-//! Simulates every held-in measured run and puts predicted figures beside measured ones.
+//! Simulates every measured run of a set of runs files and puts predicted figures beside
+//! measured ones.
 
+use super::difference::{Difference, DifferenceRow};
+use super::error::CalibrationError;
+use super::figure::Figure;
+use super::gates::FigureRule;
 use super::host_rows::HostRow;
-use super::measured::{EXP_B_MEASURED_DIFF, Figure, MeasuredRun, measured_runs};
+use super::measured::MeasuredRun;
+use super::params::{FitParam, MeasuredConstant, SourcedRange};
+use super::phases::phase_device_s;
+use super::runs_file::RunsFile;
 use crate::error::SimError;
 use crate::host_cost::{HostCosts, HostTotals};
 use crate::profile::HardwareProfile;
 use crate::result::SimResult;
-use crate::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
+use crate::scenario_run::{PreparedRun, RunOptions, ScenarioPlans, prepare, run_prepared};
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_program::step::{Category, Payload};
 use hpfsdp_program::strategy::avg_division;
+use rayon::prelude::*;
 use std::collections::BTreeMap;
-use std::path::Path;
-
-/// The label of experiment B, whose two runs give the step-time difference
-/// ([`Comparison::exp_b_predicted_diff`]).
-pub const EXP_B: &str = "B";
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// One figure of one run: measured and predicted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FigureRow {
     /// Experiment label.
-    pub experiment: &'static str,
+    pub experiment: String,
     /// Run label.
-    pub run: &'static str,
+    pub run: String,
     /// The figure.
     pub figure: Figure,
     /// Measured value.
     pub measured: f64,
-    /// Predicted value.
+    /// Predicted value (NaN when the simulator does not predict it).
     pub predicted: f64,
+    /// How it is fitted and checked (the figure's default rule with the runs file's
+    /// overrides).
+    pub rule: FigureRule,
+    /// Where the measured value comes from.
+    pub source: String,
 }
 
 impl FigureRow {
@@ -47,10 +58,9 @@ pub struct Comparison {
     pub profile: String,
     /// Every figure of every run, in run order.
     pub rows: Vec<FigureRow>,
-    /// Predicted experiment-B step-time difference of HyperParallel-FSDP vs FSDP2.
-    pub exp_b_predicted_diff: f64,
-    /// Measured experiment-B difference (-29.7%).
-    pub exp_b_measured_diff: f64,
+    /// Every step-time difference of the runs files, predicted (NaN unless both of its runs
+    /// were compared).
+    pub differences: Vec<DifferenceRow>,
     /// The host model's figures of every compared run, in run order.
     pub host: Vec<HostRow>,
 }
@@ -74,6 +84,11 @@ pub fn predicted_figures(
     let b = &result.breakdown;
     let mut out = BTreeMap::new();
     out.insert(Figure::StepTimeS, result.step_time_s());
+    if let Some([forward, backward, optimizer]) = phase_device_s(result, rank0) {
+        out.insert(Figure::ForwardDeviceS, forward);
+        out.insert(Figure::BackwardDeviceS, backward);
+        out.insert(Figure::OptimizerDeviceS, optimizer);
+    }
     out.insert(Figure::ExposedCommS, b.exposed_comm_ns as f64 * 1e-9);
     out.insert(Figure::OverlapRate, b.overlap_rate);
     out.insert(Figure::CopyS, b.copy_ns as f64 * 1e-9);
@@ -209,36 +224,133 @@ pub fn weighted_fsdp_bandwidth(
     }
 }
 
-/// Loaded scenarios of the measured runs, shared across evaluations (the fit simulates the
-/// same scenarios hundreds of times).
-#[derive(Debug, Clone)]
+/// The measured runs of one or more runs files with their scenarios loaded and their
+/// programs generated once (programs do not depend on the profile, so the fit re-simulates
+/// the same prepared workloads hundreds of times with trial constants).
 pub struct CalibrationSet {
+    files: Vec<RunsFile>,
+    /// Every run with the index of its prepared workload.
     runs: Vec<(MeasuredRun, usize)>,
-    plans: Vec<ScenarioPlans>,
+    prepared: Vec<PreparedRun>,
+    differences: Vec<Difference>,
+    fit: Vec<FitParam>,
+    measured_constants: Vec<MeasuredConstant>,
+    sourced_ranges: Vec<SourcedRange>,
+    simulations: AtomicUsize,
+    observer: Option<SimulationObserver>,
+}
+
+/// What a prepared workload is shared by: scenario file, strategy, optimizer.
+type PreparedKey = (PathBuf, String, Option<String>);
+
+/// Called after every simulated run with the number simulated so far (a progress bar).
+pub type SimulationObserver = Box<dyn Fn(usize) + Send + Sync>;
+
+impl std::fmt::Debug for CalibrationSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CalibrationSet")
+            .field("files", &self.files)
+            .field("runs", &self.runs.len())
+            .field("simulations", &self.simulations())
+            .finish_non_exhaustive()
+    }
 }
 
 impl CalibrationSet {
-    /// Loads the scenarios of every measured run from the repository at `root`.
-    pub fn load(root: &Path) -> Result<Self, SimError> {
-        let mut plans: Vec<ScenarioPlans> = Vec::new();
-        let mut paths: Vec<&str> = Vec::new();
-        let mut runs = Vec::new();
-        for run in measured_runs() {
-            let idx = match paths.iter().position(|p| *p == run.scenario) {
-                Some(i) => i,
-                None => {
-                    let path = root.join(run.scenario);
-                    let scenario = Scenario::load(&path).map_err(|e| {
-                        SimError::Workload(format!("calibration scenario {}: {e}", path.display()))
-                    })?;
-                    plans.push(ScenarioPlans::new(scenario));
-                    paths.push(run.scenario);
-                    plans.len() - 1
-                }
-            };
-            runs.push((run, idx));
+    /// Reads the runs files at `paths` and loads their scenarios ([`CalibrationSet::new`]).
+    pub fn load(paths: &[impl AsRef<Path>]) -> Result<Self, CalibrationError> {
+        let files = paths
+            .iter()
+            .map(|p| RunsFile::load(p.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Self::new(files)
+    }
+
+    /// Joins runs files (their runs, differences, fit constants, measured constants and
+    /// ranges, in file order) and prepares every run's programs. Errors name a run label or
+    /// a fit key that two files both define, and a scenario or strategy that fails.
+    pub fn new(files: Vec<RunsFile>) -> Result<Self, CalibrationError> {
+        check_unique(&files)?;
+        let mut set = Self {
+            runs: Vec::new(),
+            prepared: Vec::new(),
+            differences: Vec::new(),
+            fit: Vec::new(),
+            measured_constants: Vec::new(),
+            sourced_ranges: Vec::new(),
+            simulations: AtomicUsize::new(0),
+            observer: None,
+            files: Vec::new(),
+        };
+        let mut plans: Vec<(PathBuf, ScenarioPlans)> = Vec::new();
+        let mut keys: Vec<PreparedKey> = Vec::new();
+        for file in &files {
+            for run in &file.runs {
+                let idx = set.prepared_index(run, &file.path, &mut plans, &mut keys)?;
+                set.runs.push((run.clone(), idx));
+            }
+            set.differences.extend(file.differences.iter().cloned());
+            set.fit.extend(file.fit.iter().cloned());
+            set.measured_constants
+                .extend(file.measured_constants.iter().cloned());
+            set.sourced_ranges
+                .extend(file.sourced_ranges.iter().cloned());
         }
-        Ok(Self { runs, plans })
+        set.files = files;
+        Ok(set)
+    }
+
+    /// The index of `run`'s prepared workload, loading its scenario (`plans`, by path) and
+    /// preparing its programs (`keys`: scenario, strategy, optimizer) the first time they are
+    /// needed.
+    fn prepared_index(
+        &mut self,
+        run: &MeasuredRun,
+        file: &Path,
+        plans: &mut Vec<(PathBuf, ScenarioPlans)>,
+        keys: &mut Vec<PreparedKey>,
+    ) -> Result<usize, CalibrationError> {
+        let key = (
+            run.scenario.clone(),
+            run.strategy.clone(),
+            run.optimizer.clone(),
+        );
+        if let Some(i) = keys.iter().position(|k| *k == key) {
+            return Ok(i);
+        }
+        let plan = match plans.iter().position(|(p, _)| *p == run.scenario) {
+            Some(i) => i,
+            None => {
+                let scenario = Scenario::load(&run.scenario).map_err(|e| {
+                    SimError::Workload(format!(
+                        "calibration scenario {} (run '{}' of {}): {e}",
+                        run.scenario.display(),
+                        run.label,
+                        file.display()
+                    ))
+                })?;
+                plans.push((run.scenario.clone(), ScenarioPlans::new(scenario)));
+                plans.len() - 1
+            }
+        };
+        let fold = RunOptions::default().fold;
+        let prepared = prepare(
+            &plans[plan].1,
+            &run.strategy,
+            run.optimizer.as_deref(),
+            fold,
+        )
+        .map_err(|e| {
+            SimError::Workload(format!("run '{}' of {}: {e}", run.label, file.display()))
+        })?;
+        self.prepared.push(prepared);
+        keys.push(key);
+        Ok(self.prepared.len() - 1)
+    }
+
+    /// The runs files of the set, in order.
+    pub fn files(&self) -> &[RunsFile] {
+        &self.files
     }
 
     /// The measured runs of the set, in order.
@@ -246,12 +358,47 @@ impl CalibrationSet {
         self.runs.iter().map(|(r, _)| r)
     }
 
+    /// The constants the runs files let a fit move, in file order.
+    pub fn fit_params(&self) -> &[FitParam] {
+        &self.fit
+    }
+
+    /// The fit constant with this key.
+    pub fn fit_param(&self, key: &str) -> Option<&FitParam> {
+        self.fit.iter().find(|p| p.key == key)
+    }
+
+    /// Profile constants measured on one of the runs.
+    pub fn measured_constants(&self) -> &[MeasuredConstant] {
+        &self.measured_constants
+    }
+
+    /// Constants no fit moves, with their public ranges.
+    pub fn sourced_ranges(&self) -> &[SourcedRange] {
+        &self.sourced_ranges
+    }
+
+    /// The step-time differences of the runs files.
+    pub fn differences(&self) -> &[Difference] {
+        &self.differences
+    }
+
+    /// How many runs have been simulated with this set so far (the fit's progress).
+    pub fn simulations(&self) -> usize {
+        self.simulations.load(Ordering::Relaxed)
+    }
+
+    /// Calls `observer` after every simulated run with [`CalibrationSet::simulations`].
+    pub fn observe(&mut self, observer: SimulationObserver) {
+        self.observer = Some(observer);
+    }
+
     /// The experiment labels of the set, in first-seen order (`B`, `A mbs2`).
-    pub fn experiments(&self) -> Vec<&'static str> {
-        let mut out: Vec<&'static str> = Vec::new();
+    pub fn experiments(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
         for (r, _) in &self.runs {
-            if !out.contains(&r.experiment) {
-                out.push(r.experiment);
+            if !out.contains(&r.experiment.as_str()) {
+                out.push(&r.experiment);
             }
         }
         out
@@ -263,85 +410,150 @@ impl CalibrationSet {
     }
 
     /// Simulates the runs `keep` selects with `profile` and compares only those (the fit
-    /// and the leave-one-out folds simulate subsets). The experiment-B difference is NaN
-    /// unless both experiment-B runs are selected; the validation-mode overhead is left out
-    /// unless its production twin is selected too.
+    /// and the leave-one-out folds simulate subsets). A difference is NaN unless both of its
+    /// runs are selected; the validation-mode overhead is left out unless its production
+    /// twin is selected too.
     pub fn compare_where(
         &self,
         profile: &HardwareProfile,
         keep: impl Fn(&MeasuredRun) -> bool,
     ) -> Result<Comparison, SimError> {
-        let mut rows = Vec::new();
-        let mut host = Vec::new();
-        let mut step: BTreeMap<(&str, &str, bool), f64> = BTreeMap::new();
-        for (run, idx) in self.runs.iter().filter(|(r, _)| keep(r)) {
-            let options = RunOptions {
-                validation_mode: run.validation_mode,
-                ..RunOptions::default()
-            };
-            let sim = simulate_strategy(&self.plans[*idx], run.strategy, profile, &options)?;
-            let predicted = predicted_figures(
-                &sim.result,
-                &sim.rank0_program,
-                profile,
-                run.validation_mode,
-            );
+        let kept: Vec<&(MeasuredRun, usize)> = self.runs.iter().filter(|(r, _)| keep(r)).collect();
+        // The runs are independent: simulated in parallel, compared in order.
+        let sims = kept
+            .par_iter()
+            .map(|(run, idx)| self.simulate(run, *idx, profile))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (mut rows, mut host, mut steps) = (Vec::new(), Vec::new(), Vec::new());
+        for ((run, _), sim) in kept.into_iter().zip(sims) {
+            let (result, rank0) = (&sim.result, &sim.rank0_program);
+            let predicted = predicted_figures(result, rank0, profile, run.validation_mode);
+            let costs = HostCosts::of(profile, run.validation_mode);
             host.push(HostRow::of(
-                (run.experiment, run.label),
-                &sim.result,
-                &sim.rank0_program,
-                HostCosts::of(profile, run.validation_mode),
+                (&run.experiment, &run.label),
+                result,
+                rank0,
+                costs,
             ));
-            step.insert(
-                (run.experiment, run.strategy, run.validation_mode),
-                sim.result.step_time_s(),
-            );
-            for m in &run.figures {
-                rows.push(FigureRow {
-                    experiment: run.experiment,
-                    run: run.label,
-                    figure: m.figure,
-                    measured: m.value,
-                    predicted: predicted.get(&m.figure).copied().unwrap_or(f64::NAN),
-                });
-            }
+            steps.push((run, result.step_time_s()));
+            rows.extend(run.figures.iter().map(|m| FigureRow {
+                experiment: run.experiment.clone(),
+                run: run.label.clone(),
+                figure: m.figure,
+                measured: m.value,
+                predicted: predicted.get(&m.figure).copied().unwrap_or(f64::NAN),
+                rule: m.rule,
+                source: m.source.clone(),
+            }));
         }
-        // Validation-mode overhead: this run's step minus its production twin's.
-        for row in rows
-            .iter_mut()
-            .filter(|r| r.figure == Figure::ValidationOverheadS)
-        {
-            let run = self
-                .runs
-                .iter()
-                .map(|(r, _)| r)
-                .find(|r| r.label == row.run);
-            row.predicted = run
-                .and_then(|r| {
-                    let v = step.get(&(r.experiment, r.strategy, true))?;
-                    let p = step.get(&(r.experiment, r.strategy, false))?;
-                    Some(v - p)
-                })
-                .unwrap_or(f64::NAN);
-        }
-        // A figure that needs a run `keep` leaves out is not compared: its measured value
-        // embeds that run's measurement (the overhead is the validation step minus the
-        // production step), so a fit without the twin must not see it either.
-        rows.retain(|r| !(r.figure == Figure::ValidationOverheadS && r.predicted.is_nan()));
-        let hp = step
-            .get(&(EXP_B, "hyperparallel", false))
-            .copied()
-            .unwrap_or(f64::NAN);
-        let f2 = step
-            .get(&(EXP_B, "fsdp2", false))
-            .copied()
-            .unwrap_or(f64::NAN);
+        predict_validation_overheads(&mut rows, &steps);
+        let differences = self
+            .differences
+            .iter()
+            .map(|d| {
+                let of = |label: &str| {
+                    steps
+                        .iter()
+                        .find(|(r, _)| r.experiment == d.experiment && r.label == label)
+                        .map(|(_, s)| *s)
+                };
+                let predicted = match (of(&d.run), of(&d.baseline)) {
+                    (Some(a), Some(b)) => a / b - 1.0,
+                    _ => f64::NAN,
+                };
+                DifferenceRow {
+                    difference: d.clone(),
+                    predicted,
+                }
+            })
+            .collect();
         Ok(Comparison {
             profile: profile.name.clone(),
             rows,
-            exp_b_predicted_diff: hp / f2 - 1.0,
-            exp_b_measured_diff: EXP_B_MEASURED_DIFF,
+            differences,
             host,
         })
     }
+}
+
+/// Predicts every validation-mode overhead row: its run's simulated step minus that of its
+/// production twin (same experiment, strategy and optimizer) among the simulated `steps`. A
+/// row whose twin was not simulated is dropped: its measured value embeds the twin's
+/// measurement (the overhead is the validation step minus the production step), so a fit
+/// without the twin must not see it either.
+fn predict_validation_overheads(rows: &mut Vec<FigureRow>, steps: &[(&MeasuredRun, f64)]) {
+    for row in rows
+        .iter_mut()
+        .filter(|r| r.figure == Figure::ValidationOverheadS)
+    {
+        let Some((run, v)) = steps
+            .iter()
+            .find(|(r, _)| r.experiment == row.experiment && r.label == row.run)
+        else {
+            continue;
+        };
+        let twin = steps.iter().find(|(p, _)| {
+            !p.validation_mode
+                && p.experiment == run.experiment
+                && p.strategy == run.strategy
+                && p.optimizer == run.optimizer
+        });
+        row.predicted = twin.map_or(f64::NAN, |(_, p)| v - p);
+    }
+    rows.retain(|r| !(r.figure == Figure::ValidationOverheadS && r.predicted.is_nan()));
+}
+
+impl CalibrationSet {
+    /// Simulates one run (its prepared workload `idx`) with `profile` and counts it.
+    fn simulate(
+        &self,
+        run: &MeasuredRun,
+        idx: usize,
+        profile: &HardwareProfile,
+    ) -> Result<crate::scenario_run::StrategyRun, SimError> {
+        let options = RunOptions {
+            validation_mode: run.validation_mode,
+            ..RunOptions::default()
+        };
+        let sim = run_prepared(&self.prepared[idx], profile, &options)?;
+        let n = self.simulations.fetch_add(1, Ordering::Relaxed) + 1;
+        if let Some(observe) = &self.observer {
+            observe(n);
+        }
+        Ok(sim)
+    }
+}
+
+/// Refuses runs files that define the same run label or fit key twice (labels name runs in
+/// differences, blind bounds and leave-one-out; a key can have one set of bounds).
+fn check_unique(files: &[RunsFile]) -> Result<(), CalibrationError> {
+    for (i, file) in files.iter().enumerate() {
+        for earlier in &files[..i] {
+            let clash = |what: &str, name: &str| CalibrationError::RunsFile {
+                file: file.path.display().to_string(),
+                line: 0,
+                key: what.to_string(),
+                message: format!(
+                    "{what} '{name}' is also in {}; give each run a label of its own and each \
+                     constant one [[fit]] entry over the files given together",
+                    earlier.path.display()
+                ),
+            };
+            if let Some(r) = file
+                .runs
+                .iter()
+                .find(|r| earlier.runs.iter().any(|o| o.label == r.label))
+            {
+                return Err(clash("run.label", &r.label));
+            }
+            if let Some(f) = file
+                .fit
+                .iter()
+                .find(|f| earlier.fit.iter().any(|o| o.key == f.key))
+            {
+                return Err(clash("fit.key", &f.key));
+            }
+        }
+    }
+    Ok(())
 }

@@ -13,7 +13,7 @@ pub enum CalibrationError {
     /// A fit parameter names a profile key the calibration cannot read or write.
     #[error(
         "unknown profile key '{key}' in the fit parameters; known keys are those of \
-         hpfsdp_sim::calibration::params::get (e.g. calibration.copy_efficiency, \
+         hpfsdp_sim::calibration::profile_keys::KEYS (e.g. calibration.copy_efficiency, \
          tiers.intra_machine.efficiency)"
     )]
     UnknownKey {
@@ -29,6 +29,18 @@ pub enum CalibrationError {
         line: usize,
         /// The column (or `-`).
         column: String,
+        /// What is wrong and how to fix it.
+        message: String,
+    },
+    /// A runs file has a bad entry.
+    #[error("{file}:{line}: {key}: {message}")]
+    RunsFile {
+        /// The runs file.
+        file: String,
+        /// 1-based line (0 when the problem is the whole file or a clash between files).
+        line: usize,
+        /// The key at fault (`run.figures.step_time_s`, `fit.key`, `-` for a syntax error).
+        key: String,
         /// What is wrong and how to fix it.
         message: String,
     },

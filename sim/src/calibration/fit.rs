@@ -1,6 +1,6 @@
-//! The joint fit: a few residual constants ([`super::params::FIT_PARAMS`]) fitted together
-//! on the log residuals of every fitted figure ([`super::gates::FIGURE_RULES`]) of every
-//! selected measured run, as a **maximum a posteriori** fit: each constant's prior
+//! The joint fit: a few residual constants (the runs files' `[[fit]]` entries,
+//! [`super::params::FitParam`]) fitted together on the log residuals of every fitted figure
+//! (weight > 0 in its rule, [`super::gates::FIGURE_RULES`]) of every selected measured run, as a **maximum a posteriori** fit: each constant's prior
 //! ([`super::prior::Prior`], public sources only) adds one residual
 //! `(ln v - ln centre) / log_width`, so constants the figures pin follow the figures and the
 //! others stay at their priors instead of drifting in an underdetermined fit.
@@ -28,7 +28,7 @@
 
 use super::compare::{CalibrationSet, Comparison, FigureRow};
 use super::error::CalibrationError;
-use super::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance, rule_of};
+use super::gates::Tolerance;
 use super::lm::{LmOptions, LmOutcome, jacobian, minimise};
 use super::measured::MeasuredRun;
 use super::params::{FitParam, MaxFrom, get, resolve_bounds, set};
@@ -148,12 +148,12 @@ pub struct FitOutcome {
 /// True when the row enters the least squares: a fitted figure with a non-zero measurement
 /// (a measured zero has no log residual; it is checked by its tolerance instead).
 pub fn is_fitted_row(row: &FigureRow) -> bool {
-    rule_of(row.figure).fit_weight > 0.0 && row.measured != 0.0
+    row.rule.fit_weight > 0.0 && row.measured != 0.0
 }
 
 /// The weighted log residual of a fitted row: `weight * ln(predicted / measured)`.
 pub fn log_residual(row: &FigureRow) -> f64 {
-    let w = rule_of(row.figure).fit_weight;
+    let w = row.rule.fit_weight;
     if row.predicted.is_finite() && row.predicted > 0.0 {
         w * (row.predicted / row.measured).ln()
     } else {
@@ -167,7 +167,7 @@ pub fn log_residual(row: &FigureRow) -> f64 {
 /// same whatever its kind: a step time known to 10% pulls harder than a one-step profiler
 /// figure known to 25% (least squares with the tolerance as the standard deviation).
 pub fn tolerance_log_width(row: &FigureRow) -> f64 {
-    match rule_of(row.figure).tolerance {
+    match row.rule.tolerance {
         Tolerance::Relative(limit) => (1.0 + limit).ln(),
         Tolerance::AbsoluteFraction(limit) => (1.0 + limit / row.measured.abs()).ln(),
     }
@@ -180,11 +180,10 @@ pub fn scaled_residual(row: &FigureRow) -> f64 {
 }
 
 /// The residual vector of a comparison: the fitted rows in row order, in tolerance units,
-/// then, when the comparison has experiment B (its predicted difference is finite), the
-/// error of the HyperParallel-vs-FSDP2 step-time difference over its tolerance
-/// ([`EXP_B_DIFF_TOLERANCE_PP`]). The difference is the paper's headline figure and is
-/// known better than either step time (device-speed errors cancel in it), so the fit weighs
-/// it by its own, tighter tolerance instead of only through the two step times.
+/// then every step-time difference whose two runs were compared, its error over its
+/// tolerance ([`super::difference`]). A difference (the paper's headline figure) is known
+/// better than either step time (device-speed errors cancel in it), so the fit weighs it by
+/// its own, tighter tolerance instead of only through the two step times.
 pub fn residuals(c: &Comparison) -> Vec<f64> {
     let mut r: Vec<f64> = c
         .rows
@@ -192,11 +191,7 @@ pub fn residuals(c: &Comparison) -> Vec<f64> {
         .filter(|r| is_fitted_row(r))
         .map(scaled_residual)
         .collect();
-    if c.exp_b_predicted_diff.is_finite() {
-        r.push(
-            (c.exp_b_predicted_diff - c.exp_b_measured_diff) / (EXP_B_DIFF_TOLERANCE_PP / 100.0),
-        );
-    }
+    r.extend(c.differences.iter().filter_map(|d| d.residual()));
     r
 }
 
@@ -212,7 +207,7 @@ fn with_values(
 ) -> HardwareProfile {
     let mut p = start.clone();
     for (param, z) in params.iter().zip(log_values) {
-        set(&mut p, param.key, from_log(param, *z));
+        set(&mut p, &param.key, from_log(param, *z));
     }
     p
 }
@@ -230,7 +225,7 @@ fn with_priors(start: &HardwareProfile, params: &[FitParam]) -> HardwareProfile 
     for param in params {
         set(
             &mut p,
-            param.key,
+            &param.key,
             param.prior.centre.clamp(param.min, param.max),
         );
     }
@@ -309,7 +304,7 @@ fn fitted_params(
                 None
             };
             FittedParam {
-                param: *p,
+                param: p.clone(),
                 start: first_start[j].exp(),
                 value: from_log(p, out.x[j]),
                 at_bound,
@@ -328,7 +323,7 @@ pub fn fit_joint(
     set: &CalibrationSet,
     start: &HardwareProfile,
     params: &[FitParam],
-    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    keep: impl Fn(&MeasuredRun) -> bool + Copy + Sync,
     options: &LmOptions,
 ) -> Result<FitOutcome, CalibrationError> {
     fit_joint_with(set, start, params, keep, options, Starts::WithProfile)
@@ -346,7 +341,7 @@ pub fn fit_joint_with(
     set: &CalibrationSet,
     start: &HardwareProfile,
     params: &[FitParam],
-    keep: impl Fn(&MeasuredRun) -> bool + Copy,
+    keep: impl Fn(&MeasuredRun) -> bool + Copy + Sync,
     options: &LmOptions,
     starts: Starts,
 ) -> Result<FitOutcome, CalibrationError> {
@@ -358,9 +353,8 @@ pub fn fit_joint_with(
     let params = params.as_slice();
     let mut x0 = Vec::with_capacity(params.len());
     for p in params {
-        let v = get(&base, p.key).ok_or_else(|| CalibrationError::UnknownKey {
-            key: p.key.to_string(),
-        })?;
+        let v = get(&base, &p.key)
+            .ok_or_else(|| CalibrationError::UnknownKey { key: p.key.clone() })?;
         x0.push(v.max(f64::MIN_POSITIVE).ln());
     }
     let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
@@ -369,11 +363,11 @@ pub fn fit_joint_with(
         .iter()
         .map(|p| p.prior.centre.clamp(p.min, p.max).ln())
         .collect();
-    let mut data = |z: &[f64]| {
+    let data = |z: &[f64]| {
         let c = set.compare_where(&with_values(&base, params, z), keep)?;
         Ok::<_, CalibrationError>(residuals(&c))
     };
-    let mut f = |z: &[f64]| {
+    let f = |z: &[f64]| {
         let mut r = data(z)?;
         r.extend(prior_residuals(params, z));
         Ok::<_, CalibrationError>(r)
@@ -385,7 +379,7 @@ pub fn fit_joint_with(
     let mut best: Option<LmOutcome> = None;
     let (mut iterations, mut evaluations) = (0, 0);
     for (label, z0) in &points {
-        let out = minimise(z0, &lo, &hi, options, &mut f)?;
+        let out = minimise(z0, &lo, &hi, options, f)?;
         iterations += out.iterations;
         evaluations += out.evaluations;
         outcomes.push(StartOutcome {
@@ -404,7 +398,7 @@ pub fn fit_joint_with(
     let profile = with_values(&base, params, &out.x);
     let comparison = set.compare_where(&profile, keep)?;
     let r_data = residuals(&comparison);
-    let jac = jacobian(&out.x, &r_data, &hi, options.fd_step, &mut data)?;
+    let jac = jacobian(&out.x, &r_data, &hi, options.fd_step, &data)?;
     let widths: Vec<f64> = params.iter().map(|p| p.prior.log_width).collect();
     let shares = data_shares(&jac, &widths);
     let zero_columns: Vec<bool> = (0..params.len())
@@ -441,9 +435,22 @@ mod tests {
     /// profile first and the priors last.
     #[test]
     fn blind_starts_never_use_the_profiles_values() {
+        let param = |key: &str, max: f64, centre: f64| FitParam {
+            key: key.into(),
+            min: 0.1,
+            max,
+            bound_source: "test".into(),
+            max_from: MaxFrom::Fixed,
+            blind: None,
+            prior: crate::calibration::prior::Prior {
+                centre,
+                log_width: 0.5,
+                source: "test".into(),
+            },
+        };
         let params = [
-            *crate::calibration::params::fit_param("calibration.gemm_ceiling").unwrap(),
-            *crate::calibration::params::fit_param(HOST_BOUND_START_KEY).unwrap(),
+            param("calibration.gemm_ceiling", 1.0, 0.92),
+            param(HOST_BOUND_START_KEY, 1000.0, 3.0),
         ];
         let lo: Vec<f64> = params.iter().map(|p| p.min.ln()).collect();
         let hi: Vec<f64> = params.iter().map(|p| p.max.ln()).collect();
@@ -473,16 +480,16 @@ mod tests {
     #[test]
     fn a_value_at_a_bound_stays_inside_it() {
         let param = FitParam {
-            key: "calibration.host_launch_us_per_collective",
+            key: "calibration.host_launch_us_per_collective".into(),
             min: 54.6,
             max: 94.7,
-            bound_source: "test",
+            bound_source: "test".into(),
             max_from: crate::calibration::params::MaxFrom::Fixed,
             blind: None,
             prior: crate::calibration::prior::Prior {
                 centre: 70.0,
                 log_width: 1.0,
-                source: "test",
+                source: "test".into(),
             },
         };
         assert!(

@@ -4,8 +4,10 @@
 //! Input: CSV with columns exactly `m,n,k,dtype,time_us` (one GEMM `m x k` times `k x n` per
 //! row, its measured time). Output: the profile's GEMM table, CSV with columns exactly
 //! `m,n,k,dtype,efficiency,source`, where `efficiency = 2 m n k / time / bf16 peak` of the
-//! profile's device and `source` names the measurement (`measured:<file>:<line>`). The profile
-//! points at it with `[compute] gemm_table = "<name>.gemm.csv"`.
+//! profile's device, written to six significant digits ([`efficiency_text`]: a launch-bound
+//! 64^3 GEMM at 2.6e-5 of peak stays non-zero, so every command loads the table back), and
+//! `source` names the measurement and keeps its time (`measured:<file>:<line> (<time_us>
+//! us)`). The profile points at it with `[compute] gemm_table = "<name>.gemm.csv"`.
 
 use super::error::CalibrationError;
 use crate::profile::HardwareProfile;
@@ -147,15 +149,45 @@ pub fn gemm_table_csv(rows: &[GemmRow], profile: &HardwareProfile, file: &str) -
     out.push('\n');
     for r in sorted {
         out.push_str(&format!(
-            "{},{},{},{},{:.4},measured:{}:{}\n",
+            "{},{},{},{},{},measured:{}:{} ({} us)\n",
             r.m,
             r.n,
             r.k,
             r.dtype,
-            r.efficiency(profile),
+            efficiency_text(r.efficiency(profile)),
             file.replace(',', "_"),
-            r.line
+            r.line,
+            r.time_us
         ));
     }
     out
+}
+
+/// An efficiency in (0, 1] as the GEMM table writes it: plain decimal with six significant
+/// digits (at least four decimals), so no measured point rounds to zero and every value
+/// reads back within 5e-7 of itself.
+pub fn efficiency_text(v: f64) -> String {
+    let decimals = if v > 0.0 && v.is_finite() {
+        (5 - v.log10().floor() as i64).max(4) as usize
+    } else {
+        4
+    };
+    format!("{v:.decimals$}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn efficiencies_keep_six_significant_digits_and_never_round_to_zero() {
+        assert_eq!(efficiency_text(0.5), "0.500000");
+        assert_eq!(efficiency_text(0.7991190219690155), "0.799119");
+        assert_eq!(efficiency_text(2.6055210480527125e-5), "0.0000260552");
+        assert_eq!(efficiency_text(1.0), "1.00000");
+        for v in [1e-9, 3.3e-7, 0.0123456789, 0.99999] {
+            let back: f64 = efficiency_text(v).parse().unwrap();
+            assert!(back > 0.0 && (back / v - 1.0).abs() < 5e-6, "{v} -> {back}");
+        }
+    }
 }

@@ -6,58 +6,58 @@
 use super::measured::MeasuredRun;
 
 /// A whole experiment, or one run of it, left out of a fold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holdout {
     /// The experiment (`B`, `A mbs2`).
-    pub experiment: &'static str,
+    pub experiment: String,
     /// The run of that experiment (`PyTorch FSDP2`, `validation mode`); `None`: all of them.
-    pub run: Option<&'static str>,
+    pub run: Option<String>,
 }
 
 impl Holdout {
     /// Every run of `experiment`.
-    pub fn whole(experiment: &'static str) -> Holdout {
+    pub fn whole(experiment: impl Into<String>) -> Holdout {
         Holdout {
-            experiment,
+            experiment: experiment.into(),
             run: None,
         }
     }
 
     /// One run of `experiment`.
-    pub fn run(experiment: &'static str, run: &'static str) -> Holdout {
+    pub fn run(experiment: impl Into<String>, run: impl Into<String>) -> Holdout {
         Holdout {
-            experiment,
-            run: Some(run),
+            experiment: experiment.into(),
+            run: Some(run.into()),
         }
     }
 
     /// Whether measured run `r` is left out.
     pub fn covers(&self, r: &MeasuredRun) -> bool {
-        self.covers_row(r.experiment, r.label)
+        self.covers_row(&r.experiment, &r.label)
     }
 
     /// Whether a figure of experiment `experiment`, run `run` is left out.
     pub fn covers_row(&self, experiment: &str, run: &str) -> bool {
-        experiment == self.experiment && self.run.is_none_or(|r| r == run)
+        experiment == self.experiment && self.run.as_deref().is_none_or(|r| r == run)
     }
 
     /// Whether a value taken from runs `runs` of experiment `experiment` (`runs` empty: from
     /// the experiment as a whole, or from several of its runs together) uses anything left
     /// out.
-    pub fn touches(&self, experiment: &str, runs: &[&str]) -> bool {
+    pub fn touches(&self, experiment: &str, runs: &[String]) -> bool {
         experiment == self.experiment
-            && match self.run {
+            && match &self.run {
                 None => true,
-                Some(run) => runs.is_empty() || runs.contains(&run),
+                Some(run) => runs.is_empty() || runs.contains(run),
             }
     }
 }
 
 impl std::fmt::Display for Holdout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.run {
+        match &self.run {
             Some(run) => write!(f, "{} / {run}", self.experiment),
-            None => f.write_str(self.experiment),
+            None => f.write_str(&self.experiment),
         }
     }
 }
@@ -85,10 +85,11 @@ mod tests {
     fn a_value_is_touched_by_its_own_runs_only() {
         let fsdp2 = Holdout::run("B", "PyTorch FSDP2");
         let hp = Holdout::run("B", "HyperParallel-FSDP");
-        assert!(fsdp2.touches("B", &["PyTorch FSDP2"]));
-        assert!(!hp.touches("B", &["PyTorch FSDP2"]));
+        let fsdp2_run = ["PyTorch FSDP2".to_string()];
+        assert!(fsdp2.touches("B", &fsdp2_run));
+        assert!(!hp.touches("B", &fsdp2_run));
         assert!(hp.touches("B", &[]) && fsdp2.touches("B", &[]));
-        assert!(Holdout::whole("B").touches("B", &["PyTorch FSDP2"]));
+        assert!(Holdout::whole("B").touches("B", &fsdp2_run));
         assert!(!Holdout::whole("A mbs2").touches("B", &[]));
     }
 }

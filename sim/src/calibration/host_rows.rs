@@ -11,9 +11,9 @@ use hpfsdp_program::step::StepProgram;
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostRow {
     /// Experiment label.
-    pub experiment: &'static str,
+    pub experiment: String,
     /// Run label.
-    pub run: &'static str,
+    pub run: String,
     /// Rank 0's launches by class.
     pub totals: HostTotals,
     /// The host costs the run was simulated with.
@@ -27,14 +27,14 @@ pub struct HostRow {
 impl HostRow {
     /// The host figures of one simulated run.
     pub fn of(
-        (experiment, run): (&'static str, &'static str),
+        (experiment, run): (&str, &str),
         result: &SimResult,
         rank0: &StepProgram,
         costs: HostCosts,
     ) -> Self {
         Self {
-            experiment,
-            run,
+            experiment: experiment.to_string(),
+            run: run.to_string(),
             totals: HostTotals::of(rank0.ops.iter()),
             costs,
             host_busy_s: result.breakdown.host_busy_ns as f64 * 1e-9,

@@ -6,7 +6,10 @@
 //! gradient pushes it outward is held for that iteration, the others take a damped
 //! Gauss-Newton step (`(JᵀJ + μ diag(JᵀJ)) δ = -Jᵀr`) clipped into the box. A variable no
 //! residual depends on (a zero Jacobian column) is never moved and is reported as
-//! unidentified. Everything is deterministic: same inputs, same iterates.
+//! unidentified. The Jacobian's columns are evaluated in parallel. Everything is
+//! deterministic: same inputs, same iterates.
+
+use rayon::prelude::*;
 
 /// Settings of [`minimise`].
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,35 +85,42 @@ pub(crate) fn solve(mut a: Vec<Vec<f64>>, mut b: Vec<f64>) -> Option<Vec<f64>> {
 }
 
 /// Forward-difference Jacobian (`m x n`, row per residual) at `x`, stepping inward at an
-/// upper bound.
-pub(crate) fn jacobian<E>(
+/// upper bound. The columns are evaluated in parallel (each is one evaluation of `f`, in a
+/// calibration one simulation of every selected run); the result does not depend on the
+/// order they finish in.
+pub(crate) fn jacobian<E: Send>(
     x: &[f64],
     r: &[f64],
     hi: &[f64],
     step: f64,
-    f: &mut impl FnMut(&[f64]) -> Result<Vec<f64>, E>,
+    f: &(impl Fn(&[f64]) -> Result<Vec<f64>, E> + Sync),
 ) -> Result<Vec<Vec<f64>>, E> {
-    let mut jac = vec![vec![0.0; x.len()]; r.len()];
-    for j in 0..x.len() {
-        let h = if x[j] + step > hi[j] { -step } else { step };
-        let mut xp = x.to_vec();
-        xp[j] += h;
-        let rp = f(&xp)?;
-        for (i, row) in jac.iter_mut().enumerate() {
-            row[j] = (rp[i] - r[i]) / h;
-        }
-    }
-    Ok(jac)
+    let columns: Vec<Vec<f64>> = (0..x.len())
+        .into_par_iter()
+        .map(|j| {
+            let h = if x[j] + step > hi[j] { -step } else { step };
+            let mut xp = x.to_vec();
+            xp[j] += h;
+            let rp = f(&xp)?;
+            Ok(r.iter()
+                .enumerate()
+                .map(|(i, ri)| (rp[i] - ri) / h)
+                .collect())
+        })
+        .collect::<Result<_, E>>()?;
+    Ok((0..r.len())
+        .map(|i| columns.iter().map(|c| c[i]).collect())
+        .collect())
 }
 
 /// Minimises `0.5 |f(x)|²` over the box `[lo, hi]` from `x0` (clipped into the box).
 /// Errors of `f` end the fit and are returned as they are.
-pub fn minimise<E>(
+pub fn minimise<E: Send>(
     x0: &[f64],
     lo: &[f64],
     hi: &[f64],
     options: &LmOptions,
-    mut f: impl FnMut(&[f64]) -> Result<Vec<f64>, E>,
+    f: impl Fn(&[f64]) -> Result<Vec<f64>, E> + Sync,
 ) -> Result<LmOutcome, E> {
     let n = x0.len();
     let mut x: Vec<f64> = (0..n).map(|j| x0[j].clamp(lo[j], hi[j])).collect();
@@ -123,7 +133,7 @@ pub fn minimise<E>(
     let mut unidentified = vec![false; n];
     while iterations < options.max_iterations && cost > 0.0 {
         iterations += 1;
-        let jac = jacobian(&x, &r, hi, options.fd_step, &mut f)?;
+        let jac = jacobian(&x, &r, hi, options.fd_step, &f)?;
         evaluations += n;
         let g: Vec<f64> = (0..n)
             .map(|j| jac.iter().zip(&r).map(|(row, ri)| row[j] * ri).sum())
@@ -202,17 +212,17 @@ pub fn minimise<E>(
 /// buy one experiment's missing time at another's expense), so one start can stop in a local
 /// minimum; a fixed list of starts keeps the result deterministic. `cost_start` is the first
 /// start's; iterations and evaluations add up over all starts.
-pub fn minimise_multistart<E>(
+pub fn minimise_multistart<E: Send>(
     starts: &[Vec<f64>],
     lo: &[f64],
     hi: &[f64],
     options: &LmOptions,
-    mut f: impl FnMut(&[f64]) -> Result<Vec<f64>, E>,
+    f: impl Fn(&[f64]) -> Result<Vec<f64>, E> + Sync,
 ) -> Result<LmOutcome, E> {
     let mut best: Option<LmOutcome> = None;
     let (mut iterations, mut evaluations, mut cost_start) = (0, 0, None);
     for x0 in starts {
-        let out = minimise(x0, lo, hi, options, &mut f)?;
+        let out = minimise(x0, lo, hi, options, &f)?;
         iterations += out.iterations;
         evaluations += out.evaluations;
         cost_start.get_or_insert(out.cost_start);

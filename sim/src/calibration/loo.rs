@@ -16,12 +16,11 @@
 //! blinds every bound and measured constant taken from that run, or from its experiment as
 //! a whole ([`Holdout::touches`]).
 
-use super::compare::{CalibrationSet, Comparison, EXP_B};
+use super::compare::{CalibrationSet, Comparison};
 use super::error::CalibrationError;
 use super::fit::{FitOutcome, Starts, fit_joint_with};
 use super::holdout::Holdout;
 use super::lm::LmOptions;
-use super::measured::MeasuredRun;
 use super::params::{FitParam, MeasuredConstant, blind_profile};
 use super::verdict::{Checked, check};
 use crate::profile::HardwareProfile;
@@ -36,7 +35,7 @@ pub struct Fold {
     /// The left-out experiment's figures predicted with that fit, checked against tolerance.
     pub held_out: Checked,
     /// Profile constants measured on the left-out experiment that this fold replaced by
-    /// their blind values ([`super::params::MEASURED_CONSTANTS`]).
+    /// their blind values (the runs files' `[[measured_constant]]` entries).
     pub blinded: Vec<MeasuredConstant>,
 }
 
@@ -68,9 +67,24 @@ pub fn leave_one_out(
     params: &[FitParam],
     options: &LmOptions,
 ) -> Result<Vec<Fold>, CalibrationError> {
-    set.experiments()
+    experiment_holdouts(set)
         .into_iter()
-        .map(|experiment| fold(set, start, params, options, Holdout::whole(experiment)))
+        .map(|left_out| fold(set, start, params, options, left_out))
+        .collect()
+}
+
+/// The holdouts of [`leave_one_out`]: every experiment of `set`, in order.
+pub fn experiment_holdouts(set: &CalibrationSet) -> Vec<Holdout> {
+    set.experiments().into_iter().map(Holdout::whole).collect()
+}
+
+/// The holdouts of [`leave_one_run_out`]: every run of an experiment with more than one
+/// run, in order.
+pub fn run_holdouts(set: &CalibrationSet) -> Vec<Holdout> {
+    let runs: Vec<_> = set.runs().collect();
+    runs.iter()
+        .filter(|r| runs.iter().filter(|o| o.experiment == r.experiment).count() > 1)
+        .map(|r| Holdout::run(r.experiment.clone(), r.label.clone()))
         .collect()
 }
 
@@ -83,23 +97,14 @@ pub fn leave_one_run_out(
     params: &[FitParam],
     options: &LmOptions,
 ) -> Result<Vec<Fold>, CalibrationError> {
-    let runs: Vec<&MeasuredRun> = set.runs().collect();
-    runs.iter()
-        .filter(|r| runs.iter().filter(|o| o.experiment == r.experiment).count() > 1)
-        .map(|r| {
-            fold(
-                set,
-                start,
-                params,
-                options,
-                Holdout::run(r.experiment, r.label),
-            )
-        })
+    run_holdouts(set)
+        .into_iter()
+        .map(|left_out| fold(set, start, params, options, left_out))
         .collect()
 }
 
 /// One fold: the blind fit without `left_out` and its prediction of `left_out`.
-fn fold(
+pub fn fold(
     set: &CalibrationSet,
     start: &HardwareProfile,
     params: &[FitParam],
@@ -108,9 +113,9 @@ fn fold(
 ) -> Result<Fold, CalibrationError> {
     // Bounds that come from the left-out experiment's measurements are replaced by their
     // blind ASSUMPTION bounds: the fold must not see that experiment at all.
-    let blind: Vec<FitParam> = params.iter().map(|p| p.without(left_out)).collect();
+    let blind: Vec<FitParam> = params.iter().map(|p| p.without(&left_out)).collect();
     // Constants measured directly on what is left out take their blind values.
-    let (start, blinded) = blind_profile(start, left_out)?;
+    let (start, blinded) = blind_profile(start, set.measured_constants(), &left_out)?;
     let fit = fit_joint_with(
         set,
         &start,
@@ -119,7 +124,7 @@ fn fold(
         options,
         Starts::Blind,
     )?;
-    let predicted = held_out_figures(set.compare(&fit.profile)?, left_out);
+    let predicted = held_out_figures(set.compare(&fit.profile)?, &left_out);
     Ok(Fold {
         left_out,
         fit,
@@ -131,15 +136,20 @@ fn fold(
 /// The figures of `all` (every run simulated with a fold's constants) that `left_out`
 /// covers. Every run is simulated so that a figure of a left-out run that also needs a run
 /// the fit kept (the validation-mode overhead of a left-out validation run) is predicted;
-/// the experiment-B difference counts when the fold leaves out experiment B or one of its
-/// runs.
-fn held_out_figures(mut all: Comparison, left_out: Holdout) -> Comparison {
+/// a step-time difference counts when the fold leaves out one of its runs (or their
+/// experiment).
+fn held_out_figures(mut all: Comparison, left_out: &Holdout) -> Comparison {
     all.rows
-        .retain(|r| left_out.covers_row(r.experiment, r.run));
+        .retain(|r| left_out.covers_row(&r.experiment, &r.run));
     all.host
-        .retain(|h| left_out.covers_row(h.experiment, h.run));
-    if left_out.experiment != EXP_B {
-        all.exp_b_predicted_diff = f64::NAN;
+        .retain(|h| left_out.covers_row(&h.experiment, &h.run));
+    for d in &mut all.differences {
+        let e = &d.difference.experiment;
+        if !(left_out.covers_row(e, &d.difference.run)
+            || left_out.covers_row(e, &d.difference.baseline))
+        {
+            d.predicted = f64::NAN;
+        }
     }
     all
 }

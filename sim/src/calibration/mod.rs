@@ -1,12 +1,19 @@
-//! Calibration of a hardware profile against the held-in measurements of
-//! `shared/calibration/README.md` (experiment B and experiment A micro batch 2 only).
+//! Calibration of a hardware profile against measured runs given as data: runs files
+//! ([`runs_file`]; the paper's held-in experiments are `scenarios/runs/paper-a3.toml`).
 //!
-//! - [`measured`]: the measured figures, as data;
+//! - [`runs_file`]: the runs file format (runs, figures with sources and tolerances,
+//!   differences, fit constants with bounds and priors, measured constants, public ranges);
+//! - [`figure`]: the figures a run can report, with their keys and units;
+//! - [`quantity`]: values with units and tolerances as a runs file writes them;
+//! - [`measured`]: a measured run and its figures;
 //! - [`compare`]: simulate the measured runs and put predicted beside measured;
+//! - [`phases`]: forward / backward / optimizer device time of a simulated step;
+//! - [`difference`]: step-time differences between two runs;
 //! - [`host_rows`]: each run's launches and host seconds by class, host busy vs step;
-//! - [`gates`]: which figures are fitted and which gate, with their tolerances (one table);
+//! - [`gates`]: each figure's default rule (fit weight, tolerance, gating), in one table;
 //! - [`verdict`]: every row checked against its tolerance, and the overall verdict;
-//! - [`params`]: the residual constants of the fit, their bounds, priors and sources (one table);
+//! - [`params`]: the types of the fitted constants, their bounds, blind bounds and ranges;
+//! - [`profile_keys`]: the profile constants calibration reads and writes by dotted key;
 //! - [`prior`]: the priors' residuals and how much of each prior the data identify;
 //! - [`lm`]: the bounded least-squares solver;
 //! - [`fit`]: the joint fit of the constants on every fitted figure;
@@ -18,7 +25,9 @@
 
 pub mod coll_table;
 pub mod compare;
+pub mod difference;
 pub mod error;
+pub mod figure;
 pub mod fit;
 pub mod gates;
 pub mod gemm_table;
@@ -28,11 +37,17 @@ pub mod lm;
 pub mod loo;
 pub mod measured;
 pub mod params;
+pub mod phases;
 pub mod prior;
 pub mod profile_edit;
+pub mod profile_keys;
+pub mod quantity;
+pub mod runs_file;
 pub mod verdict;
 
 pub use compare::{CalibrationSet, Comparison, FigureRow};
 pub use error::CalibrationError;
+pub use figure::Figure;
 pub use fit::{FitOutcome, fit_joint};
-pub use measured::{EXP_B_MEASURED_DIFF, Figure, MeasuredRun, measured_runs};
+pub use measured::{MeasuredFigure, MeasuredRun};
+pub use runs_file::{PAPER_A3_RUNS, RUNS_DIR, RunsFile};

@@ -1,8 +1,9 @@
 //! Priors of the fitted constants and what the data add to them.
 //!
-//! Every constant of the joint fit ([`super::params::FIT_PARAMS`]) carries a [`Prior`]: a
-//! centre and a width on the log scale, each from a PUBLIC source or first principles (never
-//! from the held-in measurements, which are the data), with its source text. The fit is then
+//! Every constant of the joint fit (a runs file's `[[fit]]` entry, [`super::params::FitParam`])
+//! carries a [`Prior`]: a centre and a width on the log scale, each from a PUBLIC source or
+//! first principles (never from the held-in measurements, which are the data), with its
+//! source text. The fit is then
 //! a maximum a posteriori fit: the least squares gets one extra residual per constant,
 //! `(ln v - ln centre) / log_width` ([`prior_residuals`]), so a constant the figures pin is
 //! set by the figures and one they do not pin stays at its prior instead of wandering to
@@ -18,7 +19,7 @@ use super::params::FitParam;
 
 /// A constant's prior: log-normal around `centre` with standard deviation `log_width` of
 /// `ln(value)`, and where both come from.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Prior {
     /// The prior's median, in the constant's own unit (> 0).
     pub centre: f64,
@@ -27,7 +28,7 @@ pub struct Prior {
     pub log_width: f64,
     /// The public source (address, hardware, versions) and the arithmetic, or ASSUMPTION
     /// with its first-principles argument.
-    pub source: &'static str,
+    pub source: String,
 }
 
 impl Prior {
@@ -101,7 +102,7 @@ mod tests {
         let p = Prior {
             centre: 10.0,
             log_width: 2f64.ln(),
-            source: "test",
+            source: "test".into(),
         };
         assert!(p.residual(10f64.ln()).abs() < 1e-12);
         assert!((p.residual(20f64.ln()) - 1.0).abs() < 1e-12);

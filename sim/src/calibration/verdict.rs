@@ -1,11 +1,12 @@
-//! Every figure row checked against its tolerance ([`super::gates::FIGURE_RULES`]), and the
-//! overall verdict: passed only when every gating row passes (and the experiment-B difference
-//! is within tolerance when both experiment-B runs were compared). A report's banner is green
-//! only when this says so.
+//! Every figure row checked against its tolerance (its rule: [`super::gates::FIGURE_RULES`]
+//! with the runs file's overrides), and the overall verdict: passed only when every gating
+//! row passes (and every step-time difference is within tolerance when both of its runs were
+//! compared). A report's banner is green only when this says so.
 
 use super::compare::{Comparison, FigureRow};
+use super::difference::DifferenceRow;
 use super::fit::is_fitted_row;
-use super::gates::{EXP_B_DIFF_TOLERANCE_PP, Tolerance, rule_of};
+use super::gates::Tolerance;
 
 /// One row with its rule applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,9 +28,10 @@ pub struct CheckedRow {
 pub struct Checked {
     /// Every row, in comparison order.
     pub rows: Vec<CheckedRow>,
-    /// Experiment-B difference error in percentage points, when both runs were compared.
-    pub exp_b_diff_error_pp: Option<f64>,
-    /// Every gating row passed and the experiment-B difference (when present) is in tolerance.
+    /// Every step-time difference with its prediction (its error in percentage points is
+    /// `None` unless both of its runs were compared).
+    pub differences: Vec<DifferenceRow>,
+    /// Every gating row passed and every compared difference is in tolerance.
     pub passed: bool,
 }
 
@@ -47,7 +49,7 @@ pub fn check(c: &Comparison, fitted: bool) -> Checked {
         .rows
         .iter()
         .map(|row| {
-            let rule = rule_of(row.figure);
+            let rule = row.rule;
             CheckedRow {
                 row: row.clone(),
                 fitted: fitted && is_fitted_row(row),
@@ -57,13 +59,11 @@ pub fn check(c: &Comparison, fitted: bool) -> Checked {
             }
         })
         .collect();
-    let diff = (c.exp_b_predicted_diff - c.exp_b_measured_diff) * 100.0;
-    let exp_b_diff_error_pp = diff.is_finite().then_some(diff);
-    let diff_ok = exp_b_diff_error_pp.is_none_or(|d| d.abs() <= EXP_B_DIFF_TOLERANCE_PP);
+    let diff_ok = c.differences.iter().all(DifferenceRow::passed);
     let passed = diff_ok && rows.iter().all(|r| !r.gating || r.passed);
     Checked {
         rows,
-        exp_b_diff_error_pp,
+        differences: c.differences.clone(),
         passed,
     }
 }

@@ -3,8 +3,8 @@
 //!
 //! Measured on one H200 with torch 2.11 (`shared/calibration/h200/profiles/`, the three
 //! FSDP2 runs and the dense-14B trace), per unit:
-//! - **copy-in** (`all_gather_copy_in`, pre-forward and pre-backward hooks): one cast kernel
-//!   per parameter (`_foreach_copy_` from the fp32 master shard into the flat bf16 buffer;
+//! - **copy-in** (`all_gather_copy_in`, pre-forward and pre-backward hooks, on the default
+//!   stream like everything but the reduce-scatter memcpys): one cast kernel per parameter (`_foreach_copy_` from the fp32 master shard into the flat bf16 buffer;
 //!   `bfloat16_copy_kernel_cuda`: 93 kernels in the dense-14B forward for 91 parameters plus
 //!   the root's tensors), reading the master bytes and writing the param-dtype bytes;
 //! - **all-gather**: NCCL's one-rank in-place all-gather launches nothing (no NCCL kernel in
@@ -60,8 +60,10 @@ impl F2<'_> {
             .collect();
         // Each element is read in the master dtype and written in the param dtype:
         // `CopyWork::bytes` is the mean of the two (the copy cost reads and writes it).
+        // On the current stream: the H200 trace shows every copy-in cast on the default
+        // stream (stream 7), none on a copy-in stream.
         let cin = self.e.copy(
-            Stream::Copy,
+            Stream::Compute,
             elems * (master + pd) / 2,
             params,
             &deps,
