@@ -198,6 +198,16 @@ gen_calibrate_verdict() {
   fence_close
 }
 
+gen_calibrate_h200() {
+  # The H200 runs file (scenarios/runs/h200-fsdp2.toml) against the shipped, fitted profile.
+  OK_RC="0 1" run calibrate --hardware nvidia-h200-hgx --out "$WORK/calibration-h200" >"$WORK/calibrate-h200.txt"
+  awk '/^$/{exit} {print}' "$WORK/calibrate-h200.txt"
+  echo
+  fence_open
+  grep -E '^(PASS|FAIL|WARN)' "$WORK/calibrate-h200.txt"
+  fence_close
+}
+
 # docs/strategies.md: the three Muon comparisons, one row per simulated run ---------------------
 gen_muon_comparisons() {
   echo '| scenario | run | step | optimizer range | optimizer exposed | exposed comm | overlap | peak memory (max) | memory spread | optimizer bytes per tier |'
