@@ -244,6 +244,12 @@ gen_whatif_exp_c() {
 
 gen_export_exp_b() { fence_open; cmd hpfsdp export scenarios/paper/exp-b.toml --chakra out/exp-b; fence_close; }
 
+gen_whatif_jitter_sweep() {
+  fence_open
+  cmd hpfsdp sweep scenarios/fixtures/exp-c-whatif.toml --vary whatif.straggler_jitter_pct=0,5,10 --out out/sweep-jitter
+  fence_close
+}
+
 # docs/backends.md --------------------------------------------------------------------------------
 gen_collbench_inproc() {
   fence_open
