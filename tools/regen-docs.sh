@@ -174,7 +174,9 @@ gen_gate_regression() {
 gen_verify_moe_muon() { fence_open; cmd hpfsdp verify scenarios/verify/moe-ep2-fsdp2-muon.toml; fence_close; }
 gen_verify_mutate() {
   fence_open
-  cmd hpfsdp verify scenarios/verify/dense-tp2-fsdp2.toml --mutate model.layers.0.mlp | tail -n 6
+  echo '$ hpfsdp verify scenarios/verify/dense-tp2-fsdp2.toml --mutate model.layers.0.mlp'
+  echo '...'
+  run verify scenarios/verify/dense-tp2-fsdp2.toml --mutate model.layers.0.mlp | tail -n 6
   fence_close
 }
 
