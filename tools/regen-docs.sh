@@ -5,6 +5,7 @@
 #   tools/regen-docs.sh            rewrite every stale block in place
 #   tools/regen-docs.sh --check    change nothing; exit 1 when a block is stale or a link is
 #                                  broken (for a CI step), 0 when everything is current
+#   tools/regen-docs.sh --fresh    rewrite every block, measured (volatile) ones included
 #   tools/regen-docs.sh --list     list the blocks (file, id, command) and the hand-made ones
 #
 # A generated block sits between two marker comments; everything between them is this
@@ -22,7 +23,8 @@
 # `cargo build --release`). "hpfsdp" in a block is that binary, "cargo run --release --" runs it
 # too. Outputs that contain measured times (replay, collbench, verify's wall times) are
 # "volatile": --check compares them with every number masked, so only a change of format or
-# wording makes them stale. Outputs that take longer than ~30 s (calibrate --fit --loo,
+# wording makes them stale, and a plain run keeps their recorded measurements (--fresh
+# replaces them). Outputs that take longer than ~30 s (calibrate --fit --loo,
 # bench, muon on exp-d, the MPI replay) are not rerun here: the docs mark them
 # `<!-- regen-by-hand: COMMAND -->`, and --list prints them.
 #
@@ -32,9 +34,11 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 MODE=write
+FRESH=0
 case "${1:-}" in
   "") ;;
   --check) MODE=check ;;
+  --fresh) MODE=write; FRESH=1 ;;
   --list) MODE=list ;;
   -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
   *) echo "regen-docs: unknown argument '$1' (use --check, --list or no argument)" >&2; exit 2 ;;
@@ -46,7 +50,7 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
 # Blocks whose output holds measured wall-clock times: --check masks their numbers.
-VOLATILE=" tour-replay verify-moe-muon replay-inproc collbench-inproc "
+VOLATILE=" tour-replay verify-moe-muon collbench-inproc "
 
 # ---------------------------------------------------------------------------------------------
 # Helpers for the generators. `cmd PROMPT ARGS...` prints "$ PROMPT ARGS" and then the binary's
@@ -401,6 +405,7 @@ for fn in $(declare -F | awk '{print $3}' | grep '^gen_'); do
 done
 
 rc=0
+[ "$FRESH" = 1 ] && VOLATILE=""
 VOLATILE=$VOLATILE python3 -c "$PY" "$MODE" "$WORK" "${DOCS[@]}" || rc=1
 python3 -c "$LINKS" "${DOCS[@]}" || rc=1
 [ "$rc" -eq 0 ] && [ "$MODE" = check ] && echo "regen-docs: every block current, every link and path resolves"
