@@ -82,7 +82,7 @@ pub(crate) fn label_area_px_to(labels: &[String], max_chars: usize) -> u32 {
 }
 
 /// Number of decimals that resolves ticks on an axis spanning `0..max`.
-fn decimals(max: f64) -> usize {
+pub(crate) fn decimals(max: f64) -> usize {
     if !(max.is_finite() && max > 0.0) {
         return 0;
     }
@@ -101,7 +101,7 @@ fn time_unit(max_ns: f64) -> (&'static str, f64) {
 }
 
 /// A byte unit that keeps `max_bytes` readable: (name, bytes per unit).
-fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
+pub(crate) fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
     const UNITS: [(&str, f64); 5] = [
         ("TiB", 1_099_511_627_776.0),
         ("GiB", 1_073_741_824.0),
@@ -438,11 +438,11 @@ pub fn tier_traffic_svg(report: &SimReport) -> Result<String, ChartError> {
 }
 
 /// Colour of the device-capacity line on the memory chart.
-const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+pub(crate) const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 /// The memory chart's y axis reaches the device capacity when the highest sample is at least
 /// this fraction of it; below, the series would be a flat line at the bottom, so the axis
 /// follows the series and the legend says how far below capacity it stays.
-const CAPACITY_ON_AXIS_FRACTION: f64 = 0.125;
+pub(crate) const CAPACITY_ON_AXIS_FRACTION: f64 = 0.125;
 
 /// Live memory over the step, one line per strategy (a step function, downsampled to the
 /// per-pixel maximum for long series so peaks stay visible), with the device capacity as a
