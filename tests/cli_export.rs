@@ -37,6 +37,7 @@ enum Attr {
 #[derive(Debug, Clone)]
 struct DecodedNode {
     id: u64,
+    name: String,
     node_type: String,
     data_deps: Vec<u64>,
     ctrl_deps: Vec<u64>,
@@ -166,6 +167,12 @@ fn decode_et(pool: &DescriptorPool, path: &Path) -> (String, Vec<DecodedNode>) {
         };
         nodes.push(DecodedNode {
             id: m.get_field_by_name("id").unwrap().as_u64().unwrap(),
+            name: m
+                .get_field_by_name("name")
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_string(),
             node_type,
             data_deps: u64_list(&m, "data_deps"),
             ctrl_deps: u64_list(&m, "ctrl_deps"),
@@ -225,19 +232,51 @@ fn traces_decode_with_the_official_schema_as_astra_sim_reads_them() {
     )
     .unwrap();
     let pool = pool();
+    let host = hpfsdp_sim::host_cost::HostCosts::of(&profile, false);
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     for rank in 0..8 {
         let (version, nodes) = decode_et(&pool, &dir.join(format!("{name}.{rank}.et")));
         assert_eq!(version, "0.0.4");
         let program = generator.program(rank).unwrap();
-        assert_eq!(nodes.len(), program.ops.len(), "no send/recv in this plan");
-        for (node, op) in nodes.iter().zip(&program.ops) {
-            assert_eq!(node.id, op.id.index() as u64);
+        let by_id: BTreeMap<u64, &DecodedNode> = nodes.iter().map(|n| (n.id, n)).collect();
+        assert_eq!(by_id.len(), nodes.len(), "unique ids");
+        let device_ops = program
+            .ops
+            .iter()
+            .filter(|o| !matches!(o.payload, Payload::Host { .. }))
+            .count();
+        assert_eq!(
+            nodes.len(),
+            program.ops.len() + device_ops,
+            "op nodes + launches"
+        );
+        let mut previous_host: Option<u64> = None;
+        for (i, op) in program.ops.iter().enumerate() {
+            let node = by_id[&(i as u64)];
             let deps: Vec<u64> = op.deps.iter().map(|d| d.index() as u64).collect();
-            assert_eq!(node.data_deps, deps);
-            assert!(node.ctrl_deps.iter().all(|d| *d < node.id));
             let duration_ns = node.int("duration_ns", "uint64_val") as u64;
             assert_eq!(node.duration_micros, (duration_ns + 500) / 1000);
+            // The host chain: every launch and host op after the previous one, in program
+            // order, lasting the op's host cost.
+            let host_node = match &op.payload {
+                Payload::Host { .. } => node,
+                _ => {
+                    let launch = by_id[&node.data_deps[0]];
+                    assert_eq!(launch.name, format!("{}.launch", node.name));
+                    assert_eq!(launch.attrs.get("is_cpu_op"), Some(&Attr::Bool(true)));
+                    assert_eq!(&node.data_deps[1..], &deps[..]);
+                    launch
+                }
+            };
+            assert_eq!(
+                host_node.int("duration_ns", "uint64_val") as u64,
+                host.op_ns(op)
+            );
+            assert_eq!(
+                host_node.ctrl_deps,
+                previous_host.into_iter().collect::<Vec<_>>()
+            );
+            previous_host = Some(host_node.id);
             match &op.payload {
                 Payload::Collective(c) => {
                     assert_eq!(node.node_type, "COMM_COLL_NODE");
@@ -266,6 +305,7 @@ fn traces_decode_with_the_official_schema_as_astra_sim_reads_them() {
                 }
                 Payload::Compute(w) => {
                     assert_eq!(node.node_type, "COMP_NODE");
+                    assert_eq!(node.attrs.get("is_cpu_op"), Some(&Attr::Bool(false)));
                     assert_eq!(node.int("num_ops", "int64_val"), i128::from(w.flops));
                     assert_eq!(
                         node.int("tensor_size", "uint64_val"),
@@ -277,9 +317,9 @@ fn traces_decode_with_the_official_schema_as_astra_sim_reads_them() {
                     assert_eq!(node.int("tensor_size", "uint64_val"), i128::from(c.bytes));
                     assert!(duration_ns > 0, "a copy has a predicted duration");
                 }
-                Payload::Host { duration_ns: host } => {
+                Payload::Host { .. } => {
                     assert_eq!(node.attrs.get("is_cpu_op"), Some(&Attr::Bool(true)));
-                    assert_eq!(duration_ns, *host);
+                    assert_eq!(node.data_deps, deps);
                 }
             }
         }
@@ -369,7 +409,7 @@ fn point_to_point_transfers_are_send_and_recv_nodes() {
         let peer = 1 - rank as i128;
         let me = rank as i128;
         // Op 1 is one node (send on rank 0, recv on rank 1); op 2 a send (id 2) and a recv
-        // (id 3, numbered after the last op), both after op 1.
+        // (id 3, numbered after the last op), both after op 1; then the three ops' launches.
         let first_kind = if rank == 0 {
             "COMM_SEND_NODE"
         } else {
@@ -377,12 +417,21 @@ fn point_to_point_transfers_are_send_and_recv_nodes() {
         };
         assert_eq!(
             kinds,
-            ["COMP_NODE", first_kind, "COMM_SEND_NODE", "COMM_RECV_NODE"]
+            [
+                "COMP_NODE",
+                first_kind,
+                "COMM_SEND_NODE",
+                "COMM_RECV_NODE",
+                "COMP_NODE",
+                "COMP_NODE",
+                "COMP_NODE"
+            ]
         );
         let (send, recv) = (&decoded[2], &decoded[3]);
         assert_eq!((send.id, recv.id), (2, 3));
-        assert_eq!(send.data_deps, [1]);
-        assert_eq!(recv.data_deps, [1]);
+        // Both launched by node 6 (op 2's launch), after op 1.
+        assert_eq!(send.data_deps, [6, 1]);
+        assert_eq!(recv.data_deps, [6, 1]);
         assert_eq!(send.int("comm_src", "int32_val"), me);
         assert_eq!(send.int("comm_dst", "int32_val"), peer);
         assert_eq!(recv.int("comm_src", "int32_val"), peer);

@@ -12,7 +12,9 @@
 //! the dimension). Collectives use ASTRA-sim's `ring` on every dimension, chunked once, so its
 //! figures compare with hpfsdp's alpha-beta ring; compute is replayed from the traces'
 //! predicted durations (`roofline-enabled` 0), with the device's peak and HBM bandwidth given
-//! for a user who turns the roofline on.
+//! for a user who turns the roofline on. `endpoint-delay` is 1 ns, the least ASTRA-sim runs
+//! with: at 0 its analytical event queue aborts on an event at the current time
+//! (`EventQueue.cpp`: `get_event_time() > current_time`).
 
 use hpfsdp_plan::{Tier, Topology};
 use hpfsdp_sim::HardwareProfile;
@@ -99,7 +101,7 @@ pub fn system_json(dims: &[NetworkDim], profile: &HardwareProfile) -> String {
     let ring: Vec<&str> = dims.iter().map(|_| "ring").collect();
     let value = serde_json::json!({
         "scheduling-policy": "LIFO",
-        "endpoint-delay": 0,
+        "endpoint-delay": 1,
         "active-chunks-per-dimension": 1,
         "preferred-dataset-splits": 1,
         "all-reduce-implementation": ring,
@@ -147,6 +149,7 @@ mod tests {
             3
         );
         assert_eq!(sys["local-mem-bw"], 1600.0);
+        assert_eq!(sys["endpoint-delay"], 1, "0 aborts ASTRA-sim's event queue");
         let one = network_dims(&Topology::new(1, 1, 1).unwrap(), &profile);
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].npus, 1);

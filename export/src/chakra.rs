@@ -13,7 +13,14 @@
 //! which becomes a `COMM_SEND_NODE` and/or a `COMM_RECV_NODE` (the second one numbered after
 //! the last op):
 //! - compute and device copies are `COMP_NODE`s (`num_ops` = FLOPs, `tensor_size` = HBM
-//!   bytes), host work is a `COMP_NODE` with `is_cpu_op = true`;
+//!   bytes), host work is a `COMP_NODE` with `is_cpu_op = true` lasting what the host model
+//!   charges it (its duration, the device -> host sync when it waits on the device, its CPU
+//!   operator events);
+//! - every device op (compute, copy, collective) is launched by a host node before it
+//!   (`<op>.launch`, `is_cpu_op = true`, numbered after the op nodes, lasting the op's host
+//!   cost in the hpfsdp host model: kernel or collective launches, CPU operator events), and
+//!   the host nodes and host ops form one chain in program order, as the hpfsdp engine's host
+//!   thread issues them, so a host-bound step stays host-bound in ASTRA-sim;
 //! - collectives are `COMM_COLL_NODE`s with `comm_type`, `pg_name` (the group's id in the
 //!   trace's group table) and `comm_size` as ASTRA-sim's collective models take it
 //!   ([`comm_size_bytes`]);
@@ -35,6 +42,7 @@ use hpfsdp_plan::{CollectiveKind, Topology};
 use hpfsdp_program::step::{CollectiveOp, Payload, StepProgram, Stream};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::cost::{collective_phases, compute_work_s, copy_s};
+use hpfsdp_sim::host_cost::HostCosts;
 use hpfsdp_sim::shape::GroupShape;
 use std::collections::BTreeMap;
 
@@ -128,6 +136,44 @@ struct Draft {
     suffix: &'static str,
 }
 
+/// Node ids of one op: its own node(s) and, for a device op, the host node launching it.
+struct OpIds {
+    own: Vec<u64>,
+    launch: Option<u64>,
+}
+
+impl OpIds {
+    /// The node on the host chain: the launch of a device op, a host op itself.
+    fn host(&self) -> u64 {
+        self.launch.unwrap_or(self.own[0])
+    }
+}
+
+/// Numbers the nodes: each op's first node is the op index, then the extra nodes of
+/// point-to-point ops, then the launch nodes, in op order.
+fn number(program: &StepProgram, drafts: &[Vec<Draft>]) -> Vec<OpIds> {
+    let mut next = program.ops.len() as u64;
+    let mut ids: Vec<OpIds> = drafts
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            let mut own = vec![i as u64];
+            for _ in 1..d.len() {
+                own.push(next);
+                next += 1;
+            }
+            OpIds { own, launch: None }
+        })
+        .collect();
+    for (op, id) in program.ops.iter().zip(&mut ids) {
+        if !matches!(op.payload, Payload::Host { .. }) {
+            id.launch = Some(next);
+            next += 1;
+        }
+    }
+    ids
+}
+
 /// The nodes of `program`, costed with `job.profile`; process-group names come from
 /// `job.groups`, which must hold every group of the program.
 pub fn program_nodes(
@@ -141,56 +187,92 @@ pub fn program_nodes(
         .enumerate()
         .map(|(i, op)| op_drafts(program, i, &op.payload, job, &mut tags))
         .collect::<Result<Vec<_>, _>>()?;
-    // Node ids of each op: the op index first, then extra nodes after the last op.
-    let mut next_extra = program.ops.len() as u64;
-    let ids: Vec<Vec<u64>> = drafts
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            let mut v = vec![i as u64];
-            for _ in 1..d.len() {
-                v.push(next_extra);
-                next_extra += 1;
-            }
-            v
-        })
-        .collect();
+    let ids = number(program, &drafts);
+    let host = HostCosts::of(job.profile, false);
     let mut last_on_stream: BTreeMap<Stream, usize> = BTreeMap::new();
-    let mut nodes = Vec::with_capacity(next_extra as usize);
+    let mut last_host: Option<u64> = None;
+    let mut nodes = Vec::new();
     for (i, (op, op_drafts)) in program.ops.iter().zip(drafts).enumerate() {
-        let data_deps: Vec<u64> = op
+        let deps: Vec<u64> = op
             .deps
             .iter()
-            .flat_map(|d| ids.get(d.index()).into_iter().flatten().copied())
+            .flat_map(|d| ids.get(d.index()).into_iter().flat_map(|x| x.own.iter()))
+            .copied()
             .collect();
-        let ctrl_deps: Vec<u64> = last_on_stream
-            .insert(op.stream, i)
-            .filter(|prev| !op.deps.iter().any(|d| d.index() == *prev))
-            .map(|prev| ids[prev].clone())
-            .unwrap_or_default();
         let base = op
             .name
             .clone()
             .unwrap_or_else(|| format!("{}-{}", op.category.name(), i));
-        for (draft, &id) in op_drafts.into_iter().zip(&ids[i]) {
-            let mut attrs = vec![
+        let common = |duration_ns| {
+            vec![
                 attr("category", Value::StringVal(op.category.name().to_string())),
                 attr("stream", Value::StringVal(op.stream.name())),
-                attr("duration_ns", Value::Uint64Val(draft.duration_ns)),
-            ];
-            attrs.extend(draft.attrs);
-            nodes.push(Node {
+                attr("duration_ns", Value::Uint64Val(duration_ns)),
+            ]
+        };
+        let node = |id, name: String, kind: NodeType, duration_ns, ctrl, data, extra| {
+            let mut attrs = common(duration_ns);
+            attrs.extend(extra);
+            Node {
                 id,
-                name: format!("{base}{}", draft.suffix),
-                r#type: draft.node_type as i32,
-                ctrl_deps: ctrl_deps.clone(),
-                data_deps: data_deps.clone(),
+                name,
+                r#type: kind as i32,
+                ctrl_deps: ctrl,
+                data_deps: data,
                 start_time_micros: 0,
-                duration_micros: micros_of_ns(draft.duration_ns),
+                duration_micros: micros_of_ns(duration_ns),
                 inputs: None,
                 outputs: None,
                 attr: attrs,
-            });
+            }
+        };
+        let host_ns = host.op_ns(op);
+        let chain: Vec<u64> = last_host.into_iter().collect();
+        last_host = Some(ids[i].host());
+        if let Payload::Host { .. } = op.payload {
+            // The host op itself: after the previous host work, once its device deps finished.
+            let d = op_drafts.into_iter().next().ok_or_else(|| {
+                ExportError::Program(format!("rank {} op {i} has no node", program.rank))
+            })?;
+            nodes.push(node(
+                i as u64,
+                base,
+                d.node_type,
+                host_ns,
+                chain,
+                deps,
+                d.attrs,
+            ));
+            continue;
+        }
+        let launch = ids[i].host();
+        nodes.push(node(
+            launch,
+            format!("{base}.launch"),
+            NodeType::CompNode,
+            host_ns,
+            chain,
+            Vec::new(),
+            vec![attr("is_cpu_op", Value::BoolVal(true))],
+        ));
+        // The device op: launched, after its stream's previous op and its dependencies.
+        let ctrl: Vec<u64> = last_on_stream
+            .insert(op.stream, i)
+            .filter(|prev| !op.deps.iter().any(|d| d.index() == *prev))
+            .map(|prev| ids[prev].own.clone())
+            .unwrap_or_default();
+        let mut data = vec![launch];
+        data.extend(&deps);
+        for (d, &id) in op_drafts.into_iter().zip(&ids[i].own) {
+            nodes.push(node(
+                id,
+                format!("{base}{}", d.suffix),
+                d.node_type,
+                d.duration_ns,
+                ctrl.clone(),
+                data.clone(),
+                d.attrs,
+            ));
         }
     }
     nodes.sort_by_key(|n| n.id);
