@@ -164,6 +164,9 @@ enum Command {
         /// Hardware profile name (scenarios/hardware/<name>.toml or a built-in copy).
         #[arg(long, default_value = "ascend-910c-a3")]
         hardware: String,
+        /// Print the suite as JSON (every run's figures and the ratios) instead of lines.
+        #[arg(long)]
+        json: bool,
     },
     /// Run a scenario's step programs for real on a collective backend (every rank walks its
     /// own program with real buffers; compute as calibrated busy work or real GEMMs) and
@@ -263,7 +266,7 @@ fn main() -> ExitCode {
             accuracy,
             lint,
         } => commands::muon::run(&scenario, json, accuracy, lint.allow_lint_errors),
-        Command::Bench { hardware } => commands::bench::run(&hardware),
+        Command::Bench { hardware, json } => commands::bench::run(&hardware, json),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Collbench(args) => commands::collbench::run(&args),
         Command::Gate(args) => commands::gate::run(&args),

@@ -1,6 +1,8 @@
 //! End-to-end tests of `hpfsdp gate`: a copied scenario is locked, then an intended regression
 //! in the copy fails the gate (exit 1) with a readable message, a JUnit failure and a Markdown
-//! summary; bad input exits 2 naming the fix; the shipped `hpfsdp.lock` passes.
+//! summary; a changed workload is judged by throughput; a verification twin that disappears
+//! fails; a changed plan names its changed entries; a lock with NaN or negative figures and
+//! other bad input exit 2 naming the fix; the shipped `hpfsdp.lock` passes.
 
 mod common;
 
@@ -72,27 +74,39 @@ fn an_intended_regression_fails_with_a_readable_message_and_junit_failure() {
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
-        out.contains("dense-fsdp4 step-time/hyperparallel: step time"),
+        out.contains("dense-fsdp4 throughput/hyperparallel: ") && out.contains(" tokens/s, -"),
         "{out}"
     );
     assert!(out.contains("over the 2% allowed"), "{out}");
     assert!(
-        out.contains("- step_time_s = ") && out.contains("+ step_time_s = "),
+        out.contains("- tokens_per_s = ") && out.contains("+ step_time_s = "),
         "{out}"
     );
     let xml = std::fs::read_to_string(&junit).unwrap();
-    assert!(xml.contains("<testcase classname=\"hpfsdp.gate.dense-fsdp4\" name=\"step-time/hyperparallel\">\n      <failure"), "{xml}");
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let case = |name: &str| {
+        doc.descendants()
+            .find(|n| n.has_tag_name("testcase") && n.attribute("name") == Some(name))
+            .unwrap_or_else(|| panic!("testcase {name}: {xml}"))
+    };
+    let failed = case("throughput/hyperparallel");
+    assert_eq!(
+        failed.attribute("classname"),
+        Some("hpfsdp.gate.dense-fsdp4")
+    );
     assert!(
-        xml.contains("<testcase classname=\"hpfsdp.gate.dense-fsdp4\" name=\"lint\"/>"),
+        failed.children().any(|c| c.has_tag_name("failure")),
         "{xml}"
     );
+    assert!(failed.attribute("time").is_some(), "{xml}");
+    assert!(!case("lint").children().any(|c| c.is_element()), "{xml}");
     let md = std::fs::read_to_string(&markdown).unwrap();
     assert!(
         md.contains("**FAIL**") && md.contains("## Failed checks"),
         "{md}"
     );
     assert!(
-        md.contains("| dense-fsdp4 | step-time/hyperparallel |"),
+        md.contains("| dense-fsdp4 | throughput/hyperparallel |"),
         "{md}"
     );
     // A larger allowance accepts it.
@@ -120,7 +134,13 @@ fn a_changed_plan_fails_the_digest_check_until_updated() {
     let o = hpfsdp(&["gate", s, "--lock", lock]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}");
-    assert!(out.contains("plan-digest: plan digest changed"), "{out}");
+    // The message names the first plan entries whose digests changed, the diff lists them.
+    assert!(
+        out.contains("plan-digest: plan digest changed in fsdp."),
+        "{out}"
+    );
+    assert!(out.contains("      - plan_digest = "), "{out}");
+    assert!(out.contains("      + fsdp.groups = "), "{out}");
     assert_eq!(
         hpfsdp(&["gate", s, "--lock", lock, "--update"])
             .status
@@ -185,6 +205,137 @@ fn bad_input_exits_2_naming_the_fix() {
         "-1",
     ]);
     assert_eq!(o.status.code(), Some(2));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_changed_workload_is_judged_by_throughput() {
+    let dir = temp_dir("workload");
+    let scenario = copy_scenario(&dir, |t| t);
+    let (s, lock) = (scenario.to_str().unwrap(), dir.join("hpfsdp.lock"));
+    let lock = lock.to_str().unwrap();
+    assert_eq!(
+        hpfsdp(&["gate", s, "--lock", lock, "--update"])
+            .status
+            .code(),
+        Some(0)
+    );
+    // Twice the tokens per step (two micro-batches per rank): a step 98% longer, which the
+    // gate used to fail as a step-time regression, but more tokens per second.
+    copy_scenario(&dir, |t| t.replace("global_batch = 8", "global_batch = 16"));
+    let o = hpfsdp(&["gate", s, "--lock", lock]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("workload changed (256 -> 512 tokens per step): "),
+        "{out}"
+    );
+    assert!(!out.contains("FAIL"), "{out}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_locked_verification_twin_that_disappears_fails() {
+    let dir = temp_dir("twin");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let twin = root.join("scenarios/verify/dense-fsdp4-muon.toml");
+    let with_twin = |t: String| format!("{t}\n[gate]\nverify = {:?}\n", twin.display().to_string());
+    let scenario = copy_scenario(&dir, with_twin);
+    let (s, lock) = (scenario.to_str().unwrap(), dir.join("hpfsdp.lock"));
+    let lock = lock.to_str().unwrap();
+    assert_eq!(
+        hpfsdp(&["gate", s, "--lock", lock, "--update"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert!(std::fs::read_to_string(lock).unwrap().contains("verify = "));
+    // Without its [gate] section the tiny copy would verify itself: the twin is gone.
+    copy_scenario(&dir, |t| t);
+    let o = hpfsdp(&["gate", s, "--lock", lock]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("dense-fsdp4 verify: the lock verifies this scenario with ")
+            && out.contains(
+                "dense-fsdp4-muon.toml, but the scenario no longer names it (it verifies itself)"
+            ),
+        "{out}"
+    );
+    // Accepting the change records the scenario's own verification.
+    copy_scenario(&dir, |t| t);
+    assert_eq!(
+        hpfsdp(&["gate", s, "--lock", lock, "--update"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(hpfsdp(&["gate", s, "--lock", lock]).status.code(), Some(0));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn a_lock_with_nan_or_negative_figures_is_bad_input_naming_the_entry() {
+    let dir = temp_dir("nanlock");
+    let scenario = copy_scenario(&dir, |t| t);
+    let (s, lock) = (scenario.to_str().unwrap(), dir.join("hpfsdp.lock"));
+    let lock = lock.to_str().unwrap();
+    assert_eq!(
+        hpfsdp(&["gate", s, "--lock", lock, "--update"])
+            .status
+            .code(),
+        Some(0)
+    );
+    let good = std::fs::read_to_string(lock).unwrap();
+    for (key, bad) in [("step_time_s", "nan"), ("tokens_per_s", "-12.5")] {
+        let edited: String = good
+            .lines()
+            .map(|l| {
+                if l.starts_with(&format!("{key} = ")) {
+                    format!("{key} = {bad}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(lock, edited).unwrap();
+        let o = hpfsdp(&["gate", s, "--lock", lock]);
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{key} = {bad}: {out}");
+        assert!(
+            out.contains(&format!(
+                "scenario.dense-fsdp4.strategy.hyperparallel.{key} = "
+            )),
+            "{out}"
+        );
+        assert!(out.contains("hpfsdp.lock:"), "names the line: {out}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn json_lists_every_check_with_its_time() {
+    let dir = temp_dir("json");
+    let scenario = copy_scenario(&dir, |t| t);
+    let (s, lock) = (scenario.to_str().unwrap(), dir.join("hpfsdp.lock"));
+    let lock = lock.to_str().unwrap();
+    let o = hpfsdp(&["gate", s, "--lock", lock, "--update", "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("stdout is JSON");
+    assert_eq!(v["passed"], true);
+    let checks = v["checks"].as_array().unwrap();
+    assert_eq!(checks.len(), v["checks_total"].as_u64().unwrap() as usize);
+    let t = checks
+        .iter()
+        .find(|c| c["check"] == "throughput/hyperparallel")
+        .unwrap();
+    assert_eq!(t["status"], "pass");
+    assert!(t["time_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        v["scenarios"][0]["runs"][0]["figures"]["tokens_per_step"],
+        256
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -1,6 +1,7 @@
 //! End-to-end tests of `hpfsdp sweep`: the cartesian product of `--vary` keys, invalid points
 //! reported with their error instead of aborting, sweep.csv / sweep.html written and identical
-//! for any `--jobs`, and bad input exiting 2 with a message naming the key.
+//! for any `--jobs`, every point simulated on its own hardware profile (an unknown one is an
+//! invalid point), `--json`, and bad input exiting 2 with a message naming the key.
 
 mod common;
 
@@ -73,8 +74,9 @@ fn invalid_points_are_reported_and_output_is_the_same_for_any_jobs() {
             .all(|l| l.len() > 40),
         "invalid rows carry their error: {csv1}"
     );
+    let best = rows[0].iter().position(|h| *h == "best").unwrap();
     assert_eq!(
-        ok.iter().filter(|r| r[10] == "true").count(),
+        ok.iter().filter(|r| r[best] == "true").count(),
         1,
         "one best row: {csv1}"
     );
@@ -85,6 +87,60 @@ fn invalid_points_are_reported_and_output_is_the_same_for_any_jobs() {
     );
     std::fs::remove_dir_all(&a).ok();
     std::fs::remove_dir_all(&b).ok();
+}
+
+#[test]
+fn each_point_is_simulated_on_its_own_hardware_and_unknown_profiles_are_invalid() {
+    let dir = out_dir("hardware");
+    let o = hpfsdp(&[
+        "sweep",
+        SCENARIO,
+        "--vary",
+        "hardware=ascend-910c-a3,nvidia-h200-hgx,no-such-gpu",
+        "--strategy",
+        "fsdp2",
+        "--out",
+        dir.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("--json prints JSON");
+    let rows = v["report"]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 3, "{v}");
+    // Each simulated point names and uses its own profile: the H200's 141 GB HBM and a
+    // different step time, not the base profile's.
+    assert_eq!(rows[0]["hardware"], "ascend-910c-a3");
+    assert_eq!(rows[1]["hardware"], "nvidia-h200-hgx");
+    assert_eq!(rows[0]["hbm_capacity_bytes"], 64_000_000_000u64);
+    assert_ne!(rows[1]["hbm_capacity_bytes"], rows[0]["hbm_capacity_bytes"]);
+    assert_ne!(rows[1]["step_time_s"], rows[0]["step_time_s"]);
+    assert_eq!(rows[2]["status"], "invalid");
+    assert!(
+        rows[2]["message"]
+            .as_str()
+            .unwrap()
+            .contains("hardware profile 'no-such-gpu'"),
+        "{v}"
+    );
+    assert_eq!(
+        v["report"]["hardware"], "ascend-910c-a3, nvidia-h200-hgx",
+        "{v}"
+    );
+    let csv = std::fs::read_to_string(dir.join("sweep.csv")).unwrap();
+    assert!(
+        csv.lines().nth(2).unwrap().contains(",nvidia-h200-hgx,"),
+        "{csv}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_default_out_is_the_ignored_out_folder() {
+    let o = hpfsdp(&["sweep", "--help"]);
+    assert!(text(&o).contains("[default: out/sweep]"), "{}", text(&o));
+    let ignore =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(".gitignore")).unwrap();
+    assert!(ignore.lines().any(|l| l == "/out"), "{ignore}");
 }
 
 #[test]

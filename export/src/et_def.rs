@@ -14,7 +14,7 @@ pub struct AttributeProto {
     #[prost(string, tag = "2")]
     pub doc_string: String,
     /// The value (`oneof value`).
-    #[prost(oneof = "attribute_proto::Value", tags = "3, 9, 13, 27, 29, 14")]
+    #[prost(oneof = "attribute_proto::Value", tags = "3, 7, 9, 13, 27, 29, 14")]
     pub value: Option<attribute_proto::Value>,
 }
 
@@ -26,6 +26,9 @@ pub mod attribute_proto {
         /// `double double_val = 3`.
         #[prost(double, tag = "3")]
         DoubleVal(f64),
+        /// `int32 int32_val = 7`.
+        #[prost(int32, tag = "7")]
+        Int32Val(i32),
         /// `int64 int64_val = 9`.
         #[prost(int64, tag = "9")]
         Int64Val(i64),

@@ -1,6 +1,13 @@
 //! hpfsdp-export: a scenario's step programs as Chakra execution traces (MLCommons Chakra
-//! `et_def.proto`), one `<name>.<rank>.et` file per rank plus the communicator-group table,
-//! so the plan can be replayed by other simulators such as ASTRA-sim.
+//! `et_def.proto`), one `<name>.<rank>.et` file per rank plus the communicator-group table
+//! and ASTRA-sim's system, network and memory configurations, so the plan can be replayed by
+//! other simulators such as ASTRA-sim.
+//!
+//! Checked against the public source of ASTRA-sim (astra-sim/astra-sim commit 518bd513,
+//! 2026-03-26: `astra-sim/workload/Workload.cc`, `system/Sys.cc`, the ring collective), of
+//! its Chakra fork's FeederV3 (astra-sim/chakra branch `stage`, f37c2bb5, 2025-04-17) and of
+//! MLCommons Chakra (mlcommons/chakra commit 21585d8f, 2026-05-20: `schema/protobuf/
+//! et_def.proto`, `src/feeder/et_feeder_node.cpp`, `src/generator/generator.py`).
 //!
 //! A crate of its own so that the protobuf dependency (prost) stays out of the crates every
 //! command links; it reads programs from `hpfsdp-plan` and costs compute with `hpfsdp-sim`'s
@@ -8,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod astra_config;
 pub mod chakra;
 pub mod et_def;
 pub mod groups;
@@ -59,6 +67,12 @@ pub struct ExportSummary {
     pub traces: Vec<PathBuf>,
     /// The communicator-group JSON file.
     pub comm_groups: PathBuf,
+    /// ASTRA-sim's system configuration (JSON).
+    pub system: PathBuf,
+    /// ASTRA-sim's analytical network configuration (YAML).
+    pub network: PathBuf,
+    /// ASTRA-sim's remote-memory configuration (JSON).
+    pub memory: PathBuf,
     /// Nodes written over all ranks.
     pub nodes: usize,
     /// Distinct process groups.
@@ -66,7 +80,8 @@ pub struct ExportSummary {
 }
 
 /// Writes the Chakra traces of `strategy` (with `optimizer`, `None` = the scenario's default)
-/// on `plans` into `dir`: `<scenario>.<rank>.et` per rank and `<scenario>.comm_groups.json`.
+/// on `plans` into `dir`: `<scenario>.<rank>.et` per rank, `<scenario>.comm_groups.json` and
+/// ASTRA-sim's `<scenario>.system.json`, `<scenario>.network.yml` and `<scenario>.memory.json`.
 pub fn export_chakra(
     plans: &ScenarioPlans,
     strategy: &str,
@@ -102,15 +117,30 @@ pub fn export_chakra(
     };
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
     let name = &plans.scenario.file.name;
+    let topology = &plans.scenario.topology;
+    if topology.world_size() != world {
+        return Err(ExportError::Program(format!(
+            "the programs have {world} ranks but the topology {}",
+            topology.world_size()
+        )));
+    }
     let mut summary = ExportSummary {
         traces: Vec::with_capacity(world),
         comm_groups: dir.join(format!("{name}.comm_groups.json")),
+        system: dir.join(format!("{name}.system.json")),
+        network: dir.join(format!("{name}.network.yml")),
+        memory: dir.join(format!("{name}.memory.json")),
         nodes: 0,
         groups: table.len(),
     };
+    let job = chakra::JobContext {
+        groups: &table,
+        topology,
+        profile,
+    };
     for rank in 0..world {
         let program = generator.program(rank).map_err(|e| strat(&e))?;
-        let nodes = chakra::program_nodes(&program, &table, profile)?;
+        let nodes = chakra::program_nodes(&program, &job)?;
         let metadata = metadata(plans, strategy, opt.name(), profile, rank, world);
         let path = dir.join(format!("{name}.{rank}.et"));
         std::fs::write(&path, trace_file::encode_trace(&metadata, &nodes))
@@ -118,8 +148,15 @@ pub fn export_chakra(
         summary.nodes += nodes.len();
         summary.traces.push(path);
     }
-    std::fs::write(&summary.comm_groups, table.to_json())
-        .map_err(|e| io(&summary.comm_groups, e))?;
+    let dims = astra_config::network_dims(topology, profile);
+    for (path, text) in [
+        (&summary.comm_groups, table.to_json()),
+        (&summary.system, astra_config::system_json(&dims, profile)),
+        (&summary.network, astra_config::network_yml(&dims, profile)),
+        (&summary.memory, astra_config::memory_json()),
+    ] {
+        std::fs::write(path, text).map_err(|e| io(path, e))?;
+    }
     Ok(summary)
 }
 

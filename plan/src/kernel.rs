@@ -62,6 +62,10 @@ pub enum KernelClass {
     /// element-wise passes): memory-bound, but at its own fraction of the HBM bandwidth (it
     /// walks tensor lists in 65,536-element chunks).
     MultiTensorApply,
+    /// Memory-bound kernels that gather, mask, broadcast or scatter (`masked_fill_`,
+    /// `index`, `index_put_`, a `[rows, hidden] x [rows, 1]` multiply): non-vectorized
+    /// element-wise kernels at their own fraction of the HBM bandwidth.
+    IndexedElementwise,
 }
 
 impl KernelClass {
@@ -69,7 +73,9 @@ impl KernelClass {
     pub fn is_memory_bound(&self) -> bool {
         matches!(
             self,
-            KernelClass::MemoryBound | KernelClass::MultiTensorApply
+            KernelClass::MemoryBound
+                | KernelClass::MultiTensorApply
+                | KernelClass::IndexedElementwise
         )
     }
 
@@ -81,6 +87,7 @@ impl KernelClass {
             KernelClass::Attention { .. } => "attention",
             KernelClass::MemoryBound => "memory-bound",
             KernelClass::MultiTensorApply => "multi-tensor-apply",
+            KernelClass::IndexedElementwise => "indexed-elementwise",
         }
     }
 }
@@ -167,6 +174,7 @@ impl MixId {
                 } => (3, batch, seq, heads, head_dim),
                 KernelClass::MemoryBound => (4, 0, 0, 0, 0),
                 KernelClass::MultiTensorApply => (5, 0, 0, 0, 0),
+                KernelClass::IndexedElementwise => (6, 0, 0, 0, 0),
             };
             hasher.update(&[tag]);
             for v in [a, b, c, d, k.count as u64, k.flops, k.hbm_bytes] {

@@ -66,7 +66,15 @@ pub struct ModelSection {
     /// own); absent: the config's own value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tie_word_embeddings: Option<bool>,
+    /// How the routed experts run ([`EXPERTS_IMPLEMENTATIONS`]): absent, the recipes the
+    /// paper's runs were calibrated with; `grouped_mm`, transformers' `grouped_mm` experts
+    /// (`experts_implementation="grouped_mm"`: sort, gathers, masked fills, `_grouped_mm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts_implementation: Option<String>,
 }
+
+/// `[model] experts_implementation` values.
+pub const EXPERTS_IMPLEMENTATIONS: &[&str] = &["grouped_mm"];
 
 fn default_bf16() -> String {
     "bf16".into()
@@ -724,6 +732,19 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
         key_err("model", key, format!("[model] {key}: {e}"))
     })?;
     let model = apply_config_overrides(model, &raw.model, &key_err)?;
+    if let Some(imp) = &raw.model.experts_implementation
+        && !EXPERTS_IMPLEMENTATIONS.contains(&imp.as_str())
+    {
+        return Err(key_err(
+            "model",
+            "experts_implementation",
+            format!(
+                "[model] experts_implementation = \"{imp}\" is not modelled; use one of {} \
+                 (transformers' `eager` per-expert loop is not modelled yet) or leave it out",
+                EXPERTS_IMPLEMENTATIONS.join(", ")
+            ),
+        ));
+    }
     Ok((model, master_dtype))
 }
 

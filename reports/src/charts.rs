@@ -82,7 +82,7 @@ pub(crate) fn label_area_px_to(labels: &[String], max_chars: usize) -> u32 {
 }
 
 /// Number of decimals that resolves ticks on an axis spanning `0..max`.
-fn decimals(max: f64) -> usize {
+pub(crate) fn decimals(max: f64) -> usize {
     if !(max.is_finite() && max > 0.0) {
         return 0;
     }
@@ -101,7 +101,7 @@ fn time_unit(max_ns: f64) -> (&'static str, f64) {
 }
 
 /// A byte unit that keeps `max_bytes` readable: (name, bytes per unit).
-fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
+pub(crate) fn byte_unit(max_bytes: f64) -> (&'static str, f64) {
     const UNITS: [(&str, f64); 5] = [
         ("TiB", 1_099_511_627_776.0),
         ("GiB", 1_073_741_824.0),
@@ -173,6 +173,25 @@ pub(crate) fn draw_legend(
             short(label),
             (26, y),
             (FONT, 13).into_font().color(&BLACK),
+        ))
+        .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// Draws `lines` of text under a legend of `after_entries` entries in `area` (the lane notes
+/// of a timeline).
+pub(crate) fn draw_notes(
+    area: &Area<'_>,
+    after_entries: usize,
+    lines: &[String],
+) -> Result<(), ChartError> {
+    for (k, line) in lines.iter().enumerate() {
+        let y = 24 + 20 * (after_entries + k) as i32 + 6;
+        area.draw(&Text::new(
+            short_to(line, 30),
+            (8, y),
+            (FONT, 12).into_font().color(&BLACK),
         ))
         .map_err(err)?;
     }
@@ -438,11 +457,11 @@ pub fn tier_traffic_svg(report: &SimReport) -> Result<String, ChartError> {
 }
 
 /// Colour of the device-capacity line on the memory chart.
-const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
+pub(crate) const CAPACITY: RGBColor = RGBColor(0xd6, 0x27, 0x28);
 /// The memory chart's y axis reaches the device capacity when the highest sample is at least
 /// this fraction of it; below, the series would be a flat line at the bottom, so the axis
 /// follows the series and the legend says how far below capacity it stays.
-const CAPACITY_ON_AXIS_FRACTION: f64 = 0.125;
+pub(crate) const CAPACITY_ON_AXIS_FRACTION: f64 = 0.125;
 
 /// Live memory over the step, one line per strategy (a step function, downsampled to the
 /// per-pixel maximum for long series so peaks stay visible), with the device capacity as a
@@ -529,7 +548,9 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
             .map_err(err)?;
         let columns = chart.plotting_area().dim_in_pixel().0.max(1) as usize;
         for (i, run) in &with_series {
-            let points = memory_steps(&run.memory_series, t_max_ns, columns);
+            // Each series ends at its own step end, not at the longest run's.
+            let own_end_ns = (nonneg(run.step_time_s) * 1e9) as u64;
+            let points = memory_steps(&run.memory_series, own_end_ns, t_max_ns, columns);
             chart
                 .draw_series(LineSeries::new(
                     points
@@ -554,9 +575,16 @@ pub fn memory_svg(report: &SimReport) -> Result<String, ChartError> {
     })
 }
 
-/// A memory series as the vertices of its step function, sorted by time; when longer than
-/// two points per pixel column, each column keeps only its highest sample.
-fn memory_steps(series: &[(u64, u64)], t_max_ns: u64, columns: usize) -> Vec<(u64, u64)> {
+/// A memory series as the vertices of its step function, sorted by time, held flat to
+/// `end_ns` (its run's step end; never before its last sample); when longer than two points
+/// per pixel column of an axis spanning `0..t_max_ns`, each column keeps only its highest
+/// sample.
+fn memory_steps(
+    series: &[(u64, u64)],
+    end_ns: u64,
+    t_max_ns: u64,
+    columns: usize,
+) -> Vec<(u64, u64)> {
     let mut sorted = series.to_vec();
     sorted.sort_by_key(|p| p.0); // stable: equal times keep their recorded order
     if sorted.len() > 2 * columns && t_max_ns > 0 {
@@ -578,9 +606,9 @@ fn memory_steps(series: &[(u64, u64)], t_max_ns: u64, columns: usize) -> Vec<(u6
         out.push((t, b));
     }
     if let Some(&(t, b)) = out.last()
-        && t < t_max_ns
+        && t < end_ns
     {
-        out.push((t_max_ns, b));
+        out.push((end_ns, b));
     }
     out
 }
@@ -676,60 +704,74 @@ pub fn timeline_svg(run: &StrategyRun, span_ns: u64) -> Result<Option<TimelineSv
         .iter()
         .map(|c| (c.clone(), palette::category(c)))
         .collect();
+    // The numbered lanes, explained under the colours.
+    let mut notes: Vec<String> = streams
+        .iter()
+        .filter_map(|s| Some(format!("{s}: {}", order::stream_note(s)?)))
+        .collect();
+    if !notes.is_empty() {
+        notes.insert(0, "lanes:".into());
+    }
     let (unit, unit_ns) = time_unit(t_max_ns as f64);
     let x_max = t_max_ns as f64 / unit_ns;
     let mut rectangles = 0;
     let labels: Vec<String> = streams.iter().map(|s| short(s)).collect();
-    let svg = render(chart_height(n, 26, legend.len()), |root| {
-        let (plot, legend_area) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
-        let mut chart = ChartBuilder::on(&plot)
-            .caption(&title, (FONT, 18))
-            .margin(10)
-            .x_label_area_size(36)
-            .y_label_area_size(label_area_px(&labels))
-            .build_cartesian_2d(0.0..x_max, RowAxis::new(n))
-            .map_err(err)?;
-        let dec = decimals(x_max);
-        chart
-            .configure_mesh()
-            .disable_y_mesh()
-            .x_desc(unit)
-            .label_style((FONT, 12))
-            .x_label_formatter(&|v| format!("{v:.dec$}"))
-            .y_label_formatter(&|v| row_at(*v, n).map_or_else(String::new, |i| labels[i].clone()))
-            .draw()
-            .map_err(err)?;
-        let columns = chart.plotting_area().dim_in_pixel().0.max(1) as usize;
-        let col_ns = t_max_ns as f64 / columns as f64;
-        for (i, stream) in streams.iter().enumerate() {
-            let spans: Vec<(u64, u64, usize)> = view
-                .spans
-                .iter()
-                .filter(|s| s.stream == *stream)
-                .filter_map(|s| {
-                    let c = categories.iter().position(|c| *c == s.category)?;
-                    Some((s.start_ns, s.end_ns.max(s.start_ns), c))
-                })
-                .collect();
-            let runs = rasterise(&spans, categories.len(), columns, col_ns);
-            rectangles += runs.len();
-            let y = row_centre(i, n);
-            chart
-                .draw_series(runs.iter().map(|r| {
-                    let x0 = r.start_col as f64 * col_ns / unit_ns;
-                    let x1 = r.end_col as f64 * col_ns / unit_ns;
-                    let alpha = f64::from(r.shade) / f64::from(SHADES);
-                    Rectangle::new(
-                        [(x0, y - 0.38), (x1, y + 0.38)],
-                        palette::category(&categories[r.category])
-                            .mix(alpha)
-                            .filled(),
-                    )
-                }))
+    let svg = render(
+        chart_height(n, 26, legend.len() + notes.len() + 1),
+        |root| {
+            let (plot, legend_area) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
+            let mut chart = ChartBuilder::on(&plot)
+                .caption(&title, (FONT, 18))
+                .margin(10)
+                .x_label_area_size(36)
+                .y_label_area_size(label_area_px(&labels))
+                .build_cartesian_2d(0.0..x_max, RowAxis::new(n))
                 .map_err(err)?;
-        }
-        draw_legend(&legend_area, &legend)
-    })?;
+            let dec = decimals(x_max);
+            chart
+                .configure_mesh()
+                .disable_y_mesh()
+                .x_desc(unit)
+                .label_style((FONT, 12))
+                .x_label_formatter(&|v| format!("{v:.dec$}"))
+                .y_label_formatter(&|v| {
+                    row_at(*v, n).map_or_else(String::new, |i| labels[i].clone())
+                })
+                .draw()
+                .map_err(err)?;
+            let columns = chart.plotting_area().dim_in_pixel().0.max(1) as usize;
+            let col_ns = t_max_ns as f64 / columns as f64;
+            for (i, stream) in streams.iter().enumerate() {
+                let spans: Vec<(u64, u64, usize)> = view
+                    .spans
+                    .iter()
+                    .filter(|s| s.stream == *stream)
+                    .filter_map(|s| {
+                        let c = categories.iter().position(|c| *c == s.category)?;
+                        Some((s.start_ns, s.end_ns.max(s.start_ns), c))
+                    })
+                    .collect();
+                let runs = rasterise(&spans, categories.len(), columns, col_ns);
+                rectangles += runs.len();
+                let y = row_centre(i, n);
+                chart
+                    .draw_series(runs.iter().map(|r| {
+                        let x0 = r.start_col as f64 * col_ns / unit_ns;
+                        let x1 = r.end_col as f64 * col_ns / unit_ns;
+                        let alpha = f64::from(r.shade) / f64::from(SHADES);
+                        Rectangle::new(
+                            [(x0, y - 0.38), (x1, y + 0.38)],
+                            palette::category(&categories[r.category])
+                                .mix(alpha)
+                                .filled(),
+                        )
+                    }))
+                    .map_err(err)?;
+            }
+            draw_legend(&legend_area, &legend)?;
+            draw_notes(&legend_area, legend.len(), &notes)
+        },
+    )?;
     Ok(Some(TimelineSvg {
         svg,
         spans: view.spans.len(),
@@ -760,8 +802,90 @@ mod tests {
 
     #[test]
     fn memory_steps_are_steps() {
-        let steps = memory_steps(&[(10, 5), (0, 1)], 20, 100);
+        let steps = memory_steps(&[(10, 5), (0, 1)], 20, 20, 100);
         assert_eq!(steps, vec![(0, 1), (10, 1), (10, 5), (20, 5)]);
+    }
+
+    #[test]
+    fn a_shorter_run_ends_at_its_own_step_end() {
+        // A 15 ns run on an axis a 40 ns run stretches: held to 15, not drawn flat to 40.
+        let steps = memory_steps(&[(0, 1), (10, 5)], 15, 40, 100);
+        assert_eq!(steps.last(), Some(&(15, 5)));
+        // A series recorded past its step end keeps its last sample.
+        let steps = memory_steps(&[(0, 1), (30, 2)], 15, 40, 100);
+        assert_eq!(steps.last(), Some(&(30, 2)));
+    }
+
+    /// The last x of every `<polyline>` drawn in `stroke` colour.
+    fn polyline_ends(svg: &str, stroke: &str) -> Vec<f64> {
+        svg.split("<polyline")
+            .skip(1)
+            .filter(|p| p.contains(&format!("stroke=\"{stroke}\"")))
+            .filter_map(|p| {
+                let pts = p.split("points=\"").nth(1)?.split('"').next()?;
+                let last = pts.split_whitespace().last()?;
+                last.split(',').next()?.parse().ok()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_memory_chart_ends_each_series_at_its_own_step_end() {
+        let run = |name: &str, step_s: f64| StrategyRun {
+            strategy: name.into(),
+            step_time_s: step_s,
+            memory_series: vec![(0, 1 << 30), (1_000_000, 2 << 30)],
+            ..StrategyRun::default()
+        };
+        let report = SimReport {
+            runs: vec![run("long", 0.004), run("short", 0.002)],
+            ..SimReport::default()
+        };
+        let svg = memory_svg(&report).unwrap();
+        let colour = |i: usize| {
+            let c = palette::series(i);
+            format!("#{:02X}{:02X}{:02X}", c.0, c.1, c.2)
+        };
+        let long = polyline_ends(&svg, &colour(0));
+        let short = polyline_ends(&svg, &colour(1));
+        assert_eq!((long.len(), short.len()), (1, 1), "{svg}");
+        // The 2 ms run stops halfway along the 4 ms axis (plot x from ~74 to ~900 px).
+        assert!(
+            short[0] < long[0] * 0.6,
+            "short ends at {short:?}, long at {long:?}"
+        );
+    }
+
+    #[test]
+    fn timeline_legend_explains_the_numbered_lanes() {
+        let span = |stream: &str, category: &str, start_ns| crate::model::SpanView {
+            op: "x".into(),
+            stream: stream.into(),
+            category: category.into(),
+            start_ns,
+            end_ns: start_ns + 10,
+            bytes: None,
+        };
+        let run = StrategyRun {
+            strategy: "hyperparallel".into(),
+            rank0_timeline: Some(crate::model::RankTimelineView {
+                rank: 0,
+                spans: vec![
+                    span("compute", "compute", 0),
+                    span("aux0", "optimizer", 10),
+                    span("aux1", "fsdp-ag", 20),
+                ],
+            }),
+            ..StrategyRun::default()
+        };
+        let svg = timeline_svg(&run, 40).unwrap().unwrap().svg;
+        for text in [
+            "lanes:",
+            "aux0: Muon replica broadcasts",
+            "aux1: expert shard group AG/RS",
+        ] {
+            assert!(svg.contains(text), "{text} missing from the legend");
+        }
     }
 
     #[test]
@@ -769,7 +893,7 @@ mod tests {
         let series: Vec<(u64, u64)> = (0..1000)
             .map(|t| (t, if t == 501 { 99 } else { 1 }))
             .collect();
-        let steps = memory_steps(&series, 1000, 10);
+        let steps = memory_steps(&series, 1000, 1000, 10);
         assert!(steps.len() <= 21);
         assert!(steps.iter().any(|p| p.1 == 99));
     }

@@ -5,7 +5,17 @@
 //! missing optional value is an empty field.
 
 use crate::model::SimReport;
-use crate::order;
+use hpfsdp_plan::Tier;
+use hpfsdp_program::step::{Category, MemTag};
+
+/// The categories that have communication, hence an exposed-communication column.
+fn comm_categories() -> Vec<&'static str> {
+    Category::ALL
+        .iter()
+        .filter(|c| !matches!(c, Category::Compute | Category::Copy | Category::Host))
+        .map(|c| c.name())
+        .collect()
+}
 
 /// Writes `records` as CSV. Writing to memory cannot fail and `flexible` allows any record
 /// length, so no error can occur; were one to, the output would be cut short, not panic.
@@ -35,26 +45,15 @@ fn opt(v: Option<f64>) -> String {
 /// tier (`<tier>_collectives`, `<tier>_bytes`), peak memory per tag (`peak_<tag>_bytes`), the
 /// optimizer's figures and the peak-memory spread across ranks, and optimizer bytes per tier
 /// (`optimizer_<tier>_bytes`).
-/// Column sets are the union over strategies, in canonical order; absent entries are 0.
+///
+/// One fixed schema for every scenario: a column for every communication category, tier and
+/// memory tag the plan model has ([`Category::ALL`], [`Tier::ALL`], [`MemTag::ALL`], in that
+/// order), 0 where a run has none, so files of different scenarios stack. (Names outside
+/// these enums have no column; the simulator produces none.)
 pub fn summary_csv(report: &SimReport) -> String {
-    let cats = order::categories(
-        report
-            .runs
-            .iter()
-            .flat_map(|r| r.exposed_comm_by_category_s.keys().map(String::as_str)),
-    );
-    let tiers = order::tiers(
-        report
-            .runs
-            .iter()
-            .flat_map(|r| r.tier_bytes.iter().map(|t| t.tier.as_str())),
-    );
-    let tags = order::mem_tags(
-        report
-            .runs
-            .iter()
-            .flat_map(|r| r.peak_memory_by_tag.keys().map(String::as_str)),
-    );
+    let cats: Vec<String> = comm_categories().into_iter().map(String::from).collect();
+    let tiers: Vec<String> = Tier::ALL.iter().map(|t| t.name().to_string()).collect();
+    let tags: Vec<String> = MemTag::ALL.iter().map(|t| t.name().to_string()).collect();
     let mut header: Vec<String> = [
         "scenario",
         "hardware",
@@ -195,4 +194,51 @@ pub fn timeline_csv(report: &SimReport) -> String {
         })
     });
     write_records(std::iter::once(header).chain(rows))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{StrategyRun, TierRow};
+
+    #[test]
+    fn the_summary_has_one_schema_whatever_the_runs_contain() {
+        let empty = SimReport {
+            runs: vec![StrategyRun::default()],
+            ..SimReport::default()
+        };
+        let mut run = StrategyRun::default();
+        run.exposed_comm_by_category_s.insert("ep".into(), 0.5);
+        run.peak_memory_by_tag.insert("grads".into(), 7);
+        run.tier_bytes.push(TierRow {
+            tier: "inter-supernode".into(),
+            collectives: 3,
+            bytes: 9,
+        });
+        let busy = SimReport {
+            runs: vec![run],
+            ..SimReport::default()
+        };
+        let header = |r: &SimReport| summary_csv(r).lines().next().unwrap().to_string();
+        assert_eq!(header(&empty), header(&busy));
+        let h = header(&empty);
+        for col in [
+            "exposed_comm_fsdp-ag_s",
+            "exposed_comm_optimizer_s",
+            "intra-machine_bytes",
+            "inter-supernode_collectives",
+            "peak_activations_bytes",
+            "optimizer_inter-supernode_bytes",
+        ] {
+            assert!(h.split(',').any(|c| c == col), "{col} missing: {h}");
+        }
+        assert!(!h.contains("exposed_comm_compute_s"), "{h}");
+        let busy_csv = summary_csv(&busy);
+        let row: Vec<&str> = busy_csv.lines().nth(1).unwrap().split(',').collect();
+        let col = |name: &str| h.split(',').position(|c| c == name).unwrap();
+        assert_eq!(row[col("exposed_comm_ep_s")], "0.5");
+        assert_eq!(row[col("inter-supernode_bytes")], "9");
+        assert_eq!(row[col("peak_grads_bytes")], "7");
+        assert_eq!(row[col("intra-machine_bytes")], "0");
+    }
 }

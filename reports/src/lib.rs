@@ -41,6 +41,7 @@ mod page;
 mod palette;
 pub mod replay;
 pub mod sweep;
+pub mod sweep_chart;
 pub mod table;
 pub mod units;
 pub mod write;

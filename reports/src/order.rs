@@ -53,6 +53,19 @@ pub fn streams<'a, I: IntoIterator<Item = &'a str>>(names: I) -> Vec<String> {
     sorted(&known, names)
 }
 
+/// What a numbered stream lane carries, for chart legends (the named lanes say it
+/// themselves): `aux0` is the Muon replica broadcasts' stream (`REPLICA_STREAM` of the
+/// HyperParallel Muon strategy, the replicate process group's stream), `aux1` the expert
+/// shard group's stream, which runs its all-gathers and reduce-scatters (`EXPERT_SHARD_STREAM`
+/// of the step emitter; c10d runs each process group's collectives on its own stream).
+pub fn stream_note(name: &str) -> Option<&'static str> {
+    match name {
+        "aux0" => Some("Muon replica broadcasts"),
+        "aux1" => Some("expert shard group AG/RS"),
+        _ => None,
+    }
+}
+
 /// Tier names from the fastest to the slowest tier, unknown ones last.
 pub fn tiers<'a, I: IntoIterator<Item = &'a str>>(names: I) -> Vec<String> {
     let known: Vec<String> = Tier::ALL.iter().map(|t| t.name().to_string()).collect();
@@ -83,5 +96,12 @@ mod tests {
             tiers(["inter-supernode", "intra-machine"]),
             ["intra-machine", "inter-supernode"]
         );
+    }
+
+    #[test]
+    fn the_replica_stream_note_names_the_programs_stream() {
+        let replica = hpfsdp_program::strategy::muon::hyperparallel::REPLICA_STREAM.name();
+        assert_eq!(stream_note(&replica), Some("Muon replica broadcasts"));
+        assert_eq!(stream_note("compute"), None);
     }
 }

@@ -140,9 +140,9 @@ fn csv_parses_back() {
     let summary = summary_csv(&report);
     let mut rdr = csv::Reader::from_reader(summary.as_bytes());
     let headers = rdr.headers().expect("headers").clone();
-    // 13 fixed + 2 categories + overlap + 2 tiers x 2 + peak + 2 tags + fits
-    // + 10 optimizer/memory-spread columns + 2 optimizer tier columns.
-    assert_eq!(headers.len(), 13 + 2 + 1 + 4 + 1 + 2 + 1 + 10 + 2);
+    // One fixed schema: 13 fixed + 8 communication categories + overlap + 3 tiers x 2 + peak
+    // + 6 tags + fits + 10 optimizer/memory-spread columns + 3 optimizer tier columns.
+    assert_eq!(headers.len(), 13 + 8 + 1 + 6 + 1 + 6 + 1 + 10 + 3);
     assert_eq!(&headers[13], "exposed_comm_fsdp-ag_s");
     let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
     let (range, spread) = (col("optimizer_range_s"), col("peak_memory_spread_bytes"));

@@ -531,6 +531,11 @@ pub fn log_log_slope(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
+/// Number of runs [`bench_suite`] makes, with and without exp-d.
+pub fn suite_runs(with_exp_d: bool) -> usize {
+    if with_exp_d { 3 + 4 } else { 3 + 1 }
+}
+
 /// The standard benchmark: the synthetic 768-rank step folded and unfolded and the 1,024-rank
 /// one unfolded (the engine's event rate on 768 and 1,024 units), then, when `exp_d` is given, exp-d with AdamW and with its
 /// distributed Muon, exp-d x4 replicas (3,072 ranks) and x131 (100,608 ranks) with Muon; the
@@ -540,22 +545,43 @@ pub fn bench_suite(
     profile: &HardwareProfile,
     exp_d: Option<&Scenario>,
 ) -> Result<BenchSuite, SimError> {
-    let mut reports = vec![
+    bench_suite_with(profile, exp_d, &mut |_| {})
+}
+
+/// [`bench_suite`], calling `on_run` with each report as soon as its run ends (for progress;
+/// [`suite_runs`] says how many there are).
+pub fn bench_suite_with(
+    profile: &HardwareProfile,
+    exp_d: Option<&Scenario>,
+    on_run: &mut dyn FnMut(&BenchReport),
+) -> Result<BenchSuite, SimError> {
+    let mut reports = Vec::new();
+    let mut done = |r: BenchReport, reports: &mut Vec<BenchReport>| {
+        on_run(&r);
+        reports.push(r);
+    };
+    done(
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, true)?,
+        &mut reports,
+    );
+    done(
         bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
-        // The "unfolded > 3 M events/s up to 1,024 ranks": 64 replicas x 16 shards.
+        &mut reports,
+    );
+    // The "unfolded > 3 M events/s up to 1,024 ranks": 64 replicas x 16 shards.
+    done(
         bench_synthetic(
             &SyntheticConfig::qwen3_like("1,024 ranks (64 x 16), 48 layers", 64, 16, 48),
             profile,
             false,
         )?,
-    ];
+        &mut reports,
+    );
     let Some(d) = exp_d else {
-        reports.push(bench_synthetic(
-            &SyntheticConfig::ranks_100k(),
-            profile,
-            true,
-        )?);
+        done(
+            bench_synthetic(&SyntheticConfig::ranks_100k(), profile, true)?,
+            &mut reports,
+        );
         return Ok(BenchSuite {
             reports,
             muon_over_adamw: None,
@@ -565,7 +591,9 @@ pub fn bench_suite(
     };
     let hp = "hyperparallel";
     let adamw = bench_scenario("exp-d (AdamW)", d.clone(), hp, Some("adamw"), profile)?;
+    done(adamw.clone(), &mut reports);
     let muon = bench_scenario("exp-d (distributed Muon)", d.clone(), hp, None, profile)?;
+    done(muon.clone(), &mut reports);
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
     let muon_over_adamw = Some((
         ratio(muon.wall_s(), adamw.wall_s()),
@@ -574,8 +602,6 @@ pub fn bench_suite(
     ));
     let mut muon_runs = vec![(muon.world_size as f64, muon.wall_s())];
     let mut muon_cpu = vec![(muon.world_size as f64, muon.cpu_s)];
-    reports.push(adamw);
-    reports.push(muon);
     for (name, ranks) in [
         ("exp-d x4 replicas (distributed Muon)", 3_072),
         ("exp-d x131 replicas (distributed Muon)", 100_000),
@@ -583,7 +609,7 @@ pub fn bench_suite(
         let r = bench_scenario(name, scaled_scenario(d, ranks)?, hp, None, profile)?;
         muon_runs.push((r.world_size as f64, r.wall_s()));
         muon_cpu.push((r.world_size as f64, r.cpu_s));
-        reports.push(r);
+        done(r, &mut reports);
     }
     Ok(BenchSuite {
         reports,

@@ -51,6 +51,11 @@ pub struct ComputeSpec {
     /// (0, 1]; 1 when absent.
     #[serde(default = "unit_ratio")]
     pub chunk_cat_relative_bandwidth: f64,
+    /// Bandwidth of indexing and masking element-wise kernels (`masked_fill_`, gathers,
+    /// broadcast multiplies over routed copies) over that of plain memory-bound kernels, in
+    /// (0, 1]; 1 when absent.
+    #[serde(default = "unit_ratio")]
+    pub indexed_relative_bandwidth: f64,
     /// Grouped expert GEMMs as one GEMM over every group's rows (`torch._grouped_mm`: one
     /// launch fills the device across experts) at this fraction of that GEMM's efficiency,
     /// in (0, 1]; absent: each group costed at its own rows (tokens per expert).
@@ -78,6 +83,7 @@ impl Default for ComputeSpec {
             attention_seq_half: 256.0,
             foreach_relative_bandwidth: 1.0,
             chunk_cat_relative_bandwidth: 1.0,
+            indexed_relative_bandwidth: 1.0,
             grouped_gemm_relative_efficiency: None,
             table: None,
         }
@@ -140,11 +146,16 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
         KernelClass::Attention { seq, .. } => attention_efficiency(seq, profile),
         // Element-wise arithmetic is never the bound of these kernels; the ceiling keeps the
         // roofline defined.
-        KernelClass::MemoryBound | KernelClass::MultiTensorApply => c.gemm_ceiling,
+        KernelClass::MemoryBound
+        | KernelClass::MultiTensorApply
+        | KernelClass::IndexedElementwise => c.gemm_ceiling,
     };
     let bandwidth = match k.class {
         KernelClass::MultiTensorApply => {
             c.hbm_efficiency * profile.compute.foreach_relative_bandwidth
+        }
+        KernelClass::IndexedElementwise => {
+            c.hbm_efficiency * profile.compute.indexed_relative_bandwidth
         }
         _ => c.hbm_efficiency,
     };

@@ -512,6 +512,10 @@ impl HardwareProfile {
             "compute.chunk_cat_relative_bandwidth",
             k.chunk_cat_relative_bandwidth,
         )?;
+        fraction(
+            "compute.indexed_relative_bandwidth",
+            k.indexed_relative_bandwidth,
+        )?;
         if let Some(r) = k.grouped_gemm_relative_efficiency {
             fraction("compute.grouped_gemm_relative_efficiency", r)?;
         }

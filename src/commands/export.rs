@@ -1,6 +1,6 @@
 //! `hpfsdp export`: a scenario's step programs as Chakra execution traces (one
-//! `<name>.<rank>.et` per rank and `<name>.comm_groups.json`), to run the plan in other
-//! simulators such as ASTRA-sim.
+//! `<name>.<rank>.et` per rank and `<name>.comm_groups.json`) with ASTRA-sim's system, network
+//! and memory configurations, to run the plan in other simulators such as ASTRA-sim.
 
 use anyhow::{Context, Result, bail};
 use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
@@ -41,6 +41,7 @@ pub fn run(args: &ExportArgs) -> Result<ExitCode> {
     let profile =
         HardwareProfile::load_named(&scenario.file.hardware, hardware_dir_for(&args.scenario))
             .with_context(|| format!("loading hardware profile '{}'", scenario.file.hardware))?;
+    let plans_name = scenario.file.name.clone();
     let plans = ScenarioPlans::new(scenario);
     let lint = crate::commands::scenario_figures::plan_check(&plans);
     if let Some(first) = lint.errors.first() {
@@ -59,16 +60,30 @@ pub fn run(args: &ExportArgs) -> Result<ExitCode> {
         &args.chakra,
     )
     .with_context(|| format!("exporting {} as Chakra traces", args.scenario.display()))?;
+    let file = |p: &PathBuf| {
+        p.file_name()
+            .map_or(String::new(), |f| f.to_string_lossy().into_owned())
+    };
     println!(
-        "wrote {} Chakra trace(s) ({} nodes, {} process groups) and {} into {}",
+        "wrote {} Chakra trace(s) ({} nodes, {} process groups), {}, {}, {} and {} into {}",
         summary.traces.len(),
         summary.nodes,
         summary.groups,
-        summary
-            .comm_groups
-            .file_name()
-            .map_or(String::new(), |f| f.to_string_lossy().into_owned()),
+        file(&summary.comm_groups),
+        file(&summary.system),
+        file(&summary.network),
+        file(&summary.memory),
         args.chakra.display()
+    );
+    let at = |p: &PathBuf| p.display().to_string();
+    let prefix = args.chakra.join(&plans_name);
+    println!(
+        "run it in ASTRA-sim's analytical backend:\n  AstraSim_Analytical_Congestion_Unaware --workload-configuration={} --comm-group-configuration={} --system-configuration={} --network-configuration={} --remote-memory-configuration={}",
+        prefix.display(),
+        at(&summary.comm_groups),
+        at(&summary.system),
+        at(&summary.network),
+        at(&summary.memory)
     );
     Ok(ExitCode::SUCCESS)
 }

@@ -1,14 +1,17 @@
 //! `hpfsdp gate`: the CI gate over scenario files. Per scenario: plan digest and lint, the
-//! verification of its tiny twin, and the predicted step time, tokens/s, peak memory and bytes
-//! per tier of every listed strategy, checked against a lock file (`hpfsdp.lock`).
+//! verification of its tiny twin, and the predicted throughput (tokens/s; step time when a
+//! scenario has no tokens), peak memory and bytes per tier of every listed strategy, checked
+//! against a lock file (`hpfsdp.lock`) whose figures are validated when it is read.
 //!
 //! Exit status: 0 when every check passes, 1 when one fails, 2 on bad input (a scenario,
 //! profile, twin or lock that cannot be read).
 
 pub mod checks;
+pub mod digest;
 pub mod evaluate;
 pub mod junit;
 pub mod lock;
+pub mod lock_check;
 pub mod summary;
 
 use anyhow::{Context, Result, bail};
@@ -36,9 +39,14 @@ pub struct GateArgs {
     /// Write a Markdown summary (for a pull-request comment) to FILE.
     #[arg(long, value_name = "FILE")]
     pub markdown: Option<PathBuf>,
-    /// Largest accepted step-time regression vs the lock, percent.
+    /// Largest accepted regression vs the lock, percent: of throughput (tokens/s), or of
+    /// step time for a scenario without tokens.
     #[arg(long, default_value_t = 2.0, value_name = "N")]
     pub max_regression_pct: f64,
+    /// Print the outcome as JSON (every check with its status, message, diff and time)
+    /// instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Runs the gate.
@@ -77,10 +85,9 @@ pub fn run(args: &GateArgs) -> Result<ExitCode> {
         &args.lock.display().to_string(),
         args.max_regression_pct,
     );
-    print!("{}", summary::terminal(&checks));
-    let (failed, total) = summary::counts(&checks);
+    let (failed, _) = summary::counts(&checks);
     if let Some(path) = &args.junit {
-        write(path, &junit::junit_xml(&checks))?;
+        write(path, &junit::junit_xml(&checks)?)?;
     }
     if let Some(path) = &args.markdown {
         write(path, &report.to_markdown())?;
@@ -91,14 +98,30 @@ pub fn run(args: &GateArgs) -> Result<ExitCode> {
             lock.scenario.insert(e.name.clone(), lock_entry(e));
         }
         lock.save(&args.lock)?;
-        println!("wrote {}", args.lock.display());
     }
-    if failed == 0 {
+    if args.json {
         println!(
-            "gate: all {total} checks passed ({} scenario(s))",
-            evals.len()
+            "{}",
+            summary::json(&evals, &checks, args.update.then_some(&args.lock))?
         );
-        Ok(ExitCode::SUCCESS)
+    } else {
+        print_outcome(&checks, evals.len());
+        if args.update {
+            println!("wrote {}", args.lock.display());
+        }
+    }
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_outcome(checks: &[CheckOutcome], scenarios: usize) {
+    print!("{}", summary::terminal(checks));
+    let (failed, total) = summary::counts(checks);
+    if failed == 0 {
+        println!("gate: all {total} checks passed ({scenarios} scenario(s))");
     } else {
         println!("gate: {failed} of {total} checks FAILED");
         for c in checks.iter().filter(|c| c.status == checks::Status::Fail) {
@@ -107,7 +130,6 @@ pub fn run(args: &GateArgs) -> Result<ExitCode> {
                 println!("      {line}");
             }
         }
-        Ok(ExitCode::from(1))
     }
 }
 

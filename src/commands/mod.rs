@@ -16,6 +16,7 @@ pub mod lint_gate;
 pub mod muon;
 pub mod plan;
 pub mod preflight;
+pub mod progress;
 pub mod replay;
 pub mod sanity;
 pub mod scenario_figures;

@@ -11,6 +11,7 @@ use hpfsdp_plan::muon::build_muon_plan;
 use hpfsdp_plan::planner::lint::Severity;
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{RunOptions, ScenarioPlans, SimJob, simulate_strategy};
+use indexmap::IndexMap;
 use std::collections::BTreeMap;
 
 /// The plan side of a scenario: its digest and its lint.
@@ -22,10 +23,16 @@ pub struct PlanCheck {
     pub errors: Vec<String>,
     /// Lint warnings, one line each.
     pub warnings: Vec<String>,
+    /// Short digest of every plan entry (`sharding.params`, `fsdp.units`, `muon.batches`, ...),
+    /// in plan order, so a digest change can name what changed.
+    pub entries: IndexMap<String, String>,
 }
 
+/// Hex characters kept of each plan entry's digest (64 bits: enough to tell entries apart).
+pub const ENTRY_DIGEST_CHARS: usize = 16;
+
 /// The predicted figures of one simulated strategy.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct RunFigures {
     /// Strategy name as `simulate` prints it (`hyperparallel`, `fsdp2`, `hyperparallel+dmuon`).
     pub strategy: String,
@@ -35,6 +42,8 @@ pub struct RunFigures {
     pub step_time_s: f64,
     /// Tokens per second of the whole job.
     pub tokens_per_s: Option<f64>,
+    /// Tokens the whole job processes per step (the workload the step time is for).
+    pub tokens_per_step: Option<u64>,
     /// Highest peak memory over ranks, bytes.
     pub peak_memory_bytes: u64,
     /// The device's HBM capacity, bytes.
@@ -62,7 +71,41 @@ pub fn plan_check(plans: &ScenarioPlans) -> PlanCheck {
         digest,
         errors,
         warnings,
+        entries: plan_entries(&[
+            ("sharding", serde_json::to_value(&plans.sharding)),
+            ("fsdp", serde_json::to_value(&plans.fsdp)),
+            ("muon", serde_json::to_value(&muon)),
+        ]),
     }
+}
+
+/// One short digest per top-level field of each plan (`<plan>.<field>`), in plan order.
+fn plan_entries(
+    plans: &[(&str, serde_json::Result<serde_json::Value>)],
+) -> IndexMap<String, String> {
+    let mut out = IndexMap::new();
+    for (name, value) in plans {
+        match value {
+            Ok(serde_json::Value::Object(fields)) => {
+                for (field, v) in fields {
+                    out.insert(format!("{name}.{field}"), short_digest(v));
+                }
+            }
+            Ok(other) => {
+                out.insert(name.to_string(), short_digest(other));
+            }
+            Err(e) => {
+                out.insert(name.to_string(), format!("unserializable: {e}"));
+            }
+        }
+    }
+    out
+}
+
+fn short_digest(v: &serde_json::Value) -> String {
+    let mut d = hpfsdp_plan::digest::digest_json(v);
+    d.truncate(ENTRY_DIGEST_CHARS);
+    d
 }
 
 /// Simulates one job (folded, without a timeline: only the summary figures are kept).
@@ -91,6 +134,7 @@ pub fn simulate_job(
         optimizer: s.optimizer.clone(),
         step_time_s: s.step_time_s,
         tokens_per_s: s.tokens_per_s,
+        tokens_per_step: Some(plans.scenario.tokens_per_step()).filter(|t| *t > 0),
         peak_memory_bytes: s.peak_memory_bytes,
         hbm_capacity_bytes: profile.device.hbm_capacity_bytes,
         memory_fits: s.memory_fits,

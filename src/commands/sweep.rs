@@ -2,8 +2,9 @@
 //! (any dotted scenario key), in parallel, and write `sweep.csv` and `sweep.html` with the
 //! Pareto front of tokens/s vs peak memory and the best feasible point.
 //!
-//! A point whose scenario does not load or whose plan has lint errors is reported with the
-//! error instead of aborting the sweep. Points are evaluated on a rayon pool of `--jobs`
+//! Each point is simulated on its own hardware profile (`--vary hardware=a,b` loads each one).
+//! A point whose scenario or profile does not load or whose plan has lint errors is reported
+//! as invalid with the error instead of aborting the sweep. Points are evaluated on a rayon pool of `--jobs`
 //! threads and collected in point order, so the files are identical for any `--jobs`.
 
 use crate::commands::scenario_figures::{RunFigures, plan_check, simulate_job};
@@ -14,7 +15,7 @@ use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
 use hpfsdp_reports::sweep::{SweepReport, SweepRow, sweep_csv, sweep_html};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{ScenarioPlans, SimJob, hardware_dir_for};
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -32,9 +33,12 @@ pub struct SweepArgs {
     /// baselines and its optimizer baselines).
     #[arg(long = "strategy", value_name = "S")]
     pub strategies: Vec<String>,
-    /// Where to write sweep.csv and sweep.html.
-    #[arg(long, value_name = "DIR", default_value = "reports/sweep")]
+    /// Where to write sweep.csv and sweep.html (default under the ignored `out/` folder).
+    #[arg(long, value_name = "DIR", default_value = "out/sweep")]
     pub out: PathBuf,
+    /// Print the rows as JSON instead of the table (the files are written all the same).
+    #[arg(long)]
+    pub json: bool,
     /// Points simulated at once (default: one per core; per process under `--under-mpi`).
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
@@ -98,7 +102,7 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
         .filter(|&i| spread.as_ref().is_none_or(|s| s.owns(i)))
         .collect();
     let bar = if lead {
-        progress(mine.len() * jobs.len())
+        crate::commands::progress::bar(mine.len() * jobs.len(), "simulations")
     } else {
         ProgressBar::hidden()
     };
@@ -123,12 +127,20 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
     }
     let report = SweepReport {
         scenario: base.file.name.clone(),
-        hardware: profile.name.clone(),
+        hardware: hardware_label(&profile.name, &rows),
         keys: axes.iter().map(|(k, _)| k.clone()).collect(),
         rows: mark_front(rows),
     };
-    write_outputs(&args.out, &report)?;
-    print_summary(&report);
+    let files = write_outputs(&args.out, &report)?;
+    if args.json {
+        let value = serde_json::json!({ "report": report, "files": files });
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        for f in &files {
+            println!("wrote {f}");
+        }
+        print_summary(&report);
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -171,13 +183,16 @@ fn product(axes: &[(String, Vec<toml::Value>)]) -> Vec<Point> {
     points
 }
 
-fn progress(len: usize) -> ProgressBar {
-    let bar = ProgressBar::new(len as u64);
-    bar.set_style(
-        ProgressStyle::with_template("{bar:30} {pos}/{len} simulations ({elapsed}, eta {eta})")
-            .unwrap_or_else(|_| ProgressStyle::default_bar()),
-    );
-    bar
+/// The profile names the rows were simulated on: the base's, or every distinct one when
+/// `hardware` is varied.
+fn hardware_label(base: &str, rows: &[SweepRow]) -> String {
+    let mut names: Vec<&str> = rows.iter().filter_map(|r| r.hardware.as_deref()).collect();
+    names.sort_unstable();
+    names.dedup();
+    match names.as_slice() {
+        [] => base.to_string(),
+        names => names.join(", "),
+    }
 }
 
 /// The rows of one point: one per job, or one `invalid` row when the point's scenario does
@@ -213,6 +228,24 @@ fn evaluate_point(
         Ok(s) => s,
         Err(e) => return invalid(strip_location(&e.to_string())),
     };
+    // The point's own profile when it names another (`--vary hardware=...`).
+    let own;
+    let profile = if scenario.file.hardware == profile.name {
+        profile
+    } else {
+        match HardwareProfile::load_named(&scenario.file.hardware, hardware_dir_for(path)) {
+            Ok(p) => {
+                own = p;
+                &own
+            }
+            Err(e) => {
+                return invalid(format!(
+                    "hardware profile '{}': {e}",
+                    scenario.file.hardware
+                ));
+            }
+        }
+    };
     let plans = ScenarioPlans::new(scenario);
     let lint = plan_check(&plans);
     if !lint.errors.is_empty() {
@@ -221,7 +254,10 @@ fn evaluate_point(
     jobs.iter()
         .map(|job| {
             let row = match simulate_job(&plans, job, profile) {
-                Ok(f) => figures_row(index, &values, &f),
+                Ok(f) => SweepRow {
+                    hardware: Some(profile.name.clone()),
+                    ..figures_row(index, &values, &f)
+                },
                 Err(e) => SweepRow {
                     point: index,
                     values: values.clone(),
@@ -297,17 +333,18 @@ fn mark_front(mut rows: Vec<SweepRow>) -> Vec<SweepRow> {
     rows
 }
 
-fn write_outputs(dir: &Path, report: &SweepReport) -> Result<()> {
+fn write_outputs(dir: &Path, report: &SweepReport) -> Result<Vec<String>> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let mut files = Vec::new();
     for (name, body) in [
         ("sweep.csv", sweep_csv(report)),
         ("sweep.html", sweep_html(report)),
     ] {
         let path = dir.join(name);
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
-        println!("wrote {}", path.display());
+        files.push(path.display().to_string());
     }
-    Ok(())
+    Ok(files)
 }
 
 fn print_summary(report: &SweepReport) {

@@ -161,6 +161,26 @@ pub enum EagerRecipe {
     /// The routed experts' activation on HyperParallel's expert-parallel grouped-GEMM path:
     /// one fused `torch_npu.npu_swiglu` each way.
     NpuSwiGlu,
+    /// transformers' `grouped_mm` experts (`integrations/moe.py::grouped_mm_experts_forward`,
+    /// transformers 5.17) before the first grouped GEMM, per routed copy: `torch.sort` of the
+    /// expert ids (8 radix-sort kernels), `perm // top_k`, the gathers of the hidden states and
+    /// the routing weights, the int cast, `histc` (2), `cumsum` (3), the sentinel compare,
+    /// `clamp_`, `masked_fill_` of the gathered states, and `_grouped_mm`'s
+    /// `prepare_grouped_gemm_data` of both grouped GEMMs (2). Backward: the `masked_fill_`,
+    /// the gather's index backward (zeros, 8-kernel sort, `indexing_backward`, 2 segment
+    /// kernels), the weights' `index_put_` (2) and both GEMMs' data preparation for dX and dW
+    /// (4). Bytes per element of the `top_k x hidden` copies (bf16): gather and masked fill
+    /// read and write each once. The counts match the MoE run's kernel table
+    /// (`shared/calibration/h200/profiles/kernels-moe30b-4l-mbs1-grouped.csv`: 98
+    /// radix-sort kernels = 3 sorts x 8 x 4 layers, 24 `prepare_grouped_gemm_data`, 8
+    /// `indexing_backward`, 8 `_index_put_impl_`).
+    GroupedMmDispatch,
+    /// transformers' `grouped_mm` experts after the last grouped GEMM, per routed copy: the
+    /// two out-of-place `masked_fill`s (gate-up and down outputs), the routing-weight
+    /// multiply, `inv_perm` (`arange`, `index_put_`), the reorder gather and the sum over
+    /// `top_k`; backward the reorder's index backward (sort-based, 12 kernels), the multiply's
+    /// two gradients (3) and both masked fills (2).
+    GroupedMmCombine,
 }
 
 /// RMSNorm backward kernels (`Qwen3RMSNorm` forward `w * (x.float() * rsqrt(mean(x.float()^2)
@@ -195,6 +215,8 @@ impl EagerRecipe {
             EagerRecipe::EpRegroup => (4, 4.0),
             EagerRecipe::EpCombine => (5, 10.0),
             EagerRecipe::NpuSwiGlu => (1, 6.0),
+            EagerRecipe::GroupedMmDispatch => (22, 8.0),
+            EagerRecipe::GroupedMmCombine => (7, 17.0),
         }
     }
 
@@ -215,7 +237,19 @@ impl EagerRecipe {
             EagerRecipe::EpRegroup => (2, 8.0),
             EagerRecipe::EpCombine => (6, 16.0),
             EagerRecipe::NpuSwiGlu => (1, 10.0),
+            EagerRecipe::GroupedMmDispatch => (19, 10.0),
+            EagerRecipe::GroupedMmCombine => (17, 19.0),
         }
+    }
+
+    /// Whether the recipe's kernels index, mask or broadcast (gathers, masked fills, sorts,
+    /// scatter-adds over `[copies, hidden]`): they reach a fraction of a streaming kernel's
+    /// bandwidth ([`crate::kernel::KernelClass::IndexedElementwise`]).
+    pub fn is_indexed(self) -> bool {
+        matches!(
+            self,
+            EagerRecipe::GroupedMmDispatch | EagerRecipe::GroupedMmCombine
+        )
     }
 }
 

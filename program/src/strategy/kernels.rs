@@ -56,6 +56,9 @@ pub struct KernelCtx {
     pub ep: u64,
     /// Model hidden size (the token width entering and leaving the experts).
     pub hidden: u64,
+    /// The routed experts run transformers' `grouped_mm` path (`[model]
+    /// experts_implementation = "grouped_mm"`): its dispatch and combine recipes.
+    pub hf_grouped_mm: bool,
 }
 
 impl KernelCtx {
@@ -82,6 +85,8 @@ impl KernelCtx {
             routed,
             ep: m.ep.max(1) as u64,
             hidden: cfg.hidden_size,
+            hf_grouped_mm: scenario.file.model.experts_implementation.as_deref()
+                == Some("grouped_mm"),
         }
     }
 
@@ -92,6 +97,8 @@ impl KernelCtx {
         match recipe {
             EagerRecipe::TokenPermute if self.ep > 1 => EagerRecipe::EpDispatch,
             EagerRecipe::ExpertCombine if self.ep > 1 => EagerRecipe::EpCombine,
+            EagerRecipe::TokenPermute if self.hf_grouped_mm => EagerRecipe::GroupedMmDispatch,
+            EagerRecipe::ExpertCombine if self.hf_grouped_mm => EagerRecipe::GroupedMmCombine,
             r => r,
         }
     }
@@ -212,16 +219,23 @@ fn memory_bound(
     let (fk, fb) = recipe.fwd();
     let (bk, bb) = recipe.bwd();
     let flops = flops.round() as u64;
+    let class = if recipe.is_indexed() {
+        KernelClass::IndexedElementwise
+    } else {
+        KernelClass::MemoryBound
+    };
+    let work = |count, flops, bytes: f64| KernelWork {
+        class,
+        count,
+        flops,
+        hbm_bytes: bytes.round() as u64,
+    };
     (
-        vec![KernelWork::memory_bound(
-            fk,
-            flops,
-            (elems * fb * scale).round() as u64,
-        )],
-        vec![KernelWork::memory_bound(
+        vec![work(fk, flops, elems * fb * scale)],
+        vec![work(
             bk,
             2 * flops,
-            (elems * bb * scale).round() as u64,
+            elems * bb * scale,
         )],
     )
 }
@@ -381,6 +395,7 @@ mod tests {
             routed: Some(busiest_rank_load(8192.0 / tp as f64, 128, 8, 1, 1.0)),
             ep: 1,
             hidden: 2048,
+            hf_grouped_mm: false,
         }
     }
 

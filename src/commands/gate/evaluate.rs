@@ -10,9 +10,11 @@ use hpfsdp_reference::verify::VerifySpec;
 use hpfsdp_reference::verify::report::verify;
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::{ScenarioPlans, SimJob, hardware_dir_for};
+use indicatif::ProgressBar;
 use rayon::prelude::*;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 /// A scenario without a `[gate] verify` twin is verified itself when the reference executor
 /// accepts it and it has at most this many parameters (the verification scenarios have tens of
@@ -48,7 +50,22 @@ pub struct Evaluated {
     /// Verification outcome.
     pub verify: VerifyOutcome,
     /// Each listed job: its label and its figures (or why it could not be simulated).
-    pub runs: Vec<(String, Result<RunFigures, String>)>,
+    pub runs: Vec<JobRun>,
+    /// Wall time of deriving and linting the plans, seconds.
+    pub plan_s: f64,
+    /// Wall time of the verification (of the twin, run once however many scenarios name it).
+    pub verify_s: f64,
+}
+
+/// One simulated job of a scenario.
+#[derive(Debug, Clone)]
+pub struct JobRun {
+    /// `strategy` or `strategy+optimizer`.
+    pub label: String,
+    /// Its figures, or why it could not be simulated.
+    pub figures: Result<RunFigures, String>,
+    /// Wall time of the simulation, seconds.
+    pub seconds: f64,
 }
 
 /// A scenario loaded and planned, before the expensive work.
@@ -89,8 +106,9 @@ pub fn expand_inputs(inputs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Loads, verifies and simulates every scenario. `Err` is bad input (an unreadable or invalid
-/// scenario, profile or verification twin).
+/// Loads, verifies and simulates every scenario, showing progress per verification and
+/// simulation on a terminal. `Err` is bad input (an unreadable or invalid scenario, profile
+/// or verification twin).
 pub fn evaluate_all(files: &[PathBuf]) -> Result<Vec<Evaluated>> {
     let loaded = files.iter().map(|f| load(f)).collect::<Result<Vec<_>>>()?;
     crate::commands::gate::lock::Lock::check_unique_names(
@@ -117,56 +135,84 @@ pub fn evaluate_all(files: &[PathBuf]) -> Result<Vec<Evaluated>> {
             Ok((t.clone(), spec))
         })
         .collect::<Result<Vec<_>>>()?;
-    // Sequential and outside the rayon pool: the in-process backend blocks one thread per
-    // rank in its collectives, which would deadlock a pool with fewer threads than ranks.
-    let verified: BTreeMap<PathBuf, VerifyOutcome> = specs
-        .iter()
-        .map(|(t, spec)| (t.clone(), run_verify(t, spec)))
-        .collect();
     let jobs: Vec<(usize, SimJob)> = loaded
         .iter()
         .enumerate()
         .flat_map(|(i, l)| l.plans.listed_runs().into_iter().map(move |j| (i, j)))
         .collect();
-    let plan_checks: Vec<PlanCheck> = loaded.par_iter().map(|l| plan_check(&l.plans)).collect();
-    let results: Vec<(usize, String, Result<RunFigures, String>)> = jobs
-        .par_iter()
-        .map(|(i, job)| {
-            let l = &loaded[*i];
-            let label = match &job.optimizer {
-                Some(o) => format!("{}+{o}", job.strategy),
-                None => job.strategy.clone(),
-            };
-            let r = if plan_checks[*i].errors.is_empty() {
-                simulate_job(&l.plans, job, &l.profile).map_err(|e| format!("{e:#}"))
-            } else {
-                Err("not simulated: the plan has lint errors".to_string())
-            };
-            (*i, label, r)
+    let bar = crate::commands::progress::bar(specs.len() + jobs.len(), "checks");
+    // Sequential and outside the rayon pool: the in-process backend blocks one thread per
+    // rank in its collectives, which would deadlock a pool with fewer threads than ranks.
+    let verified: BTreeMap<PathBuf, (VerifyOutcome, f64)> = specs
+        .iter()
+        .map(|(t, spec)| {
+            bar.set_message(format!("verifying {}", t.display()));
+            let start = Instant::now();
+            let outcome = run_verify(t, spec);
+            bar.inc(1);
+            (t.clone(), (outcome, start.elapsed().as_secs_f64()))
         })
         .collect();
+    let plan_checks: Vec<(PlanCheck, f64)> = loaded
+        .par_iter()
+        .map(|l| {
+            let start = Instant::now();
+            (plan_check(&l.plans), start.elapsed().as_secs_f64())
+        })
+        .collect();
+    let results: Vec<(usize, JobRun)> = jobs
+        .par_iter()
+        .map(|(i, job)| (*i, simulate(&loaded[*i], &plan_checks[*i].0, job, &bar)))
+        .collect();
+    bar.finish_and_clear();
     Ok(loaded
         .into_iter()
         .zip(plan_checks)
         .enumerate()
-        .map(|(i, (l, plan))| Evaluated {
-            name: l.plans.scenario.file.name.clone(),
-            hardware: l.profile.name.clone(),
-            profile_digest: l.profile_digest,
-            plan,
-            verify_file: l.verify_file.as_ref().map(|p| p.display().to_string()),
-            verify: l.verify_file.as_ref().map_or_else(
-                || VerifyOutcome::Skipped(l.verify_skip.clone()),
+        .map(|(i, (l, (plan, plan_s)))| {
+            let (verify, verify_s) = l.verify_file.as_ref().map_or_else(
+                || (VerifyOutcome::Skipped(l.verify_skip.clone()), 0.0),
                 |p| verified[p].clone(),
-            ),
-            runs: results
-                .iter()
-                .filter(|(j, _, _)| *j == i)
-                .map(|(_, label, r)| (label.clone(), r.clone()))
-                .collect(),
-            file: l.file,
+            );
+            Evaluated {
+                name: l.plans.scenario.file.name.clone(),
+                hardware: l.profile.name.clone(),
+                profile_digest: l.profile_digest,
+                plan,
+                verify_file: l.verify_file.as_ref().map(|p| p.display().to_string()),
+                verify,
+                runs: results
+                    .iter()
+                    .filter(|(j, _)| *j == i)
+                    .map(|(_, r)| r.clone())
+                    .collect(),
+                plan_s,
+                verify_s,
+                file: l.file,
+            }
         })
         .collect())
+}
+
+/// Simulates one job of a loaded scenario (not when its plan has lint errors).
+fn simulate(l: &Loaded, plan: &PlanCheck, job: &SimJob, bar: &ProgressBar) -> JobRun {
+    let label = match &job.optimizer {
+        Some(o) => format!("{}+{o}", job.strategy),
+        None => job.strategy.clone(),
+    };
+    bar.set_message(format!("{} {label}", l.plans.scenario.file.name));
+    let start = Instant::now();
+    let figures = if plan.errors.is_empty() {
+        simulate_job(&l.plans, job, &l.profile).map_err(|e| format!("{e:#}"))
+    } else {
+        Err("not simulated: the plan has lint errors".to_string())
+    };
+    bar.inc(1);
+    JobRun {
+        label,
+        figures,
+        seconds: start.elapsed().as_secs_f64(),
+    }
 }
 
 fn load(path: &Path) -> Result<Loaded> {

@@ -3,6 +3,7 @@
 //! a readable diff of the lock.
 
 use anyhow::{Context, Result, bail};
+use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -32,6 +33,10 @@ pub struct ScenarioLock {
     pub file: String,
     /// Digest of its sharding, FSDP and Muon plans.
     pub plan_digest: String,
+    /// Short digest of each plan entry (`fsdp.units`, ...), so a changed digest can name the
+    /// entries that changed (absent in locks written before they were recorded).
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub plan_entries: IndexMap<String, String>,
     /// Hardware profile name.
     pub hardware: String,
     /// Digest of the hardware profile the figures were predicted with.
@@ -53,6 +58,10 @@ pub struct StrategyLock {
     /// Tokens per second of the whole job (absent when the scenario has no tokens).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_s: Option<f64>,
+    /// Tokens per step of the whole job (absent in older locks: then `tokens_per_s x
+    /// step_time_s`, rounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_step: Option<u64>,
     /// Highest peak memory over ranks, bytes.
     pub peak_memory_bytes: u64,
     /// Bytes per step per tier on the critical rank.
@@ -73,7 +82,7 @@ impl Lock {
                 path.display()
             )
         })?;
-        toml::from_str(&text).map_err(|e| {
+        let lock: Lock = toml::from_str(&text).map_err(|e| {
             let line = e.span().map_or(0, |s| {
                 text[..s.start.min(text.len())].matches('\n').count() + 1
             });
@@ -82,6 +91,25 @@ impl Lock {
                 path.display(),
                 e.message().trim()
             )
+        })?;
+        if let Some(bad) = crate::commands::gate::lock_check::first_bad_figure(&lock) {
+            bail!(
+                "{}{}: {}; fix the entry or regenerate the lock with --update",
+                path.display(),
+                crate::commands::gate::lock_check::line_of(&text, &bad)
+                    .map_or(String::new(), |l| format!(":{l}")),
+                bad
+            );
+        }
+        Ok(lock)
+    }
+
+    /// The tokens per step a locked strategy was measured with: recorded, or derived from its
+    /// tokens/s and step time.
+    pub fn tokens_per_step(locked: &StrategyLock) -> Option<u64> {
+        locked.tokens_per_step.or_else(|| {
+            let t = locked.tokens_per_s? * locked.step_time_s;
+            (t.is_finite() && t >= 0.5).then(|| t.round() as u64)
         })
     }
 
@@ -121,9 +149,10 @@ mod tests {
         };
         let mut s = ScenarioLock {
             file: "scenarios/paper/exp-b.toml".into(),
-            plan_digest: "abc".into(),
+            plan_digest: "ab".repeat(32),
+            plan_entries: [("fsdp.units".to_string(), "0123456789abcdef".to_string())].into(),
             hardware: "ascend-910c-a3".into(),
-            profile_digest: "def".into(),
+            profile_digest: "de".repeat(32),
             verify: Some("scenarios/verify/moe-ep2-fsdp2-muon.toml".into()),
             ..ScenarioLock::default()
         };
@@ -132,6 +161,7 @@ mod tests {
             StrategyLock {
                 step_time_s: 1.25,
                 tokens_per_s: Some(1000.5),
+                tokens_per_step: Some(1251),
                 peak_memory_bytes: 42,
                 tier_bytes: [("intra-machine".to_string(), 7u64)].into(),
                 optimizer_tier_bytes: BTreeMap::new(),
@@ -149,5 +179,14 @@ mod tests {
             "{err}"
         );
         std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_shipped_lock_loads_and_derives_tokens_per_step() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("hpfsdp.lock");
+        let lock = Lock::load(&path).expect("hpfsdp.lock is accepted as it is");
+        let exp_a = &lock.scenario["exp-a-mbs1"].strategy["hyperparallel"];
+        assert_eq!(exp_a.tokens_per_step, None);
+        assert_eq!(Lock::tokens_per_step(exp_a), Some(131_072));
     }
 }
