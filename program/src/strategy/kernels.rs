@@ -232,11 +232,7 @@ fn memory_bound(
     };
     (
         vec![work(fk, flops, elems * fb * scale)],
-        vec![work(
-            bk,
-            2 * flops,
-            elems * bb * scale,
-        )],
+        vec![work(bk, 2 * flops, elems * bb * scale)],
     )
 }
 
