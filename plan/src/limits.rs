@@ -5,8 +5,8 @@
 //! or the reference executor is bounded here, so that no product of them overflows 64 bits, no
 //! loop runs for hours and no buffer grows past a machine's memory. The bounds sit far above
 //! every real training setup (the largest published models and clusters) and far below the
-//! points where the arithmetic breaks; [`markdown_table`] renders them for the README's
-//! "Scenario format" section so the documentation and the code cannot disagree.
+//! points where the arithmetic breaks; [`markdown_table`] renders them for the
+//! docs/scenario-format.md "Limits" section so the documentation and the code cannot disagree.
 
 /// An inclusive integer range one scenario or model key must lie in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +36,8 @@ impl Limit {
             Ok(value)
         } else {
             Err(format!(
-                "{key} = {value} is outside the accepted range {}..={} ({}); see README.md \
-                 \"Scenario format\" for the limits",
+                "{key} = {value} is outside the accepted range {}..={} ({}); see \
+                 docs/scenario-format.md (\"Limits\") for the limits",
                 group(self.min),
                 group(self.max),
                 self.why
@@ -257,7 +257,7 @@ pub fn check_f64(key: &str, value: f64, min: f64, max: f64) -> Result<f64, Strin
     }
 }
 
-/// The limits as the Markdown table of the README's "Scenario format" section.
+/// The limits as the Markdown table of docs/scenario-format.md ("Limits").
 pub fn markdown_table() -> String {
     let mut out = String::from("| key | accepted range | why |\n|---|---|---|\n");
     for l in ALL {

@@ -2,7 +2,7 @@
 //! FSDP strategy and options, optimizer and plan overrides. Unknown keys are rejected and
 //! every error names the file, the line and the key.
 //!
-//! See README.md ("Scenario format") for the full key list with units and defaults.
+//! See docs/scenario-format.md for the full key list with units and defaults.
 
 use crate::error::{PlanError, PlanResult};
 use crate::limits;
@@ -1302,7 +1302,7 @@ impl Scenario {
                 .unwrap_or_default();
             src.err(
                 line,
-                format!("{message}{at}; see README.md \"Scenario format\" for the keys"),
+                format!("{message}{at}; see docs/scenario-format.md for the keys"),
             )
         })?;
         check_names(&raw, &src)?;

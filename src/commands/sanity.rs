@@ -58,7 +58,7 @@ fn nonsense(s: &StrategySummary, figure: &str) -> String {
     format!(
         "strategy '{}': the simulator produced {figure}, which no real run can show; the \
          scenario is outside what the cost models describe (check seq_len, batch sizes and \
-         model dimensions against README.md \"Scenario format\" limits)",
+         model dimensions against the limits of docs/scenario-format.md)",
         s.strategy
     )
 }
