@@ -547,12 +547,22 @@ fn override_line(text: &str, n: usize) -> usize {
         .map_or(0, |(i, _)| i + 1)
 }
 
+/// A scenario dtype key: `bf16`, `f16` or `f32`. fp8 parses as a [`DType`] but is refused:
+/// nothing models it (the simulator has no fp8 GEMM rate or scaling factors, the reference
+/// executor no fp8 arithmetic), so a prediction would be bf16 compute with 1-byte buffers.
 fn parse_dtype(text: &str, file: &str, src: &str, section: &str, key: &str) -> PlanResult<DType> {
-    DType::parse(text).ok_or_else(|| PlanError::Scenario {
+    let err = |why: &str| PlanError::Scenario {
         file: file.into(),
         line: find_key_line(src, section, key),
-        message: format!("[{section}] {key} = \"{text}\" is not a dtype; use bf16, f16 or f32"),
-    })
+        message: format!("[{section}] {key} = \"{text}\" {why}; use bf16, f16 or f32"),
+    };
+    match DType::parse(text) {
+        Some(DType::F8e4m3) => Err(err(
+            "is not modelled (no fp8 GEMM rate, scaling or arithmetic in the simulator or the reference executor)",
+        )),
+        Some(d) => Ok(d),
+        None => Err(err("is not a dtype")),
+    }
 }
 
 /// Checks `[train] tp_comm_overlap` and `tp_comm_overlap_chunks`.
@@ -1190,10 +1200,12 @@ fn parse_overrides(raw: &ScenarioFile, src: &Source) -> PlanResult<Vec<PlanOverr
 impl Scenario {
     /// Reads, parses and validates a scenario file, loading its model relative to it.
     pub fn load(path: &Path) -> PlanResult<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| PlanError::Scenario {
-            file: path.display().to_string(),
-            line: 0,
-            message: format!("cannot read the scenario file: {e}"),
+        let text = crate::input_file::read_text(path, &limits::SCENARIO_FILE).map_err(|e| {
+            PlanError::Scenario {
+                file: e.file,
+                line: 0,
+                message: format!("cannot read the scenario file: {}", e.reason),
+            }
         })?;
         Self::from_str_at(&text, path)
     }
