@@ -8,6 +8,14 @@
 //! The normal suite runs a bounded number of cases (`HPFSDP_FUZZ_CASES`, default 150; seed
 //! `HPFSDP_FUZZ_SEED`, default fixed) and prints how many ran; `fuzz_scenarios_long` (ignored)
 //! runs 5,000. A failing case is kept under the temporary directory and named in the message.
+//!
+//! The command-line half (`tests/fuzz/inputs.rs`) gives every count and float flag zero,
+//! negative, huge, `u64::MAX` and non-numeric values, and puts special files (devices, FIFOs,
+//! directories, symlinks to them, a sparse 8 GiB file, garbage) wherever a command reads a
+//! file; every such case must end in exit 0, 1 or 2 with a message.
+
+#[path = "fuzz/inputs.rs"]
+mod inputs;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
@@ -356,7 +364,9 @@ enum Outcome {
     Crash(String),
 }
 
-fn run_command(root: &Path, args: &[&str]) -> (Outcome, String) {
+/// Runs `hpfsdp args` under the memory limit and timeout: how it ended, its stderr, and
+/// whether it printed anything at all (stdout or stderr).
+fn run_command(root: &Path, args: &[&str]) -> (Outcome, String, bool) {
     let bin = env!("CARGO_BIN_EXE_hpfsdp");
     let quoted: Vec<String> = args.iter().map(|a| format!("'{a}'")).collect();
     let script = format!(
@@ -374,6 +384,7 @@ fn run_command(root: &Path, args: &[&str]) -> (Outcome, String) {
         .output()
         .expect("run sh");
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let printed = !(stderr.trim().is_empty() && out.stdout.trim_ascii().is_empty());
     let outcome = match out.status.code() {
         Some(101) => Outcome::Crash("panic (exit 101)".into()),
         Some(137) | None => Outcome::Crash(format!(
@@ -384,7 +395,7 @@ fn run_command(root: &Path, args: &[&str]) -> (Outcome, String) {
         Some(c) if stderr.contains("panicked") => Outcome::Crash(format!("exit {c} after a panic")),
         Some(c) => Outcome::Exit(c),
     };
-    (outcome, stderr)
+    (outcome, stderr, printed)
 }
 
 /// Runs `cases` generated cases from `seed`; panics listing every failing case.
@@ -416,7 +427,7 @@ fn fuzz(seed: u64, cases: usize) {
             vec!["verify", s],
         ] {
             commands += 1;
-            let (outcome, stderr) = run_command(root, &args);
+            let (outcome, stderr, _) = run_command(root, &args);
             let tail: String = stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
             let problem = match outcome {
                 Outcome::Crash(why) => Some(why),
@@ -476,6 +487,46 @@ fn fuzz_scenarios_long() {
     fuzz(
         env_or("HPFSDP_FUZZ_SEED", 20261124),
         env_or("HPFSDP_FUZZ_CASES", 5000) as usize,
+    );
+}
+
+/// Runs the command-line and file-kind cases; panics listing every failing one.
+fn fuzz_inputs(cases: impl Fn(&Path, &Path) -> Vec<inputs::InputCase>, tag: &str) {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("hpfsdp-fuzz-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let cases = cases(root, &dir);
+    let start = Instant::now();
+    let failures = inputs::run_cases(root, &cases);
+    println!(
+        "fuzz {tag}: {} cases in {:.1} s, {} failure(s)",
+        cases.len(),
+        start.elapsed().as_secs_f64(),
+        failures.len()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn fuzz_special_files_where_files_are_read() {
+    fuzz_inputs(inputs::file_cases, "files");
+}
+
+#[test]
+fn fuzz_count_and_float_flags() {
+    fuzz_inputs(|_, dir| inputs::flag_cases(dir), "flags");
+}
+
+#[test]
+#[ignore = "fails until the replay/collbench count limits of issue 27 (branch gpu) are merged: \
+            --steps/--warmup/--iters/--ranks of 1e9..u64::MAX abort or hang, --timeout-s 1e300 \
+            panics; remove this ignore at that merge"]
+fn fuzz_replay_and_collbench_count_flags() {
+    fuzz_inputs(
+        |_, dir| inputs::replay_collbench_flag_cases(dir),
+        "device-flags",
     );
 }
 
