@@ -643,7 +643,13 @@ fn collective_timeout(seconds: f64) -> Result<std::time::Duration> {
     let max = hpfsdp_plan::limits::MAX_COLLECTIVE_TIMEOUT_S;
     if !(seconds.is_finite() && seconds > 0.0 && seconds <= max) {
         anyhow::bail!(
-            "--timeout-s must be a positive number of seconds up to {max} (7 days), got {seconds:.3e}"
+            "--timeout-s must be a positive number of seconds up to {max} (7 days), got {}",
+            // 1e300 in full is 301 digits.
+            if seconds.abs() < 1e9 {
+                format!("{seconds}")
+            } else {
+                format!("{seconds:e}")
+            }
         );
     }
     Ok(std::time::Duration::from_secs_f64(seconds))

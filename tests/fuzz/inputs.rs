@@ -226,13 +226,14 @@ pub fn file_cases(root: &Path, dir: &Path) -> Vec<InputCase> {
     cases
 }
 
-/// `base` with `flag` set to `value` (replacing the flag's value when `base` has one).
+/// `base` with `flag` set to `value` as `--flag=value` (so `-1` reaches the flag's own
+/// checks rather than being taken for a flag), replacing the flag's value in `base`.
 fn with_flag(base: &[&str], flag: &str, value: &str) -> Vec<String> {
     let mut a = args(base);
-    match a.iter().position(|x| x == flag) {
-        Some(i) => a[i + 1] = value.to_string(),
-        None => a.extend([flag.to_string(), value.to_string()]),
+    if let Some(i) = a.iter().position(|x| x == flag) {
+        a.drain(i..i + 2);
     }
+    a.push(format!("{flag}={value}"));
     a
 }
 
