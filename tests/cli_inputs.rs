@@ -200,3 +200,30 @@ fn verify_help_names_both_optimizers() {
     let help = String::from_utf8_lossy(&o.stdout);
     assert!(help.contains("AdamW or Muon + AdamW"), "{help}");
 }
+
+#[test]
+fn overrides_past_their_limit_and_duplicated_baselines_are_refused() {
+    let dir = temp_dir("overrides");
+    // 4,097 overrides: parsing them used to scan the file once per override (quadratic).
+    let one =
+        "\n[[plan.override]]\nmatch = \"model.no_such_module\"\nout_dst = { tp = \"replicate\" }\n";
+    let many = scenario(&dir, "many.toml", None, &[]);
+    let text = std::fs::read_to_string(&many).unwrap() + &one.repeat(4097);
+    std::fs::write(&many, text).unwrap();
+    assert_error(
+        &hpfsdp(&["plan", &many]),
+        &["[[plan.override]] entries = 4097", "0..=4,096"],
+    );
+    let twice = scenario(&dir, "twice.toml", None, &[]);
+    let text = std::fs::read_to_string(&twice).unwrap();
+    let text = if text.contains("baselines = [") {
+        text.replacen("baselines = [", "baselines = [\"fsdp2\", \"fsdp2\", ", 1)
+    } else {
+        text.replace("[fsdp]\n", "[fsdp]\nbaselines = [\"fsdp2\", \"fsdp2\"]\n")
+    };
+    std::fs::write(&twice, text).unwrap();
+    assert_error(
+        &hpfsdp(&["plan", &twice]),
+        &["[fsdp] baselines lists 'fsdp2' twice"],
+    );
+}

@@ -21,6 +21,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 /// Scenarios the mutations start from. The 768-rank exp-d and exp-c take a minute and
@@ -404,66 +405,91 @@ fn fuzz(seed: u64, cases: usize) {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("hpfsdp-fuzz-{}-{seed}", std::process::id()));
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut failures = Vec::new();
-    let (mut commands, mut invalid_cases) = (0, 0);
+    // Generated in order from the seed, then run on one worker per core (each case is three
+    // single-threaded commands).
+    let generated: Vec<Case> = (0..cases).map(|_| generate(&mut rng, root)).collect();
+    let invalid_cases = generated.iter().filter(|c| c.invalid).count();
     let start = Instant::now();
-    for n in 0..cases {
-        let case = generate(&mut rng, root);
-        invalid_cases += usize::from(case.invalid);
-        let case_dir = dir.join(format!("case-{n}"));
-        std::fs::create_dir_all(&case_dir).unwrap();
-        let scenario = case_dir.join("scenario.toml");
-        std::fs::write(&scenario, &case.scenario).unwrap();
-        std::fs::write(
-            case_dir.join(format!("model.{}", case.model_ext)),
-            &case.model,
-        )
-        .unwrap();
-        let s = scenario.to_str().unwrap();
-        let mut failed = false;
-        for args in [
-            vec!["plan", s],
-            vec!["simulate", s, "--strategy", "hyperparallel"],
-            vec!["verify", s],
-        ] {
-            commands += 1;
-            let (outcome, stderr, _) = run_command(root, &args);
-            let tail: String = stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
-            let problem = match outcome {
-                Outcome::Crash(why) => Some(why),
-                Outcome::Exit(0) if case.invalid => Some("exit 0 on an invalid input".into()),
-                Outcome::Exit(2) if stderr.trim().is_empty() => {
-                    Some("exit 2 without a message".into())
-                }
-                Outcome::Exit(_) => None,
-            };
-            if let Some(why) = problem {
-                failed = true;
-                failures.push(format!(
-                    "case {n} [{}] `hpfsdp {}`: {why}; stderr: {tail}",
-                    case.what.join("; "),
-                    args[0]
-                ));
-            }
-        }
-        if !failed {
-            let _ = std::fs::remove_dir_all(&case_dir);
-        }
-    }
+    let next = AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut failures: Vec<(usize, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut found = Vec::new();
+                    loop {
+                        let n = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(case) = generated.get(n) else {
+                            return found;
+                        };
+                        found.extend(run_case(root, &dir, n, case).into_iter().map(|f| (n, f)));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    failures.sort();
     println!(
-        "fuzz_scenarios: seed {seed}: {cases} cases ({invalid_cases} certainly invalid), {commands} commands in {:.1} s, {} failure(s)",
+        "fuzz_scenarios: seed {seed}: {cases} cases ({invalid_cases} certainly invalid), {} commands in {:.1} s on {workers} workers, {} failure(s)",
+        3 * cases,
         start.elapsed().as_secs_f64(),
         failures.len()
     );
     if failures.is_empty() {
         let _ = std::fs::remove_dir_all(&dir);
     }
+    let failures: Vec<String> = failures.into_iter().map(|(_, f)| f).collect();
     assert!(
         failures.is_empty(),
         "failing cases kept under {}:\n{}",
         dir.display(),
         failures.join("\n")
     );
+}
+
+/// Writes case `n` under `dir` and runs `plan`, `simulate` and `verify` on it; returns one
+/// line per failing command (the case's files are kept when there is one).
+fn run_case(root: &Path, dir: &Path, n: usize, case: &Case) -> Vec<String> {
+    let case_dir = dir.join(format!("case-{n}"));
+    std::fs::create_dir_all(&case_dir).unwrap();
+    let scenario = case_dir.join("scenario.toml");
+    std::fs::write(&scenario, &case.scenario).unwrap();
+    std::fs::write(
+        case_dir.join(format!("model.{}", case.model_ext)),
+        &case.model,
+    )
+    .unwrap();
+    let s = scenario.to_str().unwrap();
+    let mut failures = Vec::new();
+    for args in [
+        vec!["plan", s],
+        vec!["simulate", s, "--strategy", "hyperparallel"],
+        vec!["verify", s],
+    ] {
+        let (outcome, stderr, _) = run_command(root, &args);
+        let tail: String = stderr.lines().rev().take(3).collect::<Vec<_>>().join(" | ");
+        let problem = match outcome {
+            Outcome::Crash(why) => Some(why),
+            Outcome::Exit(0) if case.invalid => Some("exit 0 on an invalid input".into()),
+            Outcome::Exit(2) if stderr.trim().is_empty() => Some("exit 2 without a message".into()),
+            Outcome::Exit(_) => None,
+        };
+        if let Some(why) = problem {
+            failures.push(format!(
+                "case {n} [{}] `hpfsdp {}`: {why}; stderr: {tail}",
+                case.what.join("; "),
+                args[0]
+            ));
+        }
+    }
+    if failures.is_empty() {
+        let _ = std::fs::remove_dir_all(&case_dir);
+    }
+    failures
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

@@ -213,6 +213,14 @@ pub const MODEL_LAYERS: Limit = Limit {
     why: "8x the deepest published models; the planner enumerates every layer's parameters",
 };
 
+/// `[[plan.override]]` entries of one scenario.
+pub const PLAN_OVERRIDES: Limit = Limit {
+    key: "[[plan.override]] entries",
+    min: 0,
+    max: 4096,
+    why: "each override is matched against every parameter of the model",
+};
+
 /// Largest `routing_skew` (`[train] routing_skew`, a float >= 1.0).
 pub const MAX_ROUTING_SKEW: f64 = 64.0;
 
@@ -236,6 +244,7 @@ pub const ALL: &[Limit] = &[
     NS_STEPS,
     NS_COEFFICIENT_STEPS,
     MODEL_LAYERS,
+    PLAN_OVERRIDES,
 ];
 
 /// Command-line counts checked by this crate's users (README "Command-line limits").
