@@ -115,8 +115,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Prove a plan on tiny models: one training step (forward, backward, AdamW) in production
-    /// mode, in validation mode and on a single device, compared per parameter. Exit status 1
+    /// Prove a plan on tiny models: one training step (forward, backward and the scenario's
+    /// optimizer, AdamW or Muon + AdamW) in production mode, in validation mode and on a single
+    /// device, compared per parameter. Exit status 1
     /// when a gating check fails (with --mutate: when validation mode misses the mutation).
     Verify {
         /// Scenario file (TOML), e.g. scenarios/verify/dense-fsdp4.toml.

@@ -8,6 +8,7 @@ pub mod digest;
 pub mod error;
 pub mod fsdp;
 pub mod glob;
+pub mod input_file;
 pub mod kernel;
 pub mod layout;
 pub mod limits;

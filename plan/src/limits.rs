@@ -45,6 +45,21 @@ impl Limit {
         }
     }
 
+    /// Checks a command-line count: the error names `flag` (`--jobs 5000`), the range and the
+    /// reason.
+    pub fn check_flag(&self, flag: &str, value: u64) -> Result<u64, String> {
+        if (self.min..=self.max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(format!(
+                "{flag} {value} is outside the accepted range {}..={} ({})",
+                group(self.min),
+                group(self.max),
+                self.why
+            ))
+        }
+    }
+
     /// Checks a `usize` value (mesh degrees, layer counts).
     pub fn check_usize(&self, value: usize) -> Result<usize, String> {
         self.check(value as u64).map(|_| value)
@@ -198,6 +213,14 @@ pub const MODEL_LAYERS: Limit = Limit {
     why: "8x the deepest published models; the planner enumerates every layer's parameters",
 };
 
+/// `[[plan.override]]` entries of one scenario.
+pub const PLAN_OVERRIDES: Limit = Limit {
+    key: "[[plan.override]] entries",
+    min: 0,
+    max: 4096,
+    why: "each override is matched against every parameter of the model",
+};
+
 /// Largest `routing_skew` (`[train] routing_skew`, a float >= 1.0).
 pub const MAX_ROUTING_SKEW: f64 = 64.0;
 
@@ -221,7 +244,103 @@ pub const ALL: &[Limit] = &[
     NS_STEPS,
     NS_COEFFICIENT_STEPS,
     MODEL_LAYERS,
+    PLAN_OVERRIDES,
 ];
+
+/// Command-line counts checked by this crate's users (README "Command-line limits").
+pub const CLI: &[Limit] = &[SWEEP_POINTS, SWEEP_JOBS];
+
+/// The byte cap and description of one kind of input file, read by
+/// [`crate::input_file::read_text`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimit {
+    /// Name of the limit in errors and in the README table (`scenario file`).
+    pub key: &'static str,
+    /// What the file is for, in errors (`scenario file`, `GEMM table`).
+    pub what: &'static str,
+    /// Largest accepted size in bytes.
+    pub max_bytes: u64,
+    /// Why the cap is there.
+    pub why: &'static str,
+    /// What the user should give instead (`a scenario .toml file`), completing "give the path
+    /// of ...".
+    pub expect: &'static str,
+}
+
+/// Scenario files (`hpfsdp plan|simulate|verify|... SCENARIO.toml`, gate inputs).
+pub const SCENARIO_FILE: FileLimit = FileLimit {
+    key: "scenario file size",
+    what: "scenario file",
+    max_bytes: 4 << 20,
+    why: "real scenarios are a few KiB",
+    expect: "a scenario .toml file",
+};
+
+/// Model files a scenario names (`hf_config` JSON or `compact` TOML).
+pub const MODEL_FILE: FileLimit = FileLimit {
+    key: "model file size",
+    what: "model file",
+    max_bytes: 16 << 20,
+    why: "real HF config.json files are a few KiB",
+    expect: "an HF config.json or a compact model .toml file",
+};
+
+/// Hardware profiles (`scenarios/hardware/NAME.toml`).
+pub const PROFILE_FILE: FileLimit = FileLimit {
+    key: "hardware profile size",
+    what: "hardware profile",
+    max_bytes: 4 << 20,
+    why: "the shipped profiles are a few KiB",
+    expect: "a hardware profile .toml file",
+};
+
+/// Measured tables: a profile's GEMM table and `calibrate --from` tables (GEMM or collective
+/// CSV, `hpfsdp collbench` / nccl-tests columns).
+pub const TABLE_FILE: FileLimit = FileLimit {
+    key: "measured table size",
+    what: "measured table",
+    max_bytes: 64 << 20,
+    why: "about a million rows",
+    expect: "a measured .csv table (thin out or split a larger one)",
+};
+
+/// Gate lock files (`hpfsdp gate --lock FILE`).
+pub const LOCK_FILE: FileLimit = FileLimit {
+    key: "gate lock size",
+    what: "lock file",
+    max_bytes: 64 << 20,
+    why: "the shipped lock of eight scenarios is 8 KiB",
+    expect: "a lock file written by `hpfsdp gate ... --update`",
+};
+
+/// Every file-size limit, in README order.
+pub const ALL_FILES: &[FileLimit] = &[
+    SCENARIO_FILE,
+    MODEL_FILE,
+    PROFILE_FILE,
+    TABLE_FILE,
+    LOCK_FILE,
+];
+
+/// Points of one `hpfsdp sweep` (the product of every `--vary` key's value count), checked
+/// before the points are built.
+pub const SWEEP_POINTS: Limit = Limit {
+    key: "sweep --vary points (product of the value counts)",
+    min: 1,
+    max: 1 << 16,
+    why: "64 Ki points; every point is a full simulation, so more would run for days",
+};
+
+/// Worker threads of one `hpfsdp sweep` (`--jobs`).
+pub const SWEEP_JOBS: Limit = Limit {
+    key: "sweep --jobs",
+    min: 1,
+    max: 1024,
+    why: "threads simulating at once; each holds a whole simulation in memory",
+};
+
+/// `verify --timeout-s`, seconds (a float, checked with [`check_f64`]).
+pub const MAX_COLLECTIVE_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
 /// The product of `factors` (each `(name, value)`) checked against `limit`: an error naming
 /// every factor when it overflows 64 bits or leaves the range.
@@ -275,8 +394,35 @@ pub fn markdown_table() -> String {
     out
 }
 
+/// The file-size caps and command-line counts as a Markdown table (README "Input limits").
+pub fn inputs_markdown_table() -> String {
+    let mut out = String::from("| input | largest accepted | why |\n|---|---|---|\n");
+    for f in ALL_FILES {
+        out.push_str(&format!(
+            "| {} | {} bytes ({} MiB); devices, FIFOs, sockets and directories are refused, symlinks are followed | {} |\n",
+            f.what,
+            group(f.max_bytes),
+            f.max_bytes >> 20,
+            f.why
+        ));
+    }
+    for l in CLI {
+        out.push_str(&format!(
+            "| `{}` | {}..={} | {} |\n",
+            l.key,
+            group(l.min),
+            group(l.max),
+            l.why
+        ));
+    }
+    out.push_str(&format!(
+        "| `verify --timeout-s` | above 0, up to {MAX_COLLECTIVE_TIMEOUT_S} (7 days) | bound on one collective wait under MPI |\n"
+    ));
+    out
+}
+
 /// `1048576` as `1,048,576`.
-fn group(v: u64) -> String {
+pub(crate) fn group(v: u64) -> String {
     let digits = v.to_string();
     let mut out = String::new();
     for (i, c) in digits.chars().enumerate() {
@@ -332,5 +478,17 @@ mod tests {
             assert!(t.contains(l.key), "{} missing", l.key);
         }
         assert!(t.contains("1,048,576"));
+    }
+
+    #[test]
+    fn the_inputs_table_lists_every_file_cap_and_flag() {
+        let t = inputs_markdown_table();
+        for f in ALL_FILES {
+            assert!(t.contains(f.what), "{} missing", f.what);
+        }
+        for l in CLI {
+            assert!(t.contains(l.key), "{} missing", l.key);
+        }
+        assert!(t.contains("4,194,304 bytes (4 MiB)"), "{t}");
     }
 }

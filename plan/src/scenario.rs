@@ -569,20 +569,39 @@ fn key_at_line(text: &str, line: usize) -> Option<String> {
 }
 
 /// Line of the `n`-th `[[plan.override]]` header (1-based lines, `n` from 0).
-fn override_line(text: &str, n: usize) -> usize {
+/// The first entry of `list` that appears in it twice.
+fn listed_twice(list: &[String]) -> Option<&str> {
+    let mut seen = std::collections::HashSet::new();
+    list.iter()
+        .find(|b| !seen.insert(b.as_str()))
+        .map(String::as_str)
+}
+
+/// The 1-based line of every `[[plan.override]]` header, in order.
+fn override_lines(text: &str) -> Vec<usize> {
     text.lines()
         .enumerate()
         .filter(|(_, l)| l.trim().starts_with("[[plan.override]]"))
-        .nth(n)
-        .map_or(0, |(i, _)| i + 1)
+        .map(|(i, _)| i + 1)
+        .collect()
 }
 
+/// A scenario dtype key: `bf16`, `f16` or `f32`. fp8 parses as a [`DType`] but is refused:
+/// nothing models it (the simulator has no fp8 GEMM rate or scaling factors, the reference
+/// executor no fp8 arithmetic), so a prediction would be bf16 compute with 1-byte buffers.
 fn parse_dtype(text: &str, file: &str, src: &str, section: &str, key: &str) -> PlanResult<DType> {
-    DType::parse(text).ok_or_else(|| PlanError::Scenario {
+    let err = |why: &str| PlanError::Scenario {
         file: file.into(),
         line: find_key_line(src, section, key),
-        message: format!("[{section}] {key} = \"{text}\" is not a dtype; use bf16, f16 or f32"),
-    })
+        message: format!("[{section}] {key} = \"{text}\" {why}; use bf16, f16 or f32"),
+    };
+    match DType::parse(text) {
+        Some(DType::F8e4m3) => Err(err(
+            "is not modelled (no fp8 GEMM rate, scaling or arithmetic in the simulator or the reference executor)",
+        )),
+        Some(d) => Ok(d),
+        None => Err(err("is not a dtype")),
+    }
 }
 
 /// Checks `[train] tp_comm_overlap` and `tp_comm_overlap_chunks`.
@@ -1082,6 +1101,20 @@ fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DTy
             ));
         }
     }
+    for (section, list) in [
+        ("fsdp", &f.baselines),
+        ("optimizer", &raw.optimizer.baselines),
+    ] {
+        if let Some(twice) = listed_twice(list) {
+            return Err(key_err(
+                section,
+                "baselines",
+                format!(
+                    "[{section}] baselines lists '{twice}' twice (each is simulated); list it once"
+                ),
+            ));
+        }
+    }
     for name in f.variant.keys() {
         if !FSDP_STRATEGIES.contains(&name.as_str()) {
             return Err(err(
@@ -1262,9 +1295,13 @@ fn parse_overrides(raw: &ScenarioFile, src: &Source) -> PlanResult<Vec<PlanOverr
     let (text, file_label) = (src.text, src.file_label);
     let err = |line: usize, message: String| src.err(line, message);
     // Overrides.
+    let lines = override_lines(text);
+    limits::PLAN_OVERRIDES
+        .check(raw.plan.overrides.len() as u64)
+        .map_err(|e| err(lines.first().copied().unwrap_or(0), e))?;
     let mut overrides = Vec::new();
     for (i, ov) in raw.plan.overrides.iter().enumerate() {
-        let line = override_line(text, i);
+        let line = lines.get(i).copied().unwrap_or(0);
         let origin = format!("{file_label}:{line}");
         overrides.push(
             PlanOverride::parse(ov, &origin)
@@ -1277,10 +1314,12 @@ fn parse_overrides(raw: &ScenarioFile, src: &Source) -> PlanResult<Vec<PlanOverr
 impl Scenario {
     /// Reads, parses and validates a scenario file, loading its model relative to it.
     pub fn load(path: &Path) -> PlanResult<Self> {
-        let text = std::fs::read_to_string(path).map_err(|e| PlanError::Scenario {
-            file: path.display().to_string(),
-            line: 0,
-            message: format!("cannot read the scenario file: {e}"),
+        let text = crate::input_file::read_text(path, &limits::SCENARIO_FILE).map_err(|e| {
+            PlanError::Scenario {
+                file: e.file,
+                line: 0,
+                message: format!("cannot read the scenario file: {}", e.reason),
+            }
         })?;
         Self::from_str_at(&text, path)
     }

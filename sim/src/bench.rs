@@ -440,7 +440,9 @@ pub fn scaled_scenario(scenario: &Scenario, target_ranks: usize) -> Result<Scena
     let bad = |m: String| SimError::Workload(format!("scaling {}: {m}", scenario.path.display()));
     let world = scenario.world_size();
     let factor = target_ranks.div_ceil(world).max(1);
-    let text = std::fs::read_to_string(&scenario.path).map_err(|e| bad(e.to_string()))?;
+    let text =
+        hpfsdp_plan::input_file::read_text(&scenario.path, &hpfsdp_plan::limits::SCENARIO_FILE)
+            .map_err(|e| bad(e.reason))?;
     let mut doc: toml::Table = text
         .parse()
         .map_err(|e: toml::de::Error| bad(e.to_string()))?;

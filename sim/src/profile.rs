@@ -3,7 +3,8 @@
 
 use crate::compute_cost::ComputeSpec;
 use crate::gemm_table::GemmTable;
-use hpfsdp_plan::{Tier, Topology};
+use hpfsdp_plan::input_file::read_text;
+use hpfsdp_plan::{Tier, Topology, limits};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use thiserror::Error;
@@ -287,22 +288,23 @@ impl HardwareProfile {
     pub fn load(path: impl AsRef<Path>) -> Result<Self, ProfileError> {
         let path = path.as_ref();
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ProfileError {
+        let text = read_text(path, &limits::PROFILE_FILE).map_err(|e| ProfileError {
             file: file.clone(),
             line: 0,
             key: "-".into(),
-            message: format!("cannot read the hardware profile: {e}"),
+            message: format!("cannot read the hardware profile: {}", e.reason),
         })?;
         let mut profile = Self::parse(&text, &file)?;
         if let Some(name) = profile.compute.gemm_table.clone() {
             let csv = path.parent().unwrap_or(Path::new(".")).join(&name);
-            let table_text = std::fs::read_to_string(&csv).map_err(|e| ProfileError {
+            let table_text = read_text(&csv, &limits::TABLE_FILE).map_err(|e| ProfileError {
                 file: file.clone(),
                 line: line_of_key(&text, "compute.gemm_table"),
                 key: "compute.gemm_table".into(),
                 message: format!(
-                    "cannot read the GEMM table {}: {e}; put it next to the profile or remove the key",
-                    csv.display()
+                    "cannot read the GEMM table {}: {}; put it next to the profile or remove the key",
+                    csv.display(),
+                    e.reason
                 ),
             })?;
             profile.compute.table =
@@ -320,7 +322,10 @@ impl HardwareProfile {
             if profile.name != name {
                 return Err(ProfileError {
                     file: path.display().to_string(),
-                    line: line_of_key(&std::fs::read_to_string(&path).unwrap_or_default(), "name"),
+                    line: line_of_key(
+                        &read_text(&path, &limits::PROFILE_FILE).unwrap_or_default(),
+                        "name",
+                    ),
                     key: "name".into(),
                     message: format!(
                         "profile is called '{}' but the file is '{name}.toml'; make them equal",

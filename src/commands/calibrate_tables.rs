@@ -49,8 +49,8 @@ pub fn apply_tables(
     let mut out = FromTables::default();
     for path in files {
         let file = path.display().to_string();
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading the measured table {file}"))?;
+        let text = hpfsdp_plan::input_file::read_text(path, &hpfsdp_plan::limits::TABLE_FILE)
+            .context("--from")?;
         let header = first_header_cells(&text);
         if is_collective_header(&header) {
             let rows: Vec<CollectiveRow> = parse_collective_table(&text, &file)?;

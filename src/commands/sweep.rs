@@ -10,6 +10,8 @@
 use crate::commands::scenario_figures::{RunFigures, plan_check, simulate_job};
 use crate::commands::sweep_mpi::MpiSpread;
 use anyhow::{Context, Result, bail};
+use hpfsdp_plan::input_file::read_text;
+use hpfsdp_plan::limits;
 use hpfsdp_plan::overrides::{self, Override};
 use hpfsdp_plan::scenario::{FSDP_STRATEGIES, Scenario};
 use hpfsdp_reports::sweep::{SweepReport, SweepRow, sweep_csv, sweep_html};
@@ -53,8 +55,7 @@ type Point = Vec<Override>;
 
 /// Runs the sweep.
 pub fn run(args: &SweepArgs) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.scenario)
-        .with_context(|| format!("cannot read the scenario file {}", args.scenario.display()))?;
+    let text = read_text(&args.scenario, &limits::SCENARIO_FILE)?;
     let base = Scenario::from_str_at(&text, &args.scenario)?;
     let mut axes = Vec::new();
     for v in &args.vary {
@@ -66,6 +67,7 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
             .with_context(|| format!("--vary {v}"))?;
         axes.push((key, values));
     }
+    check_point_count(&axes)?;
     for s in &args.strategies {
         if !FSDP_STRATEGIES.contains(&s.as_str()) {
             bail!(
@@ -74,8 +76,10 @@ pub fn run(args: &SweepArgs) -> Result<ExitCode> {
             );
         }
     }
-    if args.jobs == Some(0) {
-        bail!("--jobs 0: give at least 1 (or leave it out for one per core)");
+    if let Some(jobs) = args.jobs {
+        limits::SWEEP_JOBS
+            .check_flag("--jobs", jobs as u64)
+            .map_err(|e| anyhow::anyhow!("{e}; leave it out for one per core"))?;
     }
     let profile =
         HardwareProfile::load_named(&base.file.hardware, hardware_dir_for(&args.scenario))
@@ -163,6 +167,26 @@ fn check_key(text: &str, path: &Path, key: &str, first: &toml::Value) -> Result<
 }
 
 /// The cartesian product of the axes, the first axis varying slowest.
+/// Refuses a sweep of more points than [`limits::SWEEP_POINTS`] before any is built.
+fn check_point_count(axes: &[(String, Vec<toml::Value>)]) -> Result<()> {
+    let points = axes
+        .iter()
+        .try_fold(1u64, |acc, (_, v)| acc.checked_mul(v.len() as u64));
+    let counts: Vec<String> = axes
+        .iter()
+        .map(|(k, v)| format!("{k} {}", v.len()))
+        .collect();
+    limits::SWEEP_POINTS
+        .check_flag("--vary points", points.unwrap_or(u64::MAX))
+        .map(|_| ())
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{e}: {} values; sweep fewer values per key or split the sweep",
+                counts.join(" x ")
+            )
+        })
+}
+
 fn product(axes: &[(String, Vec<toml::Value>)]) -> Vec<Point> {
     let mut points: Vec<Point> = vec![Vec::new()];
     for (key, values) in axes {

@@ -636,11 +636,21 @@ fn mpi_preflight(args: &VerifyArgs, comm: &dyn hpfsdp_backends::Collective) -> R
     Ok(spec)
 }
 
-/// `--timeout-s` as a duration: a positive, finite number of seconds (checked on every
-/// backend, so a bad flag is reported the same way whether or not MPI is compiled in).
+/// `--timeout-s` as a duration: a positive, finite number of seconds up to
+/// [`hpfsdp_plan::limits::MAX_COLLECTIVE_TIMEOUT_S`] (checked on every backend, so a bad flag is reported
+/// the same way whether or not MPI is compiled in).
 fn collective_timeout(seconds: f64) -> Result<std::time::Duration> {
-    if !(seconds.is_finite() && seconds > 0.0) {
-        anyhow::bail!("--timeout-s must be a positive number of seconds, got {seconds}");
+    let max = hpfsdp_plan::limits::MAX_COLLECTIVE_TIMEOUT_S;
+    if !(seconds.is_finite() && seconds > 0.0 && seconds <= max) {
+        anyhow::bail!(
+            "--timeout-s must be a positive number of seconds up to {max} (7 days), got {}",
+            // 1e300 in full is 301 digits.
+            if seconds.abs() < 1e9 {
+                format!("{seconds}")
+            } else {
+                format!("{seconds:e}")
+            }
+        );
     }
     Ok(std::time::Duration::from_secs_f64(seconds))
 }

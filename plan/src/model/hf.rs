@@ -158,7 +158,9 @@ fn parse_qwen3(f: &Fields<'_>, family: ModelFamily) -> PlanResult<ModelConfig> {
         if step == 0 {
             return Err(f.key_err("decoder_sparse_step", "must be at least 1"));
         }
-        let mlp_only = f.opt_index_list("mlp_only_layers")?;
+        // A set: a file may repeat indices (millions of them within the file cap).
+        let mlp_only: std::collections::BTreeSet<usize> =
+            f.opt_index_list("mlp_only_layers")?.into_iter().collect();
         if let Some(&bad) = mlp_only.iter().find(|&&l| l >= layers) {
             return Err(f.key_err(
                 "mlp_only_layers",

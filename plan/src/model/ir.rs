@@ -196,9 +196,9 @@ fn build(
 }
 
 fn read(path: &Path) -> PlanResult<String> {
-    std::fs::read_to_string(path).map_err(|e| PlanError::Model {
-        file: path.display().to_string(),
-        message: format!("cannot read the file: {e}"),
+    crate::input_file::read_text(path, &crate::limits::MODEL_FILE).map_err(|e| PlanError::Model {
+        file: e.file,
+        message: format!("cannot read the file: {}", e.reason),
     })
 }
 

@@ -69,10 +69,12 @@ pub struct MuonVerify {
 fn scenario_err(spec: &VerifySpec, e: MuonError) -> VerifyError {
     let path = &spec.scenario.path;
     let line = match &e {
-        MuonError::Config { section, key, .. } => std::fs::read_to_string(path)
-            .ok()
-            .map(|text| find_key_line(&text, section, key))
-            .filter(|&l| l > 0),
+        MuonError::Config { section, key, .. } => {
+            hpfsdp_plan::input_file::read_text(path, &hpfsdp_plan::limits::SCENARIO_FILE)
+                .ok()
+                .map(|text| find_key_line(&text, section, key))
+                .filter(|&l| l > 0)
+        }
         _ => None,
     };
     VerifyError::Scenario(match line {

@@ -3,6 +3,8 @@
 //! a readable diff of the lock.
 
 use anyhow::{Context, Result, bail};
+use hpfsdp_plan::input_file::read_text;
+use hpfsdp_plan::limits::LOCK_FILE;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -75,7 +77,7 @@ pub struct StrategyLock {
 impl Lock {
     /// Reads a lock file; errors name the file, the line and the fix.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| {
+        let text = read_text(path, &LOCK_FILE).with_context(|| {
             format!(
                 "cannot read the lock file {}; create it with `hpfsdp gate <scenarios> --lock {} --update`",
                 path.display(),
