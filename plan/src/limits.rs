@@ -213,6 +213,24 @@ pub const MODEL_LAYERS: Limit = Limit {
     why: "8x the deepest published models; the planner enumerates every layer's parameters",
 };
 
+/// One dimension of a model file (`hidden_size`, `intermediate_size`, head counts and sizes,
+/// `vocab_size`, expert counts, MLA ranks); the model checks which must be at least 1.
+pub const MODEL_DIM: Limit = Limit {
+    key: "model dimension (hidden_size, vocab_size, num_experts, ...)",
+    min: 0,
+    max: 1 << 31,
+    why: "keeps every derived shape entry (a product of two dimensions) inside 64 bits",
+};
+
+/// Parameter entries the model IR enumerates (layers x parameters per layer, x experts for
+/// the per-expert layout).
+pub const MODEL_PARAM_ENTRIES: Limit = Limit {
+    key: "model parameter entries",
+    min: 1,
+    max: 20_000_000,
+    why: "the planner lists every parameter; per-expert layouts multiply the count",
+};
+
 /// `[[plan.override]]` entries of one scenario.
 pub const PLAN_OVERRIDES: Limit = Limit {
     key: "[[plan.override]] entries",
@@ -244,6 +262,8 @@ pub const ALL: &[Limit] = &[
     NS_STEPS,
     NS_COEFFICIENT_STEPS,
     MODEL_LAYERS,
+    MODEL_DIM,
+    MODEL_PARAM_ENTRIES,
     PLAN_OVERRIDES,
 ];
 

@@ -6,12 +6,11 @@ use super::{ModelConfig, ModelFamily};
 /// larger values are almost surely typos and would make planning take minutes.
 const MAX_LAYERS: usize = crate::limits::MODEL_LAYERS.max as usize;
 
-/// Most parameter entries the IR will enumerate (per-expert layouts multiply the count).
-const MAX_PARAM_ENTRIES: u128 = 20_000_000;
+/// Most parameter entries the IR will enumerate (see [`crate::limits::MODEL_PARAM_ENTRIES`]).
+const MAX_PARAM_ENTRIES: u128 = crate::limits::MODEL_PARAM_ENTRIES.max as u128;
 
-/// Largest accepted single dimension; keeps every derived shape entry (products of two
-/// dimensions) inside `u64`.
-const MAX_DIM: u64 = 1 << 31;
+/// Largest accepted single dimension (see [`crate::limits::MODEL_DIM`]).
+const MAX_DIM: u64 = crate::limits::MODEL_DIM.max;
 
 impl ModelFamily {
     /// The HF `model_type` string of the family.
