@@ -44,7 +44,13 @@ pub enum Launch {
 pub fn real_launches(program: &StepProgram, i: usize) -> Vec<Launch> {
     match &program.ops[i].payload {
         Payload::Compute(w) => compute_launches(program, w),
-        Payload::Copy(CopyWork { bytes, kernels }) => copies(*kernels, *bytes),
+        // Driver memcpys are copies too: one device copy per kernel or memcpy call.
+        Payload::Copy(CopyWork {
+            bytes,
+            kernels,
+            memcpys,
+            ..
+        }) => copies(kernels + memcpys, *bytes),
         Payload::Collective(_) | Payload::Host { .. } => Vec::new(),
     }
 }
@@ -85,7 +91,9 @@ fn entry_launches(e: &KernelWork) -> Vec<Launch> {
                 .max(1.0) as u64;
             Launch::Gemm(problem(side, side, side, repeats))
         }
-        KernelClass::MemoryBound => return copies(e.count, e.hbm_bytes / 2),
+        KernelClass::MemoryBound
+        | KernelClass::MultiTensorApply
+        | KernelClass::IndexedElementwise => return copies(e.count, e.hbm_bytes / 2),
     };
     vec![one; count]
 }
