@@ -96,6 +96,39 @@ fn saturation(x: f64, half: f64) -> f64 {
 }
 
 impl ComputeSpec {
+    /// Checks every `[compute]` value; `(dotted key, message)` for the first bad one.
+    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
+        use crate::profile::{fraction, positive};
+        positive("compute.gemm_m_half", self.gemm_m_half)?;
+        positive("compute.gemm_n_half", self.gemm_n_half)?;
+        positive("compute.gemm_k_half", self.gemm_k_half)?;
+        positive("compute.attention_seq_half", self.attention_seq_half)?;
+        for (key, v) in [
+            (
+                "compute.attention_relative_efficiency",
+                self.attention_relative_efficiency,
+            ),
+            (
+                "compute.foreach_relative_bandwidth",
+                self.foreach_relative_bandwidth,
+            ),
+            (
+                "compute.chunk_cat_relative_bandwidth",
+                self.chunk_cat_relative_bandwidth,
+            ),
+            (
+                "compute.indexed_relative_bandwidth",
+                self.indexed_relative_bandwidth,
+            ),
+        ] {
+            fraction(key, v)?;
+        }
+        if let Some(r) = self.grouped_gemm_relative_efficiency {
+            fraction("compute.grouped_gemm_relative_efficiency", r)?;
+        }
+        Ok(())
+    }
+
     /// The shape model without its ceiling: `s(m) s(n) s(k)`.
     pub fn shape_factor(&self, m: f64, n: f64, k: f64) -> f64 {
         saturation(m, self.gemm_m_half)

@@ -208,6 +208,33 @@ pub struct Calibration {
     pub host_us_per_cpu_event: Option<f64>,
 }
 
+/// Checks a profile value is a positive finite number; `(key, message)` otherwise.
+pub(crate) fn positive(key: &str, v: f64) -> Result<(), (String, String)> {
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err((key.into(), format!("must be a positive number, got {v}")))
+    }
+}
+
+/// Checks a profile value is zero or a positive finite number.
+pub(crate) fn non_negative(key: &str, v: f64) -> Result<(), (String, String)> {
+    if v.is_finite() && v >= 0.0 {
+        Ok(())
+    } else {
+        Err((key.into(), format!("must be zero or positive, got {v}")))
+    }
+}
+
+/// Checks a profile value is a fraction in (0, 1].
+pub(crate) fn fraction(key: &str, v: f64) -> Result<(), (String, String)> {
+    if v.is_finite() && v > 0.0 && v <= 1.0 {
+        Ok(())
+    } else {
+        Err((key.into(), format!("must be in (0, 1], got {v}")))
+    }
+}
+
 /// Profile keys that were replaced, with the key that replaced them and why: a profile that
 /// still sets one is refused with a message naming the new key (never silently ignored).
 pub const REPLACED_KEYS: [(&str, &str, &str); 1] = [(
@@ -436,27 +463,6 @@ impl HardwareProfile {
     /// Checks every number: positive finite rates, efficiencies in (0, 1], non-negative
     /// latencies and costs, non-zero counts. Returns the dotted key and the problem.
     pub fn validate(&self) -> Result<(), (String, String)> {
-        fn positive(key: &str, v: f64) -> Result<(), (String, String)> {
-            if v.is_finite() && v > 0.0 {
-                Ok(())
-            } else {
-                Err((key.into(), format!("must be a positive number, got {v}")))
-            }
-        }
-        fn non_negative(key: &str, v: f64) -> Result<(), (String, String)> {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err((key.into(), format!("must be zero or positive, got {v}")))
-            }
-        }
-        fn fraction(key: &str, v: f64) -> Result<(), (String, String)> {
-            if v.is_finite() && v > 0.0 && v <= 1.0 {
-                Ok(())
-            } else {
-                Err((key.into(), format!("must be in (0, 1], got {v}")))
-            }
-        }
         if self.name.trim().is_empty() {
             return Err(("name".into(), "must not be empty".into()));
         }
@@ -500,30 +506,7 @@ impl HardwareProfile {
         }
         let c = &self.calibration;
         fraction("calibration.gemm_ceiling", c.gemm_ceiling)?;
-        let k = &self.compute;
-        positive("compute.gemm_m_half", k.gemm_m_half)?;
-        positive("compute.gemm_n_half", k.gemm_n_half)?;
-        positive("compute.gemm_k_half", k.gemm_k_half)?;
-        fraction(
-            "compute.attention_relative_efficiency",
-            k.attention_relative_efficiency,
-        )?;
-        positive("compute.attention_seq_half", k.attention_seq_half)?;
-        fraction(
-            "compute.foreach_relative_bandwidth",
-            k.foreach_relative_bandwidth,
-        )?;
-        fraction(
-            "compute.chunk_cat_relative_bandwidth",
-            k.chunk_cat_relative_bandwidth,
-        )?;
-        fraction(
-            "compute.indexed_relative_bandwidth",
-            k.indexed_relative_bandwidth,
-        )?;
-        if let Some(r) = k.grouped_gemm_relative_efficiency {
-            fraction("compute.grouped_gemm_relative_efficiency", r)?;
-        }
+        self.compute.validate()?;
         fraction("calibration.hbm_efficiency", c.hbm_efficiency)?;
         fraction("calibration.copy_efficiency", c.copy_efficiency)?;
         fraction(
