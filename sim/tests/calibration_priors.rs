@@ -63,6 +63,30 @@ fn fold_fingerprint(f: &Fold) -> (Vec<f64>, Vec<Vec<f64>>, Vec<f64>, Vec<f64>) {
     )
 }
 
+/// Each fold predicts exactly what it left out and fits none of it; the run folds name their
+/// run. (The full version of this check used to recompute the same folds in
+/// `calibration.rs`'s ignored full fit; it runs here on folds this file computes anyway.)
+fn assert_folds_hold_out_what_they_leave_out(folds: &[Fold]) {
+    assert!(folds[2..].iter().all(|f| f.left_out.run.is_some()));
+    for f in folds {
+        assert!(!f.held_out.rows.is_empty(), "{}", f.left_out);
+        assert!(
+            f.held_out
+                .rows
+                .iter()
+                .all(|r| f.left_out.covers_row(&r.row.experiment, &r.row.run))
+        );
+        assert!(
+            f.fit
+                .comparison
+                .rows
+                .iter()
+                .all(|r| !f.left_out.covers_row(&r.experiment, &r.run))
+        );
+        assert!(f.rms_log_error().is_finite());
+    }
+}
+
 fn assert_folds_blind_to_the_profile(
     set_all: &CalibrationSet,
     params: &[FitParam],
@@ -75,9 +99,17 @@ fn assert_folds_blind_to_the_profile(
         f.extend(leave_one_run_out(set_all, profile, params, options).unwrap());
         f
     };
-    let (a, b) = (folds(&shipped), folds(&other));
+    // The two profiles' folds are independent: compute them on two cores.
+    let (a, b) = std::thread::scope(|s| {
+        let b = s.spawn(|| folds(&other));
+        (
+            folds(&shipped),
+            b.join().expect("folds of the other profile"),
+        )
+    });
     // Two experiment folds, then one per run of each two-run experiment.
     assert_eq!(a.len(), 6);
+    assert_folds_hold_out_what_they_leave_out(&a);
     for (fa, fb) in a.iter().zip(&b) {
         assert_eq!(fa.left_out, fb.left_out);
         assert_eq!(
