@@ -71,10 +71,20 @@ pub struct ModelSection {
     /// (`experts_implementation="grouped_mm"`: sort, gathers, masked fills, `_grouped_mm`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts_implementation: Option<String>,
+    /// Which kernels the attention core runs ([`ATTENTION_IMPLEMENTATIONS`]): absent, one
+    /// fused kernel each way (FlashAttention-2, Ascend's fused attention); `sdpa_cudnn`,
+    /// torch SDPA's cuDNN backend (Hopper's default for `attn_implementation="sdpa"`), whose
+    /// backward adds a dO-dot-O preprocess, the dQ f32-to-16-bit conversion and, under GQA,
+    /// one head reduction each for dK and dV.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_implementation: Option<String>,
 }
 
 /// `[model] experts_implementation` values.
 pub const EXPERTS_IMPLEMENTATIONS: &[&str] = &["grouped_mm"];
+
+/// `[model] attention_implementation` values.
+pub const ATTENTION_IMPLEMENTATIONS: &[&str] = &["sdpa_cudnn"];
 
 fn default_bf16() -> String {
     "bf16".into()
@@ -751,20 +761,42 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
         key_err("model", key, format!("[model] {key}: {e}"))
     })?;
     let model = apply_config_overrides(model, &raw.model, &key_err)?;
-    if let Some(imp) = &raw.model.experts_implementation
-        && !EXPERTS_IMPLEMENTATIONS.contains(&imp.as_str())
-    {
-        return Err(key_err(
-            "model",
-            "experts_implementation",
-            format!(
-                "[model] experts_implementation = \"{imp}\" is not modelled; use one of {} \
-                 (transformers' `eager` per-expert loop is not modelled yet) or leave it out",
-                EXPERTS_IMPLEMENTATIONS.join(", ")
-            ),
-        ));
-    }
+    check_implementation(
+        &raw.model.experts_implementation,
+        "experts_implementation",
+        EXPERTS_IMPLEMENTATIONS,
+        " (transformers' `eager` per-expert loop is not modelled yet)",
+        &key_err,
+    )?;
+    check_implementation(
+        &raw.model.attention_implementation,
+        "attention_implementation",
+        ATTENTION_IMPLEMENTATIONS,
+        "",
+        &key_err,
+    )?;
     Ok((model, master_dtype))
+}
+
+/// Refuses a `[model] <key>` implementation choice that is not one of `allowed`.
+fn check_implementation(
+    value: &Option<String>,
+    key: &str,
+    allowed: &[&str],
+    note: &str,
+    key_err: &dyn Fn(&str, &str, String) -> PlanError,
+) -> PlanResult<()> {
+    match value {
+        Some(imp) if !allowed.contains(&imp.as_str()) => Err(key_err(
+            "model",
+            key,
+            format!(
+                "[model] {key} = \"{imp}\" is not modelled; use one of {}{note} or leave it out",
+                allowed.join(", ")
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Rebuilds `model` with `[model] num_hidden_layers` / `tie_word_embeddings` applied to its

@@ -59,6 +59,11 @@ pub struct KernelCtx {
     /// The routed experts run transformers' `grouped_mm` path (`[model]
     /// experts_implementation = "grouped_mm"`): its dispatch and combine recipes.
     pub hf_grouped_mm: bool,
+    /// The attention core runs torch SDPA's cuDNN backend (`[model] attention_implementation
+    /// = "sdpa_cudnn"`): its backward's helper kernels ([`sdpa_cudnn_backward_helpers`]).
+    pub sdpa_cudnn: bool,
+    /// Key/value heads of the attention (GQA when fewer than the query heads), whole model.
+    pub kv_heads: u64,
 }
 
 impl KernelCtx {
@@ -87,6 +92,9 @@ impl KernelCtx {
             hidden: cfg.hidden_size,
             hf_grouped_mm: scenario.file.model.experts_implementation.as_deref()
                 == Some("grouped_mm"),
+            sdpa_cudnn: scenario.file.model.attention_implementation.as_deref()
+                == Some("sdpa_cudnn"),
+            kv_heads: cfg.num_key_value_heads,
         }
     }
 
@@ -348,7 +356,8 @@ fn ep_regroup(c: &KernelCtx) -> Option<[KernelWork; 4]> {
     ])
 }
 
-/// The fused attention core: FLOPs of the profile (causal triangle), one kernel each way.
+/// The attention core: FLOPs of the profile (causal triangle), one fused kernel each way,
+/// plus the cuDNN backend's backward helpers when the scenario runs it.
 fn attention(
     op: &ComputeOp,
     c: &KernelCtx,
@@ -369,10 +378,39 @@ fn attention(
         flops: f.round() as u64,
         hbm_bytes: b.round() as u64,
     };
-    (
-        vec![k(flops, bytes)],
-        vec![k(ATTENTION_BWD_FLOPS_FACTOR * flops, 2.0 * bytes)],
-    )
+    let mut bwd = vec![k(ATTENTION_BWD_FLOPS_FACTOR * flops, 2.0 * bytes)];
+    if c.sdpa_cudnn {
+        bwd.extend(sdpa_cudnn_backward_helpers(c, heads, head_dim));
+    }
+    (vec![k(flops, bytes)], bwd)
+}
+
+/// The memory-bound kernels cuDNN's SDPA backward launches beside its flash kernel
+/// (cudnn-frontend's SDPA backward graph, as the H200 kernel tables list them, one per layer
+/// in every run: `compute_dot_do_o`, `convert_dq_to_16bits`, and two `fmha_reduce_head`
+/// under GQA): the row sums `D = rowsum(dO * O)` (reads dO and O, writes one f32 per query
+/// row and head), the dQ accumulator's conversion (reads f32, writes the activation dtype)
+/// and, when query heads share key/value heads, the reduction of the per-query-head f32 dK
+/// and dV onto the key/value heads (reads f32, writes the activation dtype).
+fn sdpa_cudnn_backward_helpers(c: &KernelCtx, heads: u64, head_dim: u64) -> Vec<KernelWork> {
+    let q_heads = c.split(heads);
+    let kv_heads = c.split(c.kv_heads.max(1)).min(q_heads);
+    // Every TP rank runs its heads over the whole CP-local sequence.
+    let tokens = c.gemm_rows() as f64;
+    let rows = tokens * q_heads as f64;
+    let q_elems = rows * head_dim as f64;
+    let kv_elems = tokens * (kv_heads * head_dim) as f64;
+    let a = c.act_bytes as f64;
+    let kernel = |bytes: f64| KernelWork::memory_bound(1, 0, bytes.round() as u64);
+    let mut helpers = vec![
+        kernel(2.0 * q_elems * a + rows * 4.0),
+        kernel(q_elems * (4.0 + a)),
+    ];
+    if kv_heads < q_heads {
+        let reduce = kernel(q_elems * 4.0 + kv_elems * a);
+        helpers.extend([reduce, reduce]);
+    }
+    helpers
 }
 
 #[cfg(test)]
@@ -392,6 +430,8 @@ mod tests {
             ep: 1,
             hidden: 2048,
             hf_grouped_mm: false,
+            sdpa_cudnn: false,
+            kv_heads: 4,
         }
     }
 
@@ -523,6 +563,35 @@ mod tests {
                 head_dim: 128
             }
         ));
+    }
+
+    #[test]
+    fn cudnn_sdpa_backward_adds_its_helpers_and_reduces_gqa_heads() {
+        let attention = op(OpShape::Attention {
+            heads: 32,
+            qk_dim: 128,
+            v_dim: 128,
+        });
+        let fused = op_kernels(&attention, &ctx(1)).1;
+        let cudnn = |tp: u64, kv_heads: u64| {
+            let c = KernelCtx {
+                sdpa_cudnn: true,
+                kv_heads,
+                ..ctx(tp)
+            };
+            op_kernels(&attention, &c).1
+        };
+        // Layout copy, flash backward, then dot(dO, O), the dQ conversion and two head
+        // reductions under GQA (32 query heads on 4 key/value heads); none without GQA.
+        let gqa = cudnn(1, 4);
+        assert_eq!((fused.len(), gqa.len(), cudnn(1, 32).len()), (2, 6, 4));
+        assert_eq!(gqa[..2], fused[..]);
+        // 2 x 4,096 tokens x 32 heads x 128: the f32 dQ accumulator read, bf16 written.
+        let q_elems = 8192 * 32 * 128;
+        assert_eq!(gqa[3].hbm_bytes, q_elems * 6);
+        assert_eq!(gqa[4].hbm_bytes, q_elems * 4 + 8192 * 4 * 128 * 2);
+        // TP splits the heads, not the sequence: half the bytes per rank.
+        assert_eq!(cudnn(2, 4)[3].hbm_bytes, q_elems * 3);
     }
 
     #[test]
