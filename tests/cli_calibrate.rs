@@ -348,7 +348,12 @@ fn a_gemm_table_from_the_h200_sweep_round_trips_into_simulate() {
         profile.to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     assert!(out.contains("my-h200"), "{out}");
     // A path that is not a profile file is refused naming the flag.
     let o = hpfsdp(&[

@@ -1,8 +1,8 @@
 //! `hpfsdp simulate`: predict one training step of a scenario's strategy and its baselines.
 
+use crate::commands::calibrate_runs::is_profile_path;
 use crate::commands::lint_gate::refuse_lint_errors;
 use crate::commands::sim_summary::{StrategySummary, summarize, to_report_run};
-use crate::commands::calibrate_runs::is_profile_path;
 use crate::commands::{preflight, sanity};
 use crate::table::Table;
 use anyhow::{Context, Result, bail};
