@@ -340,17 +340,21 @@ fn empty_names_and_path_like_hardware_names_are_rejected() {
         &hpfsdp(&["plan", &pathlike]),
         &["path.toml:4", "not a plain profile name"],
     );
-    for command in [
-        ["simulate", "scenarios/verify/dense-fsdp4.toml"],
-        ["bench", "--hardware"],
-    ] {
-        let mut args = command.to_vec();
-        if args[0] == "simulate" {
-            args.push("--hardware");
-        }
-        args.push("../x");
-        assert_error(&hpfsdp(&args), &["--hardware", "not a plain profile name"]);
-    }
+    // `bench` takes profile names only; `simulate --hardware` (like `calibrate`) also takes
+    // a profile file's path, and a missing one is refused naming the flag and the path.
+    assert_error(
+        &hpfsdp(&["bench", "--hardware", "../x"]),
+        &["--hardware", "not a plain profile name"],
+    );
+    assert_error(
+        &hpfsdp(&[
+            "simulate",
+            "scenarios/verify/dense-fsdp4.toml",
+            "--hardware",
+            "../x",
+        ]),
+        &["--hardware ../x", "cannot read"],
+    );
     assert_error(&hpfsdp(&["calibrate", "--hardware", ""]), &["--hardware"]);
 }
 
