@@ -214,6 +214,13 @@ pub fn file_cases(root: &Path, dir: &Path) -> Vec<InputCase> {
             "--out",
             &out,
         ]));
+        bad(args(&[
+            "calibrate",
+            "--hardware",
+            "ascend-910c-a3",
+            "--runs",
+            p,
+        ]));
     }
     // A gate directory holding a FIFO and a device link among its scenarios.
     let gate_dir = dir.join("special");
