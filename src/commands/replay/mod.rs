@@ -66,7 +66,7 @@ pub struct ReplayArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_WARMUP,
           value_parser = limits::count_in(0, limits::REPLAY_MAX_WARMUP))]
     pub warmup: usize,
-    /// Output directory (default reports/replay/<scenario>).
+    /// Output directory (default out/replay/<scenario>, under the ignored `out/` folder).
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
     /// Print the summary as JSON.

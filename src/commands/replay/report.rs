@@ -174,7 +174,7 @@ pub fn emit(
     let dir = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from("reports/replay").join(&report.scenario));
+        .unwrap_or_else(|| PathBuf::from("out/replay").join(&report.scenario));
     let written = write_replay_report(&dir, report)
         .with_context(|| format!("writing the replay report into {}", dir.display()))?;
     if args.json {
