@@ -111,42 +111,7 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
         "issue 23 step 3: not broken yet",
     ),
     (
-        &[
-            "backends/src/buffer.rs",
-            "backends/src/error.rs",
-            "backends/src/types.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
-            "backends/src/device/rendezvous/mod.rs",
-            "backends/src/device/rendezvous/file.rs",
-            "backends/src/device/rendezvous/tcp.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &["backends/src/device/comm.rs", "backends/src/device/p2p.rs"],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
-            "backends/src/device/cublas.rs",
-            "backends/src/device/kernels.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
         &["reports/src/sweep.rs", "reports/src/sweep_chart.rs"],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
-            "export/src/lib.rs",
-            "export/src/chakra.rs",
-            "export/src/trace_file.rs",
-        ],
         "issue 23 step 3: not broken yet",
     ),
     (
