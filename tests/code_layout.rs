@@ -111,10 +111,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
         "issue 23 step 3: not broken yet",
     ),
     (
-        &["reports/src/sweep.rs", "reports/src/sweep_chart.rs"],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
         &[
             "program/src/strategy/mod.rs",
             "program/src/strategy/avg_division.rs",
