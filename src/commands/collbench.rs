@@ -34,7 +34,7 @@ pub const COLLBENCH_CSV_HEADER: &str =
 #[derive(clap::Args)]
 pub struct CollbenchArgs {
     /// Collective backend: inproc, mpi, hccl or nccl.
-    #[arg(long, value_parser = crate::parse_backend)]
+    #[arg(long, value_parser = crate::commands::flags::parse_backend)]
     pub backend: BackendKind,
     /// Collectives to sweep (comma-separated, or all).
     #[arg(

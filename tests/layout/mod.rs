@@ -5,7 +5,7 @@
 //! circles). It also measures every function's length in lines.
 //!
 //! What counts as "file A uses file B": a private `use` that resolves into B, or a path in A's
-//! code (types, expressions, patterns, trait bounds, macro arguments) that resolves into B.
+//! code (types, expressions, patterns, trait bounds, macro and attribute arguments) that resolves into B.
 //! Re-exports (`pub use`, `pub(crate) use`) are followed to the file that defines the item, so
 //! a facade module that re-exports its children is not itself a dependency. Test-only code
 //! (`#[cfg(test)]` items and modules, `#[test]` functions) is left out: a circle through a

@@ -305,7 +305,7 @@ fn item_name(item: &syn::Item) -> Option<String> {
 }
 
 /// Collects the paths of one item (and the `use` items inside its function bodies), leaving
-/// out test-only code and attributes.
+/// out test-only code.
 #[derive(Default)]
 struct Collector {
     refs: Vec<PathRef>,
@@ -363,7 +363,15 @@ impl Collector {
 }
 
 impl<'ast> Visit<'ast> for Collector {
-    fn visit_attribute(&mut self, _: &'ast syn::Attribute) {}
+    /// Paths in attribute arguments are code too (`#[arg(value_parser = crate::parse_x)]`
+    /// is a call the derive writes); doc comments and `cfg`s hold none.
+    fn visit_attribute(&mut self, a: &'ast syn::Attribute) {
+        match &a.meta {
+            syn::Meta::List(l) => self.scan_tokens(l.tokens.clone()),
+            syn::Meta::NameValue(nv) => self.visit_expr(&nv.value),
+            syn::Meta::Path(_) => {}
+        }
+    }
 
     fn visit_item(&mut self, i: &'ast syn::Item) {
         if !test_only(item_attrs(i)) {

@@ -7,7 +7,7 @@
 use hpfsdp_backends::Collective;
 use hpfsdp_plan::fsdp::DataDomain;
 use hpfsdp_plan::muon::OptimizerRoute;
-use hpfsdp_plan::scenario::find_key_line;
+use hpfsdp_plan::toml_lines::find_key_line;
 use hpfsdp_plan::{Layout, Placement};
 use serde::Serialize;
 

@@ -1,7 +1,8 @@
 //! Turning a replay's measured and predicted timelines into the report, the summary table
 //! and the `--json` document.
 
-use super::{Prepared, ReplayArgs};
+use super::args::ReplayArgs;
+use super::predict::Prepared;
 use crate::commands::device_profile::ProfileChoice;
 use crate::table::Table;
 use anyhow::{Context, Result};
