@@ -31,10 +31,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
      removes this exception after merging that work",
     ),
     (
-        &["program/src/step.rs", "program/src/step/ops.rs"],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
         &[
             "sim/src/calibration/compare.rs",
             "sim/src/calibration/params.rs",
