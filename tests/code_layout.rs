@@ -57,22 +57,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "reference/src/verify/compare.rs",
-            "reference/src/verify/harness.rs",
-            "reference/src/verify/muon.rs",
-            "reference/src/verify/setup.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
-            "reference/src/verify/muon_report.rs",
-            "reference/src/verify/report.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
             "program/src/strategy/mod.rs",
             "program/src/strategy/avg_division.rs",
             "program/src/strategy/collective_staging.rs",
