@@ -41,14 +41,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "sim/src/compute_cost.rs",
-            "sim/src/gemm_table.rs",
-            "sim/src/profile.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
             "sim/src/engine.rs",
             "sim/src/engine/fork.rs",
             "sim/src/result.rs",

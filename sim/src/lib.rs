@@ -18,6 +18,7 @@
 pub mod bench;
 pub mod calibration;
 pub mod compute_cost;
+pub mod compute_spec;
 pub mod cost;
 pub mod engine;
 pub mod error;
@@ -28,6 +29,7 @@ pub mod memory;
 pub mod metrics;
 pub mod net;
 pub mod profile;
+pub mod profile_values;
 pub mod resources;
 pub mod result;
 pub mod scenario_run;
