@@ -41,14 +41,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "sim/src/engine.rs",
-            "sim/src/engine/fork.rs",
-            "sim/src/result.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
             "program/src/strategy/mod.rs",
             "program/src/strategy/avg_division.rs",
             "program/src/strategy/collective_staging.rs",

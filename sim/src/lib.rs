@@ -35,6 +35,7 @@ pub mod result;
 pub mod scenario_run;
 pub mod shape;
 pub mod share;
+pub mod sim_options;
 pub mod whatif;
 pub mod whatif_costs;
 pub mod workload;
