@@ -32,15 +32,6 @@ const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
     ),
     (
         &[
-            "sim/src/calibration/compare.rs",
-            "sim/src/calibration/params.rs",
-            "sim/src/calibration/prior.rs",
-            "sim/src/calibration/runs_file.rs",
-        ],
-        "issue 23 step 3: not broken yet",
-    ),
-    (
-        &[
             "program/src/strategy/mod.rs",
             "program/src/strategy/avg_division.rs",
             "program/src/strategy/collective_staging.rs",
