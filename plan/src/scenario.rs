@@ -8,6 +8,7 @@ use crate::error::{PlanError, PlanResult};
 use crate::limits;
 use crate::mesh::DeviceMesh;
 use crate::model::{DType, ExpertLayout, ModelIr, ModelOptions};
+use crate::optimizer_numerics::{NumericsKeys, check_numerics_keys};
 use crate::planner::PlannerInput;
 use crate::planner::overrides::{PlanOverride, RawOverride};
 use crate::planner::templates::PlanAxes;
@@ -1050,6 +1051,15 @@ fn batch_shape(raw: &ScenarioFile, model: &ModelIr, key_err: &KeyErr) -> PlanRes
     Ok(accum)
 }
 
+/// The numerics keys of `[optimizer]`, as [`check_numerics_keys`] reads them.
+fn numerics_keys(o: &OptimizerSection) -> NumericsKeys<'_> {
+    NumericsKeys {
+        ns_order: o.muon.ns_order.as_deref(),
+        adamw_numerics: o.adamw.numerics.as_deref(),
+        muon_numerics: o.muon.numerics.as_deref(),
+    }
+}
+
 /// Checks the `[fsdp]` and `[optimizer]` names; returns the gathered-parameter and reduction dtypes.
 fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DType, DType)> {
     let (text, file_label) = (src.text, src.file_label);
@@ -1155,12 +1165,7 @@ fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DTy
             ));
         }
     }
-    crate::optimizer_numerics::check_numerics_keys(&crate::optimizer_numerics::NumericsKeys {
-        ns_order: o.muon.ns_order.as_deref(),
-        adamw_numerics: o.adamw.numerics.as_deref(),
-        muon_numerics: o.muon.numerics.as_deref(),
-    })
-    .map_err(|e| key_err(e.section, e.key, e.message))?;
+    check_numerics_keys(&numerics_keys(o)).map_err(|e| key_err(e.section, e.key, e.message))?;
     for b in &o.baselines {
         if !MUON_BASELINES.contains(&b.as_str()) {
             return Err(key_err(
