@@ -51,7 +51,9 @@ enum Command {
         /// Write report.html, summary.csv, timeline.csv and trace.json into DIR.
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
-        /// Hardware profile name, overriding the scenario's `hardware`.
+        /// Hardware profile overriding the scenario's `hardware`: a name
+        /// (scenarios/hardware/<name>.toml or built in) or the path of a profile file
+        /// (`my-h200-fitted.toml`, as `calibrate --write-profile` writes).
         #[arg(long)]
         hardware: Option<String>,
         /// Simulate every rank separately instead of folding symmetric ranks (slow).

@@ -340,6 +340,30 @@ fn a_gemm_table_from_the_h200_sweep_round_trips_into_simulate() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // The written profile also loads by its path, from anywhere (as `calibrate` takes it).
+    let o = hpfsdp(&[
+        "simulate",
+        "scenarios/gpu/dense14b-8l-mbs1.toml",
+        "--hardware",
+        profile.to_str().unwrap(),
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("my-h200"), "{out}");
+    // A path that is not a profile file is refused naming the flag.
+    let o = hpfsdp(&[
+        "simulate",
+        "scenarios/gpu/dense14b-8l-mbs1.toml",
+        "--hardware",
+        "no/such-profile.toml",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--hardware no/such-profile.toml"));
     std::fs::remove_dir_all(&dir).ok();
 }
 

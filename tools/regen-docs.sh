@@ -113,6 +113,21 @@ gen_tour_gate() {
   fence_close
 }
 
+gen_tour_calibrate() {
+  fence_open
+  OK_RC="0 1" cmd "cargo run --release --" calibrate --hardware nvidia-h200-hgx \
+    --from scenarios/hardware/measured/h200-gemm.csv --write-profile out/my-h200.toml --out out/calibration |
+    grep -E '^\$|^wrote profile'
+  OK_RC="0 1" cmd "cargo run --release --" calibrate --hardware out/my-h200.toml --any-hardware \
+    --runs scenarios/runs/h200-fsdp2.toml --fit --loo --write-profile out/my-h200-fitted.toml --out out/calibration |
+    grep -E '^\$|^\| experiment \| run \| figure|^\| --- \| --- \| --- \| --- \| --- \| --- \| --- \| --- \| --- \| --- \| --- \|$|\| (step time|peak allocated memory|device kernels)|left out: .*step time|^(FAIL|PASS)|^wrote profile' |
+    awk '!(/^\| experiment/ && seen++) && !(/^\| ---/ && dash++)' |
+    awk -F' [|] ' -v OFS=' | ' '/^[|]/{ $2 = $1; $1 = ""; $4 = ""; $0 = $0; gsub(/ [|]  [|] /, " | "); sub(/^ [|] /, "") } 1'
+  OK_RC="0" cmd "cargo run --release --" simulate scenarios/gpu/dense14b-8l-mbs1.toml --hardware out/my-h200-fitted.toml |
+    grep -E '^\$|^scenario|^step time|^peak memory \('
+  fence_close
+}
+
 # docs/cli.md: every command's --help ------------------------------------------------------------
 help_block() { fence_open; cmd hpfsdp "$@" --help; fence_close; }
 gen_help() { help_block; }

@@ -66,6 +66,11 @@ pub enum KernelClass {
     /// `index`, `index_put_`, a `[rows, hidden] x [rows, 1]` multiply): non-vectorized
     /// element-wise kernels at their own fraction of the HBM bandwidth.
     IndexedElementwise,
+    /// Element-wise kernels whose operands are broadcast, non-contiguous views or widened
+    /// from bf16 to f32 (a norm's `x.float()` and `x * rsqrt(...)`, rotary embedding on the
+    /// transposed q and k): TensorIterator's non-vectorized `elementwise_kernel` path, at its
+    /// own fraction of the HBM bandwidth.
+    StridedElementwise,
 }
 
 impl KernelClass {
@@ -76,6 +81,7 @@ impl KernelClass {
             KernelClass::MemoryBound
                 | KernelClass::MultiTensorApply
                 | KernelClass::IndexedElementwise
+                | KernelClass::StridedElementwise
         )
     }
 
@@ -88,6 +94,7 @@ impl KernelClass {
             KernelClass::MemoryBound => "memory-bound",
             KernelClass::MultiTensorApply => "multi-tensor-apply",
             KernelClass::IndexedElementwise => "indexed-elementwise",
+            KernelClass::StridedElementwise => "strided-elementwise",
         }
     }
 }
@@ -175,6 +182,7 @@ impl MixId {
                 KernelClass::MemoryBound => (4, 0, 0, 0, 0),
                 KernelClass::MultiTensorApply => (5, 0, 0, 0, 0),
                 KernelClass::IndexedElementwise => (6, 0, 0, 0, 0),
+                KernelClass::StridedElementwise => (7, 0, 0, 0, 0),
             };
             hasher.update(&[tag]);
             for v in [a, b, c, d, k.count as u64, k.flops, k.hbm_bytes] {

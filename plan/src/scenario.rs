@@ -31,6 +31,9 @@ pub const MUON_PRESETS: &[&str] = &[
 /// `[train] tp_comm_overlap` modes: TP collectives serialized with compute, or fused with the
 /// neighbouring GEMM and pipelined in chunks (see `strategy::tp_overlap`).
 pub const TP_COMM_OVERLAP_MODES: &[&str] = &["none", "fused"];
+/// `[train] kernel_library` values.
+pub const KERNEL_LIBRARIES: &[&str] = &["torch_cuda"];
+
 /// `[train] loss_logits` values.
 pub const LOSS_LOGITS_MODES: &[&str] = &["chunked", "whole_f32"];
 
@@ -194,6 +197,14 @@ pub struct TrainSection {
     /// their f32 upcast and two f32 vocabulary gradients at once).
     #[serde(default = "default_loss_logits")]
     pub loss_logits: String,
+    /// Which kernels the eager step runs ([`KERNEL_LIBRARIES`]): absent, the fused-kernel
+    /// census the paper's Ascend runs were calibrated with (one attention kernel each way,
+    /// element-wise kernels at one bandwidth); `torch_cuda`, PyTorch eager on CUDA: torch
+    /// SDPA's cuDNN backend (its backward adds a dO-dot-O preprocess, the dQ conversion and,
+    /// under GQA, one head reduction each for dK and dV) and TensorIterator element-wise
+    /// kernels, vectorized or strided (broadcast, non-contiguous or bf16-to-f32 operands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_library: Option<String>,
     /// Low-precision (fp8) training; gates `when = "low_precision"` overrides.
     #[serde(default)]
     pub low_precision: bool,
@@ -722,20 +733,35 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
         key_err("model", key, format!("[model] {key}: {e}"))
     })?;
     let model = apply_config_overrides(model, &raw.model, &key_err)?;
-    if let Some(imp) = &raw.model.experts_implementation
-        && !EXPERTS_IMPLEMENTATIONS.contains(&imp.as_str())
-    {
-        return Err(key_err(
-            "model",
-            "experts_implementation",
-            format!(
-                "[model] experts_implementation = \"{imp}\" is not modelled; use one of {} \
-                 (transformers' `eager` per-expert loop is not modelled yet) or leave it out",
-                EXPERTS_IMPLEMENTATIONS.join(", ")
-            ),
-        ));
-    }
+    check_implementation(
+        &raw.model.experts_implementation,
+        "experts_implementation",
+        EXPERTS_IMPLEMENTATIONS,
+        " (transformers' `eager` per-expert loop is not modelled yet)",
+        &key_err,
+    )?;
     Ok((model, master_dtype))
+}
+
+/// Refuses a `[model] <key>` implementation choice that is not one of `allowed`.
+fn check_implementation(
+    value: &Option<String>,
+    key: &str,
+    allowed: &[&str],
+    note: &str,
+    key_err: &dyn Fn(&str, &str, String) -> PlanError,
+) -> PlanResult<()> {
+    match value {
+        Some(imp) if !allowed.contains(&imp.as_str()) => Err(key_err(
+            "model",
+            key,
+            format!(
+                "[model] {key} = \"{imp}\" is not modelled; use one of {}{note} or leave it out",
+                allowed.join(", ")
+            ),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Rebuilds `model` with `[model] num_hidden_layers` / `tie_word_embeddings` applied to its
@@ -983,6 +1009,19 @@ fn training_shape(
                  it saves; whole_f32: transformers' ForCausalLMLoss upcasts every logit to f32)",
                 tr.loss_logits,
                 LOSS_LOGITS_MODES.join(", ")
+            ),
+        ));
+    }
+    if let Some(lib) = &tr.kernel_library
+        && !KERNEL_LIBRARIES.contains(&lib.as_str())
+    {
+        return Err(key_err(
+            "train",
+            "kernel_library",
+            format!(
+                "[train] kernel_library = \"{lib}\" is not modelled; use one of {} (PyTorch \
+                 eager on CUDA) or leave it out (the fused-kernel census)",
+                KERNEL_LIBRARIES.join(", ")
             ),
         ));
     }

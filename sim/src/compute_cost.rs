@@ -51,7 +51,9 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
     let d = &profile.device;
     let c = &profile.calibration;
     let efficiency = match k.class {
-        KernelClass::Gemm { m, n, k, .. } => gemm_efficiency(m, n, k, profile),
+        KernelClass::Gemm { m, n, k, .. } => {
+            (gemm_efficiency(m, n, k, profile) * profile.compute.gemm_in_step_speedup).min(1.0)
+        }
         KernelClass::GroupedGemm {
             groups,
             tokens_per_group,
@@ -68,7 +70,8 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
         // roofline defined.
         KernelClass::MemoryBound
         | KernelClass::MultiTensorApply
-        | KernelClass::IndexedElementwise => c.gemm_ceiling,
+        | KernelClass::IndexedElementwise
+        | KernelClass::StridedElementwise => c.gemm_ceiling,
     };
     let bandwidth = match k.class {
         KernelClass::MultiTensorApply => {
@@ -76,6 +79,9 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
         }
         KernelClass::IndexedElementwise => {
             c.hbm_efficiency * profile.compute.indexed_relative_bandwidth
+        }
+        KernelClass::StridedElementwise => {
+            c.hbm_efficiency * profile.compute.strided_relative_bandwidth
         }
         _ => c.hbm_efficiency,
     };

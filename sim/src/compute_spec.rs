@@ -38,6 +38,16 @@ pub struct ComputeSpec {
     /// (0, 1]; 1 when absent.
     #[serde(default = "unit_ratio")]
     pub indexed_relative_bandwidth: f64,
+    /// Bandwidth of strided element-wise kernels (broadcast, non-contiguous or bf16-to-f32
+    /// operands: TensorIterator's non-vectorized path) over that of plain memory-bound
+    /// kernels, in (0, 1]; 1 when absent.
+    #[serde(default = "unit_ratio")]
+    pub strided_relative_bandwidth: f64,
+    /// How much faster GEMMs run inside a training step than the back-to-back benchmark that
+    /// measured `gemm_table` (each shape alone for ~20 ms), in [1, 2]; 1 when absent. It
+    /// scales table-based GEMM efficiency (capped at the datasheet peak), not grouped GEMMs.
+    #[serde(default = "unit_ratio")]
+    pub gemm_in_step_speedup: f64,
     /// Grouped expert GEMMs as one GEMM over every group's rows (`torch._grouped_mm`: one
     /// launch fills the device across experts) at this fraction of that GEMM's efficiency,
     /// in (0, 1]; absent: each group costed at its own rows (tokens per expert).
@@ -66,6 +76,8 @@ impl Default for ComputeSpec {
             foreach_relative_bandwidth: 1.0,
             chunk_cat_relative_bandwidth: 1.0,
             indexed_relative_bandwidth: 1.0,
+            strided_relative_bandwidth: 1.0,
+            gemm_in_step_speedup: 1.0,
             grouped_gemm_relative_efficiency: None,
             table: None,
         }
@@ -101,11 +113,22 @@ impl ComputeSpec {
                 "compute.indexed_relative_bandwidth",
                 self.indexed_relative_bandwidth,
             ),
+            (
+                "compute.strided_relative_bandwidth",
+                self.strided_relative_bandwidth,
+            ),
         ] {
             fraction(key, v)?;
         }
         if let Some(r) = self.grouped_gemm_relative_efficiency {
             fraction("compute.grouped_gemm_relative_efficiency", r)?;
+        }
+        let speedup = self.gemm_in_step_speedup;
+        if !(1.0..=2.0).contains(&speedup) {
+            return Err((
+                "compute.gemm_in_step_speedup".into(),
+                format!("{speedup} is not in [1, 2] (1: GEMMs run in a step as in the table)"),
+            ));
         }
         Ok(())
     }

@@ -29,14 +29,14 @@ pub struct Profile {
 }
 
 /// True when a `--hardware` value names a profile file rather than a shipped profile.
-fn is_path(hardware: &str) -> bool {
+pub fn is_profile_path(hardware: &str) -> bool {
     hardware.ends_with(".toml") || hardware.contains('/') || hardware.contains('\\')
 }
 
 /// Loads `--hardware`: a shipped profile name (`scenarios/hardware/<name>.toml` or the
 /// built-in copy) or the path of a profile file (`my-cluster.toml`).
 pub fn load_profile(hardware: &str) -> Result<Profile> {
-    if is_path(hardware) {
+    if is_profile_path(hardware) {
         let path = PathBuf::from(hardware);
         let profile = HardwareProfile::load(&path)
             .with_context(|| format!("--hardware {hardware}: loading the profile file"))?;

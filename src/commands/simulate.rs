@@ -1,5 +1,6 @@
 //! `hpfsdp simulate`: predict one training step of a scenario's strategy and its baselines.
 
+use crate::commands::calibrate_runs::is_profile_path;
 use crate::commands::lint_gate::refuse_lint_errors;
 use crate::commands::sim_summary::{StrategySummary, summarize, to_report_run};
 use crate::commands::{preflight, sanity};
@@ -14,7 +15,7 @@ use hpfsdp_sim::scenario_run::{
 use hpfsdp_sim::whatif_costs::{WhatIfCost, whatif_costs};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -61,8 +62,13 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         .hardware
         .clone()
         .unwrap_or_else(|| scenario.file.hardware.clone());
-    let profile = HardwareProfile::load_named(&hardware, hardware_dir_for(&args.scenario))
-        .with_context(|| format!("loading hardware profile '{hardware}'"))?;
+    let profile = if args.hardware.is_some() && is_profile_path(&hardware) {
+        HardwareProfile::load(Path::new(&hardware))
+            .with_context(|| format!("--hardware {hardware}: loading the profile file"))?
+    } else {
+        HardwareProfile::load_named(&hardware, hardware_dir_for(&args.scenario))
+            .with_context(|| format!("loading hardware profile '{hardware}'"))?
+    };
     if args.hardware.is_some() {
         preflight::check_profile_topology(&profile, &scenario)?;
     }
@@ -157,7 +163,7 @@ fn check_flags(args: &SimulateArgs) -> Result<()> {
             );
         }
     }
-    if let Some(h) = &args.hardware {
+    if let Some(h) = args.hardware.as_deref().filter(|h| !is_profile_path(h)) {
         preflight::check_hardware_flag(h)?;
     }
     if let Some(dir) = &args.out {

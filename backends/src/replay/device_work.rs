@@ -93,7 +93,8 @@ fn entry_launches(e: &KernelWork) -> Vec<Launch> {
         }
         KernelClass::MemoryBound
         | KernelClass::MultiTensorApply
-        | KernelClass::IndexedElementwise => return copies(e.count, e.hbm_bytes / 2),
+        | KernelClass::IndexedElementwise
+        | KernelClass::StridedElementwise => return copies(e.count, e.hbm_bytes / 2),
     };
     vec![one; count]
 }

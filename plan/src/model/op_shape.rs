@@ -222,6 +222,36 @@ impl EagerRecipe {
         }
     }
 
+    /// The part of [`Self::fwd`] (kernels, HBM bytes per element) that runs strided
+    /// (non-vectorized: broadcast, non-contiguous or bf16-to-f32 operands), as the H200
+    /// trace of the dense 14B-shaped step lists the kernels (`profiles/trace-dense14b-8l-mbs1`,
+    /// `elementwise_kernel` against `vectorized_elementwise_kernel`): RMSNorm's `x.float()`,
+    /// `x * rsqrt(..)` (a `[T, 1]` broadcast) and `weight * x` (a `[h]` broadcast); every
+    /// rotary-embedding kernel (q and k are transposed views); the loss's `logits.float()`;
+    /// the attention output's token-major copy.
+    pub fn strided_fwd(self) -> (u32, f64) {
+        match self {
+            EagerRecipe::RmsNorm => (3, 18.0),
+            EagerRecipe::Rope => self.fwd(),
+            EagerRecipe::CrossEntropy => (1, 6.0),
+            EagerRecipe::AttentionLayout => self.fwd(),
+            _ => (0, 0.0),
+        }
+    }
+
+    /// The strided part of [`Self::bwd`]: RMSNorm's `grad * weight`, the `x.float()` recompute,
+    /// the `[T, 1]` broadcast product and the mean's expanded division; rotary embedding's two
+    /// products, `neg`, the two `slice_backward` copies and the final accumulation per tensor
+    /// (its zero fills and the first accumulation are vectorized); the layout copy.
+    pub fn strided_bwd(self) -> (u32, f64) {
+        match self {
+            EagerRecipe::RmsNorm => (4, 22.0),
+            EagerRecipe::Rope => (12, 20.0),
+            EagerRecipe::AttentionLayout => self.bwd(),
+            _ => (0, 0.0),
+        }
+    }
+
     /// Whether the recipe's kernels index, mask or broadcast (gathers, masked fills, sorts,
     /// scatter-adds over `[copies, hidden]`): they reach a fraction of a streaming kernel's
     /// bandwidth ([`crate::kernel::KernelClass::IndexedElementwise`]).

@@ -151,6 +151,9 @@ struct F2<'c> {
     prev_reduce: Vec<OpId>,
     /// Reduce ops per unit (waited by the optimizer).
     reduce_ops: Vec<Vec<OpId>>,
+    /// The last one-rank reduce-scatter memcpy issued ([`single_rank`]): the next copy-out
+    /// waits for it.
+    last_single_rank_rs: Option<OpId>,
 }
 
 impl F2<'_> {
@@ -483,6 +486,7 @@ pub(crate) fn generate(
         copy_outs: Vec::new(),
         prev_reduce: Vec::new(),
         reduce_ops: vec![Vec::new(); n],
+        last_single_rank_rs: None,
     };
     let sched = ctx
         .opt

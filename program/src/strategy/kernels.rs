@@ -59,6 +59,12 @@ pub struct KernelCtx {
     /// The routed experts run transformers' `grouped_mm` path (`[model]
     /// experts_implementation = "grouped_mm"`): its dispatch and combine recipes.
     pub hf_grouped_mm: bool,
+    /// The step runs PyTorch eager on CUDA (`[train] kernel_library = "torch_cuda"`): cuDNN
+    /// SDPA's backward helpers ([`sdpa_cudnn_backward_helpers`]) and the element-wise
+    /// recipes' strided kernels as a class of their own ([`memory_bound`]).
+    pub torch_cuda: bool,
+    /// Key/value heads of the attention (GQA when fewer than the query heads), whole model.
+    pub kv_heads: u64,
 }
 
 impl KernelCtx {
@@ -87,6 +93,8 @@ impl KernelCtx {
             hidden: cfg.hidden_size,
             hf_grouped_mm: scenario.file.model.experts_implementation.as_deref()
                 == Some("grouped_mm"),
+            torch_cuda: scenario.file.train.kernel_library.as_deref() == Some("torch_cuda"),
+            kv_heads: cfg.num_key_value_heads,
         }
     }
 
@@ -155,7 +163,7 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
             // The output back to token-major layout (`transpose(1, 2).contiguous()`); its
             // gradient copy runs before the attention backward.
             let elems = c.rank_tokens * (heads * v_dim) as f64;
-            let (lf, lb) = memory_bound(EagerRecipe::AttentionLayout, elems, 0.0, c.act_bytes);
+            let (lf, lb) = memory_bound(c, EagerRecipe::AttentionLayout, elems, 0.0);
             fwd.extend(lf);
             let mut b = lb;
             b.append(&mut bwd);
@@ -172,12 +180,7 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
                 c.rank_tokens * width as f64
             };
             let flops = op.fwd_flops_per_token * c.rank_tokens * routed_scale(c, routed);
-            memory_bound(
-                c.memory_bound_recipe(recipe, routed),
-                elems,
-                flops,
-                c.act_bytes,
-            )
+            memory_bound(c, c.memory_bound_recipe(recipe, routed), elems, flops)
         }
         OpShape::Opaque => {
             let flops = (op.fwd_flops_per_token * c.rank_tokens).round() as u64;
@@ -210,29 +213,54 @@ fn linear(m: u64, n: u64, k: u64, eb: u64) -> (Vec<KernelWork>, Vec<KernelWork>)
 }
 
 fn memory_bound(
+    c: &KernelCtx,
     recipe: EagerRecipe,
     elems: f64,
     flops: f64,
-    act_bytes: u64,
 ) -> (Vec<KernelWork>, Vec<KernelWork>) {
-    let scale = act_bytes as f64 / 2.0;
-    let (fk, fb) = recipe.fwd();
-    let (bk, bb) = recipe.bwd();
+    let scale = c.act_bytes as f64 / 2.0;
     let flops = flops.round() as u64;
     let class = if recipe.is_indexed() {
         KernelClass::IndexedElementwise
     } else {
         KernelClass::MemoryBound
     };
-    let work = |count, flops, bytes: f64| KernelWork {
-        class,
-        count,
-        flops,
-        hbm_bytes: bytes.round() as u64,
+    // The recipe's vectorized kernels (with its FLOPs), then its strided ones; the bytes of
+    // the two parts add up to the recipe's rounded total exactly.
+    let pass = |(count, bytes): (u32, f64), (strided, strided_bytes): (u32, f64), flops| {
+        let total = (elems * bytes * scale).round() as u64;
+        let strided_total = ((elems * strided_bytes * scale).round() as u64).min(total);
+        let work = |class, count, flops, hbm_bytes| KernelWork {
+            class,
+            count,
+            flops,
+            hbm_bytes,
+        };
+        let mut kernels = Vec::with_capacity(2);
+        if strided < count {
+            kernels.push(work(class, count - strided, flops, total - strided_total));
+        }
+        if strided > 0 {
+            let f = if strided < count { 0 } else { flops };
+            kernels.push(work(
+                KernelClass::StridedElementwise,
+                strided,
+                f,
+                strided_total,
+            ));
+        }
+        kernels
+    };
+    // Only PyTorch's CUDA kernels are known to split this way; elsewhere every kernel of the
+    // recipe is one memory-bound class.
+    let (strided_fwd, strided_bwd) = if c.torch_cuda {
+        (recipe.strided_fwd(), recipe.strided_bwd())
+    } else {
+        ((0, 0.0), (0, 0.0))
     };
     (
-        vec![work(fk, flops, elems * fb * scale)],
-        vec![work(bk, 2 * flops, elems * bb * scale)],
+        pass(recipe.fwd(), strided_fwd, flops),
+        pass(recipe.bwd(), strided_bwd, 2 * flops),
     )
 }
 
@@ -247,16 +275,16 @@ fn router(
     let m = c.rank_tokens.round().max(1.0) as u64;
     let (mut fwd, mut bwd_gemm) = linear(m, experts, hidden, c.act_bytes);
     let (sf, sb) = memory_bound(
+        c,
         EagerRecipe::RouterSoftmaxTopk,
         c.rank_tokens * experts as f64,
         0.0,
-        c.act_bytes,
     );
     let (pf, pb) = memory_bound(
+        c,
         c.path_recipe(EagerRecipe::TokenPermute),
         c.rank_tokens * (top_k * hidden) as f64,
         0.0,
-        c.act_bytes,
     );
     fwd.extend(sf);
     fwd.extend(pf);
@@ -337,7 +365,7 @@ fn experts(c: &KernelCtx, input: u64, output: u64) -> (Vec<KernelWork>, Vec<Kern
 fn ep_regroup(c: &KernelCtx) -> Option<[KernelWork; 4]> {
     let r = c.routed.filter(|r| c.ep > 1 && r.local_experts > 1)?;
     let elems = r.busiest_copies * c.hidden as f64;
-    let (mut rf, mut rb) = memory_bound(EagerRecipe::EpRegroup, elems, 0.0, c.act_bytes);
+    let (mut rf, mut rb) = memory_bound(c, EagerRecipe::EpRegroup, elems, 0.0);
     // The restore reads and writes every copy once each way.
     let bytes = (elems * 2.0 * c.act_bytes as f64).round() as u64;
     Some([
@@ -348,7 +376,8 @@ fn ep_regroup(c: &KernelCtx) -> Option<[KernelWork; 4]> {
     ])
 }
 
-/// The fused attention core: FLOPs of the profile (causal triangle), one kernel each way.
+/// The attention core: FLOPs of the profile (causal triangle), one fused kernel each way,
+/// plus the cuDNN backend's backward helpers when the scenario runs it.
 fn attention(
     op: &ComputeOp,
     c: &KernelCtx,
@@ -369,10 +398,39 @@ fn attention(
         flops: f.round() as u64,
         hbm_bytes: b.round() as u64,
     };
-    (
-        vec![k(flops, bytes)],
-        vec![k(ATTENTION_BWD_FLOPS_FACTOR * flops, 2.0 * bytes)],
-    )
+    let mut bwd = vec![k(ATTENTION_BWD_FLOPS_FACTOR * flops, 2.0 * bytes)];
+    if c.torch_cuda {
+        bwd.extend(sdpa_cudnn_backward_helpers(c, heads, head_dim));
+    }
+    (vec![k(flops, bytes)], bwd)
+}
+
+/// The memory-bound kernels cuDNN's SDPA backward launches beside its flash kernel
+/// (cudnn-frontend's SDPA backward graph, as the H200 kernel tables list them, one per layer
+/// in every run: `compute_dot_do_o`, `convert_dq_to_16bits`, and two `fmha_reduce_head`
+/// under GQA): the row sums `D = rowsum(dO * O)` (reads dO and O, writes one f32 per query
+/// row and head), the dQ accumulator's conversion (reads f32, writes the activation dtype)
+/// and, when query heads share key/value heads, the reduction of the per-query-head f32 dK
+/// and dV onto the key/value heads (reads f32, writes the activation dtype).
+fn sdpa_cudnn_backward_helpers(c: &KernelCtx, heads: u64, head_dim: u64) -> Vec<KernelWork> {
+    let q_heads = c.split(heads);
+    let kv_heads = c.split(c.kv_heads.max(1)).min(q_heads);
+    // Every TP rank runs its heads over the whole CP-local sequence.
+    let tokens = c.gemm_rows() as f64;
+    let rows = tokens * q_heads as f64;
+    let q_elems = rows * head_dim as f64;
+    let kv_elems = tokens * (kv_heads * head_dim) as f64;
+    let a = c.act_bytes as f64;
+    let kernel = |bytes: f64| KernelWork::memory_bound(1, 0, bytes.round() as u64);
+    let mut helpers = vec![
+        kernel(2.0 * q_elems * a + rows * 4.0),
+        kernel(q_elems * (4.0 + a)),
+    ];
+    if kv_heads < q_heads {
+        let reduce = kernel(q_elems * 4.0 + kv_elems * a);
+        helpers.extend([reduce, reduce]);
+    }
+    helpers
 }
 
 #[cfg(test)]
@@ -392,6 +450,8 @@ mod tests {
             ep: 1,
             hidden: 2048,
             hf_grouped_mm: false,
+            torch_cuda: false,
+            kv_heads: 4,
         }
     }
 
@@ -523,6 +583,80 @@ mod tests {
                 head_dim: 128
             }
         ));
+    }
+
+    #[test]
+    fn cudnn_sdpa_backward_adds_its_helpers_and_reduces_gqa_heads() {
+        let attention = op(OpShape::Attention {
+            heads: 32,
+            qk_dim: 128,
+            v_dim: 128,
+        });
+        let fused = op_kernels(&attention, &ctx(1)).1;
+        let cudnn = |tp: u64, kv_heads: u64| {
+            let c = KernelCtx {
+                torch_cuda: true,
+                kv_heads,
+                ..ctx(tp)
+            };
+            op_kernels(&attention, &c).1
+        };
+        // Layout copy, flash backward, then dot(dO, O), the dQ conversion and two head
+        // reductions under GQA (32 query heads on 4 key/value heads); none without GQA.
+        let gqa = cudnn(1, 4);
+        assert_eq!((fused.len(), gqa.len(), cudnn(1, 32).len()), (2, 6, 4));
+        // (The layout copy is the same work, as a strided kernel on CUDA.)
+        assert_eq!((gqa[0].hbm_bytes, gqa[1]), (fused[0].hbm_bytes, fused[1]));
+        assert_eq!(gqa[0].class, KernelClass::StridedElementwise);
+        // 2 x 4,096 tokens x 32 heads x 128: the f32 dQ accumulator read, bf16 written.
+        let q_elems = 8192 * 32 * 128;
+        assert_eq!(gqa[3].hbm_bytes, q_elems * 6);
+        assert_eq!(gqa[4].hbm_bytes, q_elems * 4 + 8192 * 4 * 128 * 2);
+        // TP splits the heads, not the sequence: half the bytes per rank.
+        assert_eq!(cudnn(2, 4)[3].hbm_bytes, q_elems * 3);
+    }
+
+    #[test]
+    fn torch_cuda_splits_a_recipe_into_vectorized_and_strided_kernels() {
+        let norm = op(OpShape::MemoryBound {
+            recipe: EagerRecipe::RmsNorm,
+            width: 2048,
+            routed: false,
+        });
+        let fused = op_kernels(&norm, &ctx(1));
+        let cuda = op_kernels(
+            &norm,
+            &KernelCtx {
+                torch_cuda: true,
+                ..ctx(1)
+            },
+        );
+        // Elsewhere one memory-bound entry each way; on CUDA RMSNorm's upcast, `x * rsqrt`
+        // and `weight * x` are strided (3 of 8 forward, 18 of 36 B per element).
+        assert_eq!((fused.0.len(), fused.1.len()), (1, 1));
+        let (f, b) = cuda;
+        assert_eq!(
+            (f[0].class, f[1].class),
+            (KernelClass::MemoryBound, KernelClass::StridedElementwise)
+        );
+        assert_eq!((f[0].count, f[1].count), (5, 3));
+        assert_eq!(f[0].hbm_bytes + f[1].hbm_bytes, fused.0[0].hbm_bytes);
+        assert_eq!(f[1].hbm_bytes, 8192 * 2048 * 18);
+        assert_eq!(f[0].flops, fused.0[0].flops);
+        assert_eq!(b[0].count + b[1].count, fused.1[0].count);
+        // Rotary embedding forward is strided throughout (q and k are transposed views).
+        let rope = op(OpShape::MemoryBound {
+            recipe: EagerRecipe::Rope,
+            width: 4096,
+            routed: false,
+        });
+        let c = KernelCtx {
+            torch_cuda: true,
+            ..ctx(1)
+        };
+        let f = op_kernels(&rope, &c).0;
+        assert_eq!((f.len(), f[0].class), (1, KernelClass::StridedElementwise));
+        assert!(f[0].flops > 0);
     }
 
     #[test]
