@@ -5,8 +5,6 @@ mod commands;
 mod table;
 
 use clap::{Parser, Subcommand};
-use hpfsdp_backends::replay::{ComputeMode, FaultInjection};
-use hpfsdp_backends::select::BackendKind;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -283,21 +281,6 @@ fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-/// Parses `--backend`.
-pub(crate) fn parse_backend(text: &str) -> Result<BackendKind, String> {
-    text.parse()
-}
-
-/// Parses `--compute`.
-pub(crate) fn parse_compute(text: &str) -> Result<ComputeMode, String> {
-    text.parse()
-}
-
-/// Parses `--inject-fault`.
-pub(crate) fn parse_fault(text: &str) -> Result<FaultInjection, String> {
-    text.parse()
 }
 
 /// Lets a closed pipe end the process quietly (`hpfsdp simulate ... | head`), as command-line

@@ -13,10 +13,10 @@
 mod common;
 
 use common::{hpfsdp, text};
-use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::{CollectiveKind, Topology};
 use hpfsdp_program::step::{
-    Category, CollectiveOp, ComputeWork, Group, Payload, ProgramBuilder, Stream,
+    Category, CollectiveOp, ComputeWork, Group, Op, Payload, ProgramBuilder, StepProgram, Stream,
 };
 use hpfsdp_program::strategy::{ProgramGenerator, StrategyKind};
 use hpfsdp_sim::HardwareProfile;
@@ -204,6 +204,104 @@ fn official_comm_type(pool: &DescriptorPool, kind: CollectiveKind) -> i32 {
         .number()
 }
 
+/// What a decoded node is checked against: the official schema, the exported groups file,
+/// and the topology and profile the durations come from.
+struct NodeCheck<'a> {
+    pool: &'a DescriptorPool,
+    groups: &'a serde_json::Value,
+    topology: &'a Topology,
+    profile: &'a HardwareProfile,
+}
+
+impl NodeCheck<'_> {
+    /// The node of `op` carries its payload: collectives their official type, size (as
+    /// ASTRA-sim's ring reads it), group and duration; compute its FLOPs and bytes; copies
+    /// their bytes; host ops their dependencies.
+    fn check_payload(
+        &self,
+        node: &DecodedNode,
+        op: &Op,
+        program: &StepProgram,
+        deps: &[u64],
+        duration_ns: u64,
+    ) {
+        match &op.payload {
+            Payload::Collective(c) => {
+                assert_eq!(node.node_type, "COMM_COLL_NODE");
+                assert_eq!(
+                    node.int("comm_type", "int64_val"),
+                    i128::from(official_comm_type(self.pool, c.kind))
+                );
+                let group = program.group(c.group).unwrap();
+                let p = group.ranks.len() as i128;
+                let size = node.int("comm_size", "int64_val");
+                // What ASTRA-sim's ring moves into each rank's output buffer.
+                let astra_output = match c.kind {
+                    CollectiveKind::AllGather => size * p,
+                    CollectiveKind::ReduceScatter => size / p,
+                    _ => size,
+                };
+                assert_eq!(astra_output, i128::from(c.output_bytes), "{:?}", c.kind);
+                let pg = node.string("pg_name");
+                assert_eq!(self.groups[pg.as_str()], serde_json::json!(group.ranks));
+                let s = hpfsdp_export::chakra::collective_s(
+                    c,
+                    &group.ranks,
+                    self.topology,
+                    self.profile,
+                );
+                assert!(s > 0.0);
+                assert_eq!(duration_ns, (s * 1e9).round() as u64, "{:?}", c.kind);
+                assert!(node.duration_micros > 0, "{:?} of {size} bytes", c.kind);
+            }
+            Payload::Compute(w) => {
+                assert_eq!(node.node_type, "COMP_NODE");
+                assert_eq!(node.attrs.get("is_cpu_op"), Some(&Attr::Bool(false)));
+                assert_eq!(node.int("num_ops", "int64_val"), i128::from(w.flops));
+                assert_eq!(
+                    node.int("tensor_size", "uint64_val"),
+                    i128::from(w.hbm_bytes)
+                );
+                assert!(duration_ns > 0, "compute has a predicted duration");
+            }
+            Payload::Copy(c) => {
+                assert_eq!(node.int("tensor_size", "uint64_val"), i128::from(c.bytes));
+                assert!(duration_ns > 0, "a copy has a predicted duration");
+            }
+            Payload::Host { .. } => {
+                assert_eq!(node.attrs.get("is_cpu_op"), Some(&Attr::Bool(true)));
+                assert_eq!(node.data_deps, deps);
+            }
+        }
+    }
+}
+
+/// ASTRA-sim's configuration files beside the traces: the network's NPU counts per tier
+/// level (the levels of more than one), the system file, the memory file.
+fn check_astra_configs(dir: &Path, name: &str, topology: &Topology) {
+    let network = std::fs::read_to_string(dir.join(format!("{name}.network.yml"))).unwrap();
+    let expect = format!(
+        "npus_count: [ {} ]",
+        [
+            topology.dies_per_machine,
+            topology.machines_per_supernode,
+            topology.supernodes
+        ]
+        .iter()
+        .filter(|n| **n > 1)
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+    );
+    assert!(network.contains(&expect), "{network}");
+    let system: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join(format!("{name}.system.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(system["roofline-enabled"], 0);
+    assert!(dir.join(format!("{name}.memory.json")).is_file());
+}
+
 #[test]
 fn traces_decode_with_the_official_schema_as_astra_sim_reads_them() {
     let scenario = "scenarios/verify/dense-hsdp4x2-muon.toml";
@@ -233,6 +331,12 @@ fn traces_decode_with_the_official_schema_as_astra_sim_reads_them() {
     .unwrap();
     let pool = pool();
     let host = hpfsdp_sim::host_cost::HostCosts::of(&profile, false);
+    let ctx = NodeCheck {
+        pool: &pool,
+        groups: &groups,
+        topology: &topology,
+        profile: &profile,
+    };
     let mut seen: BTreeMap<&str, usize> = BTreeMap::new();
     for rank in 0..8 {
         let (version, nodes) = decode_et(&pool, &dir.join(format!("{name}.{rank}.et")));
@@ -277,77 +381,16 @@ fn traces_decode_with_the_official_schema_as_astra_sim_reads_them() {
                 previous_host.into_iter().collect::<Vec<_>>()
             );
             previous_host = Some(host_node.id);
-            match &op.payload {
-                Payload::Collective(c) => {
-                    assert_eq!(node.node_type, "COMM_COLL_NODE");
-                    *seen.entry(c.kind.name()).or_default() += 1;
-                    assert_eq!(
-                        node.int("comm_type", "int64_val"),
-                        i128::from(official_comm_type(&pool, c.kind))
-                    );
-                    let group = program.group(c.group).unwrap();
-                    let p = group.ranks.len() as i128;
-                    let size = node.int("comm_size", "int64_val");
-                    // What ASTRA-sim's ring moves into each rank's output buffer.
-                    let astra_output = match c.kind {
-                        CollectiveKind::AllGather => size * p,
-                        CollectiveKind::ReduceScatter => size / p,
-                        _ => size,
-                    };
-                    assert_eq!(astra_output, i128::from(c.output_bytes), "{:?}", c.kind);
-                    let pg = node.string("pg_name");
-                    assert_eq!(groups[pg.as_str()], serde_json::json!(group.ranks));
-                    let s =
-                        hpfsdp_export::chakra::collective_s(c, &group.ranks, &topology, &profile);
-                    assert!(s > 0.0);
-                    assert_eq!(duration_ns, (s * 1e9).round() as u64, "{:?}", c.kind);
-                    assert!(node.duration_micros > 0, "{:?} of {size} bytes", c.kind);
-                }
-                Payload::Compute(w) => {
-                    assert_eq!(node.node_type, "COMP_NODE");
-                    assert_eq!(node.attrs.get("is_cpu_op"), Some(&Attr::Bool(false)));
-                    assert_eq!(node.int("num_ops", "int64_val"), i128::from(w.flops));
-                    assert_eq!(
-                        node.int("tensor_size", "uint64_val"),
-                        i128::from(w.hbm_bytes)
-                    );
-                    assert!(duration_ns > 0, "compute has a predicted duration");
-                }
-                Payload::Copy(c) => {
-                    assert_eq!(node.int("tensor_size", "uint64_val"), i128::from(c.bytes));
-                    assert!(duration_ns > 0, "a copy has a predicted duration");
-                }
-                Payload::Host { .. } => {
-                    assert_eq!(node.attrs.get("is_cpu_op"), Some(&Attr::Bool(true)));
-                    assert_eq!(node.data_deps, deps);
-                }
+            if let Payload::Collective(c) = &op.payload {
+                *seen.entry(c.kind.name()).or_default() += 1;
             }
+            ctx.check_payload(node, op, &program, &deps, duration_ns);
         }
     }
     for kind in ["all-gather", "reduce-scatter", "broadcast"] {
         assert!(seen.get(kind).is_some_and(|n| *n > 0), "{kind}: {seen:?}");
     }
-    let network = std::fs::read_to_string(dir.join(format!("{name}.network.yml"))).unwrap();
-    let expect = format!(
-        "npus_count: [ {} ]",
-        [
-            topology.dies_per_machine,
-            topology.machines_per_supernode,
-            topology.supernodes
-        ]
-        .iter()
-        .filter(|n| **n > 1)
-        .map(|n| n.to_string())
-        .collect::<Vec<_>>()
-        .join(", ")
-    );
-    assert!(network.contains(&expect), "{network}");
-    let system: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.join(format!("{name}.system.json"))).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(system["roofline-enabled"], 0);
-    assert!(dir.join(format!("{name}.memory.json")).is_file());
+    check_astra_configs(&dir, name, &topology);
     std::fs::remove_dir_all(&dir).ok();
 }
 

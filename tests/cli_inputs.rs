@@ -127,6 +127,42 @@ fn a_fifo_and_an_oversized_file_are_refused_at_once() {
 }
 
 #[test]
+fn calibrate_runs_files_must_be_regular_files_under_their_cap() {
+    let dir = temp_dir("calibrate-runs");
+    let fifo = dir.join("fifo.toml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let big = dir.join("big.toml");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(5 << 20)
+        .unwrap();
+    let fifo = fifo.to_str().unwrap();
+    let big = big.to_str().unwrap();
+    let folder = dir.to_str().unwrap();
+    for (path, what) in [
+        ("/dev/zero", "a character device"),
+        (fifo, "a FIFO"),
+        (folder, "a directory"),
+        (big, "more than 4,194,304 bytes (4 MiB)"),
+    ] {
+        let o = hpfsdp(&["calibrate", "--hardware", "ascend-910c-a3", "--runs", path]);
+        assert_error(
+            &o,
+            &[
+                &format!("--runs {path}"),
+                "runs file",
+                what,
+                "a runs .toml file",
+            ],
+        );
+    }
+}
+
+#[test]
 fn a_sweep_past_its_point_limit_is_refused_before_any_point_is_built() {
     let many: String = (1..=300).map(|i| format!("{i},")).collect::<String>() + "301";
     let o = hpfsdp(&[

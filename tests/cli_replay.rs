@@ -65,6 +65,39 @@ fn read_csv(path: &Path) -> (String, Vec<Row>) {
     (header, rows)
 }
 
+/// Without `--out` the report goes to `out/replay/<scenario>` (under the working directory,
+/// like every command's default output), never into the repository's `reports/`.
+#[test]
+fn the_default_out_is_out_replay_scenario() {
+    let cwd = out_dir("default-out");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let scenario = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/verify/dense-fsdp4.toml");
+    let o = Command::new(env!("CARGO_BIN_EXE_hpfsdp"))
+        .args(["replay", scenario.to_str().unwrap()])
+        .args(["--backend", "inproc", "--steps", "1", "--warmup", "0"])
+        .current_dir(&cwd)
+        .output()
+        .expect("run hpfsdp");
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains("wrote out/replay/dense-fsdp4/replay.csv"),
+        "{stdout}"
+    );
+    for f in ["replay.csv", "trace.json", "report.html"] {
+        assert!(
+            cwd.join("out/replay/dense-fsdp4").join(f).is_file(),
+            "{f} missing"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&cwd);
+}
+
 fn replay_end_to_end(scenario: &str, tag: &str) {
     let dir = out_dir(tag);
     let o = hpfsdp(&[

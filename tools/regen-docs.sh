@@ -353,7 +353,7 @@ LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\
 TOP = tuple(d + "/" for d in ("backends", "docs", "export", "plan", "program", "reference",
                               "reports", "scenarios", "sim", "src", "tests", "tools", ".ci"))
 # folders the tools write by default (absent in a clean checkout)
-OUTPUTS = {"reports/sweep", "reports/replay", "out/sweep"}
+OUTPUTS = {"reports/sweep", "reports/replay", "out/sweep", "out/replay"}
 PATH = re.compile(r"`([A-Za-z0-9_.\-/]+)(?:::[A-Za-z0-9_:]+)?`")
 
 def slug(h):

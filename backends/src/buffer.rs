@@ -7,7 +7,7 @@
 use half::bf16;
 
 use crate::error::{CommError, CommResult};
-use crate::types::{DType, Element};
+use crate::types::DType;
 
 /// A contiguous payload of one element type.
 #[derive(Debug, Clone, PartialEq)]
@@ -206,6 +206,50 @@ impl From<Vec<u8>> for Buffer {
         Buffer::U8(v)
     }
 }
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for f64 {}
+    impl Sealed for u8 {}
+}
+
+/// An element type a backend can move: `f32`, `half::bf16`, `f64` or `u8` (sealed).
+pub trait Element: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The matching [`DType`].
+    const DTYPE: DType;
+    /// Wrap a vector of this type into a [`crate::Buffer`].
+    fn into_buffer(v: Vec<Self>) -> Buffer;
+    /// Unwrap a [`crate::Buffer`] holding this type, or report the dtype it holds.
+    fn from_buffer(b: Buffer) -> CommResult<Vec<Self>>;
+}
+
+/// Implements [`Element`] for a type and its [`crate::Buffer`] variant.
+macro_rules! element {
+    ($t:ty, $dtype:ident, $variant:ident) => {
+        impl Element for $t {
+            const DTYPE: DType = DType::$dtype;
+            fn into_buffer(v: Vec<Self>) -> Buffer {
+                Buffer::$variant(v)
+            }
+            fn from_buffer(b: Buffer) -> CommResult<Vec<Self>> {
+                match b {
+                    Buffer::$variant(v) => Ok(v),
+                    other => Err(CommError::DTypeMismatch {
+                        expected: DType::$dtype,
+                        actual: other.dtype(),
+                    }),
+                }
+            }
+        }
+    };
+}
+
+element!(f32, F32, F32);
+element!(bf16, Bf16, Bf16);
+element!(f64, F64, F64);
+element!(u8, U8, U8);
 
 #[cfg(test)]
 mod tests {

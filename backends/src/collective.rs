@@ -14,10 +14,11 @@
 //!   backends are the exception (the vendor library's own reduction, see [`crate::device`]).
 
 use crate::buffer::Buffer;
+use crate::buffer::Element;
 use crate::error::CommResult;
 use crate::group::Group;
 use crate::trace::TraceEvent;
-use crate::types::{CollectiveKind, DType, Element, ReduceOp};
+use crate::types::{CollectiveKind, DType, ReduceOp};
 
 /// A pending operation. Backends implement this; users hold a [`Handle`].
 pub trait Work: Send {

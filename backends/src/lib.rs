@@ -50,6 +50,7 @@ pub mod trace;
 pub mod types;
 
 pub use buffer::Buffer;
+pub use buffer::Element;
 pub use collective::{Collective, CollectiveExt, Handle, Work, wait_all};
 pub use error::{CommError, CommResult};
 pub use group::{Group, GroupId};
@@ -59,7 +60,7 @@ pub use inproc::{InProcComm, InProcWorld, WorldRun};
 pub use mpi::{MpiComm, MpiOptions, ReductionMode};
 pub use select::{BackendKind, SelectError, run_on_backend};
 pub use trace::TraceEvent;
-pub use types::{CollectiveKind, DType, Element, ReduceOp};
+pub use types::{CollectiveKind, DType, ReduceOp};
 
 /// The crate version, reported next to replayed timelines.
 pub const BACKENDS_VERSION: &str = env!("CARGO_PKG_VERSION");

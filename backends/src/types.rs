@@ -2,8 +2,6 @@
 
 use std::fmt;
 
-use half::bf16;
-
 /// Element type of a communication payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum DType {
@@ -167,47 +165,3 @@ mod tests {
         assert_eq!(sizes, vec![4, 2, 8, 1]);
     }
 }
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::bf16 {}
-    impl Sealed for f64 {}
-    impl Sealed for u8 {}
-}
-
-/// An element type a backend can move: `f32`, `half::bf16`, `f64` or `u8` (sealed).
-pub trait Element: sealed::Sealed + Copy + Send + Sync + fmt::Debug + 'static {
-    /// The matching [`DType`].
-    const DTYPE: DType;
-    /// Wrap a vector of this type into a [`crate::Buffer`].
-    fn into_buffer(v: Vec<Self>) -> crate::Buffer;
-    /// Unwrap a [`crate::Buffer`] holding this type, or report the dtype it holds.
-    fn from_buffer(b: crate::Buffer) -> crate::CommResult<Vec<Self>>;
-}
-
-/// Implements [`Element`] for a type and its [`crate::Buffer`] variant.
-macro_rules! element {
-    ($t:ty, $dtype:ident, $variant:ident) => {
-        impl Element for $t {
-            const DTYPE: DType = DType::$dtype;
-            fn into_buffer(v: Vec<Self>) -> crate::Buffer {
-                crate::Buffer::$variant(v)
-            }
-            fn from_buffer(b: crate::Buffer) -> crate::CommResult<Vec<Self>> {
-                match b {
-                    crate::Buffer::$variant(v) => Ok(v),
-                    other => Err(crate::CommError::DTypeMismatch {
-                        expected: DType::$dtype,
-                        actual: other.dtype(),
-                    }),
-                }
-            }
-        }
-    };
-}
-
-element!(f32, F32, F32);
-element!(bf16, Bf16, Bf16);
-element!(f64, F64, F64);
-element!(u8, U8, U8);

@@ -17,10 +17,12 @@
 
 pub mod astra_config;
 pub mod chakra;
+mod error;
 pub mod et_def;
 pub mod groups;
 pub mod trace_file;
 
+pub use error::ExportError;
 use et_def::attribute_proto::Value;
 use et_def::{AttributeProto, GlobalMetadata};
 use groups::GroupTable;
@@ -28,37 +30,9 @@ use hpfsdp_program::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::scenario_run::ScenarioPlans;
 use std::path::{Path, PathBuf};
-use thiserror::Error;
 
 /// The Chakra schema version written into [`GlobalMetadata::version`].
 pub const CHAKRA_SCHEMA_VERSION: &str = "0.0.4";
-
-/// Errors of exporting or reading traces.
-#[derive(Debug, Error)]
-pub enum ExportError {
-    /// The strategy or optimizer cannot generate programs for this scenario.
-    #[error("{0}")]
-    Strategy(String),
-    /// A generated program is inconsistent (a bug: please report it).
-    #[error("inconsistent step program: {0}")]
-    Program(String),
-    /// A file could not be written or read.
-    #[error("{path}: {message}")]
-    Io {
-        /// The file or directory.
-        path: String,
-        /// The system's message.
-        message: String,
-    },
-    /// A trace file is not a valid Chakra trace.
-    #[error("{file}: not a Chakra execution trace: {message}")]
-    Decode {
-        /// The file.
-        file: String,
-        /// What could not be decoded.
-        message: String,
-    },
-}
 
 /// What an export wrote.
 #[derive(Debug, Clone, PartialEq)]

@@ -22,6 +22,7 @@ pub mod planner;
 pub mod replica_subgroup_rule;
 pub mod scenario;
 pub mod scenario_gate;
+pub mod toml_lines;
 pub mod topology;
 pub mod transition;
 pub mod whatif;

@@ -333,6 +333,15 @@ pub const LOCK_FILE: FileLimit = FileLimit {
     expect: "a lock file written by `hpfsdp gate ... --update`",
 };
 
+/// Largest runs file (`calibrate --runs`, `scenarios/runs/*.toml`).
+pub const RUNS_FILE: FileLimit = FileLimit {
+    key: "runs file size",
+    what: "runs file",
+    max_bytes: 4 << 20,
+    why: "the shipped runs files are a few KiB",
+    expect: "a runs .toml file (docs/calibration.md)",
+};
+
 /// Every file-size limit, in README order.
 pub const ALL_FILES: &[FileLimit] = &[
     SCENARIO_FILE,
@@ -340,6 +349,7 @@ pub const ALL_FILES: &[FileLimit] = &[
     PROFILE_FILE,
     TABLE_FILE,
     LOCK_FILE,
+    RUNS_FILE,
 ];
 
 /// Points of one `hpfsdp sweep` (the product of every `--vary` key's value count), checked

@@ -7,8 +7,6 @@
 //! executor (which implements the variants) both need the names, and the reference crate
 //! depends on this one, not the other way round.
 
-use crate::scenario::OptimizerSection;
-
 /// How one Newton-Schulz iteration's Gram polynomial and update are rounded to bf16 (it
 /// changes the bits, and how close the result stays to exact Newton-Schulz).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -109,9 +107,20 @@ pub struct NumericsKeyError {
     pub message: String,
 }
 
+/// The numerics keys of a scenario's `[optimizer]` section, as written (absent: `None`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NumericsKeys<'a> {
+    /// `[optimizer.muon] ns_order`.
+    pub ns_order: Option<&'a str>,
+    /// `[optimizer.adamw] numerics`.
+    pub adamw_numerics: Option<&'a str>,
+    /// `[optimizer.muon] numerics`.
+    pub muon_numerics: Option<&'a str>,
+}
+
 /// Checks `[optimizer.muon] ns_order` and `[optimizer.adamw] numerics` (absent keys are fine).
-pub fn check_numerics_keys(o: &OptimizerSection) -> Result<(), NumericsKeyError> {
-    if let Some(order) = &o.muon.ns_order
+pub fn check_numerics_keys(o: &NumericsKeys) -> Result<(), NumericsKeyError> {
+    if let Some(order) = o.ns_order
         && NsOpOrder::parse(order).is_none()
     {
         let names: Vec<&str> = NsOpOrder::ALL.iter().map(|v| v.name()).collect();
@@ -126,8 +135,8 @@ pub fn check_numerics_keys(o: &OptimizerSection) -> Result<(), NumericsKeyError>
         });
     }
     for (section, form) in [
-        ("optimizer.adamw", &o.adamw.numerics),
-        ("optimizer.muon", &o.muon.numerics),
+        ("optimizer.adamw", o.adamw_numerics),
+        ("optimizer.muon", o.muon_numerics),
     ] {
         if let Some(form) = form
             && ElementwiseNumerics::parse(form).is_none()
@@ -162,12 +171,21 @@ mod tests {
         assert_eq!(ElementwiseNumerics::default(), ElementwiseNumerics::Unfused);
     }
 
+    /// The keys of a scenario's optimizer section (what the scenario loader passes).
+    fn check(o: &crate::scenario::OptimizerSection) -> Result<(), NumericsKeyError> {
+        check_numerics_keys(&NumericsKeys {
+            ns_order: o.muon.ns_order.as_deref(),
+            adamw_numerics: o.adamw.numerics.as_deref(),
+            muon_numerics: o.muon.numerics.as_deref(),
+        })
+    }
+
     #[test]
     fn unknown_names_are_rejected_with_the_choices() {
-        let mut o = OptimizerSection::default();
-        assert_eq!(check_numerics_keys(&o), Ok(()));
+        let mut o = crate::scenario::OptimizerSection::default();
+        assert_eq!(check(&o), Ok(()));
         o.muon.ns_order = Some("fused".into());
-        let e = check_numerics_keys(&o).unwrap_err();
+        let e = check(&o).unwrap_err();
         assert_eq!((e.section, e.key), ("optimizer.muon", "ns_order"));
         assert!(
             e.message.contains("gram_squared_first, eager, addmm"),
@@ -176,7 +194,7 @@ mod tests {
         );
         o.muon.ns_order = Some("addmm".into());
         o.adamw.numerics = Some("fma".into());
-        let e = check_numerics_keys(&o).unwrap_err();
+        let e = check(&o).unwrap_err();
         assert_eq!((e.section, e.key), ("optimizer.adamw", "numerics"));
         assert!(
             e.message.contains("unfused, torch_cpu_fma"),
@@ -185,9 +203,9 @@ mod tests {
         );
         o.adamw.numerics = Some("torch_cpu_fma".into());
         o.muon.numerics = Some("fused".into());
-        let e = check_numerics_keys(&o).unwrap_err();
+        let e = check(&o).unwrap_err();
         assert_eq!((e.section, e.key), ("optimizer.muon", "numerics"));
         o.muon.numerics = Some("unfused".into());
-        assert_eq!(check_numerics_keys(&o), Ok(()));
+        assert_eq!(check(&o), Ok(()));
     }
 }

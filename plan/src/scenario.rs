@@ -8,9 +8,11 @@ use crate::error::{PlanError, PlanResult};
 use crate::limits;
 use crate::mesh::DeviceMesh;
 use crate::model::{DType, ExpertLayout, ModelIr, ModelOptions};
+use crate::optimizer_numerics::{NumericsKeys, check_numerics_keys};
 use crate::planner::PlannerInput;
 use crate::planner::overrides::{PlanOverride, RawOverride};
 use crate::planner::templates::PlanAxes;
+use crate::toml_lines::find_key_line;
 use crate::topology::Topology;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -515,37 +517,6 @@ pub struct Scenario {
     pub param_dtype: DType,
     /// Gradient-reduction dtype.
     pub reduce_dtype: DType,
-}
-
-/// 1-based line of `key` inside `[section]` (dotted sections allowed; `""` = top level),
-/// or of the section header when the key is absent; 0 if neither is found.
-pub fn find_key_line(text: &str, section: &str, key: &str) -> usize {
-    let mut current = String::new();
-    let mut header_line = 0;
-    for (i, line) in text.lines().enumerate() {
-        let t = line.trim();
-        if let Some(h) = t.strip_prefix("[[").and_then(|s| s.split("]]").next()) {
-            current = h.trim().to_string();
-            if current == section && header_line == 0 {
-                header_line = i + 1;
-            }
-            continue;
-        }
-        if let Some(h) = t.strip_prefix('[').and_then(|s| s.split(']').next()) {
-            current = h.trim().to_string();
-            if current == section {
-                header_line = i + 1;
-            }
-            continue;
-        }
-        if current == section
-            && let Some((k, _)) = t.split_once('=')
-            && k.trim().trim_matches('"') == key
-        {
-            return i + 1;
-        }
-    }
-    header_line
 }
 
 fn line_of_offset(text: &str, offset: usize) -> usize {
@@ -1119,6 +1090,15 @@ fn batch_shape(raw: &ScenarioFile, model: &ModelIr, key_err: &KeyErr) -> PlanRes
     Ok(accum)
 }
 
+/// The numerics keys of `[optimizer]`, as [`check_numerics_keys`] reads them.
+fn numerics_keys(o: &OptimizerSection) -> NumericsKeys<'_> {
+    NumericsKeys {
+        ns_order: o.muon.ns_order.as_deref(),
+        adamw_numerics: o.adamw.numerics.as_deref(),
+        muon_numerics: o.muon.numerics.as_deref(),
+    }
+}
+
 /// Checks the `[fsdp]` and `[optimizer]` names; returns the gathered-parameter and reduction dtypes.
 fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DType, DType)> {
     let (text, file_label) = (src.text, src.file_label);
@@ -1224,8 +1204,7 @@ fn check_fsdp_and_optimizer(raw: &ScenarioFile, src: &Source) -> PlanResult<(DTy
             ));
         }
     }
-    crate::optimizer_numerics::check_numerics_keys(o)
-        .map_err(|e| key_err(e.section, e.key, e.message))?;
+    check_numerics_keys(&numerics_keys(o)).map_err(|e| key_err(e.section, e.key, e.message))?;
     for b in &o.baselines {
         if !MUON_BASELINES.contains(&b.as_str()) {
             return Err(key_err(

@@ -25,7 +25,7 @@
 //!   the cost comes from collectives waiting for their slowest member.
 
 use crate::error::{PlanError, PlanResult};
-use crate::scenario::find_key_line;
+use crate::toml_lines::find_key_line;
 use crate::topology::{Tier, Topology};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

@@ -555,146 +555,9 @@ fn deepseek_v3_mla_dense_and_moe_layers() {
     let p = plan(deepseek(), &input(axes(8, 1, 8, 1)));
     assert_clean(&p, "deepseek tp8 ep8");
     assert_fully_covered(&p, "deepseek tp8 ep8");
+    deepseek_mla_attention(&p);
+    deepseek_dense_and_moe_mlp(&p);
     use BoundaryType as B;
-    let attn = "model.layers.0.self_attn";
-    // torchtitan: wq_a/wkv_a NoParallel, wq_b/wkv_b colwise, wo rowwise, q/kv norms replicated.
-    expect(
-        &p,
-        &format!("{attn}.q_a_proj.weight"),
-        Role::Replicated,
-        attn,
-        B::Attention,
-        "R",
-    );
-    expect(
-        &p,
-        &format!("{attn}.kv_a_proj_with_mqa.weight"),
-        Role::Replicated,
-        attn,
-        B::Attention,
-        "R",
-    );
-    expect(
-        &p,
-        &format!("{attn}.q_b_proj.weight"),
-        Role::Colwise,
-        attn,
-        B::Attention,
-        "tp=S(0)",
-    );
-    expect(
-        &p,
-        &format!("{attn}.kv_b_proj.weight"),
-        Role::Colwise,
-        attn,
-        B::Attention,
-        "tp=S(0)",
-    );
-    expect(
-        &p,
-        &format!("{attn}.o_proj.weight"),
-        Role::Rowwise,
-        attn,
-        B::Attention,
-        "tp=S(1)",
-    );
-    for n in ["q_a_layernorm", "kv_a_layernorm"] {
-        expect(
-            &p,
-            &format!("{attn}.{n}.weight"),
-            Role::Norm,
-            &format!("{attn}.{n}"),
-            B::Norm,
-            "R",
-        );
-    }
-    // Shapes: q_b [24576,1536], kv_b [32768,512], o [7168,16384]; q_a/kv_a unsplit.
-    let l = |n: &str, c: &[(&str, usize)]| local(&p, &format!("{attn}.{n}.weight"), c);
-    assert_eq!(l("q_b_proj", &[("tp", 7)]), [3072, 1536]);
-    assert_eq!(l("kv_b_proj", &[("tp", 7)]), [4096, 512]);
-    assert_eq!(l("o_proj", &[("tp", 7)]), [7168, 2048]);
-    assert_eq!(l("q_a_proj", &[("tp", 7)]), [1536, 7168]);
-    assert_eq!(l("kv_a_proj_with_mqa", &[("tp", 7)]), [576, 7168]);
-
-    // Layers 0-2 are dense (first_k_dense_replace = 3).
-    let mlp2 = "model.layers.2.mlp";
-    expect(
-        &p,
-        &format!("{mlp2}.gate_proj.weight"),
-        Role::Colwise,
-        mlp2,
-        B::Mlp,
-        "tp=S(0)",
-    );
-    expect(
-        &p,
-        &format!("{mlp2}.down_proj.weight"),
-        Role::Rowwise,
-        mlp2,
-        B::Mlp,
-        "tp=S(1)",
-    );
-
-    // Layer 3 is MoE: routed experts EP S(0), router replicated, its correction bias frozen,
-    // shared experts a colwise/rowwise mlp boundary of their own.
-    let mlp = "model.layers.3.mlp";
-    let shared = "model.layers.3.mlp.shared_experts";
-    expect(
-        &p,
-        &format!("{mlp}.experts.gate_up_proj"),
-        Role::MoeExpert,
-        mlp,
-        B::MoeMlp,
-        "ep=S(0)",
-    );
-    expect(
-        &p,
-        &format!("{mlp}.experts.down_proj"),
-        Role::MoeExpert,
-        mlp,
-        B::MoeMlp,
-        "ep=S(0)",
-    );
-    expect(
-        &p,
-        &format!("{mlp}.gate.weight"),
-        Role::MoeGate,
-        mlp,
-        B::MoeMlp,
-        "R",
-    );
-    let bias = p
-        .param(&format!("{mlp}.gate.e_score_correction_bias"))
-        .unwrap();
-    assert!(!bias.trainable);
-    assert_eq!(bias.role, Role::Skip);
-    assert_eq!(bias.boundary, None);
-    for (w, pl, role_dim) in [("gate_proj", "tp=S(0)", 256), ("up_proj", "tp=S(0)", 256)] {
-        expect(
-            &p,
-            &format!("{shared}.{w}.weight"),
-            Role::SharedExpert,
-            shared,
-            B::Mlp,
-            pl,
-        );
-        assert_eq!(
-            local(&p, &format!("{shared}.{w}.weight"), &[("tp", 1)]),
-            [role_dim, 7168]
-        );
-    }
-    expect(
-        &p,
-        &format!("{shared}.down_proj.weight"),
-        Role::SharedExpert,
-        shared,
-        B::Mlp,
-        "tp=S(1)",
-    );
-    assert_eq!(
-        local(&p, &format!("{mlp}.experts.gate_up_proj"), &[("ep", 7)]),
-        [32, 4096, 7168]
-    );
     expect(
         &p,
         "model.embed_tokens.weight",
@@ -712,6 +575,154 @@ fn deepseek_v3_mla_dense_and_moe_layers() {
         "tp=S(0)",
     );
     assert_eq!(local(&p, "lm_head.weight", &[("tp", 0)]), [16160, 7168]);
+}
+
+/// DeepSeek-V3's MLA attention on tp 8 as torchtitan shards it.
+fn deepseek_mla_attention(p: &ShardingPlan) {
+    use BoundaryType as B;
+    let attn = "model.layers.0.self_attn";
+    // torchtitan: wq_a/wkv_a NoParallel, wq_b/wkv_b colwise, wo rowwise, q/kv norms replicated.
+    expect(
+        p,
+        &format!("{attn}.q_a_proj.weight"),
+        Role::Replicated,
+        attn,
+        B::Attention,
+        "R",
+    );
+    expect(
+        p,
+        &format!("{attn}.kv_a_proj_with_mqa.weight"),
+        Role::Replicated,
+        attn,
+        B::Attention,
+        "R",
+    );
+    expect(
+        p,
+        &format!("{attn}.q_b_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        p,
+        &format!("{attn}.kv_b_proj.weight"),
+        Role::Colwise,
+        attn,
+        B::Attention,
+        "tp=S(0)",
+    );
+    expect(
+        p,
+        &format!("{attn}.o_proj.weight"),
+        Role::Rowwise,
+        attn,
+        B::Attention,
+        "tp=S(1)",
+    );
+    for n in ["q_a_layernorm", "kv_a_layernorm"] {
+        expect(
+            p,
+            &format!("{attn}.{n}.weight"),
+            Role::Norm,
+            &format!("{attn}.{n}"),
+            B::Norm,
+            "R",
+        );
+    }
+    // Shapes: q_b [24576,1536], kv_b [32768,512], o [7168,16384]; q_a/kv_a unsplit.
+    let l = |n: &str, c: &[(&str, usize)]| local(p, &format!("{attn}.{n}.weight"), c);
+    assert_eq!(l("q_b_proj", &[("tp", 7)]), [3072, 1536]);
+    assert_eq!(l("kv_b_proj", &[("tp", 7)]), [4096, 512]);
+    assert_eq!(l("o_proj", &[("tp", 7)]), [7168, 2048]);
+    assert_eq!(l("q_a_proj", &[("tp", 7)]), [1536, 7168]);
+    assert_eq!(l("kv_a_proj_with_mqa", &[("tp", 7)]), [576, 7168]);
+}
+
+/// DeepSeek-V3's dense MLP layers (0-2) and its first MoE layer (3) on tp 8, ep 8.
+fn deepseek_dense_and_moe_mlp(p: &ShardingPlan) {
+    use BoundaryType as B;
+    // Layers 0-2 are dense (first_k_dense_replace = 3).
+    let mlp2 = "model.layers.2.mlp";
+    expect(
+        p,
+        &format!("{mlp2}.gate_proj.weight"),
+        Role::Colwise,
+        mlp2,
+        B::Mlp,
+        "tp=S(0)",
+    );
+    expect(
+        p,
+        &format!("{mlp2}.down_proj.weight"),
+        Role::Rowwise,
+        mlp2,
+        B::Mlp,
+        "tp=S(1)",
+    );
+
+    // Layer 3 is MoE: routed experts EP S(0), router replicated, its correction bias frozen,
+    // shared experts a colwise/rowwise mlp boundary of their own.
+    let mlp = "model.layers.3.mlp";
+    let shared = "model.layers.3.mlp.shared_experts";
+    expect(
+        p,
+        &format!("{mlp}.experts.gate_up_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "ep=S(0)",
+    );
+    expect(
+        p,
+        &format!("{mlp}.experts.down_proj"),
+        Role::MoeExpert,
+        mlp,
+        B::MoeMlp,
+        "ep=S(0)",
+    );
+    expect(
+        p,
+        &format!("{mlp}.gate.weight"),
+        Role::MoeGate,
+        mlp,
+        B::MoeMlp,
+        "R",
+    );
+    let bias = p
+        .param(&format!("{mlp}.gate.e_score_correction_bias"))
+        .unwrap();
+    assert!(!bias.trainable);
+    assert_eq!(bias.role, Role::Skip);
+    assert_eq!(bias.boundary, None);
+    for (w, pl, role_dim) in [("gate_proj", "tp=S(0)", 256), ("up_proj", "tp=S(0)", 256)] {
+        expect(
+            p,
+            &format!("{shared}.{w}.weight"),
+            Role::SharedExpert,
+            shared,
+            B::Mlp,
+            pl,
+        );
+        assert_eq!(
+            local(p, &format!("{shared}.{w}.weight"), &[("tp", 1)]),
+            [role_dim, 7168]
+        );
+    }
+    expect(
+        p,
+        &format!("{shared}.down_proj.weight"),
+        Role::SharedExpert,
+        shared,
+        B::Mlp,
+        "tp=S(1)",
+    );
+    assert_eq!(
+        local(p, &format!("{mlp}.experts.gate_up_proj"), &[("ep", 7)]),
+        [32, 4096, 7168]
+    );
 }
 
 #[test]

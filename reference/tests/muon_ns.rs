@@ -75,7 +75,7 @@ fn presets_carry_the_exact_constants() {
 }
 
 #[test]
-fn overrides_apply_and_bad_values_name_their_key() {
+fn overrides_apply() {
     let o = MuonOptions {
         lr: Some(0.5),
         momentum: Some(Momentum::Two([0.9, 0.8])),
@@ -118,125 +118,111 @@ fn overrides_apply_and_bad_values_name_their_key() {
         custom.ns.coefficients,
         vec![[2.0f32, -1.5, 0.5], [1.875, -1.25, 0.375]]
     );
+}
 
+#[test]
+fn bad_values_name_their_key() {
     let key = |preset: &str, o: MuonOptions| match MuonConfig::from_section(&section(preset, o)) {
         Err(MuonError::Config { key, .. }) => key,
         other => panic!("expected a config error, got {other:?}"),
     };
     let bad = MuonOptions::default;
-    assert_eq!(key("nope", bad()), "preset");
-    assert_eq!(
-        key(
+    let cases: Vec<(&str, MuonOptions, &str)> = vec![
+        ("nope", bad(), "preset"),
+        (
             "hyperparallel",
             MuonOptions {
                 lr: Some(f64::NAN),
                 ..bad()
-            }
+            },
+            "lr",
         ),
-        "lr"
-    );
-    assert_eq!(
-        key(
+        (
             "hyperparallel",
             MuonOptions {
                 weight_decay: Some(-1.0),
                 ..bad()
-            }
+            },
+            "weight_decay",
         ),
-        "weight_decay"
-    );
-    assert_eq!(
-        key(
+        (
             "hyperparallel",
             MuonOptions {
                 momentum: Some(Momentum::One(1.5)),
                 ..bad()
-            }
+            },
+            "momentum",
         ),
-        "momentum"
-    );
-    assert_eq!(
-        key(
+        (
             "torch",
             MuonOptions {
                 momentum: Some(Momentum::Two([0.9, 0.9])),
                 ..bad()
-            }
+            },
+            "momentum",
         ),
-        "momentum"
-    );
-    assert_eq!(
-        key(
+        (
             "hyperparallel",
             MuonOptions {
                 ns_steps: Some(0),
                 ..bad()
-            }
+            },
+            "ns_steps",
         ),
-        "ns_steps"
-    );
-    assert_eq!(
-        key(
+        (
             "hyperparallel",
             MuonOptions {
                 ns_steps: Some(100),
                 ..bad()
-            }
+            },
+            "ns_steps",
         ),
-        "ns_steps"
-    );
-    assert_eq!(
-        key(
+        (
             "hyperparallel",
             MuonOptions {
                 ns_epsilon: Some(0.0),
                 ..bad()
-            }
+            },
+            "ns_epsilon",
         ),
-        "ns_epsilon"
-    );
-    assert_eq!(
-        key(
+        (
             "keller-jordan",
             MuonOptions {
                 matched_adamw_rms: Some(0.2),
                 ..bad()
-            }
+            },
+            "matched_adamw_rms",
         ),
-        "matched_adamw_rms"
-    );
-    assert_eq!(key("custom", bad()), "coefficients");
-    assert_eq!(
-        key(
+        ("custom", bad(), "coefficients"),
+        (
             "custom",
             MuonOptions {
                 coefficients: Some(vec![[1.0, 0.0, 0.0]]),
                 ns_steps: Some(2),
                 ..bad()
-            }
+            },
+            "coefficients",
         ),
-        "coefficients"
-    );
-    assert_eq!(
-        key(
+        (
             "custom",
             MuonOptions {
                 coefficients: Some(vec![[f64::INFINITY, 0.0, 0.0]]),
                 ..bad()
-            }
+            },
+            "coefficients",
         ),
-        "coefficients"
-    );
-    assert_eq!(
-        key(
+        (
             "moonlight",
             MuonOptions {
                 coefficients: Some(vec![[1.0, 0.0, 0.0]]),
                 ..bad()
-            }
+            },
+            "coefficients",
         ),
-        "coefficients"
-    );
+    ];
+    for (preset, options, want) in cases {
+        assert_eq!(key(preset, options.clone()), want, "{preset} {options:?}");
+    }
 }
 
 #[test]

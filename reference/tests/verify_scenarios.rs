@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_reference::runtime::ExecMode;
 use hpfsdp_reference::verify::compare::{Which, assemble};
-use hpfsdp_reference::verify::muon::{MUON_VERIFY_STEPS, Route};
 use hpfsdp_reference::verify::muon_report::muon_part;
+use hpfsdp_reference::verify::muon_spec::{MUON_VERIFY_STEPS, Route};
 use hpfsdp_reference::verify::report::{
     MUON_TRACE_CHECK, MUON_TRACE_GATING, VerifyReport, muon_trace_check, verify_mutation,
 };

@@ -42,6 +42,7 @@ mod palette;
 pub mod replay;
 pub mod sweep;
 pub mod sweep_chart;
+pub mod sweep_page;
 pub mod table;
 pub mod units;
 pub mod write;

@@ -12,6 +12,7 @@ use crate::charts::{
     decimals, draw_legend, err, message_svg, render, short_to,
 };
 use crate::sweep::{SweepReport, SweepRow};
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 
 const TITLE: &str = "Tokens/s vs peak memory per rank";
@@ -56,9 +57,26 @@ fn label(d: &Dot<'_>, label_all: bool) -> Option<String> {
     }
 }
 
-/// The chart as SVG.
-pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
-    let dots: Vec<Dot<'_>> = report
+/// The plotting scale: data units per axis unit and the axis ends.
+struct Scale {
+    x_scale: f64,
+    y_scale: f64,
+    x_max: f64,
+    y_max: f64,
+}
+
+impl Scale {
+    fn at(&self, d: &Dot<'_>) -> (f64, f64) {
+        (d.bytes / self.x_scale, d.tokens_per_s / self.y_scale)
+    }
+}
+
+/// The chart's drawing context (memory on x, throughput on y).
+type Chart<'a, 'b> = ChartContext<'a, SVGBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
+
+/// The rows with a peak memory and a finite, non-negative throughput.
+fn plotted(report: &SweepReport) -> Vec<Dot<'_>> {
+    report
         .rows
         .iter()
         .filter_map(|row| {
@@ -70,11 +88,12 @@ pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
                 tokens_per_s,
             })
         })
-        .collect();
-    if dots.is_empty() {
-        return message_svg(TITLE, "no simulated point");
-    }
-    let mem_max = dots.iter().map(|d| d.bytes).fold(0.0, f64::max);
+        .collect()
+}
+
+/// The distinct device capacities close enough to the largest peak memory `mem_max` to be
+/// drawn on the axis, ascending.
+fn capacities_on_axis(report: &SweepReport, mem_max: f64) -> Vec<u64> {
     let mut capacities: Vec<u64> = report
         .rows
         .iter()
@@ -83,12 +102,11 @@ pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
         .collect();
     capacities.sort_unstable();
     capacities.dedup();
-    let x_top = capacities.iter().map(|c| *c as f64).fold(mem_max, f64::max);
-    let (x_unit, x_scale) = byte_unit(x_top);
-    let x_max = (x_top / x_scale * 1.08).max(1e-9);
-    let tps_max = dots.iter().map(|d| d.tokens_per_s).fold(0.0, f64::max);
-    let (y_unit, y_scale) = throughput_unit(tps_max);
-    let y_max = (tps_max / y_scale * 1.12).max(1e-9);
+    capacities
+}
+
+/// The legend entries of what the chart shows.
+fn legend(dots: &[Dot<'_>], capacities: &[u64]) -> Vec<(String, RGBColor)> {
     let mut legend: Vec<(String, RGBColor)> = Vec::new();
     let has = |f: &dyn Fn(&SweepRow) -> bool| dots.iter().any(|d| f(d.row));
     if has(&|r| r.status == "ok" && !r.pareto) {
@@ -103,9 +121,31 @@ pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
     if has(&|r| r.best) {
         legend.push(("best feasible (ringed)".into(), BLACK));
     }
-    for c in &capacities {
+    for c in capacities {
         legend.push((format!("capacity {}", crate::units::bytes(*c)), CAPACITY));
     }
+    legend
+}
+
+/// The chart as SVG.
+pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
+    let dots = plotted(report);
+    if dots.is_empty() {
+        return message_svg(TITLE, "no simulated point");
+    }
+    let mem_max = dots.iter().map(|d| d.bytes).fold(0.0, f64::max);
+    let capacities = capacities_on_axis(report, mem_max);
+    let x_top = capacities.iter().map(|c| *c as f64).fold(mem_max, f64::max);
+    let (x_unit, x_scale) = byte_unit(x_top);
+    let tps_max = dots.iter().map(|d| d.tokens_per_s).fold(0.0, f64::max);
+    let (y_unit, y_scale) = throughput_unit(tps_max);
+    let scale = Scale {
+        x_scale,
+        y_scale,
+        x_max: (x_top / x_scale * 1.08).max(1e-9),
+        y_max: (tps_max / y_scale * 1.12).max(1e-9),
+    };
+    let legend = legend(&dots, &capacities);
     let label_all = dots.len() <= LABEL_ALL_MAX;
     render(460, |root| {
         let (plot, legend_area) = root.split_horizontally(WIDTH_PX - LEGEND_PX);
@@ -114,9 +154,9 @@ pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(64)
-            .build_cartesian_2d(0.0..x_max, 0.0..y_max)
+            .build_cartesian_2d(0.0..scale.x_max, 0.0..scale.y_max)
             .map_err(err)?;
-        let (xd, yd) = (decimals(x_max), decimals(y_max));
+        let (xd, yd) = (decimals(scale.x_max), decimals(scale.y_max));
         chart
             .configure_mesh()
             .x_desc(format!("peak memory per rank ({x_unit})"))
@@ -126,66 +166,83 @@ pub fn pareto_svg(report: &SweepReport) -> Result<String, ChartError> {
             .y_label_formatter(&|v| format!("{v:.yd$}"))
             .draw()
             .map_err(err)?;
-        let at = |d: &Dot<'_>| (d.bytes / x_scale, d.tokens_per_s / y_scale);
-        for c in &capacities {
-            let x = *c as f64 / x_scale;
-            chart
-                .draw_series(DashedLineSeries::new(
-                    [(x, 0.0), (x, y_max)],
-                    8,
-                    5,
-                    CAPACITY.stroke_width(2),
-                ))
-                .map_err(err)?;
-            chart
-                .draw_series(std::iter::once(
-                    EmptyElement::at((x, y_max))
-                        + Text::new(
-                            format!("capacity {}", crate::units::bytes(*c)),
-                            (-130, 4),
-                            (FONT, 11).into_font().color(&CAPACITY),
-                        ),
-                ))
-                .map_err(err)?;
-        }
-        let mut front: Vec<(f64, f64)> = dots.iter().filter(|d| d.row.pareto).map(at).collect();
-        front.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
-        if front.len() > 1 {
-            chart
-                .draw_series(LineSeries::new(front, FRONT.stroke_width(2)))
-                .map_err(err)?;
-        }
-        for d in &dots {
-            let colour = if d.row.status != "ok" {
-                OVER
-            } else if d.row.pareto {
-                FRONT
-            } else {
-                FEASIBLE
-            };
-            chart
-                .draw_series(std::iter::once(Circle::new(at(d), 4, colour.filled())))
-                .map_err(err)?;
-            if d.row.best {
-                chart
-                    .draw_series(std::iter::once(Circle::new(
-                        at(d),
-                        9,
-                        BLACK.stroke_width(2),
-                    )))
-                    .map_err(err)?;
-            }
-            if let Some(text) = label(d, label_all) {
-                chart
-                    .draw_series(std::iter::once(
-                        EmptyElement::at(at(d))
-                            + Text::new(text, (7, -16), (FONT, 11).into_font().color(&BLACK)),
-                    ))
-                    .map_err(err)?;
-            }
-        }
+        draw_capacities(&mut chart, &capacities, &scale)?;
+        draw_points(&mut chart, &dots, &scale, label_all)?;
         draw_legend(&legend_area, &legend)
     })
+}
+
+/// Each capacity as a dashed vertical line with its label at the top.
+fn draw_capacities(chart: &mut Chart, capacities: &[u64], scale: &Scale) -> Result<(), ChartError> {
+    for c in capacities {
+        let x = *c as f64 / scale.x_scale;
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(x, 0.0), (x, scale.y_max)],
+                8,
+                5,
+                CAPACITY.stroke_width(2),
+            ))
+            .map_err(err)?;
+        chart
+            .draw_series(std::iter::once(
+                EmptyElement::at((x, scale.y_max))
+                    + Text::new(
+                        format!("capacity {}", crate::units::bytes(*c)),
+                        (-130, 4),
+                        (FONT, 11).into_font().color(&CAPACITY),
+                    ),
+            ))
+            .map_err(err)?;
+    }
+    Ok(())
+}
+
+/// The Pareto front's line, then every dot (coloured by status, the best ringed) and its label.
+fn draw_points(
+    chart: &mut Chart,
+    dots: &[Dot<'_>],
+    scale: &Scale,
+    label_all: bool,
+) -> Result<(), ChartError> {
+    let mut front: Vec<(f64, f64)> = dots
+        .iter()
+        .filter(|d| d.row.pareto)
+        .map(|d| scale.at(d))
+        .collect();
+    front.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    if front.len() > 1 {
+        chart
+            .draw_series(LineSeries::new(front, FRONT.stroke_width(2)))
+            .map_err(err)?;
+    }
+    for d in dots {
+        let colour = if d.row.status != "ok" {
+            OVER
+        } else if d.row.pareto {
+            FRONT
+        } else {
+            FEASIBLE
+        };
+        let at = scale.at(d);
+        chart
+            .draw_series(std::iter::once(Circle::new(at, 4, colour.filled())))
+            .map_err(err)?;
+        if d.row.best {
+            chart
+                .draw_series(std::iter::once(Circle::new(at, 9, BLACK.stroke_width(2))))
+                .map_err(err)?;
+        }
+        if let Some(text) = label(d, label_all) {
+            chart
+                .draw_series(std::iter::once(
+                    EmptyElement::at(at)
+                        + Text::new(text, (7, -16), (FONT, 11).into_font().color(&BLACK)),
+                ))
+                .map_err(err)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -19,146 +19,10 @@
 //! There is no single efficiency scalar for every op; the residual constants
 //! (`gemm_ceiling`, `hbm_efficiency`) are fitted by calibration.
 
-use crate::gemm_table::GemmTable;
+pub use crate::compute_spec::ComputeSpec;
+use crate::compute_spec::saturation;
 use crate::profile::HardwareProfile;
 use hpfsdp_plan::kernel::{KernelClass, KernelWork};
-use serde::{Deserialize, Serialize};
-
-/// `[compute]` of a hardware profile: per-class efficiency tables and the shape model.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ComputeSpec {
-    /// CSV of measured GEMM efficiencies next to the profile (`<profile>.gemm.csv`, columns
-    /// `m,n,k,dtype,efficiency,source`); absent: the shape model alone.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub gemm_table: Option<String>,
-    /// Rows at which the shape model's row factor is one half.
-    pub gemm_m_half: f64,
-    /// Output columns at which the column factor is one half.
-    pub gemm_n_half: f64,
-    /// Reduction length at which the reduction factor is one half.
-    pub gemm_k_half: f64,
-    /// Fused attention's efficiency over the GEMM ceiling for long sequences, in (0, 1].
-    pub attention_relative_efficiency: f64,
-    /// Sequence length (tokens per sequence on the rank) at which attention runs at half that.
-    pub attention_seq_half: f64,
-    /// Bandwidth of `multi_tensor_apply` (`torch._foreach_*`) kernels over that of plain
-    /// memory-bound kernels (`calibration.hbm_efficiency`), in (0, 1]; 1 when absent.
-    #[serde(default = "unit_ratio")]
-    pub foreach_relative_bandwidth: f64,
-    /// Bandwidth of FSDP2's reduce-scatter copy-in (`chunk_cat` of the gradients into the
-    /// reduce buffer) over that of plain device copies (`calibration.copy_efficiency`), in
-    /// (0, 1]; 1 when absent.
-    #[serde(default = "unit_ratio")]
-    pub chunk_cat_relative_bandwidth: f64,
-    /// Bandwidth of indexing and masking element-wise kernels (`masked_fill_`, gathers,
-    /// broadcast multiplies over routed copies) over that of plain memory-bound kernels, in
-    /// (0, 1]; 1 when absent.
-    #[serde(default = "unit_ratio")]
-    pub indexed_relative_bandwidth: f64,
-    /// Bandwidth of strided element-wise kernels (broadcast, non-contiguous or bf16-to-f32
-    /// operands: TensorIterator's non-vectorized path) over that of plain memory-bound
-    /// kernels, in (0, 1]; 1 when absent.
-    #[serde(default = "unit_ratio")]
-    pub strided_relative_bandwidth: f64,
-    /// How much faster GEMMs run inside a training step than the back-to-back benchmark that
-    /// measured `gemm_table` (each shape alone for ~20 ms), in [1, 2]; 1 when absent. It
-    /// scales table-based GEMM efficiency (capped at the datasheet peak), not grouped GEMMs.
-    #[serde(default = "unit_ratio")]
-    pub gemm_in_step_speedup: f64,
-    /// Grouped expert GEMMs as one GEMM over every group's rows (`torch._grouped_mm`: one
-    /// launch fills the device across experts) at this fraction of that GEMM's efficiency,
-    /// in (0, 1]; absent: each group costed at its own rows (tokens per expert).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub grouped_gemm_relative_efficiency: Option<f64>,
-    /// The parsed `gemm_table` (filled when the profile is loaded).
-    #[serde(skip)]
-    pub table: Option<GemmTable>,
-}
-
-fn unit_ratio() -> f64 {
-    1.0
-}
-
-impl Default for ComputeSpec {
-    /// The documented defaults: half-saturation at 256 in every GEMM dimension, attention at
-    /// 0.75 of the GEMM ceiling with half of it at 256-token sequences, no table.
-    fn default() -> Self {
-        Self {
-            gemm_table: None,
-            gemm_m_half: 256.0,
-            gemm_n_half: 256.0,
-            gemm_k_half: 256.0,
-            attention_relative_efficiency: 0.75,
-            attention_seq_half: 256.0,
-            foreach_relative_bandwidth: 1.0,
-            chunk_cat_relative_bandwidth: 1.0,
-            indexed_relative_bandwidth: 1.0,
-            strided_relative_bandwidth: 1.0,
-            gemm_in_step_speedup: 1.0,
-            grouped_gemm_relative_efficiency: None,
-            table: None,
-        }
-    }
-}
-
-/// `x / (x + half)`: the saturation factor of one dimension.
-fn saturation(x: f64, half: f64) -> f64 {
-    if x <= 0.0 { 0.0 } else { x / (x + half) }
-}
-
-impl ComputeSpec {
-    /// Checks every `[compute]` value; `(dotted key, message)` for the first bad one.
-    pub(crate) fn validate(&self) -> Result<(), (String, String)> {
-        use crate::profile::{fraction, positive};
-        positive("compute.gemm_m_half", self.gemm_m_half)?;
-        positive("compute.gemm_n_half", self.gemm_n_half)?;
-        positive("compute.gemm_k_half", self.gemm_k_half)?;
-        positive("compute.attention_seq_half", self.attention_seq_half)?;
-        for (key, v) in [
-            (
-                "compute.attention_relative_efficiency",
-                self.attention_relative_efficiency,
-            ),
-            (
-                "compute.foreach_relative_bandwidth",
-                self.foreach_relative_bandwidth,
-            ),
-            (
-                "compute.chunk_cat_relative_bandwidth",
-                self.chunk_cat_relative_bandwidth,
-            ),
-            (
-                "compute.indexed_relative_bandwidth",
-                self.indexed_relative_bandwidth,
-            ),
-            (
-                "compute.strided_relative_bandwidth",
-                self.strided_relative_bandwidth,
-            ),
-        ] {
-            fraction(key, v)?;
-        }
-        if let Some(r) = self.grouped_gemm_relative_efficiency {
-            fraction("compute.grouped_gemm_relative_efficiency", r)?;
-        }
-        let speedup = self.gemm_in_step_speedup;
-        if !(1.0..=2.0).contains(&speedup) {
-            return Err((
-                "compute.gemm_in_step_speedup".into(),
-                format!("{speedup} is not in [1, 2] (1: GEMMs run in a step as in the table)"),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The shape model without its ceiling: `s(m) s(n) s(k)`.
-    pub fn shape_factor(&self, m: f64, n: f64, k: f64) -> f64 {
-        saturation(m, self.gemm_m_half)
-            * saturation(n, self.gemm_n_half)
-            * saturation(k, self.gemm_k_half)
-    }
-}
 
 /// Achieved fraction of the BF16 peak of one `[m, k] x [k, n]` GEMM.
 pub fn gemm_efficiency(m: u64, n: u64, k: u64, profile: &HardwareProfile) -> f64 {
@@ -229,6 +93,7 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gemm_table::GemmTable;
 
     fn a3() -> HardwareProfile {
         HardwareProfile::builtin("ascend-910c-a3").unwrap()

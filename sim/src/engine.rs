@@ -41,15 +41,14 @@ use crate::net::{Finish, Network};
 use crate::profile::{HardwareProfile, SideStreamKernels};
 use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
-use crate::share::SharePlan;
 use crate::workload::Workload;
 use hpfsdp_plan::Tier;
 use hpfsdp_program::step::{CollectiveOp, Op, OpSpan, Payload, StepProgram, Stream};
-use serde::{Deserialize, Serialize};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
 mod cores;
+mod entry;
 mod fork;
 mod pending;
 mod queue;
@@ -60,64 +59,8 @@ use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
 use std::sync::Arc;
 
-/// Switches of one simulation run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SimOptions {
-    /// HyperParallel validation mode: charge every op's extra CPU operator events
-    /// ([`hpfsdp_program::step::Op::validation_cpu_events`]) at the profile's
-    /// `validation_us_per_cpu_event` (see [`crate::host_cost`]).
-    pub validation_mode: bool,
-    /// Keep per-op spans of every simulated rank in the result's timeline.
-    pub record_timeline: bool,
-    /// Keep the memory-over-time series of every simulated rank.
-    pub record_memory_series: bool,
-    /// Tokens processed per step by the whole job (gives tokens/s).
-    pub tokens_per_step: Option<u64>,
-    /// Model FLOPs per step of the whole job, recompute excluded (gives MFU).
-    pub model_flops_per_step: Option<f64>,
-    /// Keep every simulated rank's breakdown (and timeline, when recorded). Off: only the
-    /// critical rank gets a breakdown and the timeline holds the units of rank 0 and of the
-    /// critical rank, the ones a summary reports; at thousands of classes the per-rank
-    /// breakdowns and spans cost more than the simulation. Memory figures are kept for all.
-    #[serde(default = "keep_all_ranks")]
-    pub all_ranks: bool,
-}
-
-fn keep_all_ranks() -> bool {
-    true
-}
-
-impl Default for SimOptions {
-    fn default() -> Self {
-        Self {
-            validation_mode: false,
-            record_timeline: true,
-            record_memory_series: true,
-            tokens_per_step: None,
-            model_flops_per_step: None,
-            all_ranks: true,
-        }
-    }
-}
-
-/// Simulates one step of `workload` on `profile`. Units that share a program prefix
-/// ([`crate::share`]) are simulated together until their programs diverge; the result is the
-/// one [`simulate_unshared`] gives, with fewer events processed.
-pub fn simulate(
-    workload: &Workload,
-    profile: &HardwareProfile,
-    options: &SimOptions,
-) -> Result<SimResult, SimError> {
-    // What-if faults give units with identical programs different durations, which a shared
-    // prefix cannot represent: such runs are simulated unit by unit.
-    if workload.whatif.is_some() {
-        return simulate_unshared(workload, profile, options);
-    }
-    match SharePlan::of(workload) {
-        Some(plan) => fork::simulate_shared(workload, &plan, profile, options),
-        None => simulate_unshared(workload, profile, options),
-    }
-}
+pub use crate::sim_options::SimOptions;
+pub use entry::{simulate, simulate_programs};
 
 /// Simulates one step of `workload` on `profile`, every unit on its own from the first op
 /// (the reference [`simulate`] is checked against).
@@ -1045,20 +988,4 @@ impl<'a> Engine<'a> {
             })
             .collect()
     }
-}
-
-/// Simulates explicit per-rank programs, folding symmetric ranks when `fold` is true.
-pub fn simulate_programs(
-    programs: Vec<StepProgram>,
-    profile: &HardwareProfile,
-    fold: bool,
-    options: &SimOptions,
-) -> Result<SimResult, SimError> {
-    let topology = profile.topology_for(programs.len());
-    let workload = if fold {
-        Workload::folded(programs, topology)?
-    } else {
-        Workload::unfolded(programs, topology)?
-    };
-    simulate(&workload, profile, options)
 }

@@ -11,7 +11,7 @@
 //!   ratio of the model at the shape and at the clamped shape), see
 //!   [`crate::compute_cost`].
 
-use crate::profile::ProfileError;
+use crate::profile_values::ProfileError;
 use std::collections::BTreeMap;
 
 /// The CSV header, exactly.

@@ -1,27 +1,14 @@
 //! Hardware profiles: device peaks, the three network tiers and calibrated constants, read from
 //! TOML files in `scenarios/hardware/`. Every key carries its unit in its name.
 
-use crate::compute_cost::ComputeSpec;
+use crate::compute_spec::ComputeSpec;
 use crate::gemm_table::GemmTable;
+pub use crate::profile_values::ProfileError;
+pub(crate) use crate::profile_values::{fraction, non_negative, positive};
 use hpfsdp_plan::input_file::read_text;
 use hpfsdp_plan::{Tier, Topology, limits};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
-use thiserror::Error;
-
-/// A profile file that cannot be read, parsed or validated; names the file, line and key.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-#[error("{file}{}: {key}: {message}", hpfsdp_plan::error::line_suffix(*line))]
-pub struct ProfileError {
-    /// The profile file (or `<builtin NAME>`).
-    pub file: String,
-    /// 1-based line of the offending key (0 when unknown).
-    pub line: usize,
-    /// Dotted key path (`tiers.intra_machine.bandwidth_bytes_per_s`), or `-` for the file.
-    pub key: String,
-    /// What is wrong and how to fix it.
-    pub message: String,
-}
 
 /// One accelerator (one simulated rank: an Ascend die, an NVIDIA GPU).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -206,33 +193,6 @@ pub struct Calibration {
     /// [`crate::host_cost`]), so experiment A's measured validation overhead pins it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_us_per_cpu_event: Option<f64>,
-}
-
-/// Checks a profile value is a positive finite number; `(key, message)` otherwise.
-pub(crate) fn positive(key: &str, v: f64) -> Result<(), (String, String)> {
-    if v.is_finite() && v > 0.0 {
-        Ok(())
-    } else {
-        Err((key.into(), format!("must be a positive number, got {v}")))
-    }
-}
-
-/// Checks a profile value is zero or a positive finite number.
-pub(crate) fn non_negative(key: &str, v: f64) -> Result<(), (String, String)> {
-    if v.is_finite() && v >= 0.0 {
-        Ok(())
-    } else {
-        Err((key.into(), format!("must be zero or positive, got {v}")))
-    }
-}
-
-/// Checks a profile value is a fraction in (0, 1].
-pub(crate) fn fraction(key: &str, v: f64) -> Result<(), (String, String)> {
-    if v.is_finite() && v > 0.0 && v <= 1.0 {
-        Ok(())
-    } else {
-        Err((key.into(), format!("must be in (0, 1], got {v}")))
-    }
 }
 
 /// Profile keys that were replaced, with the key that replaced them and why: a profile that

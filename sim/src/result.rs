@@ -1,10 +1,11 @@
 //! Simulation results: step time, breakdowns, traffic, memory and the predicted timeline.
 
+use crate::SIM_VERSION;
 use crate::memory::MemoryReport;
 use crate::metrics::{Breakdown, breakdown};
 use crate::profile::HardwareProfile;
+use crate::sim_options::SimOptions;
 use crate::workload::Workload;
-use crate::{SIM_VERSION, engine::SimOptions};
 use hpfsdp_plan::{CollectiveKind, Tier};
 use hpfsdp_program::step::{
     Category, OpSpan, Payload, RankRange, RankTimeline, Timeline, TimelineKind, TimelineSource,

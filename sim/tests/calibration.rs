@@ -204,7 +204,9 @@ mod joint_fit {
     /// iterations per start.
     #[test]
     fn the_host_bound_counts_the_models_launches_and_every_start_is_reported() {
-        use hpfsdp_sim::calibration::fit::{HOST_BOUND_START_FRACTION, START_LABELS};
+        use hpfsdp_sim::calibration::fit::{
+            HOST_BOUND_START_FRACTION, START_LABELS, resolved_bound,
+        };
         let set_all = paper_set();
         let start = a3();
         let param = fit_param(&set_all, "calibration.host_unmodelled_us_per_kernel");
@@ -213,7 +215,7 @@ mod joint_fit {
             .iter()
             .map(|f| c.row("production mode", *f).unwrap().predicted)
             .sum();
-        let resolved = param.resolved(&c);
+        let resolved = resolved_bound(&param, &c);
         // The tighter of the fixed ceiling and the measured step over the model's launches.
         assert!(
             (resolved.max - param.max.min(6.070e6 / launches)).abs() < 1e-9,

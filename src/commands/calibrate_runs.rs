@@ -4,6 +4,8 @@
 //! profile), with a progress bar over the fit's simulations.
 
 use anyhow::{Context, Result, bail};
+use hpfsdp_plan::input_file::read_text;
+use hpfsdp_plan::limits::{PROFILE_FILE, RUNS_FILE};
 use hpfsdp_sim::HardwareProfile;
 use hpfsdp_sim::calibration::{CalibrationSet, RUNS_DIR, RunsFile};
 use hpfsdp_sim::profile::BUILTIN_PROFILES;
@@ -38,8 +40,8 @@ pub fn load_profile(hardware: &str) -> Result<Profile> {
         let path = PathBuf::from(hardware);
         let profile = HardwareProfile::load(&path)
             .with_context(|| format!("--hardware {hardware}: loading the profile file"))?;
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text =
+            read_text(&path, &PROFILE_FILE).with_context(|| format!("--hardware {hardware}"))?;
         return Ok(Profile {
             profile,
             text,
@@ -51,8 +53,7 @@ pub fn load_profile(hardware: &str) -> Result<Profile> {
         .with_context(|| format!("loading hardware profile '{hardware}'"))?;
     let path = Path::new(PROFILE_DIR).join(format!("{hardware}.toml"));
     if path.exists() {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let text = read_text(&path, &PROFILE_FILE)?;
         return Ok(Profile {
             profile,
             text,
@@ -90,7 +91,7 @@ pub fn runs_files(paths: &[PathBuf], profile: &str, any_hardware: bool) -> Resul
     }
     let mut files = Vec::new();
     for path in paths {
-        let file = RunsFile::load(path).with_context(|| format!("--runs {}", path.display()))?;
+        let file = load_runs_file(path).with_context(|| format!("--runs {}", path.display()))?;
         if file.hardware != profile && !any_hardware {
             bail!(
                 "--runs {}: its runs were measured on profile '{}' (hardware = \"{}\"), but \
@@ -110,6 +111,13 @@ pub fn runs_files(paths: &[PathBuf], profile: &str, any_hardware: bool) -> Resul
     })
 }
 
+/// Reads a runs file with the input-file cap ([`RUNS_FILE`]: regular files of at most 4 MiB;
+/// a device, FIFO or directory is refused by name) and checks it.
+fn load_runs_file(path: &Path) -> Result<RunsFile> {
+    let text = read_text(path, &RUNS_FILE)?;
+    Ok(RunsFile::parse(&text, path)?)
+}
+
 /// Every runs file of `dir` (sorted by name) measured on `profile`; none when `dir` does
 /// not exist.
 fn shipped_runs(dir: &Path, profile: &str) -> Result<Vec<RunsFile>> {
@@ -127,8 +135,7 @@ fn shipped_runs(dir: &Path, profile: &str) -> Result<Vec<RunsFile>> {
     paths.sort();
     let mut files = Vec::new();
     for path in paths {
-        let text = std::fs::read_to_string(&path)
-            .with_context(|| format!("reading the runs file {}", path.display()))?;
+        let text = read_text(&path, &RUNS_FILE)?;
         let head: HardwareOnly = toml::from_str(&text).map_err(|e| {
             anyhow::anyhow!(
                 "{}: not a runs file ({}); fix it or move it out of {}",
@@ -138,7 +145,7 @@ fn shipped_runs(dir: &Path, profile: &str) -> Result<Vec<RunsFile>> {
             )
         })?;
         if head.hardware == profile {
-            files.push(RunsFile::load(&path)?);
+            files.push(RunsFile::parse(&text, &path)?);
         }
     }
     Ok(files)

@@ -12,11 +12,14 @@ pub mod evaluate;
 pub mod junit;
 pub mod lock;
 pub mod lock_check;
+pub mod lock_file;
+pub mod outcome;
 pub mod summary;
 
 use anyhow::{Context, Result, bail};
-use checks::{CheckOutcome, GateOptions, compare, lock_entry};
+use checks::{GateOptions, compare, lock_entry};
 use lock::Lock;
+use outcome::CheckOutcome;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -58,7 +61,7 @@ pub fn run(args: &GateArgs) -> Result<ExitCode> {
         );
     }
     let mut lock = if args.lock.exists() {
-        Lock::load(&args.lock)?
+        lock_file::load(&args.lock)?
     } else if args.update {
         Lock::default()
     } else {
@@ -97,7 +100,7 @@ pub fn run(args: &GateArgs) -> Result<ExitCode> {
         for e in &evals {
             lock.scenario.insert(e.name.clone(), lock_entry(e));
         }
-        lock.save(&args.lock)?;
+        lock_file::save(&lock, &args.lock)?;
     }
     if args.json {
         println!(
@@ -124,7 +127,7 @@ fn print_outcome(checks: &[CheckOutcome], scenarios: usize) {
         println!("gate: all {total} checks passed ({scenarios} scenario(s))");
     } else {
         println!("gate: {failed} of {total} checks FAILED");
-        for c in checks.iter().filter(|c| c.status == checks::Status::Fail) {
+        for c in checks.iter().filter(|c| c.status == outcome::Status::Fail) {
             println!("  {} {}: {}", c.scenario, c.check, c.message);
             for line in c.diff.lines() {
                 println!("      {line}");

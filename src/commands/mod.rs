@@ -10,6 +10,7 @@ pub mod calibrate_tables;
 pub mod collbench;
 pub mod device_profile;
 pub mod export;
+pub mod flags;
 pub mod gate;
 pub mod limits;
 pub mod lint_gate;

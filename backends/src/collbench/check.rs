@@ -94,20 +94,22 @@ pub fn chunk(b: &Buffer, start: usize, len: usize) -> Buffer {
 }
 
 /// Elements of `got` that differ from `want` (a length difference counts every missing or
-/// extra element).
+/// extra element). Compares in place: no copy of the (possibly multi-GB) output.
 pub fn count_wrong(got: &Buffer, want: &[f32]) -> u64 {
-    let got: Vec<f32> = match got {
-        Buffer::F32(v) => v.clone(),
-        Buffer::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
-        Buffer::F64(v) => v.iter().map(|&x| x as f32).collect(),
-        Buffer::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
-    };
-    let differ = got
-        .iter()
-        .zip(want)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
-    (differ + got.len().abs_diff(want.len())) as u64
+    fn differ(got: impl ExactSizeIterator<Item = f32>, want: &[f32]) -> u64 {
+        let len = got.len();
+        let wrong = got
+            .zip(want)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        (wrong + len.abs_diff(want.len())) as u64
+    }
+    match got {
+        Buffer::F32(v) => differ(v.iter().copied(), want),
+        Buffer::Bf16(v) => differ(v.iter().map(|x| x.to_f32()), want),
+        Buffer::F64(v) => differ(v.iter().map(|&x| x as f32), want),
+        Buffer::U8(v) => differ(v.iter().map(|&x| f32::from(x)), want),
+    }
 }
 
 #[cfg(test)]

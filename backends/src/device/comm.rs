@@ -23,9 +23,9 @@ use std::sync::{Arc, Mutex};
 use super::buffer::DeviceBuffer;
 use super::kernels::DeviceKernels;
 use super::library::{CollLibrary, Launch, P2pDirection, P2pOp, RawComm};
-use super::p2p::{self, P2pWork, PendingQueue};
+use super::p2p::{self, P2pWork, Shared};
 use super::rendezvous::IdExchange;
-use super::runtime::{DevPtr, DeviceRuntime, Stream};
+use super::runtime::{DevPtr, DeviceRuntime};
 use super::staging::{DeviceContext, Output, StagedWork, Staging, record_around};
 use super::validate::{self, Spec};
 use super::world::WorldSpec;
@@ -38,30 +38,6 @@ use crate::types::{CollectiveKind, DType, ReduceOp};
 
 pub use super::device_ops::{DeviceOp, DeviceP2p, DeviceWork};
 pub use super::staging::DeviceTiming;
-
-/// State shared by a communicator and its in-flight work; torn down when the last user goes.
-pub(crate) struct Shared<L: CollLibrary> {
-    pub(crate) lib: L,
-    pub(crate) ctx: Arc<DeviceContext>,
-    pub(crate) stream: Stream,
-    pub(crate) world: RawComm,
-    pub(crate) groups: Mutex<HashMap<GroupId, RawComm>>,
-    pub(crate) pending: Mutex<PendingQueue>,
-}
-
-impl<L: CollLibrary> Drop for Shared<L> {
-    fn drop(&mut self) {
-        let rt = &self.ctx.rt;
-        let _ = rt.set_device(self.ctx.device_index);
-        let _ = rt.synchronize_stream(self.stream);
-        let groups = std::mem::take(&mut *self.groups.lock().unwrap_or_else(|e| e.into_inner()));
-        for comm in groups.into_values() {
-            let _ = self.lib.destroy(comm);
-        }
-        let _ = self.lib.destroy(self.world);
-        let _ = rt.destroy_stream(self.stream);
-    }
-}
 
 /// One rank's communicator on a run-time loaded vendor library (`L` = NCCL or HCCL).
 ///

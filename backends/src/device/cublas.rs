@@ -9,7 +9,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_longlong, c_void};
 
-use super::kernels::GemmProblem;
+use super::gemm::GemmProblem;
 use super::loader::{LibrarySet, LibrarySpec};
 use super::runtime::{DevPtr, Stream};
 use super::world::EnvLookup;

@@ -24,24 +24,7 @@ use super::cuda_driver::{CudaDriver, Function, LaunchDims};
 use super::runtime::{DevPtr, Stream};
 use crate::error::CommResult;
 
-/// One row-major batched GEMM problem (elements; see the module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GemmProblem {
-    /// Rows of `A` and `C`.
-    pub m: usize,
-    /// Columns of `B` and `C`.
-    pub n: usize,
-    /// Columns of `A`, rows of `B`.
-    pub k: usize,
-    /// Products.
-    pub batch: usize,
-    /// Elements between consecutive `A` operands (0: one `A` for every product).
-    pub stride_a: usize,
-    /// Elements between consecutive `B` operands.
-    pub stride_b: usize,
-    /// Elements between consecutive outputs.
-    pub stride_c: usize,
-}
+pub use super::gemm::GemmProblem;
 
 /// The spin kernel: `hpfsdp_spin(u64 duration_ns)`. Assembled and checked with `ptxas` for
 /// sm_80, sm_90 and sm_100; PTX ISA 6.0 / sm_60, so any driver since CUDA 9 JIT-compiles it.

@@ -38,6 +38,8 @@ pub mod cuda_driver;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 mod device_ops;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
+pub mod gemm;
+#[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod kernels;
 #[cfg(any(feature = "hccl", feature = "nccl"))]
 pub mod library;

@@ -3,17 +3,45 @@
 //! the first wait on any queued call, or at [`super::DeviceComm::synchronize`]. A pair of ranks
 //! that both send then receive therefore cannot deadlock, and a rank can send to itself.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use super::buffer::host_bytes_mut;
-use super::comm::Shared;
-use super::library::{CollLibrary, Launch, P2pOp};
-use super::runtime::DevPtr;
-use super::staging::{DeviceTiming, EventPair, Output, elapsed_us, free_all, record_around};
+use super::library::{CollLibrary, Launch, P2pOp, RawComm};
+use super::runtime::{DevPtr, Stream};
+use super::staging::{
+    DeviceContext, DeviceTiming, EventPair, Output, elapsed_us, free_all, record_around,
+};
 use crate::buffer::Buffer;
 use crate::collective::Work;
 use crate::error::{CommError, CommResult};
+use crate::group::GroupId;
 use crate::types::DType;
+
+/// State shared by a communicator ([`super::DeviceComm`]) and its in-flight work (here for
+/// the point-to-point queue it holds); torn down when the last user goes.
+pub(crate) struct Shared<L: CollLibrary> {
+    pub(crate) lib: L,
+    pub(crate) ctx: Arc<DeviceContext>,
+    pub(crate) stream: Stream,
+    pub(crate) world: RawComm,
+    pub(crate) groups: Mutex<HashMap<GroupId, RawComm>>,
+    pub(crate) pending: Mutex<PendingQueue>,
+}
+
+impl<L: CollLibrary> Drop for Shared<L> {
+    fn drop(&mut self) {
+        let rt = &self.ctx.rt;
+        let _ = rt.set_device(self.ctx.device_index);
+        let _ = rt.synchronize_stream(self.stream);
+        let groups = std::mem::take(&mut *self.groups.lock().unwrap_or_else(|e| e.into_inner()));
+        for comm in groups.into_values() {
+            let _ = self.lib.destroy(comm);
+        }
+        let _ = self.lib.destroy(self.world);
+        let _ = rt.destroy_stream(self.stream);
+    }
+}
 
 /// Where a queued operation learns which batch carried it.
 pub(crate) type Slot = Arc<OnceLock<Arc<Batch>>>;

@@ -20,7 +20,7 @@
 use hpfsdp_plan::kernel::{KernelClass, KernelWork};
 use hpfsdp_program::step::{ComputeWork, CopyWork, Payload, StepProgram};
 
-use crate::device::kernels::GemmProblem;
+use crate::device::gemm::GemmProblem;
 
 /// Largest operand (over its batch) a real-mode GEMM allocates: 4 GiB.
 pub const MAX_OPERAND_BYTES: u64 = 4 << 30;

@@ -13,11 +13,11 @@ mod compute;
 mod config;
 mod hf;
 mod ir;
+mod op_shape;
 mod params;
 
-pub use compute::{
-    ACT_BYTES, EagerRecipe, OpShape, RMSNORM_BWD_KERNELS, ROPE_BWD_KERNELS, avg_causal_context,
-};
+pub use compute::{ACT_BYTES, avg_causal_context};
+pub use op_shape::{EagerRecipe, OpShape, RMSNORM_BWD_KERNELS, ROPE_BWD_KERNELS};
 
 /// Element type of a parameter or buffer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

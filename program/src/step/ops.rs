@@ -13,7 +13,7 @@
 //! [`OpSeq::get`], indexing and [`OpSeq::iter`]. Mutable access to a prefix op first copies
 //! the prefix into the program's own storage (the shared copy is never changed).
 
-use super::Op;
+use super::op::Op;
 use hpfsdp_plan::kernel::MixId;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::sync::Arc;

@@ -57,39 +57,9 @@
 //! Bytes: every copy or concatenation reads and writes its data once; `full` is the gathered
 //! (or pre-scatter) tensor on one rank, `shard` one rank's part.
 
-use super::parallel::CollSpec;
+use super::parallel::{CallPath, CollSpec};
 use super::tp_overlap::Pass;
 use hpfsdp_plan::kernel::KernelWork;
-
-/// How HyperParallel's runtime issues a model-parallel collective: which list-based
-/// collective API (and which Python wrapper around it) it goes through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum CallPath {
-    /// A single-tensor collective: nothing runs around it.
-    #[default]
-    Direct,
-    /// `differentiable_all_gather_concat` of a tensor sharded on `dim` (a boundary's
-    /// `S(dim) -> R`).
-    GatherConcat {
-        /// Tensor dim gathered (0 batch, 1 sequence, 2 features of a `[B, S, W]` activation).
-        dim: usize,
-        /// Ranks in the group.
-        ranks: u64,
-    },
-    /// `differentiable_reduce_scatter` of a partial tensor onto `dim` (a boundary's
-    /// `P -> S(dim)`).
-    ChunkReduceScatter {
-        /// Tensor dim scattered.
-        dim: usize,
-        /// Ranks in the group.
-        ranks: u64,
-    },
-    /// `_EPAllToAllUneven`: the list `dist.all_to_all` of the expert-parallel token exchange.
-    ListAllToAll {
-        /// Ranks in the group.
-        ranks: u64,
-    },
-}
 
 /// The kernels around one collective call, by where they run.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -24,7 +24,7 @@
 //! input-gradient GEMM as on the device (`CUDA_DEVICE_MAX_CONNECTIONS=1` ordering).
 
 use super::StrategyKind;
-use super::collective_staging::CallPath;
+use super::parallel::CallPath;
 use super::parallel::{ParAxis, ParColl};
 use hpfsdp_plan::collective::CollectiveKind;
 use hpfsdp_plan::planner::BoundarySpec;

@@ -21,7 +21,6 @@
 //! Sizes are per rank per micro-batch: an activation of width `w` over the micro-batch holds
 //! `micro_batch * seq_len * w * act_wire_bytes` bytes (the compute dtype), divided by every other axis it is sharded on.
 
-use super::collective_staging::CallPath;
 use crate::step::Category;
 use hpfsdp_plan::collective::CollectiveKind;
 use hpfsdp_plan::model::DType;
@@ -49,6 +48,36 @@ impl ParAxis {
             ParAxis::Ep => Category::Ep,
         }
     }
+}
+
+/// How HyperParallel's runtime issues a model-parallel collective: which list-based
+/// collective API (and which Python wrapper around it) it goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum CallPath {
+    /// A single-tensor collective: nothing runs around it.
+    #[default]
+    Direct,
+    /// `differentiable_all_gather_concat` of a tensor sharded on `dim` (a boundary's
+    /// `S(dim) -> R`).
+    GatherConcat {
+        /// Tensor dim gathered (0 batch, 1 sequence, 2 features of a `[B, S, W]` activation).
+        dim: usize,
+        /// Ranks in the group.
+        ranks: u64,
+    },
+    /// `differentiable_reduce_scatter` of a partial tensor onto `dim` (a boundary's
+    /// `P -> S(dim)`).
+    ChunkReduceScatter {
+        /// Tensor dim scattered.
+        dim: usize,
+        /// Ranks in the group.
+        ranks: u64,
+    },
+    /// `_EPAllToAllUneven`: the list `dist.all_to_all` of the expert-parallel token exchange.
+    ListAllToAll {
+        /// Ranks in the group.
+        ranks: u64,
+    },
 }
 
 /// One collective call's kind and per-rank sizes.

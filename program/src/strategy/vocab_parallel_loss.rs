@@ -26,7 +26,7 @@
 //!   the exp sum per row; the picked log-probabilities leave as a partial sum).
 
 use super::StrategyKind;
-use super::collective_staging::CallPath;
+use super::parallel::CallPath;
 use super::parallel::{CollSpec, ParAxis, ParColl, ParDims};
 use hpfsdp_plan::collective::CollectiveKind;
 use hpfsdp_plan::model::DType;

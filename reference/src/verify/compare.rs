@@ -2,13 +2,11 @@
 //! replicas agree bit for bit), and error statistics between two tensors (max absolute error,
 //! error relative to the reference's largest magnitude, ULP distance, bitwise equality).
 
-use hpfsdp_plan::chunk_range;
-use hpfsdp_plan::fsdp::DataDomain;
 use serde::Serialize;
 
 use super::error::VerifyError;
 use super::harness::DistRun;
-use super::setup::VerifySpec;
+use super::setup::{VerifySpec, shard_indices};
 use crate::model::ParamSet;
 use crate::runtime::RankTopo;
 use crate::tensor::Tensor;
@@ -29,39 +27,6 @@ pub struct Assembled {
     pub tensors: ParamSet<f32>,
     /// Parameters whose replicas (ranks holding the same element) disagree.
     pub replica_mismatch: Vec<String>,
-}
-
-/// Global flat indices of `rank`'s FSDP shard of plan parameter `i`, in shard order.
-pub fn shard_indices(
-    spec: &VerifySpec,
-    i: usize,
-    topo: &RankTopo,
-) -> Result<Vec<u64>, VerifyError> {
-    let p = &spec.fsdp.params[i];
-    let layout = spec.param_layout(&p.name, &topo.plan_mesh)?;
-    let plan_local = layout.local_element_indices(&topo.plan_mesh, topo.plan_rank);
-    let shape: Vec<usize> = layout
-        .local_shape(&topo.plan_mesh, topo.plan_rank)
-        .into_iter()
-        .map(|d| d as usize)
-        .collect();
-    let g = match p.domain {
-        DataDomain::Dense => &topo.dense_shard,
-        DataDomain::Expert => &topo.expert_shard,
-    };
-    let dim = if shape.is_empty() { 0 } else { p.shard_dim };
-    let outer: usize = shape[..dim.min(shape.len())].iter().product();
-    let n = shape.get(dim).copied().unwrap_or(1);
-    let inner: usize = shape.get(dim + 1..).map_or(1, |s| s.iter().product());
-    let r = chunk_range(n as u64, g.size() as u64, g.index as u64);
-    let mut out = Vec::new();
-    for o in 0..outer {
-        for row in r.start as usize..r.end as usize {
-            let base = o * n * inner + row * inner;
-            out.extend_from_slice(&plan_local[base..base + inner]);
-        }
-    }
-    Ok(out)
 }
 
 /// Rebuild every parameter's whole tensor from the ranks of `run` (the last step).

@@ -6,27 +6,15 @@
 
 use serde::Serialize;
 
+use super::check::Check;
 use super::compare::{Which, assemble_step, diff};
 use super::error::VerifyError;
 use super::harness::{DistRun, SingleRun};
-use super::muon::{MuonVerify, Route};
-use super::report::Check;
+use super::muon_spec::{MuonVerify, Route};
 use super::setup::VerifySpec;
 use crate::model::ParamSet;
 
-/// Bound on how far one step of distributed Muon in an order-changing (TP) run may move a
-/// Muon-routed parameter away from the single device, in units of `lr · s` (`s`: the
-/// parameter's update scale, see [`MuonVerify::update_scale`]). Row-parallel TP changes the
-/// first step's gradients only by about 1e-6 of `max |g|` (bounded by
-/// [`super::report::GRAD_REL_BOUND`]), but Newton-Schulz runs in bf16: such a difference flips
-/// bf16 roundings of its input, and the quintic iteration amplifies differences along small
-/// singular values (slope `a^5` near 0), so the update of an element differs by up to a few
-/// percent of `lr · s` — measured on `dense-tp2-fsdp2-muon`: 0.012 after step 1 and 0.067
-/// after 3 steps (0.02 per step as the runs drift apart: later gradients are taken at parameters
-/// that already differ). 0.1 per step leaves a margin of 4-8; a broken update (wrong sign, no
-/// orthogonalization) moves elements by `lr · s · |O_ij|`, tenths of `lr · s`. The optimizer
-/// itself is checked bit for bit on the run's own gradients.
-pub const MUON_STEP_BOUND: f64 = 0.1;
+pub use super::bounds::MUON_STEP_BOUND;
 
 /// The per-step bound on `|p_tp − p_1|` of FSDP-plan parameter `i`: AdamW moves an element by
 /// at most `lr` per step, so `PARAM_ABS_BOUND_LR · lr`; Muon [`MUON_STEP_BOUND`]` · lr · s`.
@@ -35,7 +23,7 @@ pub fn param_step_bound(spec: &VerifySpec, i: usize) -> f64 {
         Some(m) if m.route(i) != Route::Adamw => {
             MUON_STEP_BOUND * m.setup.cfg.lr * m.update_scale(i)
         }
-        _ => super::report::PARAM_ABS_BOUND_LR * spec.adamw.lr,
+        _ => super::bounds::PARAM_ABS_BOUND_LR * spec.adamw.lr,
     }
 }
 

@@ -6,11 +6,13 @@ use hpfsdp_plan::fsdp::DataDomain;
 use hpfsdp_plan::planner::templates::format_axis_placements;
 use serde::Serialize;
 
+use super::bounds::MUON_STEP_BOUND;
+use super::check::Check;
 use super::compare::{Diff, Which, assemble, assemble_step, diff, diff_sets, digest};
 use super::error::VerifyError;
 use super::harness::{DistRun, run_distributed, run_single};
-use super::muon::Route;
-use super::muon_report::{MUON_STEP_BOUND, MuonSummary, muon_part, param_step_bound};
+use super::muon_report::{MuonSummary, muon_part, param_step_bound};
+use super::muon_spec::Route;
 use super::setup::VerifySpec;
 use super::trace::{Part, ProgramRoots, compare_part, compare_trace_with_program};
 use crate::runtime::fsdp::FsdpCounts;
@@ -60,12 +62,7 @@ pub fn tp_crossings(spec: &VerifySpec, prod: &DistRun) -> usize {
     calls.div_ceil(spec.grad_accum.max(1))
 }
 
-/// Bound on TP updated parameters, in units of the learning rate: AdamW's first step moves
-/// each element by `lr · g / (|g| + eps)`, so a gradient component near zero whose sign
-/// differs between the two summation orders can move its parameter by up to `2·lr`; any
-/// other difference is far smaller. A sharding bug moves parameters by about `lr` in
-/// uncorrelated directions and is caught by the gradient bound.
-pub const PARAM_ABS_BOUND_LR: f64 = 2.0;
+pub use super::bounds::PARAM_ABS_BOUND_LR;
 
 /// One parameter's line of the table.
 #[derive(Debug, Clone, Serialize)]
@@ -105,19 +102,6 @@ pub struct FirstStep {
     pub grad: Diff,
     /// Parameters after step 1.
     pub param: Diff,
-}
-
-/// One named check.
-#[derive(Debug, Clone, Serialize)]
-pub struct Check {
-    /// What was checked.
-    pub name: String,
-    /// Outcome.
-    pub passed: bool,
-    /// Whether the overall verdict depends on it (advisory checks are reported only).
-    pub gating: bool,
-    /// Details.
-    pub detail: String,
 }
 
 /// Loss of each execution.

@@ -2,20 +2,24 @@
 //! sharding and FSDP plans, the training shape, the optimizer (AdamW, or distributed Muon with
 //! AdamW chained), the input data, and plan mutations.
 
-use hpfsdp_plan::fsdp::{FsdpPlan, build_fsdp_plan};
+use hpfsdp_plan::chunk_range;
+use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan, build_fsdp_plan};
 use hpfsdp_plan::model::{DType, ExpertLayout, ModelFamily};
 use hpfsdp_plan::planner::lint::Severity;
 use hpfsdp_plan::planner::{ShardingPlan, plan};
 use hpfsdp_plan::scenario::Scenario;
+use hpfsdp_plan::toml_lines::find_key_line;
 use hpfsdp_plan::{Layout, Placement};
 
 use super::error::VerifyError;
-use super::muon::{MUON_VERIFY_STEPS, MuonVerify};
+use super::muon_spec::{MUON_VERIFY_STEPS, MuonVerify};
 use crate::model::{MlaConfig, ModelConfig, MoeConfig};
+use crate::muon::{AdapterRules, MuonDomains, MuonError, MuonSetup};
 use crate::ops::ExpertWire;
 use crate::optim::AdamW;
 use crate::rng::KeyedRng;
 use crate::runtime::ActDType;
+use crate::runtime::RankTopo;
 
 /// Seed of parameter initialisation and input tokens in every verification run.
 pub const VERIFY_SEED: u64 = 20_260_501;
@@ -477,5 +481,168 @@ impl VerifySpec {
             ))
         })?;
         Ok(layout)
+    }
+}
+
+/// Global flat indices of `rank`'s FSDP shard of plan parameter `i`, in shard order.
+pub fn shard_indices(
+    spec: &VerifySpec,
+    i: usize,
+    topo: &RankTopo,
+) -> Result<Vec<u64>, VerifyError> {
+    let p = &spec.fsdp.params[i];
+    let layout = spec.param_layout(&p.name, &topo.plan_mesh)?;
+    let plan_local = layout.local_element_indices(&topo.plan_mesh, topo.plan_rank);
+    let shape: Vec<usize> = layout
+        .local_shape(&topo.plan_mesh, topo.plan_rank)
+        .into_iter()
+        .map(|d| d as usize)
+        .collect();
+    let g = match p.domain {
+        DataDomain::Dense => &topo.dense_shard,
+        DataDomain::Expert => &topo.expert_shard,
+    };
+    let dim = if shape.is_empty() { 0 } else { p.shard_dim };
+    let outer: usize = shape[..dim.min(shape.len())].iter().product();
+    let n = shape.get(dim).copied().unwrap_or(1);
+    let inner: usize = shape.get(dim + 1..).map_or(1, |s| s.iter().product());
+    let r = chunk_range(n as u64, g.size() as u64, g.index as u64);
+    let mut out = Vec::new();
+    for o in 0..outer {
+        for row in r.start as usize..r.end as usize {
+            let base = o * n * inner + row * inner;
+            out.extend_from_slice(&plan_local[base..base + inner]);
+        }
+    }
+    Ok(out)
+}
+
+/// A Muon setup error with the scenario file (and, for a bad option, the line of its key).
+fn scenario_err(spec: &VerifySpec, e: MuonError) -> VerifyError {
+    let path = &spec.scenario.path;
+    let line = match &e {
+        MuonError::Config { section, key, .. } => {
+            hpfsdp_plan::input_file::read_text(path, &hpfsdp_plan::limits::SCENARIO_FILE)
+                .ok()
+                .map(|text| find_key_line(&text, section, key))
+                .filter(|&l| l > 0)
+        }
+        _ => None,
+    };
+    VerifyError::Scenario(match line {
+        Some(l) => format!("{}:{l}: distributed Muon: {e}", path.display()),
+        None => format!("{}: distributed Muon: {e}", path.display()),
+    })
+}
+
+/// The layout the runtime's FSDP shards follow when FSDP splits a dim that a later mesh axis
+/// (TP or EP) already splits: the FSDP axis becomes strided inside the later axes' pieces.
+fn strided_candidate(d: &crate::muon::ParamDomain, domain: DataDomain) -> Option<Layout> {
+    let fsdp_axis = match domain {
+        DataDomain::Dense => "dp_shard",
+        DataDomain::Expert => "edp_shard",
+    };
+    let a = d.mesh.axis_index(fsdp_axis)?;
+    let Placement::Shard { dim } = d.layout.placements[a] else {
+        return None;
+    };
+    let factor: usize = (a + 1..d.mesh.ndim())
+        .filter(|&b| d.layout.placements[b] == Placement::Shard { dim })
+        .map(|b| d.mesh.axes()[b].size)
+        .product();
+    if factor <= 1 {
+        return None;
+    }
+    let mut placements = d.layout.placements.clone();
+    placements[a] = Placement::StridedShard {
+        dim,
+        split_factor: factor,
+    };
+    Layout::new(d.layout.global_shape.clone(), placements, &d.mesh).ok()
+}
+
+impl MuonVerify {
+    /// The Muon plan of `spec` (its possibly mutated sharding and FSDP plans), with every
+    /// parameter's Muon layout checked to address exactly the runtime's FSDP shard on every
+    /// rank (realigned to a strided layout where FSDP splits inside TP/EP pieces).
+    pub fn new(spec: &VerifySpec) -> Result<MuonVerify, VerifyError> {
+        let sc = &spec.scenario;
+        let setup = MuonSetup::from_plans(
+            sc,
+            &spec.sharding,
+            &spec.fsdp,
+            &AdapterRules::for_model(&spec.model),
+        )
+        .map_err(|e| scenario_err(spec, e))?;
+        let mut plan_index = Vec::with_capacity(spec.fsdp.params.len());
+        for p in &spec.fsdp.params {
+            let i = setup
+                .routed
+                .iter()
+                .position(|r| r.name == p.name)
+                .ok_or_else(|| {
+                    VerifyError::Scenario(format!("{} is missing from the Muon plan", p.name))
+                })?;
+            plan_index.push(i);
+        }
+        if plan_index.len() != setup.routed.len() {
+            return Err(VerifyError::Scenario(format!(
+                "the Muon plan has {} parameters, the FSDP plan {}",
+                setup.routed.len(),
+                plan_index.len()
+            )));
+        }
+        let topos: Vec<RankTopo> = (0..spec.world())
+            .map(|r| {
+                RankTopo::new(r, &sc.dense_mesh, &sc.expert_mesh)
+                    .map_err(|e| VerifyError::Scenario(e.to_string()))
+            })
+            .collect::<Result<_, _>>()?;
+        let mut domains: MuonDomains = setup.domains.clone();
+        let mut realigned = Vec::new();
+        for (i, p) in spec.fsdp.params.iter().enumerate() {
+            let runtime: Vec<Vec<usize>> = topos
+                .iter()
+                .map(|t| {
+                    shard_indices(spec, i, t).map(|v| v.into_iter().map(|x| x as usize).collect())
+                })
+                .collect::<Result<_, _>>()?;
+            let first_bad = |d: &MuonDomains| -> Result<Option<usize>, VerifyError> {
+                let d = d.get(plan_index[i]).map_err(|e| scenario_err(spec, e))?;
+                Ok((0..topos.len()).find(|&r| d.local_indices(r) != runtime[r]))
+            };
+            let Some(rank) = first_bad(&domains)? else {
+                continue;
+            };
+            let d = domains
+                .get(plan_index[i])
+                .map_err(|e| scenario_err(spec, e))?;
+            let layout = d.layout.clone();
+            let aligned = strided_candidate(d, p.domain)
+                .and_then(|l| domains.clone().with_layout(&p.name, l).ok());
+            match aligned {
+                Some(a) if first_bad(&a)?.is_none() => {
+                    domains = a;
+                    realigned.push(p.name.clone());
+                }
+                _ => {
+                    return Err(VerifyError::unsupported(
+                        format!(
+                            "{}: the reference runtime's FSDP shard of {} on rank {rank} is not \
+                             a piece of its Muon layout {layout} (nor of the strided FSDP-over-TP/EP layout)",
+                            sc.path.display(),
+                            p.name
+                        ),
+                        "shard that parameter evenly, or run the scenario with [optimizer] kind = \"adamw\"",
+                    ));
+                }
+            }
+        }
+        Ok(MuonVerify {
+            setup: MuonSetup { domains, ..setup },
+            plan_index,
+            realigned,
+            naive: true,
+        })
     }
 }

@@ -24,6 +24,95 @@ fn span(
     }
 }
 
+/// The collectives of a run: FSDP all-gathers inside a machine, one reduce-scatter across
+/// supernodes.
+fn collectives() -> Vec<CollectiveRow> {
+    vec![
+        CollectiveRow {
+            category: "fsdp-ag".into(),
+            kind: "all-gather".into(),
+            tier: "intra-machine".into(),
+            count: 2,
+            bytes: 1 << 30,
+        },
+        CollectiveRow {
+            category: "fsdp-rs".into(),
+            kind: "reduce-scatter".into(),
+            tier: "inter-supernode".into(),
+            count: 1,
+            bytes: 1 << 28,
+        },
+    ]
+}
+
+/// The bytes per tier of those collectives.
+fn tier_rows() -> Vec<TierRow> {
+    vec![
+        TierRow {
+            tier: "intra-machine".into(),
+            bytes: 1 << 30,
+            collectives: 2,
+        },
+        TierRow {
+            tier: "inter-supernode".into(),
+            bytes: 1 << 28,
+            collectives: 1,
+        },
+    ]
+}
+
+/// Rank 0's spans: two layers' all-gathers overlapping compute, a copy, a reduce-scatter and
+/// a host launch; `ns` scales the times.
+fn rank0_timeline(ns: &dyn Fn(u64) -> u64) -> RankTimelineView {
+    RankTimelineView {
+        rank: 0,
+        spans: vec![
+            span(
+                "layers.0.ag",
+                "all-gather",
+                "fsdp-ag",
+                0,
+                ns(1500),
+                Some(1 << 29),
+            ),
+            span(
+                "layers.0.fwd",
+                "compute",
+                "compute",
+                ns(1500),
+                ns(4000),
+                None,
+            ),
+            span(
+                "layers.1.ag",
+                "all-gather",
+                "fsdp-ag",
+                ns(1500),
+                ns(3000),
+                Some(1 << 29),
+            ),
+            span("copy-in", "copy", "copy", ns(3000), ns(4000), Some(4096)),
+            span(
+                "layers.1.fwd",
+                "compute",
+                "compute",
+                ns(4000),
+                ns(7500),
+                None,
+            ),
+            span(
+                "layers.0.rs",
+                "reduce-scatter",
+                "fsdp-rs",
+                ns(7500),
+                ns(9500),
+                Some(1 << 28),
+            ),
+            span("launch", "host", "host", 0, ns(2000), None),
+        ],
+    }
+}
+
 fn run(strategy: &str, scale: f64) -> StrategyRun {
     let ns = |x: u64| (x as f64 * scale) as u64;
     StrategyRun {
@@ -58,34 +147,8 @@ fn run(strategy: &str, scale: f64) -> StrategyRun {
             ("fsdp-rs".to_string(), 0.5e-6 * scale),
         ]),
         overlap_rate: 0.6,
-        collectives: vec![
-            CollectiveRow {
-                category: "fsdp-ag".into(),
-                kind: "all-gather".into(),
-                tier: "intra-machine".into(),
-                count: 2,
-                bytes: 1 << 30,
-            },
-            CollectiveRow {
-                category: "fsdp-rs".into(),
-                kind: "reduce-scatter".into(),
-                tier: "inter-supernode".into(),
-                count: 1,
-                bytes: 1 << 28,
-            },
-        ],
-        tier_bytes: vec![
-            TierRow {
-                tier: "intra-machine".into(),
-                bytes: 1 << 30,
-                collectives: 2,
-            },
-            TierRow {
-                tier: "inter-supernode".into(),
-                bytes: 1 << 28,
-                collectives: 1,
-            },
-        ],
+        collectives: collectives(),
+        tier_bytes: tier_rows(),
         peak_memory_bytes: 3 << 30,
         peak_memory_by_tag: BTreeMap::from([
             ("params".to_string(), 1 << 30),
@@ -98,53 +161,7 @@ fn run(strategy: &str, scale: f64) -> StrategyRun {
             (ns(5000), 3 << 30),
             (ns(9000), 1 << 30),
         ],
-        rank0_timeline: Some(RankTimelineView {
-            rank: 0,
-            spans: vec![
-                span(
-                    "layers.0.ag",
-                    "all-gather",
-                    "fsdp-ag",
-                    0,
-                    ns(1500),
-                    Some(1 << 29),
-                ),
-                span(
-                    "layers.0.fwd",
-                    "compute",
-                    "compute",
-                    ns(1500),
-                    ns(4000),
-                    None,
-                ),
-                span(
-                    "layers.1.ag",
-                    "all-gather",
-                    "fsdp-ag",
-                    ns(1500),
-                    ns(3000),
-                    Some(1 << 29),
-                ),
-                span("copy-in", "copy", "copy", ns(3000), ns(4000), Some(4096)),
-                span(
-                    "layers.1.fwd",
-                    "compute",
-                    "compute",
-                    ns(4000),
-                    ns(7500),
-                    None,
-                ),
-                span(
-                    "layers.0.rs",
-                    "reduce-scatter",
-                    "fsdp-rs",
-                    ns(7500),
-                    ns(9500),
-                    Some(1 << 28),
-                ),
-                span("launch", "host", "host", 0, ns(2000), None),
-            ],
-        }),
+        rank0_timeline: Some(rank0_timeline(&ns)),
     }
 }
 

@@ -28,11 +28,12 @@
 
 use super::compare::{CalibrationSet, Comparison, FigureRow};
 use super::error::CalibrationError;
+use super::figure::Figure;
 use super::gates::Tolerance;
 use super::lm::{LmOptions, LmOutcome, jacobian, minimise};
 use super::measured::MeasuredRun;
-use super::params::{FitParam, MaxFrom, get, resolve_bounds, set};
-use super::prior::{IDENTIFIED_DATA_SHARE, data_shares, prior_cost, prior_residuals};
+use super::params::{FitParam, MaxFrom, get, prior_cost, prior_residuals, set};
+use super::prior::{IDENTIFIED_DATA_SHARE, data_shares};
 use crate::profile::HardwareProfile;
 
 /// Residual given to a fitted figure the simulation could not predict (NaN or <= 0): as
@@ -424,6 +425,32 @@ pub fn fit_joint_with(
         start_set: starts,
         starts: outcomes,
     })
+}
+
+/// Every constant of `params` with its bounds resolved against `c` ([`resolved_bound`]).
+pub fn resolve_bounds(params: &[FitParam], c: &Comparison) -> Vec<FitParam> {
+    params.iter().map(|p| resolved_bound(p, c)).collect()
+}
+
+/// `p` with its upper bound resolved against `c` (the comparison of the
+/// starting profile): a [`MaxFrom::ModelLaunches`] bound becomes the measured step over
+/// the modelled launches of its run when that is tighter than [`FitParam::max`] (and
+/// above the minimum); a fixed one is returned as it is.
+pub fn resolved_bound(p: &FitParam, c: &Comparison) -> FitParam {
+    let MaxFrom::ModelLaunches { run, step_s } = &p.max_from else {
+        return p.clone();
+    };
+    let launches = [Figure::DeviceKernels, Figure::Collectives]
+        .iter()
+        .map(|f| c.row(run, *f).map(|r| r.predicted))
+        .sum::<Option<f64>>();
+    match launches.map(|n| step_s * 1e6 / n) {
+        Some(per_launch) if per_launch > p.min && per_launch < p.max => FitParam {
+            max: per_launch,
+            ..p.clone()
+        },
+        _ => p.clone(),
+    }
 }
 
 #[cfg(test)]

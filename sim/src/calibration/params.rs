@@ -11,9 +11,7 @@
 //! then want a value the bound's measurement rules out, which points at a modelling gap
 //! rather than at a constant to move.
 
-use super::compare::Comparison;
 use super::error::CalibrationError;
-use super::figure::Figure;
 use super::holdout::Holdout;
 use super::prior::Prior;
 use crate::profile::HardwareProfile;
@@ -51,7 +49,7 @@ pub struct FitParam {
     pub max: f64,
     /// Where `min` and `max` come from (measurement and arithmetic, or ASSUMPTION).
     pub bound_source: String,
-    /// How `max` follows the model ([`resolve_bounds`]).
+    /// How `max` follows the model ([`super::fit::resolve_bounds`]).
     pub max_from: MaxFrom,
     /// The bounds a leave-one-out fold uses when it leaves out an experiment or run whose
     /// measurements these bounds come from ([`FitParam::without`]); `None` when no bound
@@ -98,32 +96,6 @@ impl FitParam {
             _ => self.clone(),
         }
     }
-
-    /// This constant with its upper bound resolved against `c` (the comparison of the
-    /// starting profile): a [`MaxFrom::ModelLaunches`] bound becomes the measured step over
-    /// the modelled launches of its run when that is tighter than [`FitParam::max`] (and
-    /// above the minimum); a fixed one is returned as it is.
-    pub fn resolved(&self, c: &Comparison) -> FitParam {
-        let MaxFrom::ModelLaunches { run, step_s } = &self.max_from else {
-            return self.clone();
-        };
-        let launches = [Figure::DeviceKernels, Figure::Collectives]
-            .iter()
-            .map(|f| c.row(run, *f).map(|r| r.predicted))
-            .sum::<Option<f64>>();
-        match launches.map(|n| step_s * 1e6 / n) {
-            Some(per_launch) if per_launch > self.min && per_launch < self.max => FitParam {
-                max: per_launch,
-                ..self.clone()
-            },
-            _ => self.clone(),
-        }
-    }
-}
-
-/// Every constant of `params` with its bounds resolved against `c` ([`FitParam::resolved`]).
-pub fn resolve_bounds(params: &[FitParam], c: &Comparison) -> Vec<FitParam> {
-    params.iter().map(|p| p.resolved(c)).collect()
 }
 
 /// A profile constant the fit does not adjust (no held-in figure isolates it) but whose
@@ -190,6 +162,23 @@ pub fn blind_profile(
         replaced.push(m.clone());
     }
     Ok((p, replaced))
+}
+
+/// The prior residuals of log values `z` of `params`, in parameter order.
+pub fn prior_residuals(params: &[FitParam], z: &[f64]) -> Vec<f64> {
+    params
+        .iter()
+        .zip(z)
+        .map(|(p, z)| p.prior.residual(*z))
+        .collect()
+}
+
+/// Half the sum of squared prior residuals of log values `z`.
+pub fn prior_cost(params: &[FitParam], z: &[f64]) -> f64 {
+    0.5 * prior_residuals(params, z)
+        .iter()
+        .map(|r| r * r)
+        .sum::<f64>()
 }
 
 #[cfg(test)]

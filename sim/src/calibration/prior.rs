@@ -5,7 +5,7 @@
 //! first principles (never from the held-in measurements, which are the data), with its
 //! source text. The fit is then
 //! a maximum a posteriori fit: the least squares gets one extra residual per constant,
-//! `(ln v - ln centre) / log_width` ([`prior_residuals`]), so a constant the figures pin is
+//! `(ln v - ln centre) / log_width` ([`super::params::prior_residuals`]), so a constant the figures pin is
 //! set by the figures and one they do not pin stays at its prior instead of wandering to
 //! wherever an underdetermined fit leaves it (leave-one-out without experiment B used to fit
 //! eight constants to three figures at cost 0.0000).
@@ -15,7 +15,6 @@
 //! the constant, near 0 it is its prior.
 
 use super::lm::solve;
-use super::params::FitParam;
 
 /// A constant's prior: log-normal around `centre` with standard deviation `log_width` of
 /// `ln(value)`, and where both come from.
@@ -41,23 +40,6 @@ impl Prior {
 /// A constant counts as identified by the data when they removed at least this fraction of
 /// its prior variance ([`data_shares`]); below it the prior dominates.
 pub const IDENTIFIED_DATA_SHARE: f64 = 0.5;
-
-/// The prior residuals of log values `z` of `params`, in parameter order.
-pub fn prior_residuals(params: &[FitParam], z: &[f64]) -> Vec<f64> {
-    params
-        .iter()
-        .zip(z)
-        .map(|(p, z)| p.prior.residual(*z))
-        .collect()
-}
-
-/// Half the sum of squared prior residuals of log values `z`.
-pub fn prior_cost(params: &[FitParam], z: &[f64]) -> f64 {
-    0.5 * prior_residuals(params, z)
-        .iter()
-        .map(|r| r * r)
-        .sum::<f64>()
-}
 
 /// Per constant, the fraction of its prior variance the data remove: with `jac_data` the
 /// Jacobian of the data residuals in log parameters (row per residual) and `widths` the

@@ -9,41 +9,11 @@
 use crate::commands::gate::digest::digest_check;
 use crate::commands::gate::evaluate::{Evaluated, VerifyOutcome};
 use crate::commands::gate::lock::{Lock, ScenarioLock, StrategyLock};
+use crate::commands::gate::outcome::{CheckOutcome, Status};
 use crate::commands::scenario_figures::RunFigures;
-use serde::Serialize;
 
 /// The tier whose optimizer traffic the gate watches.
 pub const INTER_SUPERNODE: &str = "inter-supernode";
-
-/// Outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Status {
-    /// The check passed.
-    Pass,
-    /// The check failed.
-    Fail,
-    /// The check does not apply (the message says why).
-    Skipped,
-}
-
-/// One check of one scenario.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct CheckOutcome {
-    /// Scenario name.
-    pub scenario: String,
-    /// Check name (`lint`, `verify`, `plan-digest`, `throughput/<strategy>`, ...).
-    pub check: String,
-    /// Outcome.
-    pub status: Status,
-    /// One line: what was found.
-    pub message: String,
-    /// Locked vs now, line by line (empty when there is nothing to compare).
-    pub diff: String,
-    /// Wall time of the work behind the check, seconds (0 for checks derived from another's
-    /// work: the memory and optimizer checks read the throughput check's simulation).
-    pub time_s: f64,
-}
 
 /// How the gate compares.
 #[derive(Debug, Clone, Copy)]

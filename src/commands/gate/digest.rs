@@ -2,9 +2,9 @@
 //! the plan entries (`sharding.params`, `fsdp.units`, ...) whose own digests differ, so the
 //! reviewer knows where to look.
 
-use crate::commands::gate::checks::Status;
 use crate::commands::gate::evaluate::Evaluated;
 use crate::commands::gate::lock::ScenarioLock;
+use crate::commands::gate::outcome::Status;
 use indexmap::IndexMap;
 
 /// Entries named in a digest failure's message (the diff lists them all).

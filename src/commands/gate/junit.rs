@@ -8,7 +8,7 @@
 //! quick-junit always writes that the schema does not allow (`skipped` on `<testsuites>`; it
 //! stays on each `<testsuite>`, where it is allowed) is dropped from the serialized XML.
 
-use crate::commands::gate::checks::{CheckOutcome, Status};
+use crate::commands::gate::outcome::{CheckOutcome, Status};
 use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 use quick_xml::events::{BytesStart, Event};
 use std::time::Duration;

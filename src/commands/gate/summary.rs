@@ -1,8 +1,8 @@
 //! The gate's Markdown summary (for a pull-request comment) and its terminal table.
 
-use crate::commands::gate::checks::{CheckOutcome, Status};
 use crate::commands::gate::evaluate::Evaluated;
 use crate::commands::gate::lock::Lock;
+use crate::commands::gate::outcome::{CheckOutcome, Status};
 use hpfsdp_reports::table::{Section, Table, TableReport, Verdict};
 
 fn status_word(s: Status) -> &'static str {

@@ -1,6 +1,6 @@
 //! Loading, scaling and predicting the replayed scenario on the chosen hardware profile.
 
-use super::ReplayArgs;
+use super::args::ReplayArgs;
 use super::scale::{self, Scaled};
 use crate::commands::device_profile::ProfileChoice;
 use anyhow::{Context, Result, bail};

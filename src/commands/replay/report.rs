@@ -1,7 +1,8 @@
 //! Turning a replay's measured and predicted timelines into the report, the summary table
 //! and the `--json` document.
 
-use super::{Prepared, ReplayArgs};
+use super::args::ReplayArgs;
+use super::predict::Prepared;
 use crate::commands::device_profile::ProfileChoice;
 use crate::table::Table;
 use anyhow::{Context, Result};
@@ -174,7 +175,7 @@ pub fn emit(
     let dir = args
         .out
         .clone()
-        .unwrap_or_else(|| PathBuf::from("reports/replay").join(&report.scenario));
+        .unwrap_or_else(|| PathBuf::from("out/replay").join(&report.scenario));
     let written = write_replay_report(&dir, report)
         .with_context(|| format!("writing the replay report into {}", dir.display()))?;
     if args.json {

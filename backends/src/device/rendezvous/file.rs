@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use super::KeyValueStore;
+use super::store::KeyValueStore;
 use crate::error::{CommError, CommResult};
 
 /// First bytes of every value file, so foreign or truncated files are recognised.

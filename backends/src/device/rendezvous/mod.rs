@@ -16,6 +16,7 @@
 //! (stale files from an earlier job would be read as this job's ids).
 
 mod file;
+mod store;
 mod tcp;
 
 use std::collections::BTreeMap;
@@ -23,6 +24,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 pub use file::FileStore;
+pub use store::{DEFAULT_RENDEZVOUS_TIMEOUT, KeyValueStore};
 pub use tcp::TcpStore;
 
 use super::world::{EnvLookup, WorldSpec};
@@ -33,8 +35,6 @@ use crate::group::Group;
 pub const RENDEZVOUS_ENV: &str = "HPFSDP_RENDEZVOUS";
 /// Environment variable bounding every rendezvous wait, in seconds (default 300).
 pub const RENDEZVOUS_TIMEOUT_ENV: &str = "HPFSDP_RENDEZVOUS_TIMEOUT_S";
-/// Default bound on a rendezvous wait.
-pub const DEFAULT_RENDEZVOUS_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Distributes a communicator id from the rank that created it to the other members.
 pub trait IdExchange: Send + Sync {
@@ -60,16 +60,6 @@ pub trait IdExchange: Send + Sync {
             ),
         })
     }
-}
-
-/// A key-value store that rendezvous exchanges are built on.
-pub trait KeyValueStore: Send + Sync {
-    /// How the store is reached, for messages.
-    fn method(&self) -> String;
-    /// Publish `bytes` under `key` (keys are written once).
-    fn put(&self, key: &str, bytes: &[u8]) -> CommResult<()>;
-    /// Wait until `key` exists (at most `timeout`) and return its bytes.
-    fn get(&self, key: &str, timeout: Duration) -> CommResult<Vec<u8>>;
 }
 
 /// An [`IdExchange`] over any [`KeyValueStore`]: the root puts, the others get.

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use super::{DEFAULT_RENDEZVOUS_TIMEOUT, KeyValueStore};
+use super::store::{DEFAULT_RENDEZVOUS_TIMEOUT, KeyValueStore};
 use crate::error::{CommError, CommResult};
 
 const OP_PUT: u8 = 1;
