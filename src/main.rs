@@ -2,6 +2,7 @@
 //! collbench, gate, sweep and export for HyperParallel-FSDP training plans.
 
 mod commands;
+mod heap;
 mod table;
 
 use clap::{Parser, Subcommand};
