@@ -183,7 +183,10 @@ fn lean_calibration_simulations_predict_the_full_simulations_figures() {
             (Figure::ForwardDeviceS, fwd),
             (Figure::BackwardDeviceS, bwd),
             (Figure::OptimizerDeviceS, opt),
-            (Figure::ExposedCommS, r.breakdown.exposed_comm_ns as f64 * 1e-9),
+            (
+                Figure::ExposedCommS,
+                r.breakdown.exposed_comm_ns as f64 * 1e-9,
+            ),
             (Figure::OverlapRate, r.breakdown.overlap_rate),
             (Figure::CopyS, r.breakdown.copy_ns as f64 * 1e-9),
             (
@@ -217,7 +220,12 @@ fn lean_calibration_simulations_predict_the_full_simulations_figures() {
             }
         }
         let host = lean.host.iter().find(|h| h.run == run.label).unwrap();
-        assert_eq!(host.totals, HostTotals::of(rank0.ops.iter()), "{}", run.label);
+        assert_eq!(
+            host.totals,
+            HostTotals::of(rank0.ops.iter()),
+            "{}",
+            run.label
+        );
         assert_eq!(host.host_busy_s, r.breakdown.host_busy_ns as f64 * 1e-9);
         assert_eq!(host.step_s, r.step_time_s());
     }
