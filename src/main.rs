@@ -2,6 +2,7 @@
 //! collbench, gate, sweep and export for HyperParallel-FSDP training plans.
 
 mod commands;
+mod heap;
 mod table;
 
 use clap::{Parser, Subcommand};
@@ -159,15 +160,20 @@ enum Command {
         #[command(flatten)]
         lint: commands::lint_gate::LintArgs,
     },
-    /// Time the simulator: wall time per simulated step and events per second for a synthetic
-    /// 48-layer step on 768 ranks (folded and unfolded), exp-d (768 ranks) and exp-d at ~100k ranks.
-    Bench {
-        /// Hardware profile name (scenarios/hardware/<name>.toml or a built-in copy).
-        #[arg(long, default_value = "ascend-910c-a3")]
-        hardware: String,
-        /// Print the suite as JSON (every run's figures and the ratios) instead of lines.
+    /// Time the simulator, each case in a process of its own: CPU seconds (user + system),
+    /// wall time and peak RSS of a synthetic 48-layer step on 768 and 1,024 ranks, exp-d (768
+    /// ranks) with AdamW and with distributed Muon, exp-d replicated to ~3k, ~100k (and ~1M)
+    /// ranks, and any --scenario file.
+    Bench(commands::bench::BenchArgs),
+    /// One `bench` case in this process (how `bench` runs each case on its own).
+    #[command(hide = true)]
+    BenchCase {
+        /// Hardware profile name.
         #[arg(long)]
-        json: bool,
+        hardware: String,
+        /// The case, as JSON.
+        #[arg(long)]
+        case: String,
     },
     /// Run a scenario's step programs for real on a collective backend (every rank walks its
     /// own program with real buffers; compute as calibrated busy work or real GEMMs) and
@@ -267,7 +273,8 @@ fn main() -> ExitCode {
             accuracy,
             lint,
         } => commands::muon::run(&scenario, json, accuracy, lint.allow_lint_errors),
-        Command::Bench { hardware, json } => commands::bench::run(&hardware, json),
+        Command::Bench(args) => commands::bench::run(&args),
+        Command::BenchCase { hardware, case } => commands::bench::run_case(&hardware, &case),
         Command::Replay(args) => commands::replay::run(&args),
         Command::Collbench(args) => commands::collbench::run(&args),
         Command::Gate(args) => commands::gate::run(&args),

@@ -34,6 +34,7 @@ pub mod bf16;
 pub mod error;
 pub mod gradcheck;
 pub mod matmul;
+mod matmul_avx512;
 pub mod model;
 pub mod muon;
 pub mod ops;

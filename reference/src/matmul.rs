@@ -12,7 +12,10 @@
 //! - packing pads partial tiles with zeros, but padded rows/columns are never stored;
 //! - the kernel is compiled three times: with `avx512f+fma`, with `avx2+fma` (hardware fma) and
 //!   without target features (where `mul_add` is the correctly rounded software `fma`), chosen
-//!   at run time by [`Isa::detect`]; tile sizes differ per variant, the bits do not.
+//!   at run time by [`Isa::detect`]; tile sizes differ per variant, the bits do not;
+//! - the AVX-512 f32 variant runs its tiles through an intrinsic 8 x 32 kernel (a partial tile
+//!   in a full-size copy whose padding is never stored), and a product of a single row block
+//!   packs `B` a cache block at a time just before use instead of whole beforehand.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -290,19 +293,69 @@ pub fn product<T: Real>(a: MatRef<'_, T>, b: MatRef<'_, T>) -> RefResult<Tensor<
     Tensor::from_vec(&[a.rows, b.cols], c)
 }
 
-/// Pack columns `[j0, j0+NR)` of `B` (all `k` rows) as `[k][NR]`, zero-padded.
-#[inline(always)]
-fn pack_b_panel<T: Real, const NR: usize>(b: &MatRef<'_, T>, j0: usize, out: &mut [T]) {
+/// Pack columns `[j0, j0+NR)` of `B`, rows from `p0` on (as many as `out` holds), as
+/// `[rows][NR]`, zero-padded. Row-major
+/// `B` copies row pieces; `B` stored by columns (`x·Wᵀ`) is transposed from `NR` column
+/// slices. Packing only moves values, so the layout never changes a result. Out of line and
+/// without the kernels' instruction sets: compiled into them, the transpose became scatter
+/// stores, several times slower than scalar ones on AMD cores.
+#[inline(never)]
+fn pack_b_panel<T: Real, const NR: usize>(
+    b: &MatRef<'_, T>,
+    (p0, j0): (usize, usize),
+    out: &mut [T],
+) {
     let nr = NR.min(b.cols - j0);
-    for (p, row) in out.chunks_exact_mut(NR).enumerate() {
-        for (q, x) in row.iter_mut().enumerate() {
-            *x = if q < nr { b.at(p, j0 + q) } else { T::ZERO };
+    if b.cs == 1 && nr == NR {
+        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+            let start = (p0 + p) * b.rs + j0;
+            let src: &[T; NR] = b.data[start..start + NR].try_into().expect("NR elements");
+            let row: &mut [T; NR] = row.try_into().expect("chunks_exact yields NR elements");
+            *row = *src;
+        }
+    } else if b.cs == 1 {
+        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+            let start = (p0 + p) * b.rs + j0;
+            row[..nr].copy_from_slice(&b.data[start..start + nr]);
+            row[nr..].fill(T::ZERO);
+        }
+    } else if b.rs == 1 {
+        // A transpose, in steps of one cache line of each column: every line read is used
+        // whole while the rows it fills are still in cache.
+        const STEP: usize = 16;
+        for (step, rows) in out.chunks_mut(STEP * NR).enumerate() {
+            let first_row = p0 + step * STEP;
+            for q in 0..NR {
+                if q < nr {
+                    let start = (j0 + q) * b.cs + first_row;
+                    let column = &b.data[start..start + rows.len() / NR];
+                    for (row, &x) in rows.chunks_exact_mut(NR).zip(column) {
+                        row[q] = x;
+                    }
+                } else {
+                    for row in rows.chunks_exact_mut(NR) {
+                        row[q] = T::ZERO;
+                    }
+                }
+            }
+        }
+    } else {
+        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+            for (q, x) in row.iter_mut().enumerate() {
+                *x = if q < nr {
+                    b.at(p0 + p, j0 + q)
+                } else {
+                    T::ZERO
+                };
+            }
         }
     }
 }
 
-/// Pack rows `[i0, i0+rows)`, reduction range `[p0, p0+kc)` of `A` as `[tile][kc][MR]`.
-#[inline(always)]
+/// Pack rows `[i0, i0+rows)`, reduction range `[p0, p0+kc)` of `A` as `[tile][kc][MR]`,
+/// zero-padded. `A` stored by columns (`dyᵀ·x`) copies column pieces; row-major `A` copies
+/// each row into its lane. Out of line, as [`pack_b_panel`].
+#[inline(never)]
 fn pack_a_block<T: Real, const MR: usize>(
     a: &MatRef<'_, T>,
     i0: usize,
@@ -311,16 +364,53 @@ fn pack_a_block<T: Real, const MR: usize>(
     kc: usize,
     out: &mut [T],
 ) {
-    for (tile, chunk) in out.chunks_exact_mut(kc * MR).enumerate() {
-        let r0 = tile * MR;
-        let mr = MR.min(rows - r0);
-        for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
-            for (r, x) in col.iter_mut().enumerate() {
-                *x = if r < mr {
-                    a.at(i0 + r0 + r, p0 + p)
+    if a.rs == 1 {
+        // Stored by columns: each step's rows are contiguous, read once and dealt to the
+        // tiles (a tile at a time would read short pieces a whole column apart).
+        let tiles = out.len() / (kc * MR);
+        for p in 0..kc {
+            let start = (p0 + p) * a.cs + i0;
+            let src = &a.data[start..start + rows];
+            for tile in 0..tiles {
+                let col = &mut out[(tile * kc + p) * MR..(tile * kc + p + 1) * MR];
+                let piece = &src[tile * MR..(tile * MR + MR).min(rows)];
+                if let (Ok(col), Ok(piece)) = (
+                    <&mut [T; MR]>::try_from(&mut *col),
+                    <&[T; MR]>::try_from(piece),
+                ) {
+                    *col = *piece;
                 } else {
-                    T::ZERO
-                };
+                    col[..piece.len()].copy_from_slice(piece);
+                    col[piece.len()..].fill(T::ZERO);
+                }
+            }
+        }
+        return;
+    }
+    for (tile, chunk) in out.chunks_exact_mut(kc * MR).enumerate() {
+        let r0 = i0 + tile * MR;
+        let mr = MR.min(i0 + rows - r0);
+        if a.cs == 1 && mr == MR {
+            // A transpose: eight loads from eight rows, one contiguous store per step.
+            let rows: [&[T]; MR] = std::array::from_fn(|r| {
+                let start = (r0 + r) * a.rs + p0;
+                &a.data[start..start + kc]
+            });
+            for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
+                let col: &mut [T; MR] = col.try_into().expect("chunks_exact yields MR elements");
+                for r in 0..MR {
+                    col[r] = rows[r][p];
+                }
+            }
+        } else {
+            for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
+                for (r, x) in col.iter_mut().enumerate() {
+                    *x = if r < mr {
+                        a.at(r0 + r, p0 + p)
+                    } else {
+                        T::ZERO
+                    };
+                }
             }
         }
     }
@@ -359,21 +449,102 @@ fn micro_kernel<T: Real, const MR: usize, const NR: usize>(
     }
 }
 
-/// All output rows `[i0, i0 + rows)`: `c` is that row block of `C` (`rows x n`).
+/// A kernel for a full `MR x NR` tile of one type and instruction set: packed `a`, packed
+/// `b`, `c` with its row stride, and whether the chain starts from zero ([`micro_kernel`]'s
+/// arguments, less the tile's size). Unsafe: it needs its instruction set.
+type FullTile<T> = unsafe fn(&[T], &[T], &mut [T], usize, bool);
+
+/// [`crate::matmul_avx512::full_tile_f32`] for `T`, `MR`, `NR`, when they are its (f32,
+/// 8 x 32).
+#[cfg(target_arch = "x86_64")]
+fn avx512_full_tile<T: Real, const MR: usize, const NR: usize>() -> Option<FullTile<T>> {
+    use crate::matmul_avx512 as tile;
+    (std::mem::size_of::<T>() == 4 && MR == tile::MR && NR == tile::NR)
+        .then_some(full_tile_f32_as::<T> as FullTile<T>)
+}
+
+/// [`crate::matmul_avx512::full_tile_f32`] on slices of `T`, which is `f32`.
+///
+/// # Safety
+///
+/// The CPU must support AVX-512F. Panics unless `T` has 4 bytes: [`Real`] is sealed to
+/// `f32` and `f64`, so `T` is then `f32` and the casts below reinterpret nothing.
+#[cfg(target_arch = "x86_64")]
+unsafe fn full_tile_f32_as<T: Real>(a: &[T], b: &[T], c: &mut [T], ldc: usize, first: bool) {
+    assert_eq!(std::mem::size_of::<T>(), 4, "the f32 tile on another type");
+    // SAFETY: `T` is f32 (see above): same size, alignment and bits; lengths are kept.
+    let (a, b, c) = unsafe {
+        (
+            std::slice::from_raw_parts(a.as_ptr().cast::<f32>(), a.len()),
+            std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len()),
+            std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<f32>(), c.len()),
+        )
+    };
+    // SAFETY: the caller guarantees AVX-512F.
+    unsafe { crate::matmul_avx512::full_tile_f32(a, b, c, ldc, first) }
+}
+
+/// Where a row block finds `B`'s packed panels.
+#[derive(Clone, Copy)]
+enum BPanels<'s, T> {
+    /// Every panel packed beforehand, `[panel][k][NR]` (shared by the row blocks).
+    Packed(&'s [T]),
+    /// Packed a `KC` piece at a time just before its tiles use it, while it is in cache (a
+    /// single row block: each piece serves only it).
+    Lazy(&'s MatRef<'s, T>),
+}
+
+/// The first `mr x nr` of a tile by a full-tile kernel: directly in `c` when the tile is
+/// full, else in a full-size copy whose extra rows and columns (zeros in the packed
+/// operands) are never stored, so every stored element has the same fma chain.
+#[inline(always)]
+fn partial_tile<T: Real, const MR: usize, const NR: usize>(
+    tile: FullTile<T>,
+    (a, b): (&[T], &[T]),
+    c: &mut [T],
+    ldc: usize,
+    (mr, nr): (usize, usize),
+    first: bool,
+) {
+    if mr == MR && nr == NR {
+        // SAFETY: `tile` is only given where its instruction set was found.
+        unsafe { tile(a, b, c, ldc, first) };
+        return;
+    }
+    let mut tmp = [[T::ZERO; NR]; MR];
+    if !first {
+        for (r, row) in tmp.iter_mut().enumerate().take(mr) {
+            row[..nr].copy_from_slice(&c[r * ldc..r * ldc + nr]);
+        }
+    }
+    // SAFETY: as above.
+    unsafe { tile(a, b, tmp.as_flattened_mut(), NR, first) };
+    for (r, row) in tmp.iter().enumerate().take(mr) {
+        c[r * ldc..r * ldc + nr].copy_from_slice(&row[..nr]);
+    }
+}
+
+/// All output rows `[i0, i0 + rows)`: `c` is that row block of `C` (`rows x n`). Tiles go to
+/// `full_tile` when there is one (its instruction set checked by the caller), partial ones
+/// through [`partial_tile`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn row_block<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
-    i0: usize,
-    rows: usize,
-    packed_b: &[T],
+    (i0, rows): (usize, usize),
+    b: BPanels<'_, T>,
     c: &mut [T],
     n: usize,
     k: usize,
+    full_tile: Option<FullTile<T>>,
 ) {
     let tiles = rows.div_ceil(MR);
     let panels = n.div_ceil(NR);
     let mut packed_a = vec![T::ZERO; tiles * KC.min(k) * MR];
+    let mut lazy_b = match b {
+        BPanels::Packed(_) => Vec::new(),
+        BPanels::Lazy(_) => vec![T::ZERO; KC.min(k) * NR],
+    };
     let mut p0 = 0;
     while p0 < k {
         let kc = KC.min(k - p0);
@@ -382,11 +553,24 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
         for jp in 0..panels {
             let j0 = jp * NR;
             let nr = NR.min(n - j0);
-            let pb = &packed_b[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR];
+            let pb = match b {
+                BPanels::Packed(all) => &all[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR],
+                BPanels::Lazy(b) => {
+                    let piece = &mut lazy_b[..kc * NR];
+                    pack_b_panel::<T, NR>(b, (p0, j0), piece);
+                    &*piece
+                }
+            };
             for (tile, ta) in pa.chunks_exact(kc * MR).enumerate() {
                 let r0 = tile * MR;
                 let mr = MR.min(rows - r0);
-                micro_kernel::<T, MR, NR>(ta, pb, &mut c[r0 * n + j0..], n, mr, nr, p0 == 0);
+                let ct = &mut c[r0 * n + j0..];
+                match full_tile {
+                    Some(tile) => {
+                        partial_tile::<T, MR, NR>(tile, (ta, pb), ct, n, (mr, nr), p0 == 0)
+                    }
+                    None => micro_kernel::<T, MR, NR>(ta, pb, ct, n, mr, nr, p0 == 0),
+                }
             }
         }
         p0 += kc;
@@ -400,12 +584,13 @@ fn row_block_avx512<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
     i0: usize,
     rows: usize,
-    packed_b: &[T],
+    b: BPanels<'_, T>,
     c: &mut [T],
     n: usize,
     k: usize,
 ) {
-    row_block::<T, MR, NR>(a, i0, rows, packed_b, c, n, k)
+    let tile = avx512_full_tile::<T, MR, NR>();
+    row_block::<T, MR, NR>(a, (i0, rows), b, c, n, k, tile)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -415,12 +600,12 @@ fn row_block_avx2<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
     i0: usize,
     rows: usize,
-    packed_b: &[T],
+    b: BPanels<'_, T>,
     c: &mut [T],
     n: usize,
     k: usize,
 ) {
-    row_block::<T, MR, NR>(a, i0, rows, packed_b, c, n, k)
+    row_block::<T, MR, NR>(a, (i0, rows), b, c, n, k, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -429,7 +614,7 @@ fn dispatch_row_block<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
     i0: usize,
     rows: usize,
-    packed_b: &[T],
+    b: BPanels<'_, T>,
     c: &mut [T],
     n: usize,
     k: usize,
@@ -437,11 +622,11 @@ fn dispatch_row_block<T: Real, const MR: usize, const NR: usize>(
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `gemm_with` only passes variants whose CPU features `Isa::is_supported` found.
-        Isa::Avx512 => unsafe { row_block_avx512::<T, MR, NR>(a, i0, rows, packed_b, c, n, k) },
+        Isa::Avx512 => unsafe { row_block_avx512::<T, MR, NR>(a, i0, rows, b, c, n, k) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2Fma => unsafe { row_block_avx2::<T, MR, NR>(a, i0, rows, packed_b, c, n, k) },
-        _ => row_block::<T, MR, NR>(a, i0, rows, packed_b, c, n, k),
+        Isa::Avx2Fma => unsafe { row_block_avx2::<T, MR, NR>(a, i0, rows, b, c, n, k) },
+        _ => row_block::<T, MR, NR>(a, (i0, rows), b, c, n, k, None),
     }
 }
 
@@ -463,15 +648,6 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && work >= PAR_THRESHOLD;
 
-    let panels = n.div_ceil(NR);
-    let mut packed_b = vec![T::ZERO; panels * k * NR];
-    let pack = |(jp, panel): (usize, &mut [T])| pack_b_panel::<T, NR>(b, jp * NR, panel);
-    if parallel {
-        packed_b.par_chunks_mut(k * NR).enumerate().for_each(pack);
-    } else {
-        packed_b.chunks_mut(k * NR).enumerate().for_each(pack);
-    }
-
     // Row-block height: enough blocks to balance the threads, capped for cache reuse. It changes
     // only the grouping of whole output rows, never the order inside an output.
     let mc_cap = MC_MAX - MC_MAX % MR;
@@ -482,10 +658,24 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     } else {
         mc_cap
     };
+    if m <= mc {
+        let lazy = BPanels::Lazy(b);
+        dispatch_row_block::<T, MR, NR>(isa, a, 0, m, lazy, c, n, k);
+        return;
+    }
+    let panels = n.div_ceil(NR);
+    let mut packed_b = vec![T::ZERO; panels * k * NR];
+    let pack = |(jp, panel): (usize, &mut [T])| pack_b_panel::<T, NR>(b, (0, jp * NR), panel);
+    if parallel {
+        packed_b.par_chunks_mut(k * NR).enumerate().for_each(pack);
+    } else {
+        packed_b.chunks_mut(k * NR).enumerate().for_each(pack);
+    }
+    let packed = BPanels::Packed(&packed_b);
     let block = |(ib, cb): (usize, &mut [T])| {
-        dispatch_row_block::<T, MR, NR>(isa, a, ib * mc, cb.len() / n, &packed_b, cb, n, k)
+        dispatch_row_block::<T, MR, NR>(isa, a, ib * mc, cb.len() / n, packed, cb, n, k)
     };
-    if parallel && m > mc {
+    if parallel {
         c.par_chunks_mut(mc * n).enumerate().for_each(block);
     } else {
         c.chunks_mut(mc * n).enumerate().for_each(block);
@@ -554,6 +744,39 @@ mod tests {
         )
         .unwrap();
         assert_eq!(bits(tn.as_slice()), bits(&want_tn));
+    }
+
+    /// Every packing path (row-major, by columns, transposed per piece or whole), full and
+    /// partial tiles, one and several row blocks and reduction blocks: the naive loop's bits.
+    #[test]
+    fn every_layout_and_packing_path_equals_the_naive_loop() {
+        for (m, k, n) in [(64, 64, 64), (130, 300, 70), (97, 513, 96), (8, 40, 32)] {
+            let x = random(11, m * k);
+            let y = random(12, k * n);
+            let layouts = [
+                (MatRef::row_major(&x, m, k), MatRef::row_major(&y, k, n)),
+                (
+                    MatRef::row_major(&x, m, k),
+                    MatRef::row_major(&y, n, k).map(|b| b.t()),
+                ),
+                (
+                    MatRef::row_major(&x, k, m).map(|a| a.t()),
+                    MatRef::row_major(&y, k, n),
+                ),
+            ];
+            for (layout, (am, bm)) in layouts.into_iter().enumerate() {
+                let (am, bm) = (am.unwrap(), bm.unwrap());
+                let want = bits(&matmul_reference(am, bm).unwrap());
+                for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Portable] {
+                    if !isa.is_supported() {
+                        continue;
+                    }
+                    let mut c = vec![f32::NAN; m * n];
+                    gemm_with(isa, am, bm, &mut c).unwrap();
+                    assert_eq!(bits(&c), want, "{isa:?} layout {layout} {m}x{k}x{n}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! reduce-scatter, and a cross-replica all-reduce when `dp_replicate > 1`), an optimizer
 //! kernel and a final host synchronization. Sizes default to a Qwen3-30B-A3B-like layer.
 
+use crate::bench_case::{BenchCase, CaseFigures, exp_d_cases, suite_figures, synthetic_cases};
 use crate::engine::{SimOptions, simulate, simulate_unshared};
 use crate::error::SimError;
 use crate::profile::HardwareProfile;
@@ -17,6 +18,7 @@ use hpfsdp_program::step::{
     Category, CollectiveOp, ComputeWork, Group, MemTag, OpId, ProgramBuilder, StepProgram, Stream,
 };
 use serde::{Deserialize, Serialize};
+use std::path::Path;
 use std::time::Instant;
 
 /// Shape of a synthetic FSDP/HSDP step.
@@ -538,14 +540,14 @@ pub fn suite_runs(with_exp_d: bool) -> usize {
     if with_exp_d { 3 + 4 } else { 3 + 1 }
 }
 
-/// The standard benchmark: the synthetic 768-rank step folded and unfolded and the 1,024-rank
-/// one unfolded (the engine's event rate on 768 and 1,024 units), then, when `exp_d` is given, exp-d with AdamW and with its
-/// distributed Muon, exp-d x4 replicas (3,072 ranks) and x131 (100,608 ranks) with Muon; the
-/// Muon/AdamW ratios and the scaling exponent close it. Without `exp_d`, the synthetic step
-/// at 100,608 ranks.
+/// The standard benchmark in this process: the synthetic cases
+/// ([`crate::bench_case::synthetic_cases`]), then, when `exp_d` (its scenario file) is given,
+/// the exp-d cases ([`crate::bench_case::exp_d_cases`]); the Muon/AdamW ratios and the scaling
+/// exponent close it. Without `exp_d`, the synthetic step at 100,608 ranks. `hpfsdp bench`
+/// runs the same cases each in a process of its own.
 pub fn bench_suite(
     profile: &HardwareProfile,
-    exp_d: Option<&Scenario>,
+    exp_d: Option<&Path>,
 ) -> Result<BenchSuite, SimError> {
     bench_suite_with(profile, exp_d, &mut |_| {})
 }
@@ -554,70 +556,37 @@ pub fn bench_suite(
 /// [`suite_runs`] says how many there are).
 pub fn bench_suite_with(
     profile: &HardwareProfile,
-    exp_d: Option<&Scenario>,
+    exp_d: Option<&Path>,
     on_run: &mut dyn FnMut(&BenchReport),
 ) -> Result<BenchSuite, SimError> {
-    let mut reports = Vec::new();
-    let mut done = |r: BenchReport, reports: &mut Vec<BenchReport>| {
-        on_run(&r);
-        reports.push(r);
-    };
-    done(
-        bench_synthetic(&SyntheticConfig::ranks_768(), profile, true)?,
-        &mut reports,
-    );
-    done(
-        bench_synthetic(&SyntheticConfig::ranks_768(), profile, false)?,
-        &mut reports,
-    );
-    // The "unfolded > 3 M events/s up to 1,024 ranks": 64 replicas x 16 shards.
-    done(
-        bench_synthetic(
-            &SyntheticConfig::qwen3_like("1,024 ranks (64 x 16), 48 layers", 64, 16, 48),
-            profile,
-            false,
-        )?,
-        &mut reports,
-    );
-    let Some(d) = exp_d else {
-        done(
-            bench_synthetic(&SyntheticConfig::ranks_100k(), profile, true)?,
-            &mut reports,
-        );
-        return Ok(BenchSuite {
-            reports,
-            muon_over_adamw: None,
-            scaling_exponent: None,
-            cpu_scaling_exponent: None,
-        });
-    };
-    let hp = "hyperparallel";
-    let adamw = bench_scenario("exp-d (AdamW)", d.clone(), hp, Some("adamw"), profile)?;
-    done(adamw.clone(), &mut reports);
-    let muon = bench_scenario("exp-d (distributed Muon)", d.clone(), hp, None, profile)?;
-    done(muon.clone(), &mut reports);
-    let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-    let muon_over_adamw = Some((
-        ratio(muon.wall_s(), adamw.wall_s()),
-        ratio(muon.cpu_s, adamw.cpu_s),
-        ratio(muon.peak_rss_bytes as f64, adamw.peak_rss_bytes as f64),
-    ));
-    let mut muon_runs = vec![(muon.world_size as f64, muon.wall_s())];
-    let mut muon_cpu = vec![(muon.world_size as f64, muon.cpu_s)];
-    for (name, ranks) in [
-        ("exp-d x4 replicas (distributed Muon)", 3_072),
-        ("exp-d x131 replicas (distributed Muon)", 100_000),
-    ] {
-        let r = bench_scenario(name, scaled_scenario(d, ranks)?, hp, None, profile)?;
-        muon_runs.push((r.world_size as f64, r.wall_s()));
-        muon_cpu.push((r.world_size as f64, r.cpu_s));
-        done(r, &mut reports);
+    let mut cases = synthetic_cases();
+    match exp_d {
+        Some(path) => cases.extend(exp_d_cases(path)),
+        None => cases.push(BenchCase::Synthetic {
+            config: SyntheticConfig::ranks_100k(),
+            fold: true,
+        }),
     }
+    let mut reports = Vec::new();
+    let mut figures = Vec::new();
+    for case in &cases {
+        let r = case.run(profile)?;
+        on_run(&r);
+        figures.push(CaseFigures {
+            role: case.role(),
+            ranks: r.world_size,
+            wall_s: r.wall_s(),
+            cpu_s: r.cpu_s,
+            peak_rss_bytes: r.peak_rss_bytes,
+        });
+        reports.push(r);
+    }
+    let f = suite_figures(&figures);
     Ok(BenchSuite {
         reports,
-        muon_over_adamw,
-        scaling_exponent: log_log_slope(&muon_runs),
-        cpu_scaling_exponent: log_log_slope(&muon_cpu),
+        muon_over_adamw: f.muon_over_adamw,
+        scaling_exponent: f.scaling_exponent,
+        cpu_scaling_exponent: f.cpu_scaling_exponent,
     })
 }
 

@@ -10,12 +10,13 @@
 //! - [`memory`]: live-memory accounting;
 //! - [`metrics`] and [`result`]: breakdowns (exposed communication, overlap) and results;
 //! - [`bench`]: synthetic SPMD workloads and the simulator benchmark ([`resources`]: CPU time
-//!   and peak memory of a run).
+//!   and peak memory of a run; [`bench_case`]: its cases as data, one process each in the CLI).
 //!
 //! Typical use: build per-rank [`StepProgram`](hpfsdp_program::step::StepProgram)s, then
 //! [`simulate_programs`] (or [`Workload::fold_with`] + [`simulate`] for very large jobs).
 
 pub mod bench;
+pub mod bench_case;
 pub mod calibration;
 pub mod compute_cost;
 pub mod compute_spec;

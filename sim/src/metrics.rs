@@ -15,7 +15,7 @@
 //! - **idle time**: `step_time - |compute ∪ copy ∪ comm|`, time no device stream does anything;
 //! - **host busy time**: launch costs plus host ops on the host thread.
 
-use hpfsdp_program::step::{Category, OpSpan, Payload, StepProgram};
+use hpfsdp_program::step::{Category, OpSpan, Payload, StepProgram, Stream};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -108,7 +108,18 @@ pub fn breakdown(
         .iter()
         .map(|o| category_index(o.category) as u8)
         .collect();
-    let sweep = Sweep::run(&classes, &cats, spans);
+    let mut seen: Vec<Stream> = Vec::new();
+    let streams: Vec<u8> = ops
+        .iter()
+        .map(|o| match seen.iter().position(|&s| s == o.stream) {
+            Some(k) => k as u8,
+            None => {
+                seen.push(o.stream);
+                (seen.len() - 1) as u8
+            }
+        })
+        .collect();
+    let sweep = Sweep::run(&classes, (&cats, &streams), spans);
     let exposed_comm_ns: u64 = sweep.exposed_by_category.iter().sum();
 
     // Counts, first starts and last ends per category in one pass.
@@ -171,19 +182,8 @@ struct Sweep {
 }
 
 impl Sweep {
-    fn run(classes: &[Class], cats: &[u8], spans: &[OpSpan]) -> Self {
-        // Points as (time, is_start, op), packed into one integer that sorts the same way.
-        let mut points: Vec<u128> = Vec::with_capacity(2 * classes.len());
-        for (i, s) in spans.iter().enumerate().take(classes.len()) {
-            if s.end_ns > s.start_ns {
-                let at = |time: u64, is_start: bool| {
-                    (u128::from(time) << 64) | (u128::from(is_start) << 32) | i as u128
-                };
-                points.push(at(s.end_ns, false));
-                points.push(at(s.start_ns, true));
-            }
-        }
-        points.sort_unstable();
+    fn run(classes: &[Class], (cats, streams): (&[u8], &[u8]), spans: &[OpSpan]) -> Self {
+        let points = sorted_points(classes.len(), streams, spans);
         let n_cat = Category::ALL.len();
         let mut out = Sweep {
             compute_ns: 0,
@@ -258,6 +258,41 @@ impl Sweep {
             self.exposed_by_category[cats[i] as usize] += d;
         }
     }
+}
+
+/// The start and end points of the ops' spans (zero-length spans left out) as
+/// `(time, is_start, op)` packed into one integer that sorts the same way, sorted. They are
+/// laid out stream by stream, each stream's in op order: a stream runs its ops one after
+/// another, so each stream's points are already sorted and the (stable, run-detecting) sort
+/// merges a few runs instead of sorting from scratch. Every key is distinct (the op index is
+/// in it), so the order is the same as any sort's.
+fn sorted_points(n_ops: usize, streams: &[u8], spans: &[OpSpan]) -> Vec<u128> {
+    let live = |i: usize| spans[i].end_ns > spans[i].start_ns;
+    let n = n_ops.min(spans.len());
+    let n_streams = streams[..n]
+        .iter()
+        .map(|&s| s as usize + 1)
+        .max()
+        .unwrap_or(0);
+    let mut offset = vec![0usize; n_streams + 1];
+    for i in (0..n).filter(|&i| live(i)) {
+        offset[streams[i] as usize + 1] += 2;
+    }
+    for k in 1..offset.len() {
+        offset[k] += offset[k - 1];
+    }
+    let mut points = vec![0u128; offset[n_streams]];
+    let at = |time: u64, is_start: bool, i: usize| {
+        (u128::from(time) << 64) | (u128::from(is_start) << 32) | i as u128
+    };
+    for i in (0..n).filter(|&i| live(i)) {
+        let next = &mut offset[streams[i] as usize];
+        points[*next] = at(spans[i].start_ns, true, i);
+        points[*next + 1] = at(spans[i].end_ns, false, i);
+        *next += 2;
+    }
+    points.sort();
+    points
 }
 
 fn category_index(c: Category) -> usize {

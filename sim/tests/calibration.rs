@@ -128,6 +128,110 @@ fn post_reduction_division_is_computed_from_the_program() {
     );
 }
 
+/// A calibration set simulates lean (only the critical rank's breakdown, the timelines of
+/// rank 0 and of the critical rank, no memory series) and reads rank 0's program once: every
+/// figure and host row it predicts is, bit for bit, what a full simulation of the run
+/// (`simulate_strategy` with the default options) gives through the standalone figure
+/// functions.
+#[test]
+fn lean_calibration_simulations_predict_the_full_simulations_figures() {
+    use hpfsdp_plan::CollectiveKind;
+    use hpfsdp_plan::scenario::Scenario;
+    use hpfsdp_program::step::Payload;
+    use hpfsdp_sim::calibration::compare::{
+        post_reduction_division_span_s, weighted_fsdp_bandwidth,
+    };
+    use hpfsdp_sim::calibration::phases::phase_device_s;
+    use hpfsdp_sim::host_cost::HostTotals;
+    use hpfsdp_sim::result::LaunchCounts;
+    use hpfsdp_sim::scenario_run::{RunOptions, ScenarioPlans, simulate_strategy};
+    let profile =
+        HardwareProfile::load(root().join("scenarios/hardware/ascend-910c-a3.toml")).unwrap();
+    let set = paper_set();
+    let lean = set.compare(&profile).unwrap();
+    let mut checked = 0;
+    for run in set.runs() {
+        let plans = ScenarioPlans::new(Scenario::load(&run.scenario).unwrap());
+        let options = RunOptions {
+            validation_mode: run.validation_mode,
+            optimizer: run.optimizer.clone(),
+            ..RunOptions::default()
+        };
+        let full = simulate_strategy(&plans, &run.strategy, &profile, &options).unwrap();
+        let (r, rank0) = (&full.result, &full.rank0_program);
+        let launches = LaunchCounts::of(rank0);
+        let collective_bytes = |kind: CollectiveKind| -> (f64, f64) {
+            let mut n = (0.0, 0.0);
+            for op in &rank0.ops {
+                if let Payload::Collective(c) = &op.payload
+                    && c.kind == kind
+                {
+                    n.0 += 1.0;
+                    n.1 += match kind {
+                        CollectiveKind::AllGather => c.input_bytes,
+                        _ => c.output_bytes,
+                    } as f64;
+                }
+            }
+            n
+        };
+        let (ag, ag_bytes) = collective_bytes(CollectiveKind::AllGather);
+        let (rs, rs_bytes) = collective_bytes(CollectiveKind::ReduceScatter);
+        let [fwd, bwd, opt] = phase_device_s(r, rank0).unwrap();
+        let want = [
+            (Figure::StepTimeS, r.step_time_s()),
+            (Figure::ForwardDeviceS, fwd),
+            (Figure::BackwardDeviceS, bwd),
+            (Figure::OptimizerDeviceS, opt),
+            (
+                Figure::ExposedCommS,
+                r.breakdown.exposed_comm_ns as f64 * 1e-9,
+            ),
+            (Figure::OverlapRate, r.breakdown.overlap_rate),
+            (Figure::CopyS, r.breakdown.copy_ns as f64 * 1e-9),
+            (
+                Figure::PostReductionDivisionS,
+                post_reduction_division_span_s(r, rank0).unwrap(),
+            ),
+            (Figure::DeviceKernels, launches.device_kernels as f64),
+            (Figure::Collectives, launches.collectives as f64),
+            (Figure::AllGathers, ag),
+            (Figure::ReduceScatters, rs),
+            (Figure::AllGatherBytes, ag_bytes),
+            (Figure::ReduceScatterBytes, rs_bytes),
+            (
+                Figure::ValidationCpuEvents,
+                HostTotals::of(rank0.ops.iter()).validation_events as f64,
+            ),
+            (Figure::PeakAllocatedBytes, r.peak_memory_bytes as f64),
+            (Figure::WeightedBandwidth, weighted_fsdp_bandwidth(r, rank0)),
+        ];
+        for row in lean.rows.iter().filter(|row| row.run == run.label) {
+            if let Some((_, w)) = want.iter().find(|(f, _)| *f == row.figure) {
+                assert_eq!(
+                    row.predicted.to_bits(),
+                    w.to_bits(),
+                    "{} {:?}: lean {} vs full {w}",
+                    run.label,
+                    row.figure,
+                    row.predicted
+                );
+                checked += 1;
+            }
+        }
+        let host = lean.host.iter().find(|h| h.run == run.label).unwrap();
+        assert_eq!(
+            host.totals,
+            HostTotals::of(rank0.ops.iter()),
+            "{}",
+            run.label
+        );
+        assert_eq!(host.host_busy_s, r.breakdown.host_busy_ns as f64 * 1e-9);
+        assert_eq!(host.step_s, r.step_time_s());
+    }
+    assert!(checked >= 20, "only {checked} figures compared");
+}
+
 mod joint_fit {
     //! The joint fit on the measured runs: a cheap twin in the suite (two constants, experiment
     //! B only) and the full fit as an ignored test (its leave-one-out folds are checked by

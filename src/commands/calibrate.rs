@@ -87,6 +87,7 @@ fn check_target(target: &Path, source: Option<&Path>) -> Result<()> {
 
 /// Runs the command.
 pub fn run(args: &CalibrateArgs) -> Result<ExitCode> {
+    crate::heap::keep_freed_memory();
     let loaded = load_profile(&args.hardware)?;
     let mut profile = loaded.profile;
     crate::commands::preflight::ensure_writable_dir(&args.out, "--out")?;

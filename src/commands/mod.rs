@@ -1,6 +1,7 @@
 //! One module per CLI subcommand.
 
 pub mod bench;
+pub mod bench_process;
 pub mod calibrate;
 pub mod calibrate_csv;
 pub mod calibrate_json;

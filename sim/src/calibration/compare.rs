@@ -8,14 +8,14 @@ use super::gates::FigureRule;
 use super::host_rows::HostRow;
 use super::measured::MeasuredRun;
 use super::params::{FitParam, MeasuredConstant, SourcedRange};
-use super::phases::phase_device_s;
+use super::rank0_facts::Rank0Facts;
 use super::runs_file::RunsFile;
+use crate::engine::SimOptions;
 use crate::error::SimError;
-use crate::host_cost::{HostCosts, HostTotals};
+use crate::host_cost::HostCosts;
 use crate::profile::HardwareProfile;
 use crate::result::SimResult;
-use crate::scenario_run::{PreparedRun, RunOptions, ScenarioPlans, prepare, run_prepared};
-use hpfsdp_plan::CollectiveKind;
+use crate::scenario_run::{PreparedRun, RunOptions, ScenarioPlans, prepare};
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_program::step::{Category, Payload};
 use hpfsdp_program::strategy::avg_division;
@@ -74,82 +74,15 @@ impl Comparison {
     }
 }
 
-/// The predicted value of every figure from one simulated run.
+/// The predicted value of every figure from one simulated run ([`Rank0Facts`] read from
+/// `rank0` once; a calibration set keeps them per prepared workload instead).
 pub fn predicted_figures(
     result: &SimResult,
     rank0: &hpfsdp_program::step::StepProgram,
     profile: &HardwareProfile,
     validation_mode: bool,
 ) -> BTreeMap<Figure, f64> {
-    let b = &result.breakdown;
-    let mut out = BTreeMap::new();
-    out.insert(Figure::StepTimeS, result.step_time_s());
-    if let Some([forward, backward, optimizer]) = phase_device_s(result, rank0) {
-        out.insert(Figure::ForwardDeviceS, forward);
-        out.insert(Figure::BackwardDeviceS, backward);
-        out.insert(Figure::OptimizerDeviceS, optimizer);
-    }
-    out.insert(Figure::ExposedCommS, b.exposed_comm_ns as f64 * 1e-9);
-    out.insert(Figure::OverlapRate, b.overlap_rate);
-    out.insert(Figure::CopyS, b.copy_ns as f64 * 1e-9);
-    out.insert(
-        Figure::PostReductionDivisionS,
-        post_reduction_division_span_s(result, rank0)
-            .unwrap_or_else(|| post_reduction_division_s(rank0, profile)),
-    );
-    let (mut ag, mut rs, mut ag_bytes, mut rs_bytes, mut collectives) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
-    for op in &rank0.ops {
-        if let Payload::Collective(c) = &op.payload {
-            collectives += 1;
-            match c.kind {
-                CollectiveKind::AllGather => {
-                    ag += 1;
-                    ag_bytes += c.input_bytes;
-                }
-                CollectiveKind::ReduceScatter => {
-                    rs += 1;
-                    rs_bytes += c.output_bytes;
-                }
-                _ => {}
-            }
-        }
-    }
-    let mut kernels = 0u64;
-    for op in &rank0.ops {
-        match &op.payload {
-            Payload::Compute(w) => kernels += u64::from(w.kernels),
-            Payload::Copy(w) => kernels += u64::from(w.kernels),
-            _ => {}
-        }
-    }
-    out.insert(Figure::DeviceKernels, kernels as f64);
-    out.insert(Figure::Collectives, collectives as f64);
-    out.insert(Figure::AllGathers, ag as f64);
-    out.insert(Figure::ReduceScatters, rs as f64);
-    out.insert(Figure::AllGatherBytes, ag_bytes as f64);
-    out.insert(Figure::ReduceScatterBytes, rs_bytes as f64);
-    // Host self time in collective APIs: the collective launch class of the host model
-    // (validation mode's extra events are charged to the ops that cause them, not to the
-    // collective calls).
-    let host = HostCosts::of(profile, validation_mode);
-    out.insert(
-        Figure::HostCollectiveS,
-        collectives as f64 * host.collective_launch_us * 1e-6,
-    );
-    out.insert(
-        Figure::ValidationCpuEvents,
-        HostTotals::of(rank0.ops.iter()).validation_events as f64,
-    );
-    out.insert(Figure::PeakAllocatedBytes, result.peak_memory_bytes as f64);
-    let launches = crate::result::LaunchCounts::of(rank0);
-    out.insert(Figure::DeviceKernels, launches.device_kernels as f64);
-    out.insert(Figure::Collectives, launches.collectives as f64);
-    out.insert(
-        Figure::WeightedBandwidth,
-        weighted_fsdp_bandwidth(result, rank0),
-    );
-    out
+    Rank0Facts::of(rank0).predicted_figures(result, rank0, profile, validation_mode)
 }
 
 /// Device time of rank 0's post-reduction divisions (the kernels
@@ -226,12 +159,15 @@ pub fn weighted_fsdp_bandwidth(
 
 /// The measured runs of one or more runs files with their scenarios loaded and their
 /// programs generated once (programs do not depend on the profile, so the fit re-simulates
-/// the same prepared workloads hundreds of times with trial constants).
+/// the same prepared workloads hundreds of times with trial constants), together with what
+/// the figures read from each rank-0 program ([`Rank0Facts`], also profile-independent).
 pub struct CalibrationSet {
     files: Vec<RunsFile>,
     /// Every run with the index of its prepared workload.
     runs: Vec<(MeasuredRun, usize)>,
     prepared: Vec<PreparedRun>,
+    /// Per prepared workload: the facts of its rank-0 program.
+    facts: Vec<Rank0Facts>,
     differences: Vec<Difference>,
     fit: Vec<FitParam>,
     measured_constants: Vec<MeasuredConstant>,
@@ -274,6 +210,7 @@ impl CalibrationSet {
         let mut set = Self {
             runs: Vec::new(),
             prepared: Vec::new(),
+            facts: Vec::new(),
             differences: Vec::new(),
             fit: Vec::new(),
             measured_constants: Vec::new(),
@@ -343,6 +280,8 @@ impl CalibrationSet {
         .map_err(|e| {
             SimError::Workload(format!("run '{}' of {}: {e}", run.label, file.display()))
         })?;
+        self.facts
+            .push(Rank0Facts::of(&prepared.workload.units[0].program));
         self.prepared.push(prepared);
         keys.push(key);
         Ok(self.prepared.len() - 1)
@@ -425,14 +364,15 @@ impl CalibrationSet {
             .map(|(run, idx)| self.simulate(run, *idx, profile))
             .collect::<Result<Vec<_>, _>>()?;
         let (mut rows, mut host, mut steps) = (Vec::new(), Vec::new(), Vec::new());
-        for ((run, _), sim) in kept.into_iter().zip(sims) {
-            let (result, rank0) = (&sim.result, &sim.rank0_program);
-            let predicted = predicted_figures(result, rank0, profile, run.validation_mode);
+        for ((run, idx), result) in kept.into_iter().zip(sims) {
+            let (result, facts) = (&result, &self.facts[*idx]);
+            let rank0 = &self.prepared[*idx].workload.units[0].program;
+            let predicted = facts.predicted_figures(result, rank0, profile, run.validation_mode);
             let costs = HostCosts::of(profile, run.validation_mode);
-            host.push(HostRow::of(
+            host.push(HostRow::with_totals(
                 (&run.experiment, &run.label),
                 result,
-                rank0,
+                facts.host_totals,
                 costs,
             ));
             steps.push((run, result.step_time_s()));
@@ -504,23 +444,39 @@ fn predict_validation_overheads(rows: &mut Vec<FigureRow>, steps: &[(&MeasuredRu
 }
 
 impl CalibrationSet {
-    /// Simulates one run (its prepared workload `idx`) with `profile` and counts it.
+    /// Simulates one run (its prepared workload `idx`) with `profile` and counts it. Only
+    /// what the figures read is kept ([`calibration_options`]).
     fn simulate(
         &self,
         run: &MeasuredRun,
         idx: usize,
         profile: &HardwareProfile,
-    ) -> Result<crate::scenario_run::StrategyRun, SimError> {
-        let options = RunOptions {
-            validation_mode: run.validation_mode,
-            ..RunOptions::default()
-        };
-        let sim = run_prepared(&self.prepared[idx], profile, &options)?;
+    ) -> Result<SimResult, SimError> {
+        let prepared = &self.prepared[idx];
+        let options = calibration_options(prepared, run.validation_mode);
+        let sim = crate::engine::simulate(&prepared.workload, profile, &options)?;
         let n = self.simulations.fetch_add(1, Ordering::Relaxed) + 1;
         if let Some(observe) = &self.observer {
             observe(n);
         }
         Ok(sim)
+    }
+}
+
+/// The simulation switches of a calibration run: those of [`run_prepared`] with the default
+/// [`RunOptions`] except that only the critical rank's breakdown, the timelines of rank 0 and
+/// of the critical rank and no memory series are kept. The figures read the step time, the
+/// critical rank's breakdown, the peak memory (kept for every rank) and rank 0's spans, so
+/// they are the same; the per-rank breakdowns and series of every class are not built on
+/// each of the fit's evaluations.
+fn calibration_options(prepared: &PreparedRun, validation_mode: bool) -> SimOptions {
+    SimOptions {
+        validation_mode,
+        record_timeline: true,
+        record_memory_series: false,
+        tokens_per_step: Some(prepared.tokens_per_step),
+        model_flops_per_step: Some(prepared.model_flops_per_step),
+        all_ranks: false,
     }
 }
 

@@ -32,10 +32,25 @@ impl HostRow {
         rank0: &StepProgram,
         costs: HostCosts,
     ) -> Self {
+        Self::with_totals(
+            (experiment, run),
+            result,
+            HostTotals::of(rank0.ops.iter()),
+            costs,
+        )
+    }
+
+    /// [`HostRow::of`] with rank 0's totals counted already ([`HostTotals::of`]).
+    pub fn with_totals(
+        (experiment, run): (&str, &str),
+        result: &SimResult,
+        totals: HostTotals,
+        costs: HostCosts,
+    ) -> Self {
         Self {
             experiment: experiment.to_string(),
             run: run.to_string(),
-            totals: HostTotals::of(rank0.ops.iter()),
+            totals,
             costs,
             host_busy_s: result.breakdown.host_busy_ns as f64 * 1e-9,
             step_s: result.step_time_s(),

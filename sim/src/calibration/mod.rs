@@ -8,6 +8,7 @@
 //! - [`measured`]: a measured run and its figures;
 //! - [`compare`]: simulate the measured runs and put predicted beside measured;
 //! - [`phases`]: forward / backward / optimizer device time of a simulated step;
+//! - [`rank0_facts`]: what the figures read from a rank-0 program, read once per workload;
 //! - [`difference`]: step-time differences between two runs;
 //! - [`host_rows`]: each run's launches and host seconds by class, host busy vs step;
 //! - [`gates`]: each figure's default rule (fit weight, tolerance, gating), in one table;
@@ -42,6 +43,7 @@ pub mod prior;
 pub mod profile_edit;
 pub mod profile_keys;
 pub mod quantity;
+pub mod rank0_facts;
 pub mod runs_file;
 pub mod verdict;
 
