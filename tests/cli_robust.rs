@@ -153,8 +153,8 @@ fn limits_cover_meshes_topology_and_optimizer_numbers() {
         ),
         (
             "dp_shard = 4",
-            "dp_shard = 262144\ncp = 262144",
-            &["dp_shard 262144 x cp 262144", "262,144"],
+            "dp_shard = 2097152\ncp = 2097152",
+            &["dp_shard 2097152 x cp 2097152", "2,097,152"],
         ),
         (
             "micro_batch = 1",

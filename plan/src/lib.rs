@@ -13,6 +13,7 @@ pub mod kernel;
 pub mod layout;
 pub mod limits;
 pub mod mesh;
+pub mod mesh_groups;
 pub mod model;
 pub mod muon;
 pub mod optimizer_numerics;

@@ -128,16 +128,16 @@ pub const STEP_LAYER_PASSES: Limit = Limit {
 pub const MESH_DEGREE: Limit = Limit {
     key: "[mesh] degree",
     min: 1,
-    max: 1 << 18,
-    why: "256 Ki ranks",
+    max: 1 << 21,
+    why: "2 Mi ranks",
 };
 
 /// Ranks of the dense mesh (`dp_replicate x dp_shard x cp x tp`).
 pub const WORLD_SIZE: Limit = Limit {
     key: "[mesh] dp_replicate x dp_shard x cp x tp",
     min: 1,
-    max: 1 << 18,
-    why: "256 Ki ranks, above the largest published training clusters",
+    max: 1 << 21,
+    why: "2 Mi ranks, above the largest announced training clusters (about 1 M accelerators)",
 };
 
 /// Dies per machine (`[topology] dies_per_machine`).

@@ -24,6 +24,7 @@ pub mod cost;
 pub mod engine;
 pub mod error;
 pub mod fold;
+pub mod fold_mesh;
 pub mod gemm_table;
 pub mod host_cost;
 pub mod memory;

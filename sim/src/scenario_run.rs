@@ -5,6 +5,7 @@
 
 use crate::engine::{SimOptions, simulate};
 use crate::error::SimError;
+use crate::fold_mesh::GroupFamilyTable;
 use crate::profile::HardwareProfile;
 use crate::result::SimResult;
 use crate::workload::Workload;
@@ -175,11 +176,16 @@ pub fn prepare(
     let whatif = crate::whatif::WhatIfModel::for_scenario(&plans.scenario)?;
     let salt = |r| whatif.as_ref().map_or(0, |m| m.fold_salt(r));
     let mut workload = if fold {
-        Workload::fold_templated_salted(
+        let families: Vec<GroupFamilyTable> = generator
+            .group_families()
+            .into_iter()
+            .map(|(label, groups)| GroupFamilyTable { label, groups })
+            .collect();
+        Workload::fold_on_mesh(
             world_size,
             topology,
             |r| generator.template_key(r),
-            |r| generator.groups(r).map_err(gen_err),
+            &families,
             // Only rank 0's program keeps names (reports name spans from it); the others
             // are generated without, which `fold_templated` would strip anyway, on the
             // model path they share with ranks of the same model key.

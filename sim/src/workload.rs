@@ -2,6 +2,7 @@
 
 use crate::error::SimError;
 use crate::fold::{self, Classes, RankView, check_program};
+use crate::fold_mesh::{self, GroupFamilyTable};
 use crate::whatif::WhatIfModel;
 use hpfsdp_plan::Topology;
 use hpfsdp_plan::topology::Tier;
@@ -134,69 +135,43 @@ impl Workload {
         S: Fn(usize) -> u128 + Sync,
     {
         check_world(world_size, &topology)?;
-        // One program per template, from its first rank; kept, since the first rank of a
-        // template is the smallest rank of its class unless the class merges templates whose
-        // programs turn out equal.
-        // In parallel (the Muon keys build one optimizer schedule per coordinate, which the
-        // template's program then reuses whichever rank built it); collected in rank order.
-        let keys: Vec<u64> = (0..world_size).into_par_iter().map(&template_key).collect();
-        let mut firsts: Vec<usize> = Vec::new();
-        let mut seen: HashSet<u64> = HashSet::new();
-        for (rank, &key) in keys.iter().enumerate() {
-            if seen.insert(key) {
-                firsts.push(rank);
-            }
-        }
-        // Generated in parallel, kept in rank order; the first failing template (in rank
-        // order) is the error, whatever the number of threads.
-        // Programs built on a shared prefix hash it once (and validate it once, see
-        // `StepProgram::validate`).
-        let prefixes = fold::PrefixDigests::default();
-        let generated: Vec<Result<(u128, StepProgram), SimError>> = firsts
-            .par_iter()
-            .map(|&rank| {
-                let mut p = program(rank)?;
-                check_program(&p, rank, world_size)?;
-                if rank != 0 {
-                    strip_names(&mut p);
-                }
-                Ok((fold::ops_digest_with(&p, Some(&prefixes)), p))
-            })
-            .collect();
-        drop(prefixes);
-        let mut templates: HashMap<u64, (u128, usize, Option<StepProgram>)> = HashMap::new();
-        for (rank, g) in firsts.into_iter().zip(generated) {
-            let (digest, p) = g?;
-            templates.insert(keys[rank], (digest, rank, Some(p)));
-        }
+        let (keys, mut templates) = generate_templates(world_size, &template_key, &program)?;
         let classes = fold::classes_of_views(world_size, &topology, |rank| {
             Ok(RankView {
                 ops_digest: templates[&keys[rank]].0 ^ salt(rank),
                 groups: Cow::Owned(groups(rank)?),
             })
         })?;
-        let mut tier_checks = TierChecks::default();
-        let reps = classes
-            .members
-            .iter()
-            .map(|m| {
-                let rep = m[0];
-                let p = match templates.get_mut(&keys[rep]) {
-                    Some((_, first, p)) if *first == rep => p.take(),
-                    _ => None,
-                };
-                let p = match p {
-                    Some(p) => p,
-                    None => {
-                        let p = program(rep)?;
-                        check_program(&p, rep, world_size)?;
-                        p
-                    }
-                };
-                tier_checks.check(&p, &topology)?;
-                Ok(p)
-            })
-            .collect::<Result<Vec<_>, SimError>>()?;
+        let reps = take_reps(&classes, &keys, &mut templates, &topology, &program)?;
+        Ok(Self::assemble_reps(world_size, topology, classes, reps))
+    }
+
+    /// [`Workload::fold_templated_salted`] with every rank's group table given by arithmetic
+    /// on the mesh (`families`, one entry per table position, see [`crate::fold_mesh`])
+    /// instead of listed per rank: the same classes, in time linear in the ranks.
+    pub fn fold_on_mesh<K, P, S>(
+        world_size: usize,
+        topology: Topology,
+        template_key: K,
+        families: &[GroupFamilyTable],
+        program: P,
+        salt: S,
+    ) -> Result<Self, SimError>
+    where
+        K: Fn(usize) -> u64 + Sync,
+        P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+        S: Fn(usize) -> u128 + Sync,
+    {
+        check_world(world_size, &topology)?;
+        let (keys, mut templates) = generate_templates(world_size, &template_key, &program)?;
+        let local: Vec<u128> = (0..world_size)
+            .into_par_iter()
+            .with_min_len(4096)
+            .map(|r| templates[&keys[r]].0 ^ salt(r))
+            .collect();
+        let classes = fold_mesh::classes_on_mesh(world_size, &topology, &local, families)?;
+        drop(local);
+        let reps = take_reps(&classes, &keys, &mut templates, &topology, &program)?;
         Ok(Self::assemble_reps(world_size, topology, classes, reps))
     }
 
@@ -229,6 +204,101 @@ impl Workload {
     pub fn simulated_ops(&self) -> usize {
         self.units.iter().map(|u| u.program.ops.len()).sum()
     }
+}
+
+/// Template programs by template key: (digest of the program's ops, its first rank, the
+/// program until it is taken as a representative).
+type Templates = HashMap<u64, (u128, usize, Option<StepProgram>)>;
+
+/// Every rank's template key, and one program per template, generated from its first rank.
+/// The programs are kept, since the first rank of a template is the smallest rank of its
+/// class unless the class merges templates whose programs turn out equal.
+fn generate_templates<K, P>(
+    world_size: usize,
+    template_key: &K,
+    program: &P,
+) -> Result<(Vec<u64>, Templates), SimError>
+where
+    K: Fn(usize) -> u64 + Sync,
+    P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+{
+    // One program per template, from its first rank; kept, since the first rank of a
+    // template is the smallest rank of its class unless the class merges templates whose
+    // programs turn out equal.
+    // In parallel (the Muon keys build one optimizer schedule per coordinate, which the
+    // template's program then reuses whichever rank built it); collected in rank order.
+    let keys: Vec<u64> = (0..world_size)
+        .into_par_iter()
+        .with_min_len(1024)
+        .map(template_key)
+        .collect();
+    let mut firsts: Vec<usize> = Vec::new();
+    let mut seen: HashSet<u64> = HashSet::new();
+    for (rank, &key) in keys.iter().enumerate() {
+        if seen.insert(key) {
+            firsts.push(rank);
+        }
+    }
+    // Generated in parallel, kept in rank order; the first failing template (in rank
+    // order) is the error, whatever the number of threads.
+    // Programs built on a shared prefix hash it once (and validate it once, see
+    // `StepProgram::validate`).
+    let prefixes = fold::PrefixDigests::default();
+    let generated: Vec<Result<(u128, StepProgram), SimError>> = firsts
+        .par_iter()
+        .map(|&rank| {
+            let mut p = program(rank)?;
+            check_program(&p, rank, world_size)?;
+            if rank != 0 {
+                strip_names(&mut p);
+            }
+            Ok((fold::ops_digest_with(&p, Some(&prefixes)), p))
+        })
+        .collect();
+    drop(prefixes);
+    let mut templates = Templates::new();
+    for (rank, g) in firsts.into_iter().zip(generated) {
+        let (digest, p) = g?;
+        templates.insert(keys[rank], (digest, rank, Some(p)));
+    }
+    Ok((keys, templates))
+}
+
+/// The representative program of every class: its template's program when the class's
+/// smallest rank generated it, else generated again; each checked against the topology.
+fn take_reps<P>(
+    classes: &Classes,
+    keys: &[u64],
+    templates: &mut Templates,
+    topology: &Topology,
+    program: &P,
+) -> Result<Vec<StepProgram>, SimError>
+where
+    P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+{
+    let world_size = keys.len();
+    let mut tier_checks = TierChecks::default();
+    classes
+        .members
+        .iter()
+        .map(|m| {
+            let rep = m[0];
+            let p = match templates.get_mut(&keys[rep]) {
+                Some((_, first, p)) if *first == rep => p.take(),
+                _ => None,
+            };
+            let p = match p {
+                Some(p) => p,
+                None => {
+                    let p = program(rep)?;
+                    check_program(&p, rep, world_size)?;
+                    p
+                }
+            };
+            tier_checks.check(&p, topology)?;
+            Ok(p)
+        })
+        .collect::<Result<Vec<_>, SimError>>()
 }
 
 /// Drops a program's op names: labels for reports, which name spans from rank 0's program

@@ -9,6 +9,7 @@
 use super::collective_staging;
 use super::compute::{Item, Stage};
 use super::host_events;
+use super::muon::schedule::{Dep, Schedule, Work};
 use super::parallel::{CollSpec, ParAxis, ParColl};
 use super::tp_overlap::{self, Pass, SegmentSplit};
 use super::{Ctx, GroupKind};
@@ -721,16 +722,67 @@ impl FrozenPath {
 /// schedule's ops after `ready`, and the gradient free on its last op.
 pub(crate) fn finish_schedule(
     mut path: ModelPath<'_>,
-    sched: &super::muon::schedule::Schedule,
+    sched: &Schedule,
 ) -> Result<StepProgram, super::StrategyError> {
     path.e.resident(
         MemTag::Optimizer,
         path.optimizer_base_bytes + sched.momentum_bytes + sched.adamw_state_bytes,
     );
-    if let Some(last) = super::muon::schedule::lower(&mut path.e, sched, &path.ready)
+    if let Some(last) = lower_schedule(&mut path.e, sched, &path.ready)
         && let Some(grads) = path.grads_freed
     {
         path.e.free(last, MemTag::Grads, grads);
     }
     path.e.build()
+}
+
+/// Emits the optimizer schedule `s` after the strategy's backward; `ready` are the ops that
+/// deliver the reduced gradients. Returns the last op emitted. (Schedules are built apart from
+/// the emitter, in [`super::muon::schedule`], which does not depend on this module.)
+pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpId> {
+    let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
+    let mut last = None;
+    for op in &s.ops {
+        let mut deps = Vec::with_capacity(op.deps.len() + ready.len());
+        for d in &op.deps {
+            match *d {
+                Dep::Op(i) => deps.extend(ids.get(i as usize).copied().flatten()),
+                Dep::Issue => deps.extend(e.issue_point()),
+                Dep::Ready => deps.extend_from_slice(ready),
+            }
+        }
+        deps.sort_unstable();
+        deps.dedup();
+        let id = match &op.work {
+            Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
+            Work::Kernels(k) => Some(e.compute_kernels(op.stream, op.category, k, &deps, &op.name)),
+            Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),
+            Work::Coll {
+                slot,
+                spec,
+                dtype,
+                aligned,
+            } => e.collective_on(
+                op.stream,
+                op.category,
+                *slot,
+                *spec,
+                *dtype,
+                *aligned,
+                &deps,
+                &op.name,
+            ),
+        };
+        if let Some(id) = id {
+            if let Some((tag, b)) = op.alloc {
+                e.alloc(id, tag, b);
+            }
+            if let Some((tag, b)) = op.free {
+                e.free(id, tag, b);
+            }
+            last = Some(id);
+        }
+        ids.push(id);
+    }
+    last
 }

@@ -664,7 +664,7 @@ impl F2<'_> {
             .flat_map(|u| self.units[u].groups.iter())
             .map(|g| g.rs_out)
             .sum();
-        if let Some(last) = muon::schedule::lower(&mut self.e, sched, &ready) {
+        if let Some(last) = super::emit::lower_schedule(&mut self.e, sched, &ready) {
             self.e.free(last, MemTag::Grads, grads);
         }
     }

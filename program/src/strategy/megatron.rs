@@ -168,7 +168,7 @@ pub(crate) fn generate(
     if let Some(sched) = &sched {
         let mut ready = e.issue_point();
         ready.extend(rs_ops.iter().flatten().copied());
-        muon::schedule::lower(&mut e, sched, &ready);
+        super::emit::lower_schedule(&mut e, sched, &ready);
         return e.build();
     }
     for (k, b) in layout.buckets.iter().enumerate() {

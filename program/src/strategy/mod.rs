@@ -42,6 +42,7 @@ use crate::step::{Group, ProgramError, StepProgram};
 use compute::Stage;
 use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan};
 use hpfsdp_plan::mesh::DeviceMesh;
+use hpfsdp_plan::mesh_groups::MeshGroups;
 use hpfsdp_plan::model::DType;
 use hpfsdp_plan::planner::ShardingPlan;
 use hpfsdp_plan::scenario::Scenario;
@@ -328,6 +329,15 @@ pub(crate) struct GroupFamily {
 }
 
 impl GroupFamily {
+    /// The family's groups by arithmetic on its mesh.
+    fn mesh_groups(&self, meshes: [&DeviceMesh; 2]) -> MeshGroups {
+        MeshGroups::new(
+            meshes[usize::from(self.expert_mesh)],
+            &self.axes,
+            self.block,
+        )
+    }
+
     /// Mesh axes of size > 1 (what decides the ranks, with `block`).
     fn key(&self, meshes: [&DeviceMesh; 2]) -> (bool, Vec<usize>, Option<usize>) {
         let mesh = meshes[usize::from(self.expert_mesh)];
@@ -376,6 +386,8 @@ pub(crate) struct Ctx {
     expert_mesh: DeviceMesh,
     topology: Topology,
     families: Vec<GroupFamily>,
+    /// Every family's groups by arithmetic on its mesh (same order as `families`).
+    family_groups: Vec<MeshGroups>,
     slot: [Option<usize>; GROUP_KINDS],
     /// The optimizer strategy's rank-independent data.
     pub opt: muon::OptCtx,
@@ -400,65 +412,34 @@ impl Ctx {
         self.expert_mesh.coords_of(rank)[i]
     }
 
-    fn group_ranks(&self, fam: &GroupFamily, rank: usize) -> Vec<usize> {
-        let mesh = if fam.expert_mesh {
-            &self.expert_mesh
-        } else {
-            &self.dense_mesh
-        };
-        let mut ranks = mesh.group_of(rank, &fam.axes);
-        if let Some(b) = fam.block.filter(|&b| b > 0 && b < ranks.len()) {
-            ranks.sort_unstable();
-            let pos = ranks.iter().position(|&r| r == rank).unwrap_or(0);
-            let start = pos / b * b;
-            ranks = ranks[start..(start + b).min(ranks.len())].to_vec();
-        }
-        ranks
+    /// Members of `rank`'s group of the family at table position `f`, ascending.
+    fn group_ranks(&self, f: usize, rank: usize) -> Vec<usize> {
+        self.family_groups[f].group_of(rank)
     }
 
-    /// Tier of `rank`'s group of family `fam`, without listing the group when it is a plain
-    /// mesh group: its ranks all lie between the rank with the family's axes at 0 and the
-    /// rank with them at their last coordinate (row-major), and machines and supernodes are
-    /// contiguous rank blocks, so those two ranks decide the tier. A family cut into
-    /// replica blocks lists its group. (Listing every group of every rank made planning
-    /// exp-d at 100,608 ranks quadratic in the data-parallel group's size.)
-    fn family_tier(&self, fam: &GroupFamily, rank: usize) -> Tier {
-        if fam.block.is_some() {
-            return self.topology.tier_of(&self.group_ranks(fam, rank));
-        }
-        let mesh = if fam.expert_mesh {
-            &self.expert_mesh
-        } else {
-            &self.dense_mesh
-        };
-        let mut low = mesh.coords_of(rank);
-        let mut high = low.clone();
-        for &a in &fam.axes {
-            low[a] = 0;
-            high[a] = mesh.axes()[a].size - 1;
-        }
-        self.topology
-            .tier_of(&[mesh.rank_of(&low), mesh.rank_of(&high)])
+    /// Tier of `rank`'s group of the family at table position `f`, without listing the
+    /// group: its first and last members decide it (machines and supernodes are contiguous
+    /// rank blocks, and a group's ranks ascend). (Listing every group of every rank made
+    /// planning exp-d at 100,608 ranks quadratic in the data-parallel group's size.)
+    fn family_tier(&self, f: usize, rank: usize) -> Tier {
+        let (low, high) = self.family_groups[f].bounds_of(rank);
+        self.topology.tier_of(&[low, high])
     }
 
     /// Position of `rank` in its group of the family at table position `slot` (0 when the
     /// family is absent).
     pub fn position_in(&self, slot: Option<usize>, rank: usize) -> usize {
-        slot.and_then(|s| self.families.get(s))
-            .map(|f| {
-                let mut ranks = self.group_ranks(f, rank);
-                ranks.sort_unstable();
-                ranks.iter().position(|&r| r == rank).unwrap_or(0)
-            })
-            .unwrap_or(0)
+        slot.and_then(|s| self.family_groups.get(s))
+            .map_or(0, |g| g.position(rank))
     }
 
     /// The group table of `rank` and the tier of each group.
     pub fn groups(&self, rank: usize) -> Result<Vec<(Group, Tier)>, StrategyError> {
         self.families
             .iter()
-            .map(|f| {
-                let ranks = self.group_ranks(f, rank);
+            .enumerate()
+            .map(|(i, f)| {
+                let ranks = self.group_ranks(i, rank);
                 let tier = self.topology.tier_of(&ranks);
                 Ok((Group::new(f.label.clone(), ranks)?, tier))
             })
@@ -624,6 +605,10 @@ impl ProgramGenerator {
             dense_mesh: scenario.dense_mesh.clone(),
             expert_mesh: scenario.expert_mesh.clone(),
             topology: scenario.topology,
+            family_groups: families
+                .iter()
+                .map(|f| f.mesh_groups([&scenario.dense_mesh, &scenario.expert_mesh]))
+                .collect(),
             families,
             slot,
             opt,
@@ -741,7 +726,7 @@ impl ProgramGenerator {
         }
         let mut h = std::collections::hash_map::DefaultHasher::new();
         self.ctx.class_of(rank).hash(&mut h);
-        for f in &self.ctx.families {
+        for f in 0..self.ctx.families.len() {
             self.ctx.family_tier(f, rank).hash(&mut h);
         }
         Some(h.finish())
@@ -779,7 +764,7 @@ impl ProgramGenerator {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let class = self.ctx.class_of(rank);
         self.class_signatures().get(class).hash(&mut h);
-        for f in &self.ctx.families {
+        for f in 0..self.ctx.families.len() {
             self.ctx.family_tier(f, rank).hash(&mut h);
         }
         muon::template_digest(&self.ctx, rank).hash(&mut h);
@@ -849,6 +834,18 @@ impl ProgramGenerator {
         self.check_rank(rank)?;
         let s = muon::schedule(&self.ctx, rank, false);
         Ok((s.momentum_bytes, s.adamw_state_bytes))
+    }
+
+    /// The group table of every rank by arithmetic on the mesh: entry `i` is the label and
+    /// the groups of table position `i`, so `groups(rank)[i]` is entry `i`'s group holding
+    /// `rank` (a test checks this). Folding uses it instead of listing every rank's groups.
+    pub fn group_families(&self) -> Vec<(String, MeshGroups)> {
+        self.ctx
+            .families
+            .iter()
+            .zip(&self.ctx.family_groups)
+            .map(|(f, g)| (f.label.clone(), g.clone()))
+            .collect()
     }
 
     /// The group table of `rank`'s program (same order as `program(rank).groups`).

@@ -272,18 +272,17 @@ pub struct OptCtx {
     /// (built on first use; [`OptCtx::held`]).
     held: std::sync::OnceLock<Vec<Vec<Vec<usize>>>>,
     digests: Arc<Mutex<HashMap<Vec<usize>, u64>>>,
-    /// Named schedules built for a digest, per optimizer coordinate, with the rank they were
-    /// built for: the program of that rank takes it instead of building it again (one
-    /// schedule build per coordinate).
+    /// Anonymous schedules built for a digest, one per distinct digest (coordinates whose
+    /// schedules are equal share one): the first program with that schedule takes it instead
+    /// of building it again.
     built: Arc<Mutex<BuiltSchedules>>,
     /// Rank-independent pieces of HyperParallel Muon schedules, shared by every rank's
     /// build ([`hyperparallel::Pieces`]).
     pub(crate) hp_pieces: hyperparallel::Pieces,
 }
 
-/// Anonymous schedules kept by [`OptCtx::digest`] for reuse, keyed by optimizer coordinate,
-/// each with the rank it was built for.
-type BuiltSchedules = HashMap<Vec<usize>, (usize, Schedule)>;
+/// Anonymous schedules kept by [`OptCtx::digest`] for reuse, keyed by their digest.
+type BuiltSchedules = HashMap<u64, Schedule>;
 
 /// Schedules kept for reuse at most (a bound on the memory of [`OptCtx`]'s cache on jobs
 /// with very many optimizer coordinates; beyond it the program builds its own).
@@ -573,8 +572,12 @@ impl OptCtx {
         let d = h.finish();
         if let Ok(mut built) = self.built.lock()
             && built.len() < KEPT_SCHEDULES
+            && !built.contains_key(&d)
         {
-            built.entry(key.clone()).or_insert((rank, schedule));
+            // Kept at its length: a doubling vector holds up to twice its ops.
+            let mut schedule = schedule;
+            schedule.ops.shrink_to_fit();
+            built.insert(d, schedule);
         }
         if let Ok(mut cache) = self.digests.lock() {
             cache.insert(key, d);
@@ -582,15 +585,15 @@ impl OptCtx {
         d
     }
 
-    /// The anonymous schedule [`OptCtx::digest`] built for `view`'s optimizer coordinate, if
-    /// it is still kept (taken: a folded job generates one program per template). Any rank
-    /// of the coordinate may take it: the digest, cached per coordinate, already relies on
-    /// the coordinate determining the schedule up to names, and anonymous schedules have
-    /// none; so the result does not depend on which rank's key was computed first (keys are
-    /// computed in parallel).
+    /// A copy of the anonymous schedule [`OptCtx::digest`] built for `view`'s digest, if it
+    /// was kept (several templates may share one schedule: their class signature or group
+    /// tiers differ). Any rank with that digest may use it: the template key already relies
+    /// on equal digests meaning schedules equal up to names, and anonymous schedules have
+    /// none; so the result does not depend on which rank's digest was computed first (keys
+    /// are computed in parallel).
     fn take_built(&self, ctx: &Ctx, view: &RankView) -> Option<Schedule> {
-        let mut built = self.built.lock().ok()?;
-        built.remove(&view.key(ctx)).map(|(_, s)| s)
+        let d = *self.digests.lock().ok()?.get(&view.key(ctx))?;
+        self.built.lock().ok()?.get(&d).cloned()
     }
 }
 

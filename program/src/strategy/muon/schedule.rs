@@ -1,13 +1,13 @@
 //! The optimizer schedule: a rank's optimizer ops as a small, hashable list that the
-//! strategies lower into their [`Emitter`] after backward.
+//! strategies lower into their emitter after backward
+//! ([`lower_schedule`](crate::strategy::emit::lower_schedule)).
 //!
 //! Building the schedule apart from the program lets [`super::template_digest`] hash exactly
 //! what will be emitted (owner-dependent NS work, relay participation, owned state), so that
 //! equal template keys still mean identical programs modulo groups and op names, and ranks
 //! whose optimizer work happens to be identical share one template.
 
-use crate::step::{Category, ComputeWork, CopyWork, MemTag, OpId, Stream};
-use crate::strategy::emit::Emitter;
+use crate::step::{Category, ComputeWork, CopyWork, MemTag, Stream};
 use crate::strategy::parallel::CollSpec;
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::kernel::KernelWork;
@@ -207,54 +207,4 @@ impl Schedule {
             f.1 += bytes;
         }
     }
-}
-
-/// Emits `s` after the strategy's backward; `ready` are the ops that deliver the reduced
-/// gradients. Returns the last op emitted.
-pub(crate) fn lower(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpId> {
-    let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
-    let mut last = None;
-    for op in &s.ops {
-        let mut deps = Vec::with_capacity(op.deps.len() + ready.len());
-        for d in &op.deps {
-            match *d {
-                Dep::Op(i) => deps.extend(ids.get(i as usize).copied().flatten()),
-                Dep::Issue => deps.extend(e.issue_point()),
-                Dep::Ready => deps.extend_from_slice(ready),
-            }
-        }
-        deps.sort_unstable();
-        deps.dedup();
-        let id = match &op.work {
-            Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
-            Work::Kernels(k) => Some(e.compute_kernels(op.stream, op.category, k, &deps, &op.name)),
-            Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),
-            Work::Coll {
-                slot,
-                spec,
-                dtype,
-                aligned,
-            } => e.collective_on(
-                op.stream,
-                op.category,
-                *slot,
-                *spec,
-                *dtype,
-                *aligned,
-                &deps,
-                &op.name,
-            ),
-        };
-        if let Some(id) = id {
-            if let Some((tag, b)) = op.alloc {
-                e.alloc(id, tag, b);
-            }
-            if let Some((tag, b)) = op.free {
-                e.free(id, tag, b);
-            }
-            last = Some(id);
-        }
-        ids.push(id);
-    }
-    last
 }
