@@ -17,6 +17,7 @@
 
 pub mod bench;
 pub mod bench_case;
+pub mod bench_suite;
 pub mod calibration;
 pub mod compute_cost;
 pub mod compute_spec;
@@ -42,9 +43,8 @@ pub mod whatif;
 pub mod whatif_costs;
 pub mod workload;
 
-pub use bench::{
-    BenchReport, BenchSuite, SyntheticConfig, bench_suite, bench_synthetic, synthetic_program,
-};
+pub use bench::{BenchReport, SyntheticConfig, bench_synthetic, synthetic_program};
+pub use bench_suite::{BenchSuite, bench_suite};
 pub use engine::{SimOptions, simulate, simulate_programs, simulate_unshared};
 pub use error::SimError;
 pub use memory::{MemoryReport, MemorySample};

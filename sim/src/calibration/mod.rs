@@ -27,6 +27,7 @@
 pub mod coll_table;
 pub mod compare;
 pub mod difference;
+pub mod division_time;
 pub mod error;
 pub mod figure;
 pub mod fit;

@@ -4,11 +4,11 @@
 //! ([`super::compare::CalibrationSet`]) instead of on every one of the fit's thousands of
 //! simulations; the figures that need the simulated timeline
 //! ([`Rank0Facts::predicted_figures`]) then only walk rank 0's spans. The values are those of
-//! [`super::phases::phase_device_s`], [`super::compare::post_reduction_division_span_s`] and
+//! [`super::phases::phase_device_s`], [`super::division_time::post_reduction_division_span_s`] and
 //! [`super::compare::weighted_fsdp_bandwidth`], summed in the same order (a test checks them
 //! equal on every paper run).
 
-use super::compare::post_reduction_division_s;
+use super::division_time::post_reduction_division_s;
 use super::figure::Figure;
 use super::phases::{Phase, phase_of_ops};
 use crate::host_cost::{HostCosts, HostTotals};
@@ -181,7 +181,7 @@ impl Rank0Facts {
         out
     }
 
-    /// [`super::compare::post_reduction_division_span_s`] on rank 0's spans.
+    /// [`super::division_time::post_reduction_division_span_s`] on rank 0's spans.
     fn division_span_s(&self, spans: &[OpSpan]) -> f64 {
         let ns: u64 = spans
             .iter()
