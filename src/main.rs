@@ -110,7 +110,7 @@ enum Command {
         #[arg(long, value_name = "FILE")]
         write_profile: Option<PathBuf>,
         /// Where to write report.html, comparison.csv and comparison.md.
-        #[arg(long, default_value = "reports/calibration")]
+        #[arg(long, default_value = "out/calibration")]
         out: PathBuf,
         /// Print the outcome as JSON instead of tables.
         #[arg(long)]

@@ -3,7 +3,7 @@
 //! measured on the profile; the paper's held-in experiments for `ascend-910c-a3`); with `--fit`
 //! fit the constants the runs files name jointly, with `--loo` also refit without each
 //! experiment and each run; with `--from` fit its curves from measured tables first; write
-//! the calibration report (`reports/calibration/` by default) and, with `--write-profile`, a
+//! the calibration report (`out/calibration/` by default) and, with `--write-profile`, a
 //! new profile file with the fitted values. Without runs for the profile nothing is compared
 //! (exit 0, said on stderr) unless `--fit` or `--loo` asked for it (an error).
 
