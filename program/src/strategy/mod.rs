@@ -12,6 +12,10 @@
 //! [`optimizer`] (the placeholder AdamW step), [`tp_overlap`] (TP collectives fused with the
 //! neighbouring GEMMs, `[train] tp_comm_overlap`) and [`muon`] (the optimizer strategies: the
 //! layout-driven distributed Muon and the Muon baselines, selected by [`OptimizerStrategy`]).
+//! The context the strategies share lives below them, not here (this module only dispatches):
+//! `ctx` (the rank-independent `Ctx`), `options` ([`StrategyOptions`], [`StrategyKind`],
+//! [`StrategyError`]), `groups` (the process-group families), `trainer_tail` and
+//! `tp_comm_overlap` (what `Ctx` and the options hold).
 
 pub mod avg_division;
 pub mod collective_staging;

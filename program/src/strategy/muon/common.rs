@@ -125,7 +125,7 @@ pub(crate) fn adamw_units(
 }
 
 /// [`adamw_units`] without extra parameters: AdamW on the AdamW-routed parameters the rank
-/// holds, found from [`OptCtx::adamw_params`] instead of a walk over every parameter.
+/// holds, found from [`OptCtx::adamw_params`](super::OptCtx::adamw_params) instead of a walk over every parameter.
 pub(crate) fn adamw_routed_units(ctx: &Ctx, view: &RankView, s: &mut Schedule) {
     let mut per_unit: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
     for &i in &ctx.opt.adamw_params {

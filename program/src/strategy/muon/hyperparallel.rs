@@ -628,7 +628,7 @@ fn replica_broadcast(
 
 /// Bytes each replica owner of batch `b` sources (every held parameter with a replica owner,
 /// as the local shard the rank holds, 512-byte padded), shared by every rank of the same
-/// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`]).
+/// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`](super::hp_pieces::Pieces)).
 fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
     let oc = &ctx.opt;
     let plan_b = &oc.plan.batches[b.index];

@@ -18,6 +18,10 @@
 //! optimizer ops are first built as a [`schedule::Schedule`] (hashable, so that template keys
 //! follow owner-dependent differences) and then lowered into the program. Costs of the stages
 //! are in [`ns_cost`].
+//!
+//! This module dispatches to the strategies' builders; what they share is below them:
+//! `opt_ctx` (the rank-independent [`OptCtx`]), `common` (a rank's view, AdamW units, momentum,
+//! apply and Newton-Schulz ops) and `hp_pieces` (HyperParallel Muon's shared pieces).
 
 mod common;
 pub mod dmuon;

@@ -238,7 +238,7 @@ pub struct OptCtx {
     pub(crate) placed: Vec<Option<usize>>,
     /// Slots of the FSDP shard group per domain (dense, expert) in the group table.
     pub(crate) fsdp_shard_slot: [Option<usize>; 2],
-    /// Indices of the AdamW-routed parameters ([`adamw_routed_units`] walks these instead of
+    /// Indices of the AdamW-routed parameters ([`adamw_routed_units`](super::adamw_routed_units) walks these instead of
     /// every parameter: on exp-d most parameters are Muon-routed experts).
     pub(crate) adamw_params: Vec<usize>,
     /// Per plan batch, per EP class: the batch's parameters the class holds, in batch order
