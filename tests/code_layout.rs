@@ -21,50 +21,7 @@ const MAX_FN_LINES: usize = 120;
 /// Circles left on purpose: every file of such a circle matches one of the patterns (a path,
 /// or a prefix ending in `*`); `HPFSDP_LAYOUT_ALL=1` reports them too. An exception none of whose files is in a circle any more fails
 /// the test, so it is removed when its circle is broken.
-const KNOWN_CIRCLES: &[(&[&str], &str)] = &[
-    (
-        &[
-            "program/src/strategy/emit.rs",
-            "program/src/strategy/muon/schedule*",
-        ],
-        "issue 28: the Muon schedule emitters are being rewritten (helper perfsim); the lead \
-     removes this exception after merging that work",
-    ),
-    (
-        &[
-            "program/src/strategy/mod.rs",
-            "program/src/strategy/avg_division.rs",
-            "program/src/strategy/collective_staging.rs",
-            "program/src/strategy/compute.rs",
-            "program/src/strategy/emit.rs",
-            "program/src/strategy/fsdp2.rs",
-            "program/src/strategy/fsdp2/single_rank.rs",
-            "program/src/strategy/hyperparallel.rs",
-            "program/src/strategy/kernels.rs",
-            "program/src/strategy/megatron.rs",
-            "program/src/strategy/megatron_sp.rs",
-            "program/src/strategy/muon/mod.rs",
-            "program/src/strategy/muon/dmuon.rs",
-            "program/src/strategy/muon/flexshard.rs",
-            "program/src/strategy/muon/hyperparallel.rs",
-            "program/src/strategy/muon/matrixfsdp.rs",
-            "program/src/strategy/muon/moonlight.rs",
-            "program/src/strategy/muon/naive.rs",
-            "program/src/strategy/muon/schedule.rs",
-            "program/src/strategy/optimizer.rs",
-            "program/src/strategy/step_tail.rs",
-            "program/src/strategy/tp_overlap.rs",
-            "program/src/strategy/vocab_parallel_loss.rs",
-        ],
-        "issue 23 step 3, left for after issue 28: strategy/mod.rs both defines the shared \
-         context (Ctx, StrategyOptions, StrategyKind, StrategyError, GroupKind) and dispatches \
-         to the strategies, and Ctx holds types defined in modules that use it (compute::Stage, \
-         step_tail::TrainerTail, muon::OptCtx, tp_overlap::TpCommOverlap); muon/mod.rs and its \
-         baselines, fsdp2.rs and fsdp2/single_rank.rs are parent <-> child circles. Breaking it \
-         moves Ctx and those member types into strategy/ctx.rs and lower modules, in files \
-         helper perfsim (muon/, emit.rs) and the lead (fsdp2/, kernels.rs) are editing now",
-    ),
-];
+const KNOWN_CIRCLES: &[(&[&str], &str)] = &[];
 
 /// Functions left over the limit on purpose: `(file, name)` with the reason.
 const KNOWN_LONG: &[(&str, &str, &str)] = &[(

@@ -62,7 +62,6 @@ use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::fsdp::{DataDomain, ParamFsdp};
 use hpfsdp_plan::kernel::{KernelClass, KernelWork};
 use hpfsdp_plan::topology::Tier;
-use single_rank::is_single_rank;
 
 /// One FSDP2 parameter group (the params of one unit in one data domain).
 struct CommGroup {
@@ -137,6 +136,12 @@ fn group_name(unit: &str, d: DataDomain) -> String {
         DataDomain::Dense => unit.to_string(),
         DataDomain::Expert => format!("{unit}.experts"),
     }
+}
+
+/// Whether `domain`'s shard group is a single rank under `shard_size` (per data domain;
+/// [`single_rank`]).
+fn is_single_rank(shard_size: &[usize], domain: DataDomain) -> bool {
+    shard_size[Ctx::domain_index(domain)] <= 1
 }
 
 struct F2<'c> {

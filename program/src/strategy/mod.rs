@@ -12,12 +12,18 @@
 //! [`optimizer`] (the placeholder AdamW step), [`tp_overlap`] (TP collectives fused with the
 //! neighbouring GEMMs, `[train] tp_comm_overlap`) and [`muon`] (the optimizer strategies: the
 //! layout-driven distributed Muon and the Muon baselines, selected by [`OptimizerStrategy`]).
+//! The context the strategies share lives below them, not here (this module only dispatches):
+//! `ctx` (the rank-independent `Ctx`), `options` ([`StrategyOptions`], [`StrategyKind`],
+//! [`StrategyError`]), `groups` (the process-group families), `trainer_tail` and
+//! `tp_comm_overlap` (what `Ctx` and the options hold).
 
 pub mod avg_division;
 pub mod collective_staging;
 pub mod compute;
+mod ctx;
 mod emit;
 pub mod fsdp2;
+mod groups;
 pub mod host_events;
 pub mod hp_mixed_precision;
 pub mod hyperparallel;
@@ -26,434 +32,31 @@ pub mod megatron;
 pub mod megatron_sp;
 pub mod muon;
 pub mod optimizer;
+mod options;
 pub mod parallel;
 pub mod routing;
 pub mod saved_activations;
 mod step_tail;
 pub mod torch_adamw;
+mod tp_comm_overlap;
 pub mod tp_grad_sync;
 pub mod tp_overlap;
+mod trainer_tail;
 pub mod validation;
 pub mod vocab_parallel_loss;
 
+pub(crate) use ctx::{Ctx, ParamClass};
+pub(crate) use groups::{GROUP_KINDS, GroupFamily, GroupKind};
 pub use muon::OptimizerStrategy;
+pub use options::{StrategyError, StrategyKind, StrategyOptions};
 
-use crate::step::{Group, ProgramError, StepProgram};
-use compute::Stage;
-use hpfsdp_plan::fsdp::{DataDomain, FsdpPlan};
-use hpfsdp_plan::mesh::DeviceMesh;
+use crate::step::{Group, StepProgram};
+use hpfsdp_plan::fsdp::FsdpPlan;
 use hpfsdp_plan::mesh_groups::MeshGroups;
-use hpfsdp_plan::model::DType;
 use hpfsdp_plan::planner::ShardingPlan;
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_plan::topology::{Tier, Topology};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use thiserror::Error;
-
-/// The strategies a step program can be generated for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum StrategyKind {
-    /// HyperParallel-FSDP: per-parameter zero-copy AG/RS, fused replica all-reduce, four-step
-    /// post-backward pipeline.
-    HyperParallel,
-    /// PyTorch FSDP2 (`fully_shard`): fused units with copy-in/copy-out.
-    Fsdp2,
-    /// Megatron-LM DDP with the distributed optimizer and gradient buckets.
-    MegatronDdp,
-}
-
-impl StrategyKind {
-    /// Every strategy, in a stable order.
-    pub const ALL: [StrategyKind; 3] = [
-        StrategyKind::HyperParallel,
-        StrategyKind::Fsdp2,
-        StrategyKind::MegatronDdp,
-    ];
-
-    /// The scenario-file name (`hyperparallel`, `fsdp2`, `megatron-ddp`).
-    pub fn name(self) -> &'static str {
-        match self {
-            StrategyKind::HyperParallel => "hyperparallel",
-            StrategyKind::Fsdp2 => "fsdp2",
-            StrategyKind::MegatronDdp => "megatron-ddp",
-        }
-    }
-
-    /// Parses a scenario-file name; unknown names give an error listing the known ones.
-    pub fn parse(name: &str) -> Result<Self, StrategyError> {
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| StrategyError::UnknownStrategy {
-                name: name.to_string(),
-            })
-    }
-}
-
-impl std::str::FromStr for StrategyKind {
-    type Err = StrategyError;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
-}
-
-impl std::fmt::Display for StrategyKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// Why a program cannot be generated. Messages name the scenario key and the fix.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum StrategyError {
-    /// A strategy name that is not known.
-    #[error(
-        "[fsdp] strategy/baselines: unknown strategy '{name}'; use one of hyperparallel, fsdp2, megatron-ddp"
-    )]
-    UnknownStrategy {
-        /// The name given.
-        name: String,
-    },
-    /// The global batch is not a whole number of micro-batches per data-parallel rank.
-    #[error(
-        "[train] global_batch {global_batch} is not a multiple of micro_batch {micro_batch} x data-parallel degree {dp} (dp_replicate x dp_shard); change global_batch or micro_batch so that gradient accumulation has a whole number of micro-batches"
-    )]
-    IndivisibleBatch {
-        /// `[train] global_batch`.
-        global_batch: u64,
-        /// `[train] micro_batch`.
-        micro_batch: u64,
-        /// Data-parallel degree.
-        dp: u64,
-    },
-    /// A zero in the training shape.
-    #[error("[train] {key} = 0; it must be positive")]
-    ZeroShape {
-        /// The key.
-        key: &'static str,
-    },
-    /// The FSDP plan and the sharding plan disagree (they must come from the same scenario).
-    #[error(
-        "the FSDP plan does not match the sharding plan ({detail}); build both from the same scenario with build_fsdp_plan(scenario, plan)"
-    )]
-    PlanMismatch {
-        /// What differs.
-        detail: String,
-    },
-    /// A rank outside the job.
-    #[error("rank {rank} is outside the job of {world_size} ranks")]
-    RankOutOfRange {
-        /// The rank asked for.
-        rank: usize,
-        /// Ranks in the job.
-        world_size: usize,
-    },
-    /// An optimizer strategy name that is not known.
-    #[error(
-        "[optimizer] baselines: unknown optimizer strategy '{name}'; use one of adamw, hyperparallel, naive, moonlight, dmuon, matrixfsdp, flexshard"
-    )]
-    UnknownOptimizer {
-        /// The name given.
-        name: String,
-    },
-    /// A Muon optimizer strategy asked for on a scenario whose optimizer is AdamW only.
-    #[error(
-        "optimizer strategy '{optimizer}' needs Muon parameters, but [optimizer] kind = \"{kind}\" routes every parameter to AdamW; set kind = \"muon+adamw\" or use the adamw optimizer strategy"
-    )]
-    OptimizerKindMismatch {
-        /// The optimizer strategy.
-        optimizer: &'static str,
-        /// `[optimizer] kind`.
-        kind: String,
-    },
-    /// An optimizer strategy that does not run on this FSDP strategy.
-    #[error(
-        "optimizer strategy '{optimizer}' changes parameter placement and runs only on the hyperparallel FSDP strategy, not on '{strategy}'; set [fsdp] strategy = \"hyperparallel\" or pick another optimizer strategy"
-    )]
-    UnsupportedOptimizer {
-        /// The optimizer strategy.
-        optimizer: &'static str,
-        /// The FSDP strategy.
-        strategy: &'static str,
-    },
-    /// A TP communication overlap mode or chunk count that is not known.
-    #[error(
-        "[train] tp_comm_overlap = \"{mode}\" with tp_comm_overlap_chunks = {chunks:?}; use tp_comm_overlap = \"none\" or \"fused\", and a positive tp_comm_overlap_chunks (or none: the TP degree)"
-    )]
-    TpCommOverlap {
-        /// `[train] tp_comm_overlap`.
-        mode: String,
-        /// `[train] tp_comm_overlap_chunks`.
-        chunks: Option<u64>,
-    },
-    /// The generated program failed validation (a bug in a strategy).
-    #[error("generated program is invalid: {0}")]
-    Program(#[from] ProgramError),
-}
-
-/// The options one strategy runs with: the scenario's `[fsdp]` values overridden by
-/// `[fsdp.variant.<strategy>]`, plus the training shape.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StrategyOptions {
-    /// The strategy.
-    pub kind: StrategyKind,
-    /// Units (or buckets) prefetched ahead in forward and backward.
-    pub prefetch_depth: usize,
-    /// Free gathered parameters after forward and gather them again in backward.
-    pub reshard_after_forward: bool,
-    /// Free gathered parameters after backward.
-    pub reshard_after_backward: bool,
-    /// Megatron gradient bucket size in bytes (`None`: Megatron's default of
-    /// max(40M, 1M x dp) elements).
-    pub bucket_bytes: Option<u64>,
-    /// Gathered-parameter (compute) dtype.
-    pub param_dtype: DType,
-    /// Gradient-reduction dtype.
-    pub reduce_dtype: DType,
-    /// Master (sharded parameter) dtype.
-    pub master_dtype: DType,
-    /// Reduced gradients kept in an FP32 `main_grad`, not cast back to the master dtype
-    /// (`[fsdp] fp32_main_grad`).
-    pub fp32_main_grad: bool,
-    /// Micro-batches per optimizer step (gradient accumulation steps).
-    pub grad_accum_steps: u64,
-    /// Sequences per micro-batch per data-parallel rank.
-    pub micro_batch: u64,
-    /// Tokens per sequence.
-    pub seq_len: u64,
-    /// TP collectives fused with the neighbouring GEMMs (`[train] tp_comm_overlap`).
-    pub tp_comm_overlap: tp_overlap::TpCommOverlap,
-    /// AdamW's decoupled weight decay is on (`[optimizer.adamw] weight_decay != 0`): torch's
-    /// AdamW then runs one more pass over the parameters ([`torch_adamw`]).
-    pub adamw_weight_decay: bool,
-}
-
-impl StrategyOptions {
-    /// Resolves the options of `kind` from a scenario; checks the gradient-accumulation shape.
-    pub fn resolve(scenario: &Scenario, kind: StrategyKind) -> Result<Self, StrategyError> {
-        let f = &scenario.file.fsdp;
-        let t = &scenario.file.train;
-        for (key, v) in [
-            ("seq_len", t.seq_len),
-            ("global_batch", t.global_batch),
-            ("micro_batch", t.micro_batch),
-        ] {
-            if v == 0 {
-                return Err(StrategyError::ZeroShape { key });
-            }
-        }
-        let m = &scenario.file.mesh;
-        let dp = (m.dp_replicate * m.dp_shard) as u64;
-        let per_step = t.micro_batch * dp;
-        if per_step == 0 || !t.global_batch.is_multiple_of(per_step) {
-            return Err(StrategyError::IndivisibleBatch {
-                global_batch: t.global_batch,
-                micro_batch: t.micro_batch,
-                dp,
-            });
-        }
-        let v = f.variant.get(kind.name()).cloned().unwrap_or_default();
-        let tp_comm_overlap = tp_overlap::TpCommOverlap::resolve(
-            &t.tp_comm_overlap,
-            t.tp_comm_overlap_chunks,
-            m.tp as u64,
-        )
-        .ok_or_else(|| StrategyError::TpCommOverlap {
-            mode: t.tp_comm_overlap.clone(),
-            chunks: t.tp_comm_overlap_chunks,
-        })?;
-        Ok(Self {
-            kind,
-            prefetch_depth: v.prefetch_depth.unwrap_or(f.prefetch_depth),
-            reshard_after_forward: v.reshard_after_forward.unwrap_or(f.reshard_after_forward),
-            reshard_after_backward: f.reshard_after_backward,
-            bucket_bytes: v.bucket_bytes,
-            param_dtype: scenario.param_dtype,
-            reduce_dtype: scenario.reduce_dtype,
-            master_dtype: scenario.master_dtype,
-            fp32_main_grad: f.fp32_main_grad,
-            grad_accum_steps: t.global_batch / per_step,
-            micro_batch: t.micro_batch,
-            seq_len: t.seq_len,
-            tp_comm_overlap,
-            adamw_weight_decay: scenario.file.optimizer.adamw.weight_decay != 0.0,
-        })
-    }
-}
-
-/// The process-group families a program can use, in group-table order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum GroupKind {
-    /// FSDP shard group of dense parameters (`dp_shard` x `cp`).
-    DenseShard,
-    /// HSDP replicate group of dense parameters (`dp_replicate`).
-    DenseReplicate,
-    /// FSDP shard group of routed experts (`edp_shard`).
-    ExpertShard,
-    /// HSDP replicate group of routed experts (`edp_replicate`).
-    ExpertReplicate,
-    /// Megatron data-parallel group (`dp_replicate` x `dp_shard` x `cp`).
-    DataParallel,
-    /// Megatron expert data-parallel group (`edp_replicate` x `edp_shard`).
-    ExpertDataParallel,
-    /// Tensor parallel.
-    Tp,
-    /// Context parallel.
-    Cp,
-    /// Expert parallel.
-    Ep,
-}
-
-pub(crate) const GROUP_KINDS: usize = 9;
-
-impl GroupKind {
-    fn index(self) -> usize {
-        self as usize
-    }
-}
-
-/// One group family: which mesh, which axes, its label and size. With `block`, the group is
-/// the contiguous block of `block` ranks of the sorted axis group that holds the rank (the
-/// Muon replica subgroups, notes `hyper-parallel.md` 6.5).
-#[derive(Debug, Clone)]
-pub(crate) struct GroupFamily {
-    kind: Option<GroupKind>,
-    expert_mesh: bool,
-    axes: Vec<usize>,
-    label: String,
-    size: usize,
-    block: Option<usize>,
-}
-
-impl GroupFamily {
-    /// The family's groups by arithmetic on its mesh.
-    fn mesh_groups(&self, meshes: [&DeviceMesh; 2]) -> MeshGroups {
-        MeshGroups::new(
-            meshes[usize::from(self.expert_mesh)],
-            &self.axes,
-            self.block,
-        )
-    }
-
-    /// Mesh axes of size > 1 (what decides the ranks, with `block`).
-    fn key(&self, meshes: [&DeviceMesh; 2]) -> (bool, Vec<usize>, Option<usize>) {
-        let mesh = meshes[usize::from(self.expert_mesh)];
-        let axes = self
-            .axes
-            .iter()
-            .copied()
-            .filter(|&a| mesh.axes()[a].size > 1)
-            .collect();
-        (self.expert_mesh, axes, self.block)
-    }
-}
-
-/// The parameters one expert-parallel coordinate holds (all ranks hold the same set unless
-/// per-expert weights are owned by one EP rank each).
-#[derive(Debug, Clone)]
-pub(crate) struct ParamClass {
-    /// Per FSDP unit: indices into `FsdpPlan::params` this class holds, in model order.
-    pub units: Vec<Vec<u32>>,
-}
-
-/// Everything rank-independent a strategy needs, shared by all strategies.
-#[derive(Debug, Clone)]
-pub(crate) struct Ctx {
-    pub opts: StrategyOptions,
-    pub fsdp: FsdpPlan,
-    /// `plan_local` element count of every FSDP parameter (same order as `fsdp.params`).
-    pub local_numel: Vec<u64>,
-    /// Compute stages in forward order.
-    pub stages: Vec<Stage>,
-    /// Stage index of every FSDP unit.
-    pub unit_stage: Vec<usize>,
-    /// Parameter sets per EP class.
-    pub classes: Vec<ParamClass>,
-    /// Whether classes differ by the `ep` coordinate.
-    pub per_expert_owner: bool,
-    /// Per FSDP parameter: its gradient is a partial sum over `tp` that FSDP completes with
-    /// its own TP all-reduce every micro-batch ([`tp_grad_sync`]).
-    pub tp_partial_grad: Vec<bool>,
-    /// The trainer's own work around the model (loss metrics, gradient clipping).
-    pub trainer: step_tail::TrainerTail,
-    /// Shard / replicate group sizes per domain.
-    pub shard_size: [usize; 2],
-    pub replicate_size: [usize; 2],
-    dense_mesh: DeviceMesh,
-    expert_mesh: DeviceMesh,
-    topology: Topology,
-    families: Vec<GroupFamily>,
-    /// Every family's groups by arithmetic on its mesh (same order as `families`).
-    family_groups: Vec<MeshGroups>,
-    slot: [Option<usize>; GROUP_KINDS],
-    /// The optimizer strategy's rank-independent data.
-    pub opt: muon::OptCtx,
-    /// The most ops any program generated so far has had: new programs reserve that many
-    /// up front instead of growing (and copying) their op vector ~15 times. Capacity only;
-    /// program contents never depend on it.
-    pub ops_hint: std::sync::Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl Ctx {
-    /// Table position of a group family in every program, `None` when not used or of size 1.
-    pub fn slot(&self, kind: GroupKind) -> Option<usize> {
-        self.slot[kind.index()]
-    }
-
-    /// The EP class of a rank.
-    pub fn class_of(&self, rank: usize) -> usize {
-        if !self.per_expert_owner {
-            return 0;
-        }
-        let i = self.expert_mesh.axis_index("ep").unwrap_or(0);
-        self.expert_mesh.coords_of(rank)[i]
-    }
-
-    /// Members of `rank`'s group of the family at table position `f`, ascending.
-    fn group_ranks(&self, f: usize, rank: usize) -> Vec<usize> {
-        self.family_groups[f].group_of(rank)
-    }
-
-    /// Tier of `rank`'s group of the family at table position `f`, without listing the
-    /// group: its first and last members decide it (machines and supernodes are contiguous
-    /// rank blocks, and a group's ranks ascend). (Listing every group of every rank made
-    /// planning exp-d at 100,608 ranks quadratic in the data-parallel group's size.)
-    fn family_tier(&self, f: usize, rank: usize) -> Tier {
-        let (low, high) = self.family_groups[f].bounds_of(rank);
-        self.topology.tier_of(&[low, high])
-    }
-
-    /// Position of `rank` in its group of the family at table position `slot` (0 when the
-    /// family is absent).
-    pub fn position_in(&self, slot: Option<usize>, rank: usize) -> usize {
-        slot.and_then(|s| self.family_groups.get(s))
-            .map_or(0, |g| g.position(rank))
-    }
-
-    /// The group table of `rank` and the tier of each group.
-    pub fn groups(&self, rank: usize) -> Result<Vec<(Group, Tier)>, StrategyError> {
-        self.families
-            .iter()
-            .enumerate()
-            .map(|(i, f)| {
-                let ranks = self.group_ranks(i, rank);
-                let tier = self.topology.tier_of(&ranks);
-                Ok((Group::new(f.label.clone(), ranks)?, tier))
-            })
-            .collect()
-    }
-
-    /// Domain index (0 dense, 1 expert).
-    pub fn domain_index(d: DataDomain) -> usize {
-        match d {
-            DataDomain::Dense => 0,
-            DataDomain::Expert => 1,
-        }
-    }
-}
 
 /// Generates the step program of any rank for one (scenario, strategy).
 #[derive(Debug, Clone)]

@@ -39,7 +39,6 @@ pub const REDUCE_EVENTS_PER_PARAM: u32 = 1;
 /// `fsdp::chunk_cat` and its `_chunk_cat`, `copy_`, ...: the other 11 of the 22).
 pub const REDUCE_FIXED_EVENTS: u32 = 11;
 use crate::step::{CopyKind, MemTag, OpId, Stream};
-use hpfsdp_plan::fsdp::DataDomain;
 
 impl F2<'_> {
     /// Copy-in of single-rank group `gi` of unit `u`: one cast (or copy) kernel per parameter
@@ -154,9 +153,4 @@ impl F2<'_> {
         }
         rs
     }
-}
-
-/// Whether `domain`'s shard group is a single rank under `shard_size` (per data domain).
-pub(super) fn is_single_rank(shard_size: &[usize], domain: DataDomain) -> bool {
-    shard_size[super::Ctx::domain_index(domain)] <= 1
 }

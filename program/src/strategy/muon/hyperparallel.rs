@@ -75,6 +75,7 @@
 //! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
 //! doing the same work get identical programs and fold in the simulator.
 
+use super::hp_pieces::{Held, Owned, SourceBytes, cached};
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
 use super::{
@@ -86,8 +87,8 @@ use crate::strategy::Ctx;
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::kernel::KernelWork;
 use hpfsdp_plan::muon::NS_BATCH_NUMEL;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Stream of the replica-domain broadcasts (the replicate process group's stream).
 pub const REPLICA_STREAM: Stream = Stream::Aux(0);
@@ -108,69 +109,6 @@ struct RankBatch {
     shard_path: bool,
     /// Replica coordinate.
     rc: Vec<usize>,
-}
-
-/// The held parameters of a plan batch that one replica coordinate owns: a function of the
-/// batch, the EP class and the replica coordinate only, so built once and shared by every
-/// rank with those ([`Pieces`]).
-#[derive(Debug)]
-struct Owned {
-    /// Held parameters this replica coordinate owns.
-    params: Vec<usize>,
-    /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
-    /// none of it).
-    units: Vec<Vec<usize>>,
-}
-
-/// The parameters of a plan batch one EP class holds ([`OptCtx::held`](super::OptCtx)).
-#[derive(Debug)]
-struct Held {
-    /// Held parameters, in batch order.
-    params: Vec<usize>,
-    /// Per domain (dense, expert): some held parameter of it has a replica owner.
-    replicated: [bool; 2],
-}
-
-/// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.
-type SourceBytes = HashMap<Vec<usize>, u64>;
-
-/// A shared map of computed pieces ([`cached`]).
-type Cache<K, V> = Arc<Mutex<HashMap<K, Arc<V>>>>;
-
-/// Rank-independent pieces of the HyperParallel schedule, each computed once per distinct
-/// input and shared by every rank's build: a folded job builds one schedule per optimizer
-/// coordinate (thousands on exp-d scaled out), and the walks over a batch's held parameters
-/// (thousands of per-expert weights, each looked up in the plan's owner maps) were most of
-/// each build. The pieces are pure functions of their keys, so which rank computes one first
-/// (builds run in parallel) does not change any schedule.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Pieces {
-    /// Per (plan batch, EP class): the batch's parameters the class holds.
-    held: Cache<(usize, usize), Held>,
-    /// Per (plan batch, EP class, replica coordinate): what that coordinate owns.
-    owned: Cache<(usize, usize, Vec<usize>), Owned>,
-    /// Per (plan batch, EP class, dense and expert FSDP positions (`usize::MAX` for a
-    /// domain none of whose held parameters is replicated), master bytes per element):
-    /// bytes per replica owner.
-    sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
-}
-
-/// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.
-fn cached<K: std::hash::Hash + Eq, V>(
-    map: &Mutex<HashMap<K, Arc<V>>>,
-    key: K,
-    make: impl FnOnce() -> V,
-) -> Arc<V> {
-    if let Ok(m) = map.lock()
-        && let Some(v) = m.get(&key)
-    {
-        return v.clone();
-    }
-    let v = Arc::new(make());
-    match map.lock() {
-        Ok(mut m) => m.entry(key).or_insert(v).clone(),
-        Err(_) => v,
-    }
 }
 
 /// What replica coordinate `rc` owns of the held parameters `held` of plan batch `index`.
@@ -690,7 +628,7 @@ fn replica_broadcast(
 
 /// Bytes each replica owner of batch `b` sources (every held parameter with a replica owner,
 /// as the local shard the rank holds, 512-byte padded), shared by every rank of the same
-/// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`]).
+/// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`](super::hp_pieces::Pieces)).
 fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
     let oc = &ctx.opt;
     let plan_b = &oc.plan.batches[b.index];

@@ -1,0 +1,68 @@
+//! Rank-independent pieces of HyperParallel Muon schedules ([`Pieces`]), held by the
+//! optimizer context ([`super::OptCtx`]) and filled by [`super::hyperparallel`]'s builds.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The held parameters of a plan batch that one replica coordinate owns: a function of the
+/// batch, the EP class and the replica coordinate only, so built once and shared by every
+/// rank with those ([`Pieces`]).
+#[derive(Debug)]
+pub(crate) struct Owned {
+    /// Held parameters this replica coordinate owns.
+    pub(crate) params: Vec<usize>,
+    /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
+    /// none of it).
+    pub(crate) units: Vec<Vec<usize>>,
+}
+
+/// The parameters of a plan batch one EP class holds ([`OptCtx::held`](super::OptCtx::held)).
+#[derive(Debug)]
+pub(crate) struct Held {
+    /// Held parameters, in batch order.
+    pub(crate) params: Vec<usize>,
+    /// Per domain (dense, expert): some held parameter of it has a replica owner.
+    pub(crate) replicated: [bool; 2],
+}
+
+/// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.
+pub(crate) type SourceBytes = HashMap<Vec<usize>, u64>;
+
+/// A shared map of computed pieces ([`cached`]).
+pub(crate) type Cache<K, V> = Arc<Mutex<HashMap<K, Arc<V>>>>;
+
+/// Rank-independent pieces of the HyperParallel schedule, each computed once per distinct
+/// input and shared by every rank's build: a folded job builds one schedule per optimizer
+/// coordinate (thousands on exp-d scaled out), and the walks over a batch's held parameters
+/// (thousands of per-expert weights, each looked up in the plan's owner maps) were most of
+/// each build. The pieces are pure functions of their keys, so which rank computes one first
+/// (builds run in parallel) does not change any schedule.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Pieces {
+    /// Per (plan batch, EP class): the batch's parameters the class holds.
+    pub(crate) held: Cache<(usize, usize), Held>,
+    /// Per (plan batch, EP class, replica coordinate): what that coordinate owns.
+    pub(crate) owned: Cache<(usize, usize, Vec<usize>), Owned>,
+    /// Per (plan batch, EP class, dense and expert FSDP positions (`usize::MAX` for a
+    /// domain none of whose held parameters is replicated), master bytes per element):
+    /// bytes per replica owner.
+    pub(crate) sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
+}
+
+/// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.
+pub(crate) fn cached<K: std::hash::Hash + Eq, V>(
+    map: &Mutex<HashMap<K, Arc<V>>>,
+    key: K,
+    make: impl FnOnce() -> V,
+) -> Arc<V> {
+    if let Ok(m) = map.lock()
+        && let Some(v) = m.get(&key)
+    {
+        return v.clone();
+    }
+    let v = Arc::new(make());
+    match map.lock() {
+        Ok(mut m) => m.entry(key).or_insert(v).clone(),
+        Err(_) => v,
+    }
+}
