@@ -24,12 +24,7 @@ const MAX_FN_LINES: usize = 120;
 const KNOWN_CIRCLES: &[(&[&str], &str)] = &[];
 
 /// Functions left over the limit on purpose: `(file, name)` with the reason.
-const KNOWN_LONG: &[(&str, &str, &str)] = &[(
-    "program/tests/strategy_muon.rs",
-    "at_most_one_batch_in_flight",
-    "123 lines; tests the Muon batch schedule that helper perfsim is rewriting (issue 28): \
-         split it with that work",
-)];
+const KNOWN_LONG: &[(&str, &str, &str)] = &[];
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -442,24 +442,11 @@ fn replica_subgroups_key_errors() {
     assert!(Scenario::from_str_at(&ok, &path).is_ok());
 }
 
-/// The shard path runs each NS memory batch to the end before the next starts, as
-/// HyperParallel's `_process_shard_params` (3ad2a77) does: `for sub_batch in safe_batches:`
-/// gather, NS, then `_fused_broadcast_and_apply(sub_batch)` (relay broadcasts, then the
-/// apply, which waits for them). So batch j's relay broadcasts come after its last NS and
-/// wait on it; its apply comes after them; the gathers of batch j+1 come after that apply
-/// and wait on the compute stream for it (no prefetch: the shard group's stream waits for
-/// the compute issued before a collective). Only the replica broadcasts stay in flight: a
-/// batch's replica broadcasts land before the broadcasts of the batch after next are issued.
-#[test]
-fn at_most_one_batch_in_flight() {
-    let x = load("paper/exp-b.toml");
-    let g = gen_with(
-        &x,
-        StrategyKind::HyperParallel,
-        OptimizerStrategy::HyperParallelMuon,
-    );
-    let p = g.program(0).unwrap();
-    // Units "b.m" in issue order of their first gather, with their ops' positions.
+/// The shard path's Muon ops of `p` by memory batch ("b.m" units in issue order of their
+/// first gather) and kind (`ag`, `relay`, `apply`, `ns`), with their op positions.
+fn memory_batch_positions(
+    p: &StepProgram,
+) -> (Vec<String>, HashMap<(String, &'static str), Vec<usize>>) {
     let unit_of = |n: &str| -> Option<(String, String)> {
         let rest = n.strip_prefix("muon.b")?;
         let (b, rest) = rest.split_once(".m")?;
@@ -467,7 +454,7 @@ fn at_most_one_batch_in_flight() {
         Some((format!("{b}.{m}"), what.to_string()))
     };
     let mut order: Vec<String> = Vec::new();
-    let mut pos: HashMap<(String, &str), Vec<usize>> = HashMap::new();
+    let mut pos: HashMap<(String, &'static str), Vec<usize>> = HashMap::new();
     for (i, o) in p.ops.iter().enumerate() {
         let n = o.name.as_deref().unwrap_or("");
         let Some((u, what)) = unit_of(n) else {
@@ -489,6 +476,27 @@ fn at_most_one_batch_in_flight() {
         };
         pos.entry((u, kind)).or_default().push(i);
     }
+    (order, pos)
+}
+
+/// The shard path runs each NS memory batch to the end before the next starts, as
+/// HyperParallel's `_process_shard_params` (3ad2a77) does: `for sub_batch in safe_batches:`
+/// gather, NS, then `_fused_broadcast_and_apply(sub_batch)` (relay broadcasts, then the
+/// apply, which waits for them). So batch j's relay broadcasts come after its last NS and
+/// wait on it; its apply comes after them; the gathers of batch j+1 come after that apply
+/// and wait on the compute stream for it (no prefetch: the shard group's stream waits for
+/// the compute issued before a collective). Only the replica broadcasts stay in flight: a
+/// batch's replica broadcasts land before the broadcasts of the batch after next are issued.
+#[test]
+fn at_most_one_batch_in_flight() {
+    let x = load("paper/exp-b.toml");
+    let g = gen_with(
+        &x,
+        StrategyKind::HyperParallel,
+        OptimizerStrategy::HyperParallelMuon,
+    );
+    let p = g.program(0).unwrap();
+    let (order, pos) = memory_batch_positions(&p);
     // 28 fused-gather memory batches in the Muon revision exp-b.toml pins
     // (`ns_batch_fill_owners = false`).
     assert_eq!(order.len(), 28, "fused-gather NS batches on exp-b");
@@ -536,8 +544,13 @@ fn at_most_one_batch_in_flight() {
         }
     }
     assert!(checked >= 4, "rank 0 runs NS in {checked} batches");
+}
 
-    // Replica broadcasts: the HSDP fixture muon-hsdp-2x8.
+/// Only the replica broadcasts stay in flight across memory batches: a batch's replica
+/// broadcasts land before the broadcasts of the batch after next are issued (the HSDP
+/// fixture muon-hsdp-2x8).
+#[test]
+fn replica_broadcasts_land_within_two_batches() {
     let x = load("fixtures/muon-hsdp-2x8.toml");
     let g = gen_with(
         &x,
