@@ -406,10 +406,9 @@ pub fn check_f64(key: &str, value: f64, min: f64, max: f64) -> Result<f64, Strin
     }
 }
 
-/// The limits as the Markdown table of docs/scenario-format.md ("Limits").
-pub fn markdown_table() -> String {
-    let mut out = String::from("| key | accepted range | why |\n|---|---|---|\n");
-    for l in ALL {
+/// One Markdown row per limit: key, accepted range, why.
+fn push_limit_rows(out: &mut String, limits: &[Limit]) {
+    for l in limits {
         out.push_str(&format!(
             "| `{}` | {}..={} | {} |\n",
             l.key,
@@ -418,6 +417,12 @@ pub fn markdown_table() -> String {
             l.why
         ));
     }
+}
+
+/// The limits as the Markdown table of docs/scenario-format.md ("Limits").
+pub fn markdown_table() -> String {
+    let mut out = String::from("| key | accepted range | why |\n|---|---|---|\n");
+    push_limit_rows(&mut out, ALL);
     out.push_str(&format!(
         "| `[train] routing_skew` | 1.0..={MAX_ROUTING_SKEW} (finite) | busiest expert-parallel rank's token factor |\n"
     ));
@@ -436,15 +441,7 @@ pub fn inputs_markdown_table() -> String {
             f.why
         ));
     }
-    for l in CLI {
-        out.push_str(&format!(
-            "| `{}` | {}..={} | {} |\n",
-            l.key,
-            group(l.min),
-            group(l.max),
-            l.why
-        ));
-    }
+    push_limit_rows(&mut out, CLI);
     out.push_str(&format!(
         "| `verify --timeout-s` | above 0, up to {MAX_COLLECTIVE_TIMEOUT_S} (7 days) | bound on one collective wait under MPI |\n"
     ));

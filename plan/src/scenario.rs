@@ -733,7 +733,8 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
         key_err("model", key, format!("[model] {key}: {e}"))
     })?;
     let model = apply_config_overrides(model, &raw.model, &key_err)?;
-    check_implementation(
+    check_choice(
+        "model",
         &raw.model.experts_implementation,
         "experts_implementation",
         EXPERTS_IMPLEMENTATIONS,
@@ -743,20 +744,22 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
     Ok((model, master_dtype))
 }
 
-/// Refuses a `[model] <key>` implementation choice that is not one of `allowed`.
-fn check_implementation(
+/// Refuses an optional `[section] <key>` choice (an implementation or library the model
+/// knows) that is not one of `allowed`; `note` explains the values or what is missing.
+fn check_choice(
+    section: &str,
     value: &Option<String>,
     key: &str,
     allowed: &[&str],
     note: &str,
-    key_err: &dyn Fn(&str, &str, String) -> PlanError,
+    key_err: &KeyErr,
 ) -> PlanResult<()> {
     match value {
-        Some(imp) if !allowed.contains(&imp.as_str()) => Err(key_err(
-            "model",
+        Some(v) if !allowed.contains(&v.as_str()) => Err(key_err(
+            section,
             key,
             format!(
-                "[model] {key} = \"{imp}\" is not modelled; use one of {}{note} or leave it out",
+                "[{section}] {key} = \"{v}\" is not modelled; use one of {}{note} or leave it out",
                 allowed.join(", ")
             ),
         )),
@@ -1012,19 +1015,14 @@ fn training_shape(
             ),
         ));
     }
-    if let Some(lib) = &tr.kernel_library
-        && !KERNEL_LIBRARIES.contains(&lib.as_str())
-    {
-        return Err(key_err(
-            "train",
-            "kernel_library",
-            format!(
-                "[train] kernel_library = \"{lib}\" is not modelled; use one of {} (PyTorch \
-                 eager on CUDA) or leave it out (the fused-kernel census)",
-                KERNEL_LIBRARIES.join(", ")
-            ),
-        ));
-    }
+    check_choice(
+        "train",
+        &tr.kernel_library,
+        "kernel_library",
+        KERNEL_LIBRARIES,
+        " (PyTorch eager on CUDA; absent: the fused-kernel census)",
+        &key_err,
+    )?;
     Ok((grad_accum_steps, recompute))
 }
 

@@ -322,3 +322,25 @@ fn paper_scenario_shapes() {
     assert_eq!(d.expert_mesh.axis_size("edp_shard"), 6);
     assert_eq!(d.tokens_per_step(), 3_145_728);
 }
+
+#[test]
+fn unknown_kernel_library_and_unmodelled_experts_path_are_refused() {
+    check(
+        "err-kernel-library.toml",
+        18,
+        &[
+            "[train] kernel_library = \"rocm\"",
+            "torch_cuda",
+            "leave it out",
+        ],
+    );
+    check(
+        "err-experts-implementation.toml",
+        7,
+        &[
+            "[model] experts_implementation = \"eager\"",
+            "grouped_mm",
+            "not modelled",
+        ],
+    );
+}

@@ -127,7 +127,9 @@ impl ComputeSpec {
         if !(1.0..=2.0).contains(&speedup) {
             return Err((
                 "compute.gemm_in_step_speedup".into(),
-                format!("{speedup} is not in [1, 2] (1: GEMMs run in a step as in the table)"),
+                format!(
+                    "must be in [1, 2] (1: GEMMs run in a step as in the table), got {speedup}"
+                ),
             ));
         }
         Ok(())

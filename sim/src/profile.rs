@@ -631,6 +631,30 @@ mod tests {
         let err = HardwareProfile::parse(&text, "a3.toml").unwrap_err();
         assert_eq!(err.key, "calibration.gemm_ceiling");
         assert!(err.line > 0);
+
+        // The H200 profile's measured in-step GEMM speed-up and strided bandwidth.
+        let h200 = BUILTIN_PROFILES
+            .iter()
+            .find(|(n, _)| *n == "nvidia-h200-hgx")
+            .unwrap()
+            .1;
+        for (from, to, key) in [
+            (
+                "gemm_in_step_speedup = 1.109",
+                "gemm_in_step_speedup = 0.5",
+                "compute.gemm_in_step_speedup",
+            ),
+            (
+                "strided_relative_bandwidth = 0.492",
+                "strided_relative_bandwidth = 0.0",
+                "compute.strided_relative_bandwidth",
+            ),
+        ] {
+            assert!(h200.contains(from), "{from}");
+            let err = HardwareProfile::parse(&h200.replace(from, to), "h200.toml").unwrap_err();
+            assert_eq!(err.key, key, "{err}");
+            assert!(err.message.contains("must be in"), "{err}");
+        }
     }
 
     #[test]
