@@ -388,6 +388,75 @@ mod h200 {
         }
     }
 
+    /// The harness leaves the previous run's fp32 parameters allocated through a run's timed
+    /// steps: the 1.7B run carries a 14B run's, the MoE run a 1.7B run's, the first (14B) run
+    /// none. Each resident figure is 4 bytes times the parameter count the plan model gives
+    /// the predecessor's scenario, which is also runs.jsonl's `params`.
+    #[test]
+    fn resident_memory_is_the_previous_runs_fp32_parameters() {
+        let file = h200();
+        let params = |scenario: &str| {
+            let s = hpfsdp_plan::scenario::Scenario::load(&root().join(scenario)).unwrap();
+            s.model.total_params() as f64
+        };
+        let resident: Vec<Option<f64>> = file
+            .runs
+            .iter()
+            .map(|r| r.resident.as_ref().map(|m| m.bytes))
+            .collect();
+        let dense14b = params("scenarios/gpu/dense14b-8l-mbs1.toml");
+        let dense1p7b = params("scenarios/gpu/dense1p7b-28l-mbs1.toml");
+        assert_eq!(dense14b, 4_198_325_248.0);
+        assert_eq!(dense1p7b, 2_031_739_904.0);
+        assert_eq!(
+            resident,
+            [None, Some(4.0 * dense14b), Some(4.0 * dense1p7b)]
+        );
+        for r in file.runs.iter().filter_map(|r| r.resident.as_ref()) {
+            assert!(
+                r.source.contains("previous run's fp32 parameters"),
+                "{}",
+                r.source
+            );
+        }
+    }
+
+    /// The comparison adds a run's resident memory to its predicted peak allocated memory and
+    /// says so in the row's source; nothing else moves.
+    #[test]
+    fn resident_memory_is_added_to_the_predicted_peak_only() {
+        let with = h200();
+        let mut without = with.clone();
+        for r in &mut without.runs {
+            r.resident = None;
+        }
+        let profile = HardwareProfile::builtin("nvidia-h200-hgx").unwrap();
+        let a = CalibrationSet::new(vec![with.clone()])
+            .unwrap()
+            .compare(&profile)
+            .unwrap();
+        let b = CalibrationSet::new(vec![without])
+            .unwrap()
+            .compare(&profile)
+            .unwrap();
+        for (x, y) in a.rows.iter().zip(&b.rows) {
+            let run = with.runs.iter().find(|r| r.label == x.run).unwrap();
+            let added = match (&run.resident, x.figure) {
+                (Some(m), Figure::PeakAllocatedBytes) => m.bytes,
+                _ => 0.0,
+            };
+            if x.predicted.is_finite() {
+                assert_eq!(x.predicted, y.predicted + added, "{} {:?}", x.run, x.figure);
+            }
+            assert_eq!(
+                x.source.contains("GiB resident"),
+                added > 0.0,
+                "{}",
+                x.source
+            );
+        }
+    }
+
     /// The runs simulate with the profile they were measured on: every figure but the
     /// reserved memory is predicted, and the reserved memory is not modelled.
     #[test]
@@ -462,6 +531,40 @@ step_time_s = { value = "1.5 s", source = "my log" }
             e.contains("known figures: step_time_s, forward_device_s"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_bad_resident_entry_is_named() {
+        let with = |entry: &str| {
+            GOOD.replace(
+                "strategy = \"fsdp2\"\n",
+                &format!("strategy = \"fsdp2\"\nresident = {entry}\n"),
+            )
+        };
+        let ok = with("{ bytes = \"2 GiB\", source = \"a reference model\" }")
+            .replace("SCENARIO", &scenario());
+        let f = RunsFile::parse(&ok, &dir().join("good.toml")).unwrap();
+        assert_eq!(
+            f.runs[0].resident.as_ref().unwrap().bytes,
+            2.0 * 1024.0 * 1024.0 * 1024.0
+        );
+        let text = with("{ bytes = -1, source = \"x\" }");
+        let line = line_of(&text, "resident");
+        let e = error(&text);
+        assert!(
+            e.contains(&format!("bad.toml:{line}: run.resident.bytes")),
+            "{e}"
+        );
+        assert!(e.contains("finite number of bytes"), "{e}");
+        let e = error(&with("{ bytes = \"2 parsecs\", source = \"x\" }"));
+        assert!(
+            e.contains("run.resident.bytes") && e.contains("unknown unit"),
+            "{e}"
+        );
+        let e = error(&with("{ bytes = 5 }"));
+        assert!(e.contains("run.resident.source: no source"), "{e}");
+        let e = error(&with("{ bytes = 5, source = \"x\", when = 1 }"));
+        assert!(e.contains("unknown field") && e.contains("when"), "{e}");
     }
 
     #[test]

@@ -325,7 +325,9 @@ impl CalibrationSet {
         for ((run, idx), result) in kept.into_iter().zip(sims) {
             let (result, facts) = (&result, &self.facts[*idx]);
             let rank0 = &self.prepared[*idx].workload.units[0].program;
-            let predicted = facts.predicted_figures(result, rank0, profile, run.validation_mode);
+            let mut predicted =
+                facts.predicted_figures(result, rank0, profile, run.validation_mode);
+            add_resident_memory(&mut predicted, run);
             let costs = HostCosts::of(profile, run.validation_mode);
             host.push(HostRow::with_totals(
                 (&run.experiment, &run.label),
@@ -341,7 +343,7 @@ impl CalibrationSet {
                 measured: m.value,
                 predicted: predicted.get(&m.figure).copied().unwrap_or(f64::NAN),
                 rule: m.rule,
-                source: m.source.clone(),
+                source: row_source(m, run, &predicted),
             }));
         }
         predict_validation_overheads(&mut rows, &steps);
@@ -470,4 +472,39 @@ fn check_unique(files: &[RunsFile]) -> Result<(), CalibrationError> {
         }
     }
     Ok(())
+}
+
+/// Adds a run's resident memory ([`MeasuredRun::resident`]) to its predicted peak memory
+/// figures: the measurement includes memory the simulated step does not allocate.
+fn add_resident_memory(predicted: &mut BTreeMap<Figure, f64>, run: &MeasuredRun) {
+    let Some(resident) = &run.resident else {
+        return;
+    };
+    for figure in [Figure::PeakAllocatedBytes, Figure::PeakReservedBytes] {
+        if let Some(v) = predicted.get_mut(&figure) {
+            *v += resident.bytes;
+        }
+    }
+}
+
+/// A figure row's source: the measured figure's, plus the resident memory added to the
+/// prediction of a predicted peak-memory figure.
+fn row_source(
+    m: &super::measured::MeasuredFigure,
+    run: &MeasuredRun,
+    predicted: &BTreeMap<Figure, f64>,
+) -> String {
+    match (&run.resident, m.figure) {
+        (Some(r), Figure::PeakAllocatedBytes | Figure::PeakReservedBytes)
+            if predicted.contains_key(&m.figure) =>
+        {
+            format!(
+                "{}; predicted = the simulated step + {:.2} GiB resident ({})",
+                m.source,
+                r.bytes / f64::from(1u32 << 30),
+                r.source
+            )
+        }
+        _ => m.source.clone(),
+    }
 }

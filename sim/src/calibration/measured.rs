@@ -39,8 +39,24 @@ pub struct MeasuredRun {
     pub validation_mode: bool,
     /// The measured figures, in [`Figure`] order.
     pub figures: Vec<MeasuredFigure>,
+    /// Device memory held through the measured steps by something the scenario does not
+    /// run (another model, an earlier run's tensors a harness left allocated): added to the
+    /// predicted peak memory before it is compared.
+    pub resident: Option<ResidentMemory>,
     /// The runs file it was read from.
     pub file: PathBuf,
+}
+
+/// Memory allocated on the measured device for the whole of a run's measured steps that the
+/// run's own step does not allocate, with where the figure comes from. A peak-memory
+/// measurement includes it, the simulated step cannot: the comparison adds it to the
+/// predicted `peak_allocated_bytes` and `peak_reserved_bytes`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResidentMemory {
+    /// Bytes held, per device.
+    pub bytes: f64,
+    /// How the figure was derived (what holds the memory, and why it stays allocated).
+    pub source: String,
 }
 
 impl MeasuredRun {

@@ -11,6 +11,7 @@
 //! strategy = "fsdp2"               # hyperparallel | fsdp2 | megatron-ddp
 //! optimizer = "adamw"              # optional: the scenario's default otherwise
 //! mode = "production"              # or "validation" (default production)
+//! resident = { bytes = "15.64 GiB", source = "..." }  # optional: memory held outside the step
 //! [run.figures]
 //! step_time_s = { value = 3.720, source = "paper Table 5" }
 //! peak_allocated_bytes = { value = "51.035 GB", source = "...", tolerance = "5%", gating = true }
@@ -60,7 +61,7 @@ use super::difference::Difference;
 use super::error::CalibrationError;
 use super::figure::Figure;
 use super::gates::rule_of;
-use super::measured::{MeasuredFigure, MeasuredRun};
+use super::measured::{MeasuredFigure, MeasuredRun, ResidentMemory};
 use super::params::{BlindBounds, FitParam, KEYS, MaxFrom, MeasuredConstant, SourcedRange};
 use super::prior::Prior;
 use super::quantity::{parse_tolerance, parse_value};
@@ -127,7 +128,16 @@ struct RawRun {
     optimizer: Option<Spanned<String>>,
     #[serde(default)]
     mode: Option<Spanned<String>>,
+    #[serde(default)]
+    resident: Option<Spanned<RawResident>>,
     figures: Spanned<BTreeMap<Spanned<String>, Spanned<RawFigure>>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResident {
+    bytes: Spanned<RawValue>,
+    source: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -409,6 +419,11 @@ fn run(
         figures.push(figure(errors, key, raw, &label)?);
     }
     figures.sort_by_key(|m| m.figure);
+    let resident = r
+        .resident
+        .as_ref()
+        .map(|raw| resident(errors, raw))
+        .transpose()?;
     Ok(MeasuredRun {
         experiment,
         label,
@@ -417,7 +432,38 @@ fn run(
         optimizer: r.optimizer.as_ref().map(|o| o.get_ref().clone()),
         validation_mode,
         figures,
+        resident,
         file: file.to_path_buf(),
+    })
+}
+
+/// A run's `resident = { bytes, source }`: a finite byte count >= 0 and a non-empty source.
+fn resident(
+    errors: &Errors,
+    raw: &Spanned<RawResident>,
+) -> Result<ResidentMemory, CalibrationError> {
+    let r = raw.get_ref();
+    let bytes = match r.bytes.get_ref() {
+        RawValue::Number(n) => Ok(*n),
+        RawValue::Text(t) => parse_value(t),
+    }
+    .and_then(|n| {
+        (n.is_finite() && n >= 0.0)
+            .then_some(n)
+            .ok_or_else(|| format!("{n} must be a finite number of bytes >= 0"))
+    })
+    .map_err(|m| errors.at(r.bytes.span(), "run.resident.bytes", m))?;
+    let source = r.source.as_deref().map(str::trim).unwrap_or("");
+    if source.is_empty() {
+        return Err(errors.at(
+            raw.span(),
+            "run.resident.source",
+            "no source: say what holds the memory and how its size was derived".into(),
+        ));
+    }
+    Ok(ResidentMemory {
+        bytes,
+        source: source.to_string(),
     })
 }
 
