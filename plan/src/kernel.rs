@@ -15,6 +15,57 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How a grouped expert GEMM kernel tiles its per-expert products, where the rate of the
+/// dense GEMM with the same rows does not describe it. PyTorch's `torch._grouped_mm` on
+/// Hopper (`ATen/native/cuda/GroupMM.cu`: CUTLASS 3 grouped GEMM, a 128 x 256 x 64 tile with
+/// the cooperative schedule, 64 x 128 x 128 when an expert's rows or the output columns are at
+/// most 128) shows two effects the dense table cannot:
+/// - each expert's rows are padded to whole row tiles. Routing gives experts uneven token
+///   counts, so the padding is half a tile per expert on average (none when every expert
+///   gets a multiple of the tile, as in a balanced micro-benchmark);
+/// - the weight gradient (`dW = x^T dy`, tokens as the reduction dimension) runs a short
+///   reduction per expert (one expert's tokens), so each output tile's epilogue (writing the
+///   expert's gradient) is not hidden behind its main loop: memory time adds to math time
+///   instead of overlapping it.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, Serialize, Deserialize,
+)]
+pub struct GroupedTiling {
+    /// Rows each expert's product is padded to (the kernel's M tile); 0: no padding modelled.
+    pub row_tile: u64,
+    /// The launch computes weight gradients (tokens are the reduction dimension).
+    pub weight_grad: bool,
+}
+
+impl GroupedTiling {
+    /// `torch._grouped_mm`'s tiling on Hopper for experts of `tokens_per_group` rows and `n`
+    /// output columns (`GroupMM.cu`'s `small` test picks the 64-row tile).
+    pub fn torch_sm90(tokens_per_group: u64, n: u64, weight_grad: bool) -> Self {
+        let small = tokens_per_group <= 128 || n <= 128;
+        GroupedTiling {
+            row_tile: if small { 64 } else { 128 },
+            weight_grad,
+        }
+    }
+
+    /// No tiling effect modelled (the dense rate of all the launch's rows).
+    pub fn is_default(&self) -> bool {
+        *self == GroupedTiling::default()
+    }
+
+    /// Rows each expert's product occupies on average: `tokens_per_group` plus half a tile of
+    /// padding (routing leaves the count's remainder uniform over the tile), at least one
+    /// tile; `tokens_per_group` itself without a tile or for weight gradients (whose tokens
+    /// are the reduction dimension, not rows).
+    pub fn padded_rows(&self, tokens_per_group: u64) -> f64 {
+        if self.row_tile == 0 || self.weight_grad {
+            return tokens_per_group as f64;
+        }
+        let tile = self.row_tile as f64;
+        (tokens_per_group as f64 + (tile - 1.0) / 2.0).max(tile)
+    }
+}
+
 /// The cost class of a device kernel, with the shape its achievable FLOP rate depends on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(tag = "class", rename_all = "kebab-case")]
@@ -42,6 +93,10 @@ pub enum KernelClass {
         n: u64,
         /// Input features.
         k: u64,
+        /// How the kernel tiles each expert's product ([`GroupedTiling`]); the default
+        /// charges the dense rate of `groups x tokens_per_group` rows.
+        #[serde(default, skip_serializing_if = "GroupedTiling::is_default")]
+        tiling: GroupedTiling,
     },
     /// Fused (flash) attention core: `batch` sequences of `seq` query tokens against `seq`
     /// keys (causal), `heads` query heads of `head_dim`.
@@ -172,7 +227,15 @@ impl MixId {
                     tokens_per_group,
                     n,
                     k,
-                } => (2, groups, tokens_per_group, n, k),
+                    tiling,
+                } => {
+                    // The default tiling hashes as before, so mixes without one keep their ids.
+                    if !tiling.is_default() {
+                        hasher.update(&tiling.row_tile.to_le_bytes());
+                        hasher.update(&[u8::from(tiling.weight_grad)]);
+                    }
+                    (2, groups, tokens_per_group, n, k)
+                }
                 KernelClass::Attention {
                     batch,
                     seq,
@@ -209,6 +272,51 @@ pub fn totals(kernels: &[KernelWork]) -> (u64, u64, u32) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn grouped_rows_pad_half_a_tile_and_weight_gradients_do_not() {
+        let t = GroupedTiling::torch_sm90(256, 1536, false);
+        assert_eq!(t.row_tile, 128);
+        assert_eq!(t.padded_rows(256), 256.0 + 63.5);
+        // Few rows per expert: the 64-row tile, and at least one whole tile.
+        let small = GroupedTiling::torch_sm90(16, 1536, false);
+        assert_eq!(small.row_tile, 64);
+        assert_eq!(small.padded_rows(16), 64.0);
+        assert_eq!(GroupedTiling::torch_sm90(4096, 64, false).row_tile, 64);
+        // Tokens are the reduction of a weight gradient: no row padding.
+        assert_eq!(
+            GroupedTiling::torch_sm90(256, 1536, true).padded_rows(256),
+            256.0
+        );
+        assert_eq!(GroupedTiling::default().padded_rows(256), 256.0);
+        assert!(GroupedTiling::default().is_default());
+        assert!(!t.is_default());
+    }
+
+    #[test]
+    fn a_default_tiling_keeps_the_mix_id() {
+        let work = |tiling| KernelWork {
+            class: KernelClass::GroupedGemm {
+                groups: 128,
+                tokens_per_group: 256,
+                n: 1536,
+                k: 2048,
+                tiling,
+            },
+            count: 1,
+            flops: 1,
+            hbm_bytes: 1,
+        };
+        let plain = MixId::of(&[work(GroupedTiling::default())]);
+        let tiled = MixId::of(&[work(GroupedTiling::torch_sm90(256, 1536, false))]);
+        let grad = MixId::of(&[work(GroupedTiling::torch_sm90(256, 1536, true))]);
+        assert_ne!(plain, tiled);
+        assert_ne!(tiled, grad);
+        // Serialized without the field when it is the default (outputs unchanged).
+        let json = serde_json::to_string(&work(GroupedTiling::default()).class).unwrap();
+        assert!(!json.contains("tiling"), "{json}");
+    }
+
     use super::*;
 
     #[test]

@@ -59,12 +59,17 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
             tokens_per_group,
             n,
             k,
-        } => match profile.compute.grouped_gemm_relative_efficiency {
-            Some(relative) => {
-                relative * gemm_efficiency(groups.saturating_mul(tokens_per_group), n, k, profile)
-            }
-            None => gemm_efficiency(tokens_per_group, n, k, profile),
-        },
+            tiling,
+        } => {
+            let dense = match profile.compute.grouped_gemm_relative_efficiency {
+                Some(relative) => {
+                    relative
+                        * gemm_efficiency(groups.saturating_mul(tokens_per_group), n, k, profile)
+                }
+                None => gemm_efficiency(tokens_per_group, n, k, profile),
+            };
+            dense * tokens_per_group as f64 / tiling.padded_rows(tokens_per_group)
+        }
         KernelClass::Attention { seq, .. } => attention_efficiency(seq, profile),
         // Element-wise arithmetic is never the bound of these kernels; the ceiling keeps the
         // roofline defined.
@@ -87,7 +92,16 @@ pub fn kernel_s(k: &KernelWork, profile: &HardwareProfile) -> f64 {
     };
     let math = k.flops as f64 / (d.bf16_flops_per_s * efficiency.max(1e-9));
     let memory = k.hbm_bytes as f64 / (d.hbm_bandwidth_bytes_per_s * bandwidth);
-    math.max(memory) + k.count as f64 * c.device_launch_us_per_kernel * 1e-6
+    let serial_epilogue = matches!(
+        k.class,
+        KernelClass::GroupedGemm { tiling, .. } if tiling.weight_grad
+    );
+    let busy = if serial_epilogue {
+        math + memory
+    } else {
+        math.max(memory)
+    };
+    busy + k.count as f64 * c.device_launch_us_per_kernel * 1e-6
 }
 
 #[cfg(test)]
@@ -113,6 +127,7 @@ mod tests {
                 tokens_per_group: tpg,
                 n: 1536,
                 k: 2048,
+                tiling: Default::default(),
             },
             count: 1,
             flops: 2 * 128 * tpg * 1536 * 2048,
@@ -121,6 +136,41 @@ mod tests {
         assert!(per_flop(grouped(64)) > 1.5 * per_flop(grouped(2048)));
         let e = gemm_efficiency(1 << 20, 1 << 20, 1 << 20, &p);
         assert!(e < p.calibration.gemm_ceiling && e > 0.99 * p.calibration.gemm_ceiling);
+    }
+
+    /// `torch._grouped_mm`'s tiling: expert rows padded to the row tile cost their padded
+    /// rows' math; a weight gradient adds its memory time to its math time.
+    #[test]
+    fn grouped_gemm_tiling_pads_rows_and_serialises_the_weight_gradient_epilogue() {
+        use hpfsdp_plan::kernel::GroupedTiling;
+        let p = HardwareProfile::builtin("nvidia-h200-hgx").unwrap();
+        let launch = p.calibration.device_launch_us_per_kernel * 1e-6;
+        let grouped = |tiling, hbm_bytes| KernelWork {
+            class: KernelClass::GroupedGemm {
+                groups: 128,
+                tokens_per_group: 256,
+                n: 1536,
+                k: 2048,
+                tiling,
+            },
+            count: 1,
+            flops: 2 * 128 * 256 * 1536 * 2048,
+            hbm_bytes,
+        };
+        let dense = kernel_s(&grouped(GroupedTiling::default(), 0), &p) - launch;
+        let padded =
+            kernel_s(&grouped(GroupedTiling::torch_sm90(256, 1536, false), 0), &p) - launch;
+        assert!((padded / dense - (256.0 + 63.5) / 256.0).abs() < 1e-12);
+        let bytes = 1_000_000_000;
+        let memory =
+            bytes as f64 / (p.device.hbm_bandwidth_bytes_per_s * p.calibration.hbm_efficiency);
+        let overlapped = kernel_s(&grouped(GroupedTiling::default(), bytes), &p) - launch;
+        let serial = kernel_s(
+            &grouped(GroupedTiling::torch_sm90(256, 1536, true), bytes),
+            &p,
+        ) - launch;
+        assert!((overlapped - dense.max(memory)).abs() < 1e-12);
+        assert!((serial - (dense + memory)).abs() < 1e-12);
     }
 
     #[test]

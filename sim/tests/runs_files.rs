@@ -369,6 +369,15 @@ mod h200 {
         }
         let dense = &file.runs[0];
         assert_eq!(dense.value(Figure::StepTimeS), Some(0.305618193000015));
+        // The leave-one-out tolerance on step time: 10%.
+        for r in &file.runs {
+            let step = r
+                .figures
+                .iter()
+                .find(|m| m.figure == Figure::StepTimeS)
+                .unwrap();
+            assert_eq!(step.rule.loo_tolerance, Some(Tolerance::Relative(0.10)));
+        }
         // Kernels from the kernel table, without the profiler's GPU annotation rows that
         // runs.jsonl's `kernels` (3,219) counts.
         assert_eq!(dense.value(Figure::DeviceKernels), Some(3181.0));
@@ -376,13 +385,19 @@ mod h200 {
         for key in [
             "calibration.host_us_per_cpu_event",
             "calibration.hbm_efficiency",
-            "calibration.device_launch_us_per_kernel",
             "compute.attention_relative_efficiency",
         ] {
             assert!(keys.contains(&key), "{key}");
         }
-        // The copy efficiency is measured directly (micro.json), not fitted.
+        // The copy efficiency is measured directly (micro.json), not fitted; the device time
+        // per launched op is measured on the 14B run's trace, so leave-one-out replaces it
+        // with the micro-benchmark's value when that run is left out.
         assert!(!keys.contains(&"calibration.copy_efficiency"));
+        assert!(!keys.contains(&"calibration.device_launch_us_per_kernel"));
+        let launch = &file.measured_constants[0];
+        assert_eq!(launch.key, "calibration.device_launch_us_per_kernel");
+        assert_eq!(launch.experiment, "dense14b-8l-mbs1");
+        assert_eq!(launch.blind_value, 0.92);
         for p in &file.fit {
             assert!(p.prior.source.contains("micro.json"), "{}", p.key);
         }
@@ -565,6 +580,29 @@ step_time_s = { value = "1.5 s", source = "my log" }
         assert!(e.contains("run.resident.source: no source"), "{e}");
         let e = error(&with("{ bytes = 5, source = \"x\", when = 1 }"));
         assert!(e.contains("unknown field") && e.contains("when"), "{e}");
+    }
+
+    #[test]
+    fn a_leave_one_out_tolerance_is_read_and_a_bad_one_named() {
+        let with = |t: &str| {
+            GOOD.replace(
+                "source = \"my log\" }",
+                &format!("source = \"my log\", loo_tolerance = \"{t}\" }}"),
+            )
+        };
+        let ok = with("10%").replace("SCENARIO", &scenario());
+        let f = RunsFile::parse(&ok, &dir().join("good.toml")).unwrap();
+        let rule = f.runs[0].figures[0].rule;
+        assert_eq!(rule.loo_tolerance, Some(Tolerance::Relative(0.10)));
+        let text = with("ten percent");
+        let e = error(&text);
+        let line = line_of(&text, "loo_tolerance");
+        assert!(
+            e.contains(&format!(
+                "bad.toml:{line}: run.figures.step_time_s.loo_tolerance"
+            )),
+            "{e}"
+        );
     }
 
     #[test]

@@ -82,6 +82,7 @@ fn entry_launches(e: &KernelWork) -> Vec<Launch> {
             tokens_per_group,
             n,
             k,
+            ..
         } => Launch::Gemm(problem(tokens_per_group, n, k, groups)),
         KernelClass::Attention { .. } => {
             let per = e.flops / count as u64;
@@ -180,6 +181,7 @@ mod tests {
                 tokens_per_group: 64,
                 n: 32,
                 k: 16,
+                tiling: Default::default(),
             },
             count: 1,
             flops: 2 * 8 * 64 * 32 * 16,

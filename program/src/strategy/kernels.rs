@@ -28,7 +28,7 @@
 
 use super::StrategyOptions;
 use super::routing::{RoutedLoad, busiest_rank_load};
-use hpfsdp_plan::kernel::{KernelClass, KernelWork};
+use hpfsdp_plan::kernel::{GroupedTiling, KernelClass, KernelWork};
 use hpfsdp_plan::model::{ComputeOp, EagerRecipe, OpShape};
 use hpfsdp_plan::scenario::Scenario;
 
@@ -308,19 +308,33 @@ fn experts(c: &KernelCtx, input: u64, output: u64) -> (Vec<KernelWork>, Vec<Kern
     let act = copies * (input + output) as f64;
     let weights = (groups * input * output) as f64;
     let eb = c.act_bytes as f64;
-    let work = |n: u64, k: u64| KernelWork {
+    // PyTorch's `torch._grouped_mm` tiles each expert's rows and runs the weight gradient
+    // with tokens as a short reduction ([`GroupedTiling`]); other libraries keep the dense
+    // rate.
+    let tiling = |n: u64, weight_grad: bool| {
+        if c.torch_cuda {
+            GroupedTiling::torch_sm90(tokens_per_group, n, weight_grad)
+        } else {
+            GroupedTiling::default()
+        }
+    };
+    let work = |n: u64, k: u64, tiling: GroupedTiling| KernelWork {
         class: KernelClass::GroupedGemm {
             groups,
             tokens_per_group,
             n,
             k,
+            tiling,
         },
         count: 1,
         flops,
         hbm_bytes: ((act + weights) * eb).round() as u64,
     };
-    let mut fwd = vec![work(output, input)];
-    let mut bwd = vec![work(input, output), work(input, output)];
+    let mut fwd = vec![work(output, input, tiling(output, false))];
+    let mut bwd = vec![
+        work(input, output, tiling(input, false)),
+        work(input, output, tiling(input, true)),
+    ];
     if c.ep > 1 {
         // HyperParallel's grouped path multiplies by the transposed weight view
         // (`gate_up_weight.transpose(1, 2)`, `down_weight.transpose(1, 2)`,
@@ -556,7 +570,8 @@ mod tests {
                 groups: 128,
                 tokens_per_group: 512,
                 n: 1536,
-                k: 2048
+                k: 2048,
+                tiling: GroupedTiling::default(),
             }
         );
         assert_eq!(f[0].flops, 2 * 8192 * 8 * 2048 * 1536);
@@ -614,6 +629,40 @@ mod tests {
         assert_eq!(gqa[4].hbm_bytes, q_elems * 4 + 8192 * 4 * 128 * 2);
         // TP splits the heads, not the sequence: half the bytes per rank.
         assert_eq!(cudnn(2, 4)[3].hbm_bytes, q_elems * 3);
+    }
+
+    /// Under `torch_cuda`, `torch._grouped_mm`'s tiling: the forward and dX launches pad
+    /// each expert's rows, the dW launch runs tokens as its reduction; other libraries keep
+    /// the dense rate.
+    #[test]
+    fn torch_cuda_experts_carry_grouped_mm_tiling() {
+        let shape = op(OpShape::Experts {
+            experts: 128,
+            top_k: 8,
+            input: 2048,
+            output: 1536,
+        });
+        let tilings = |c: &KernelCtx| {
+            let (f, b) = op_kernels(&shape, c);
+            f.iter()
+                .chain(&b)
+                .map(|k| match k.class {
+                    KernelClass::GroupedGemm { tiling, .. } => tiling,
+                    _ => panic!("not grouped: {k:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        let plain = ctx(1);
+        assert!(tilings(&plain).iter().all(GroupedTiling::is_default));
+        let cuda = KernelCtx {
+            torch_cuda: true,
+            ..ctx(1)
+        };
+        let t = tilings(&cuda);
+        assert_eq!(t.len(), 3);
+        assert_eq!((t[0].row_tile, t[0].weight_grad), (128, false));
+        assert_eq!((t[1].row_tile, t[1].weight_grad), (128, false));
+        assert!(t[2].weight_grad);
     }
 
     #[test]

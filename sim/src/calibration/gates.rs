@@ -76,6 +76,9 @@ pub struct FigureRule {
     pub fit_weight: f64,
     /// Its tolerance.
     pub tolerance: Tolerance,
+    /// Its tolerance when its run is left out of the fit and predicted blind (leave-one-out);
+    /// `None`: the same as [`FigureRule::tolerance`].
+    pub loo_tolerance: Option<Tolerance>,
     /// Whether it decides the verdict.
     pub gating: bool,
 }
@@ -85,6 +88,7 @@ const fn rule(figure: Figure, fit_weight: f64, tolerance: Tolerance, gating: boo
         figure,
         fit_weight,
         tolerance,
+        loo_tolerance: None,
         gating,
     }
 }

@@ -124,7 +124,12 @@ pub fn fold(
         options,
         Starts::Blind,
     )?;
-    let predicted = held_out_figures(set.compare(&fit.profile)?, &left_out);
+    let mut predicted = held_out_figures(set.compare(&fit.profile)?, &left_out);
+    for row in &mut predicted.rows {
+        if let Some(t) = row.rule.loo_tolerance {
+            row.rule.tolerance = t;
+        }
+    }
     Ok(Fold {
         left_out,
         fit,

@@ -15,6 +15,7 @@
 //! [run.figures]
 //! step_time_s = { value = 3.720, source = "paper Table 5" }
 //! peak_allocated_bytes = { value = "51.035 GB", source = "...", tolerance = "5%", gating = true }
+//! # loo_tolerance = "10%": the tolerance when the run is left out (default: tolerance)
 //!
 //! [[difference]]                   # run / baseline - 1 of the step times, in pp
 //! name = "exp_b"
@@ -50,7 +51,8 @@
 //!
 //! A figure's `value` is a number in the figure's base unit or a string with a unit
 //! ([`super::quantity`]: `"305.6 ms"`, `"78.27 GiB"`); `source` is required; `tolerance`
-//! (`"10%"`, `"5 pp"`), `weight` (its weight in the fit; 0 = predicted, not fitted) and
+//! (`"10%"`, `"5 pp"`), `loo_tolerance` (the tolerance a left-out run's figure is checked
+//! against in leave-one-out; default `tolerance`), `weight` (its weight in the fit; 0 = predicted, not fitted) and
 //! `gating` override the figure's default rule ([`super::gates::FIGURE_RULES`]). Figure keys
 //! are [`Figure::key`]s. `validation_overhead_s` is never entered: it is derived for every
 //! validation-mode run whose production twin (same experiment, scenario, strategy and
@@ -146,6 +148,7 @@ struct RawFigure {
     value: Option<Spanned<RawValue>>,
     source: Option<String>,
     tolerance: Option<Spanned<String>>,
+    loo_tolerance: Option<Spanned<String>>,
     weight: Option<Spanned<f64>>,
     gating: Option<bool>,
 }
@@ -533,6 +536,12 @@ fn figure(
     if let Some(t) = &f.tolerance {
         rule.tolerance = parse_tolerance(t.get_ref())
             .map_err(|m| errors.at(t.span(), &format!("{name}.tolerance"), m))?;
+    }
+    if let Some(t) = &f.loo_tolerance {
+        rule.loo_tolerance = Some(
+            parse_tolerance(t.get_ref())
+                .map_err(|m| errors.at(t.span(), &format!("{name}.loo_tolerance"), m))?,
+        );
     }
     if let Some(w) = &f.weight {
         let w_ok = w.get_ref().is_finite() && *w.get_ref() >= 0.0;
