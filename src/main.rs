@@ -69,6 +69,11 @@ enum Command {
         /// `[optimizer] baselines` on the scenario's strategy.
         #[arg(long, value_name = "NAME")]
         optimizer: Option<String>,
+        /// Also print each strategy's rank-0 device time by step phase and kernel class (the
+        /// sum a profiler's kernel table gives, before streams overlap), to hold the model
+        /// against a measured step class by class.
+        #[arg(long)]
+        kernel_classes: bool,
         #[command(flatten)]
         lint: commands::lint_gate::LintArgs,
     },
@@ -217,6 +222,7 @@ fn main() -> ExitCode {
             no_fold,
             validation_mode,
             optimizer,
+            kernel_classes,
             lint,
         } => commands::simulate::run(&commands::simulate::SimulateArgs {
             scenario,
@@ -228,6 +234,7 @@ fn main() -> ExitCode {
             validation_mode,
             optimizer,
             allow_lint_errors: lint.allow_lint_errors,
+            kernel_classes,
         }),
         Command::Calibrate {
             hardware,

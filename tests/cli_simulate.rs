@@ -273,3 +273,41 @@ fn muon_comparison_scenario_runs_its_baselines_and_reports_them() {
     assert!(csv.lines().next().unwrap().contains("optimizer_range_s"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--kernel-classes` adds rank 0's device time by phase and kernel class: a table in text
+/// mode, a `kernel_classes` array in JSON (absent without the flag), summing to the device
+/// time of a one-GPU step's kernels.
+#[test]
+fn kernel_classes_break_rank0_device_time_down() {
+    let path = "scenarios/gpu/moe30b-4l-mbs1-grouped.toml";
+    let plain = json(&["simulate", path, "--json"]);
+    assert!(plain.get("kernel_classes").is_none());
+    let doc = json(&["simulate", path, "--json", "--kernel-classes"]);
+    let classes = doc["kernel_classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 1);
+    assert_eq!(classes[0]["strategy"], "fsdp2");
+    let rows = classes[0]["rows"].as_array().unwrap();
+    let find = |phase: &str, class: &str| {
+        rows.iter()
+            .find(|r| r["phase"] == phase && r["class"] == class)
+            .unwrap_or_else(|| panic!("{phase} {class}: {rows:?}"))
+    };
+    assert_eq!(find("forward", "grouped-gemm")["launches"], 8);
+    assert_eq!(find("backward", "grouped-gemm")["launches"], 16);
+    assert_eq!(find("optimizer", "multi-tensor-apply")["launches"], 1192);
+    let total_s: f64 = rows.iter().map(|r| r["device_s"].as_f64().unwrap()).sum();
+    let step_s = doc["results"][0]["step_time_s"].as_f64().unwrap();
+    assert!(
+        total_s > 0.9 * step_s && total_s <= step_s,
+        "{total_s} vs {step_s}"
+    );
+    // The same results as without the flag.
+    assert_eq!(doc["results"], plain["results"]);
+    let text = hpfsdp(&["simulate", path, "--kernel-classes"]);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        out.contains("rank 0 device time by phase and kernel class, fsdp2 + adamw"),
+        "{out}"
+    );
+    assert!(out.contains("backward   chunk-cat"), "{out}");
+}

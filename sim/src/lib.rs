@@ -28,6 +28,7 @@ pub mod fold;
 pub mod fold_mesh;
 pub mod gemm_table;
 pub mod host_cost;
+pub mod kernel_classes;
 pub mod memory;
 pub mod metrics;
 pub mod net;

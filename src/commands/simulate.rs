@@ -9,6 +9,7 @@ use anyhow::{Context, Result, bail};
 use hpfsdp_plan::scenario::{FSDP_STRATEGIES, MUON_BASELINES, Scenario};
 use hpfsdp_reports::model::{self as rm, SimReport};
 use hpfsdp_sim::HardwareProfile;
+use hpfsdp_sim::kernel_classes::{ClassRow, device_time_by_class};
 use hpfsdp_sim::scenario_run::{
     RunOptions, ScenarioPlans, SimJob, StrategyRun, hardware_dir_for, simulate_strategy,
 };
@@ -40,6 +41,8 @@ pub struct SimulateArgs {
     pub optimizer: Option<String>,
     /// Go on although the sharding plan has lint errors (what-if study).
     pub allow_lint_errors: bool,
+    /// Print rank 0's device time by phase and kernel class per strategy (`--kernel-classes`).
+    pub kernel_classes: bool,
 }
 
 /// The `--json` document.
@@ -52,6 +55,18 @@ struct JsonOut<'a> {
     /// What-if cost rows of the first strategy (absent without `[whatif]` faults).
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     whatif: &'a [WhatIfCost],
+    /// Per strategy, rank 0's device time by phase and kernel class (only with
+    /// `--kernel-classes`).
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    kernel_classes: &'a [StrategyClasses],
+}
+
+/// One strategy's rank-0 device time by phase and kernel class.
+#[derive(Serialize)]
+struct StrategyClasses {
+    strategy: String,
+    optimizer: String,
+    rows: Vec<ClassRow>,
 }
 
 /// Runs the command.
@@ -100,6 +115,17 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
         sanity::check_summary(s)?;
     }
     let whatif = whatif_rows(&plans, &jobs, &profile, &options)?;
+    let classes: Vec<StrategyClasses> = if args.kernel_classes {
+        runs.iter()
+            .map(|r| StrategyClasses {
+                strategy: r.strategy.clone(),
+                optimizer: r.optimizer.clone(),
+                rows: device_time_by_class(&r.rank0_program, &profile),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let name = plans.scenario.file.name.clone();
     if args.json {
         let out = JsonOut {
@@ -108,11 +134,13 @@ pub fn run(args: &SimulateArgs) -> Result<ExitCode> {
             world_size: summaries.first().map_or(0, |s| s.world_size),
             results: &summaries,
             whatif: &whatif,
+            kernel_classes: &classes,
         };
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         print!("{}", render_table(&plans, &profile, &summaries));
         print!("{}", render_whatif(&whatif));
+        print!("{}", render_classes(&classes));
     }
     if let Some(dir) = &args.out {
         let report = SimReport {
@@ -190,6 +218,36 @@ fn whatif_rows(
     };
     whatif_costs(plans, &job.strategy, profile, &options)
         .with_context(|| format!("costing the [whatif] faults on strategy '{}'", job.strategy))
+}
+
+/// The `--kernel-classes` tables for the terminal (empty text without them).
+fn render_classes(classes: &[StrategyClasses]) -> String {
+    let mut out = String::new();
+    for c in classes {
+        out.push_str(&format!(
+            "\nrank 0 device time by phase and kernel class, {} + {} (kernels costed one by one, before streams overlap):\n",
+            c.strategy, c.optimizer
+        ));
+        let mut t = Table::new(&["phase", "class", "launches", "device (ms)"]);
+        for r in &c.rows {
+            t.row(vec![
+                r.phase.to_string(),
+                r.class.to_string(),
+                r.launches.to_string(),
+                format!("{:.2}", r.device_s * 1e3),
+            ]);
+        }
+        let total: f64 = c.rows.iter().map(|r| r.device_s).sum();
+        let launches: u64 = c.rows.iter().map(|r| r.launches).sum();
+        t.row(vec![
+            "total".into(),
+            String::new(),
+            launches.to_string(),
+            format!("{:.2}", total * 1e3),
+        ]);
+        out.push_str(&t.render());
+    }
+    out
 }
 
 /// The what-if cost table for the terminal (empty text without rows).
