@@ -7,7 +7,7 @@
 //! before it ([`Emitter::issue_point`]).
 
 use super::collective_staging;
-use super::compute::{Item, Stage};
+use super::compute::{Item, Segment, Stage};
 use super::host_events;
 use super::muon::schedule::{Dep, Schedule, Work};
 use super::parallel::{CollSpec, ParAxis, ParColl};
@@ -417,6 +417,9 @@ impl<'a> Emitter<'a> {
                     if host > 0 {
                         self.b.host_events(f, host);
                     }
+                    if pass == Pass::Forward {
+                        self.forward_syncs(s, l, &name);
+                    }
                     first.get_or_insert(f);
                     last = Some(l);
                 }
@@ -433,6 +436,19 @@ impl<'a> Emitter<'a> {
         // Stages always hold a compute segment (see compute::build_stages).
         let last = last.unwrap_or(OpId(0));
         (first.unwrap_or(last), last)
+    }
+
+    /// The device -> host syncs of segment `s`'s forward ([`Segment::fwd_d2h_syncs`]:
+    /// transformers' eager experts loop reads values back every expert), as host ops waiting
+    /// for its last op `last`: the host drains the device at the first and pays one sync call
+    /// at each, so the forward of the segment runs host-then-device serial and the host issues
+    /// nothing after it until the device is done.
+    fn forward_syncs(&mut self, s: &Segment, last: OpId, name: &str) {
+        for i in 0..s.fwd_d2h_syncs {
+            let sync = self.b.host(Category::Host, 0, &[last]);
+            self.b
+                .name(sync, format!("{}{name}.d2h_sync{i}", self.mb_prefix));
+        }
     }
 
     /// Emits the chunks of a fused collective `<name>.<suffix>.c<i>`. A gather's chunks are

@@ -21,6 +21,7 @@ pub mod avg_division;
 pub mod collective_staging;
 pub mod compute;
 mod ctx;
+pub mod eager_experts;
 mod emit;
 pub mod fsdp2;
 mod groups;

@@ -1,0 +1,363 @@
+//! transformers' `eager` routed experts (`[model] experts_implementation = "eager"`): the
+//! Python loop of `Qwen3MoeExperts.forward` (transformers 5.17,
+//! `models/qwen3_moe/modeling_qwen3_moe.py`, fused 3-D parameters `gate_up_proj [E, 2I, H]`
+//! and `down_proj [E, H, I]`) as the kernels, host events, device -> host syncs and working
+//! memory of one rank's layer. The census behind every count is
+//! `tools/eager_experts_census_probe.py` (the real module under `torch.profiler`).
+//!
+//! Per layer, before the loop: `zeros_like(hidden_states)`, `one_hot(top_k_index, E)` (int64
+//! zeros and a scatter), `permute`, `sum`, `greater`, `nonzero` of the hit experts (a
+//! device -> host sync: the loop's trip count). Per hit expert, forward: `expert_idx ==
+//! num_experts` read as a bool, `expert_mask[expert_idx]` (a 0-d index tensor is read back
+//! as an int), `torch.where` (`nonzero`, which waits for its count), the hidden-state gather,
+//! `gate_up_proj[expert_idx]` (read back), the gate/up GEMM, `silu`, `* up`,
+//! `down_proj[expert_idx]` (read back), the down GEMM, the routing-weight gather, `*`,
+//! `index_add_`: five syncs, nine kernels plus `nonzero`'s. Backward per hit expert: each
+//! GEMM's data and weight gradient; `select_backward` of each 3-D parameter, which
+//! materialises a zero tensor of the WHOLE parameter and copies the expert's slice in;
+//! autograd's accumulation of those full-size gradients (`add_` of the whole parameter,
+//! every expert after the first); the two index backwards (`zeros` of `[T, H]` and
+//! `[T, top_k]`, `index_put_(accumulate=True)`) and their accumulations; `cat` of the chunk,
+//! `silu_backward` and products, the `index_add_`'s `index_select`.
+//!
+//! Structure, not fitted figures: each GEMM runs at the GEMM table's rate of its real shape
+//! (`rows_per_expert` rows, [`KernelClass::Gemm`] with `count` = experts hit); the
+//! full-size gradient traffic is the parameter's bytes per expert. The forward's syncs make
+//! the layer host-then-device serial: the program emits them as host ops that wait for the
+//! layer's forward op ([`fwd_syncs`], `super::emit`), so the device drains before each and
+//! the host issues the next layer only after it.
+
+use super::host_events::{self, PassEvents};
+use super::kernels::KernelCtx;
+use hpfsdp_plan::kernel::{KernelClass, KernelWork};
+use hpfsdp_plan::model::{ComputeOp, EagerRecipe, ModelConfig, OpShape};
+
+/// Kernels of `nonzero` over a 1-D tensor on CUDA (ATen `cuda/Nonzero.cu`): the count of
+/// non-zero elements (a cub reduction), then the compaction of their indices (cub select:
+/// its init and sweep kernels); the count's copy to the host between them is the sync.
+pub const NONZERO_1D_KERNELS: u32 = 3;
+
+/// Kernels of `nonzero` over a 2-D tensor (`torch.where(expert_mask[e])` on `[top_k, T]`):
+/// [`NONZERO_1D_KERNELS`] plus the kernel that writes the flat indices out as coordinates.
+pub const NONZERO_2D_KERNELS: u32 = 4;
+
+/// Kernels of one `index_put_(accumulate=True)` of rows (a gather's backward into the
+/// hidden states) on CUDA beyond its `zeros`: the sort-based path of ATen `Indexing.cu`,
+/// as the grouped_mm recipe counts it from the H200 kernel table (8 radix-sort kernels,
+/// `indexing_backward_kernel`, 2 segment kernels; [`EagerRecipe::GroupedMmDispatch`]).
+pub const SORTED_INDEX_PUT_KERNELS: u32 = 11;
+
+/// Device -> host syncs per hit expert up to its gate/up GEMM: `expert_idx == num_experts`
+/// read as a bool, `expert_mask[expert_idx]` and `gate_up_proj[expert_idx]` (a 0-d index
+/// tensor read back as an int: `_local_scalar_dense`), and `torch.where`'s `nonzero`
+/// (which copies its count to the host). With [`DOWN_SYNCS_PER_EXPERT`] the census's 4
+/// `_local_scalar_dense` and 1 `nonzero` per expert.
+pub const GATE_UP_SYNCS_PER_EXPERT: u32 = 4;
+
+/// Device -> host syncs per hit expert before its down GEMM: `down_proj[expert_idx]`.
+pub const DOWN_SYNCS_PER_EXPERT: u32 = 1;
+
+/// Device -> host syncs per layer: `expert_hit`'s `nonzero` (the loop's trip count).
+/// `one_hot`'s range check reads back twice on the CPU backend only (ATen `Onehot.cpp`: on
+/// CUDA it relies on scatter's device assert).
+pub const LAYER_SYNCS: u32 = 1;
+
+/// Bytes of one `one_hot` element (int64).
+const MASK_ELEM_BYTES: f64 = 8.0;
+
+/// The loop on one rank: how many experts it visits and the rows each one gathers.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EagerLoop {
+    /// Experts hit by at least one routed copy (the loop's trip count).
+    pub hits: u64,
+    /// Rows each hit expert gathers (routed copies / hits).
+    pub rows_per_expert: u64,
+    /// Routed copies on the rank.
+    pub copies: f64,
+    /// Experts in the 3-D parameters (the rank's experts).
+    pub experts: u64,
+    /// Tokens on the rank (`T`).
+    pub tokens: f64,
+    /// Bytes per activation and gradient element.
+    pub act_bytes: u64,
+    /// Hidden size (`H`).
+    pub hidden: u64,
+}
+
+impl EagerLoop {
+    /// The loop of a rank whose experts run transformers' eager path (`None` otherwise).
+    pub fn of(c: &KernelCtx) -> Option<Self> {
+        let r = c.routed.filter(|_| c.hf_eager_experts)?;
+        let hits = experts_hit(r.busiest_copies, r.local_experts);
+        Some(Self {
+            hits,
+            rows_per_expert: (r.busiest_copies / hits as f64).round().max(1.0) as u64,
+            copies: r.busiest_copies,
+            experts: r.local_experts,
+            tokens: c.rank_tokens,
+            act_bytes: c.act_bytes,
+            hidden: c.hidden,
+        })
+    }
+
+    fn eb(&self) -> f64 {
+        self.act_bytes as f64
+    }
+
+    fn count(&self) -> u32 {
+        u32::try_from(self.hits).unwrap_or(u32::MAX)
+    }
+
+    /// Bytes of one whole 3-D parameter `[E, output, input]` in the gradient dtype.
+    pub fn param_bytes(&self, input: u64, output: u64) -> f64 {
+        (self.experts * input * output) as f64 * self.eb()
+    }
+}
+
+/// Experts that `copies` uniformly routed copies hit, in expectation: `E (1 - (1 - 1/E)^n)`,
+/// rounded, at least 1 (all 128 of Qwen3-30B-A3B at 32,768 copies).
+pub fn experts_hit(copies: f64, experts: u64) -> u64 {
+    let e = experts.max(1) as f64;
+    let hit = e * (1.0 - (1.0 - 1.0 / e).powf(copies.max(0.0)));
+    (hit.round() as u64).clamp(1, experts.max(1))
+}
+
+fn kernel(class: KernelClass, count: u32, flops: u64, bytes: f64) -> KernelWork {
+    KernelWork {
+        class,
+        count,
+        flops,
+        hbm_bytes: bytes.round().max(0.0) as u64,
+    }
+}
+
+fn streaming(count: u32, bytes: f64) -> KernelWork {
+    kernel(KernelClass::MemoryBound, count, 0, bytes)
+}
+
+fn indexed(count: u32, bytes: f64) -> KernelWork {
+    kernel(KernelClass::IndexedElementwise, count, 0, bytes)
+}
+
+/// `hits` launches of one `[m, k] x [k, n]` GEMM (one per expert, its real shape).
+fn gemms(l: &EagerLoop, m: u64, n: u64, k: u64) -> KernelWork {
+    let one = KernelWork::gemm(m, n, k, 1, l.act_bytes);
+    KernelWork {
+        count: l.count(),
+        flops: one.flops.saturating_mul(l.hits),
+        hbm_bytes: one.hbm_bytes.saturating_mul(l.hits),
+        ..one
+    }
+}
+
+/// The router's mask work before the loop (replaces the token permutation): the output's
+/// `zeros_like` `[T, H]`, `one_hot`'s int64 `[T, top_k, E]` zeros and scatter, the sum over
+/// tokens and slots, `greater` and the hit experts' `nonzero`. Nothing runs backward (it
+/// is under `torch.no_grad()`).
+pub fn mask(l: &EagerLoop, top_k: u64) -> (Vec<KernelWork>, Vec<KernelWork>) {
+    let mask_elems = l.tokens * (top_k * l.experts) as f64;
+    let slots = l.tokens * top_k as f64;
+    let fwd = vec![
+        streaming(1, l.tokens * l.hidden as f64 * l.eb()),
+        streaming(1, mask_elems * MASK_ELEM_BYTES),
+        indexed(1, slots * 2.0 * MASK_ELEM_BYTES),
+        streaming(1, mask_elems * MASK_ELEM_BYTES),
+        streaming(1 + NONZERO_1D_KERNELS, 0.0),
+    ];
+    (fwd, Vec::new())
+}
+
+/// The full-size gradient of one 3-D parameter `[E, output, input]`, every hit expert:
+/// `select_backward`'s zeros of the whole parameter and the copy of the expert's slice into
+/// it, then autograd's in-place accumulation (`add_`: read both, write one) of every
+/// expert's after the first.
+fn full_size_grads(l: &EagerLoop, input: u64, output: u64) -> [KernelWork; 3] {
+    let p = l.param_bytes(input, output);
+    let h = l.hits as f64;
+    let slice = (input * output) as f64 * l.eb();
+    [
+        streaming(l.count(), h * p),
+        streaming(l.count(), h * 2.0 * slice),
+        streaming(l.count().saturating_sub(1), (h - 1.0).max(0.0) * 3.0 * p),
+    ]
+}
+
+/// The backward of a gather of `width`-wide rows out of a `[T, width]` tensor, every hit
+/// expert: `zeros` of the whole source, `index_put_(accumulate=True)` of the expert's rows
+/// (`put_kernels` launches), then the accumulation of every expert's gradient after the
+/// first (`[T, width]` each).
+fn gather_backward(l: &EagerLoop, width: u64, put_kernels: u32) -> [KernelWork; 3] {
+    let h = l.hits as f64;
+    let whole = l.tokens * width as f64 * l.eb();
+    let rows = l.copies * width as f64 * l.eb();
+    [
+        streaming(l.count(), h * whole),
+        indexed(l.count().saturating_mul(put_kernels), 3.0 * rows),
+        streaming(
+            l.count().saturating_sub(1),
+            (h - 1.0).max(0.0) * 3.0 * whole,
+        ),
+    ]
+}
+
+/// One projection `input -> output` of the loop: the gate/up projection (`input` = hidden)
+/// with the loop's test, `torch.where` and the hidden-state gather before its GEMMs, or the
+/// down projection; backward the data and weight gradient GEMMs, the full-size parameter
+/// gradients ([`full_size_grads`]) and, for gate/up, the chunk's `cat` and the gather's
+/// backward.
+pub fn projection(
+    l: &EagerLoop,
+    input: u64,
+    output: u64,
+    top_k: u64,
+) -> (Vec<KernelWork>, Vec<KernelWork>) {
+    let rows = l.rows_per_expert;
+    let gate_up = input == l.hidden;
+    let mut fwd = Vec::new();
+    let mut bwd = Vec::new();
+    if gate_up {
+        let mask_row = l.tokens * top_k as f64 * MASK_ELEM_BYTES;
+        fwd.push(streaming(
+            l.count().saturating_mul(1 + NONZERO_2D_KERNELS),
+            l.hits as f64 * mask_row,
+        ));
+        fwd.push(indexed(l.count(), 2.0 * l.copies * input as f64 * l.eb()));
+        bwd.push(streaming(
+            l.count(),
+            2.0 * l.copies * output as f64 * l.eb(),
+        ));
+    }
+    fwd.push(gemms(l, rows, output, input));
+    bwd.push(gemms(l, rows, input, output));
+    bwd.push(gemms(l, output, input, rows));
+    bwd.extend(full_size_grads(l, input, output));
+    if gate_up {
+        bwd.extend(gather_backward(l, input, SORTED_INDEX_PUT_KERNELS));
+    }
+    (fwd, bwd)
+}
+
+/// The activation `silu(gate) * up` per hit expert: the [`EagerRecipe::SwiGlu`] kernels and
+/// bytes over the routed copies, launched once per expert.
+pub fn activation(l: &EagerLoop, width: u64, flops: u64) -> (Vec<KernelWork>, Vec<KernelWork>) {
+    let elems = l.copies * width as f64;
+    let scale = l.eb() / 2.0;
+    let pass = |(kernels, bytes): (u32, f64), flops: u64| {
+        vec![kernel(
+            KernelClass::MemoryBound,
+            kernels.saturating_mul(l.count()),
+            flops,
+            elems * bytes * scale,
+        )]
+    };
+    (
+        pass(EagerRecipe::SwiGlu.fwd(), flops),
+        pass(EagerRecipe::SwiGlu.bwd(), 2 * flops),
+    )
+}
+
+/// The loop's tail per hit expert (replaces the combine): the routing-weight gather, the
+/// `[rows, H] x [rows, 1]` product and `index_add_` into the output; backward the
+/// `index_add_`'s `index_select`, the product's two gradients and the weight gradient's
+/// sum over `H`, and the routing-weight gather's backward (`zeros` of `[T, top_k]`, one
+/// atomic `index_put_`, the accumulation).
+pub fn combine(l: &EagerLoop, top_k: u64, flops: u64) -> (Vec<KernelWork>, Vec<KernelWork>) {
+    let n = l.count();
+    let rows = l.copies * l.hidden as f64 * l.eb();
+    let fwd = vec![
+        indexed(n, 2.0 * l.copies * l.eb()),
+        kernel(KernelClass::IndexedElementwise, n, flops, 2.0 * rows),
+        indexed(n, 3.0 * rows),
+    ];
+    let mut bwd = vec![
+        indexed(n, 2.0 * rows),
+        kernel(KernelClass::IndexedElementwise, n, 2 * flops, 2.0 * rows),
+        indexed(n, 3.0 * rows),
+        streaming(n, rows),
+    ];
+    bwd.extend(gather_backward(l, top_k, 1));
+    (fwd, bwd)
+}
+
+/// Device -> host syncs of `op`'s forward on this rank's eager loop: the router's
+/// [`LAYER_SYNCS`], [`GATE_UP_SYNCS_PER_EXPERT`] and [`DOWN_SYNCS_PER_EXPERT`] per hit
+/// expert on the two projections; 0 off the eager path.
+pub fn fwd_syncs(op: &ComputeOp, c: &KernelCtx) -> u32 {
+    let Some(l) = EagerLoop::of(c) else {
+        return 0;
+    };
+    match op.shape {
+        OpShape::Router { .. } => LAYER_SYNCS,
+        OpShape::Experts { input, .. } if input == l.hidden => {
+            l.count().saturating_mul(GATE_UP_SYNCS_PER_EXPERT)
+        }
+        OpShape::Experts { .. } => l.count().saturating_mul(DOWN_SYNCS_PER_EXPERT),
+        _ => 0,
+    }
+}
+
+/// Production host CPU operator events of `op` on this rank: on the eager loop, the
+/// census's events per hit expert of the op's part of the loop
+/// ([`host_events::eager_experts`]) and, on the router, the loop's per-layer events on top
+/// of the router's own; otherwise [`host_events::op_events`].
+pub fn op_host_events(
+    op: &ComputeOp,
+    cfg: &ModelConfig,
+    c: &KernelCtx,
+    fwd: &[KernelWork],
+    bwd: &[KernelWork],
+) -> PassEvents {
+    let base = || host_events::op_events(op, cfg, fwd, bwd);
+    let Some(l) = EagerLoop::of(c) else {
+        return base();
+    };
+    match op.shape {
+        OpShape::Router { .. } if host_events::census(op, cfg).is_some() => {
+            let (r, layer) = (base(), host_events::EAGER_EXPERTS_PER_LAYER);
+            PassEvents {
+                fwd: r.fwd + layer.fwd,
+                bwd: r.bwd + layer.bwd,
+            }
+        }
+        _ => host_events::eager_experts(op, l.hidden, l.hits).unwrap_or_else(base),
+    }
+}
+
+/// Working bytes of a decoder layer on the eager loop beyond what it saves, (forward,
+/// backward): the int64 `one_hot` mask `[T, top_k, E]` alive through the forward loop, and
+/// in backward one full-size `select_backward` gradient of the larger 3-D parameter alive
+/// beside the accumulated one while it is added. `(0, 0)` for other layers.
+pub fn working_bytes(ops: &[ComputeOp], c: &KernelCtx) -> (f64, f64) {
+    let Some(l) = EagerLoop::of(c) else {
+        return (0.0, 0.0);
+    };
+    let mut fwd = 0.0f64;
+    let mut bwd = 0.0f64;
+    for op in ops {
+        if let OpShape::Experts {
+            top_k,
+            input,
+            output,
+            ..
+        } = op.shape
+        {
+            fwd = fwd.max(l.tokens * (top_k * l.experts) as f64 * MASK_ELEM_BYTES);
+            bwd = bwd.max(l.param_bytes(input, output));
+        }
+    }
+    (fwd, bwd)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn expected_hits_saturate_with_many_copies_and_stay_in_range() {
+        assert_eq!(experts_hit(32768.0, 128), 128);
+        assert_eq!(experts_hit(1.0, 128), 1);
+        assert_eq!(experts_hit(0.0, 8), 1);
+        // 16 copies over 64 experts hit about 14 distinct experts.
+        assert_eq!(experts_hit(16.0, 64), 14);
+    }
+}
