@@ -351,6 +351,45 @@ pub fn working_bytes(ops: &[ComputeOp], c: &KernelCtx) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::routing::busiest_rank_load;
+
+    /// Qwen3-30B-A3B's expert shapes on one rank: `tokens` tokens, `experts` experts, top-8.
+    fn ctx(tokens: f64, experts: u64, eager: bool) -> KernelCtx {
+        KernelCtx {
+            tp: 1,
+            cp: 1,
+            micro_batch: 1,
+            seq_len: tokens as u64,
+            rank_tokens: tokens,
+            act_bytes: 2,
+            routed: Some(busiest_rank_load(tokens, experts, 8, 1, 1.0)),
+            ep: 1,
+            hidden: 2048,
+            hf_grouped_mm: false,
+            hf_eager_experts: eager,
+            torch_cuda: true,
+            kv_heads: 4,
+        }
+    }
+
+    fn launches(k: &[KernelWork]) -> u64 {
+        k.iter().map(|k| u64::from(k.count)).sum()
+    }
+
+    /// (forward, backward) launches of the layer's loop: mask, both projections, the
+    /// activation and the combine.
+    fn layer_launches(l: &EagerLoop) -> (u64, u64) {
+        let parts = [
+            mask(l, 8),
+            projection(l, 2048, 1536, 8),
+            activation(l, 768, 0),
+            projection(l, 768, 2048, 8),
+            combine(l, 8, 0),
+        ];
+        parts.iter().fold((0, 0), |(f, b), (pf, pb)| {
+            (f + launches(pf), b + launches(pb))
+        })
+    }
 
     #[test]
     fn expected_hits_saturate_with_many_copies_and_stay_in_range() {
@@ -359,5 +398,122 @@ mod tests {
         assert_eq!(experts_hit(0.0, 8), 1);
         // 16 copies over 64 experts hit about 14 distinct experts.
         assert_eq!(experts_hit(16.0, 64), 14);
+    }
+
+    #[test]
+    fn only_the_eager_choice_builds_a_loop() {
+        assert!(EagerLoop::of(&ctx(4096.0, 128, false)).is_none());
+        let l = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        assert_eq!((l.hits, l.rows_per_expert, l.experts), (128, 256, 128));
+    }
+
+    #[test]
+    fn launches_per_hit_expert_follow_the_census() {
+        // All experts hit in both: the difference of 64 experts is 64 loop iterations.
+        let a = EagerLoop::of(&ctx(4096.0, 64, true)).unwrap();
+        let b = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        assert_eq!((a.hits, b.hits), (64, 128));
+        let ((fa, ba), (fb, bb)) = (layer_launches(&a), layer_launches(&b));
+        // Forward per expert: eq, nonzero (4), gather, 2 GEMMs, silu, mul, weight gather,
+        // mul, index_add_ = 13; per layer zeros_like, one_hot (2), sum, gt, nonzero (3).
+        assert_eq!((fb - fa) / 64, 13);
+        assert_eq!(fb - 13 * 128, 8);
+        // Backward per expert: 4 GEMMs, 2 select_backward zeros + 2 slice copies + 2
+        // accumulations, cat, the hidden gather's zeros + sorted index_put_ (11) +
+        // accumulation, silu_backward + 2 products, index_select, 2 products + sum, the
+        // weights' zeros + index_put_ + accumulation = 34; the first expert accumulates
+        // nothing (4 tensors).
+        assert_eq!((bb - ba) / 64, 34);
+        assert_eq!(34 * 128 - bb, 4);
+    }
+
+    #[test]
+    fn gemms_run_per_expert_at_their_real_shape() {
+        let l = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        let (fwd, bwd) = projection(&l, 2048, 1536, 8);
+        let gemm = fwd.last().unwrap();
+        assert_eq!(
+            gemm.class,
+            KernelClass::Gemm {
+                m: 256,
+                n: 1536,
+                k: 2048,
+                batch: 1
+            }
+        );
+        assert_eq!(gemm.count, 128);
+        assert_eq!(gemm.flops, 2 * 32768 * 2048 * 1536);
+        let shapes: Vec<_> = bwd
+            .iter()
+            .filter(|k| matches!(k.class, KernelClass::Gemm { .. }))
+            .map(|k| (k.class, k.count))
+            .collect();
+        let g = |m, n, k| KernelClass::Gemm { m, n, k, batch: 1 };
+        assert_eq!(
+            shapes,
+            vec![(g(256, 2048, 1536), 128), (g(1536, 2048, 256), 128)]
+        );
+    }
+
+    #[test]
+    fn backward_streams_the_whole_parameter_per_expert() {
+        let l = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        // gate_up_proj [128, 1536, 2048] in bf16: 805 MB; every expert writes a zero copy of
+        // it and all but the first add one into the accumulated gradient (read 2, write 1).
+        let p = 128.0 * 1536.0 * 2048.0 * 2.0;
+        assert_eq!(l.param_bytes(2048, 1536), p);
+        let [zeros, slices, adds] = full_size_grads(&l, 2048, 1536);
+        assert_eq!((zeros.count, slices.count, adds.count), (128, 128, 127));
+        assert_eq!(zeros.hbm_bytes, (128.0 * p) as u64);
+        assert_eq!(slices.hbm_bytes, (2.0 * p) as u64);
+        assert_eq!(adds.hbm_bytes, (127.0 * 3.0 * p) as u64);
+        let (_, bwd) = projection(&l, 2048, 1536, 8);
+        let total: u64 = bwd.iter().map(|k| k.hbm_bytes).sum();
+        assert!(total as f64 > 4.0 * 127.0 * p, "{total}");
+        // The backward transient is one such gradient beside the accumulated one.
+        let ops = [ComputeOp {
+            name: "layers.0.mlp.experts.gate_up_proj".into(),
+            kind: hpfsdp_plan::model::ComputeKind::ExpertMatmul,
+            fwd_flops_per_token: 0.0,
+            fwd_bytes_per_token: 0.0,
+            shape: OpShape::Experts {
+                experts: 128,
+                top_k: 8,
+                input: 2048,
+                output: 1536,
+            },
+        }];
+        let c = ctx(4096.0, 128, true);
+        assert_eq!(working_bytes(&ops, &c), (4096.0 * 8.0 * 128.0 * 8.0, p));
+        assert_eq!(working_bytes(&ops, &ctx(4096.0, 128, false)), (0.0, 0.0));
+    }
+
+    #[test]
+    fn forward_syncs_per_layer_and_per_hit_expert() {
+        let c = ctx(4096.0, 128, true);
+        let op = |shape| ComputeOp {
+            name: "x".into(),
+            kind: hpfsdp_plan::model::ComputeKind::ExpertMatmul,
+            fwd_flops_per_token: 0.0,
+            fwd_bytes_per_token: 0.0,
+            shape,
+        };
+        let experts = |input, output| {
+            op(OpShape::Experts {
+                experts: 128,
+                top_k: 8,
+                input,
+                output,
+            })
+        };
+        let router = op(OpShape::Router {
+            hidden: 2048,
+            experts: 128,
+            top_k: 8,
+        });
+        assert_eq!(fwd_syncs(&router, &c), 1);
+        assert_eq!(fwd_syncs(&experts(2048, 1536), &c), 4 * 128);
+        assert_eq!(fwd_syncs(&experts(768, 2048), &c), 128);
+        assert_eq!(fwd_syncs(&experts(2048, 1536), &ctx(4096.0, 128, false)), 0);
     }
 }
