@@ -5,7 +5,7 @@
 //! the predicted step. No measured figure of the eager run is used or asserted.
 
 use hpfsdp_plan::scenario::Scenario;
-use hpfsdp_program::step::{Payload, StepProgram, Stream};
+use hpfsdp_program::step::{MemTag, Payload, StepProgram, Stream};
 use hpfsdp_program::strategy::eager_experts::{
     DOWN_SYNCS_PER_EXPERT, GATE_UP_SYNCS_PER_EXPERT, LAYER_SYNCS,
 };
@@ -53,6 +53,47 @@ fn events(p: &StepProgram, suffix: &str) -> u64 {
         .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(suffix)))
         .map(|o| u64::from(o.host_cpu_events))
         .sum()
+}
+
+/// Working bytes (`MemTag::Other` allocations) of each decoder layer's compute op of one
+/// pass (`suffix` `.fwd` or `.bwd`).
+fn layer_working_bytes(p: &StepProgram, suffix: &str) -> Vec<u64> {
+    p.ops
+        .iter()
+        .filter(|o| {
+            // `layers.<i><suffix>`: the layer's compute op, not its FSDP copies.
+            o.name.as_deref().is_some_and(|n| {
+                n.strip_prefix("layers.")
+                    .and_then(|r| r.strip_suffix(suffix))
+                    .is_some_and(|i| i.parse::<usize>().is_ok())
+            })
+        })
+        .map(|o| {
+            o.memory
+                .iter()
+                .filter(|m| m.tag == MemTag::Other)
+                .map(|m| m.alloc_bytes)
+                .sum()
+        })
+        .collect()
+}
+
+#[test]
+fn eager_layers_hold_a_full_size_expert_gradient_in_backward() {
+    let (grouped, _) = run("grouped");
+    let (eager, _) = run("eager");
+    // gate_up_proj [128, 1536, 2048] in bf16 beside its accumulated gradient; the int64
+    // one_hot mask [4096, 8, 128] through the forward loop.
+    assert_eq!(
+        layer_working_bytes(&eager, ".bwd"),
+        vec![128 * 1536 * 2048 * 2; 4]
+    );
+    assert_eq!(
+        layer_working_bytes(&eager, ".fwd"),
+        vec![4096 * 8 * 128 * 8; 4]
+    );
+    assert_eq!(layer_working_bytes(&grouped, ".bwd"), vec![0; 4]);
+    assert_eq!(layer_working_bytes(&grouped, ".fwd"), vec![0; 4]);
 }
 
 #[test]
