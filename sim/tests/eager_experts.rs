@@ -45,37 +45,46 @@ fn syncs(p: &StepProgram) -> u64 {
         .count() as u64
 }
 
-/// Production host CPU operator events of the ops named `suffix` (`.fwd`, `.bwd`).
-fn events(p: &StepProgram, suffix: &str) -> u64 {
+/// The decoder layer whose compute op of pass `pass` (`.fwd`, `.bwd`) `name` is:
+/// `layers.<i><pass>` or one of its pieces `layers.<i><pass>.part<j>` (not its FSDP copies).
+fn layer_of(name: &str, pass: &str) -> Option<usize> {
+    let (layer, tail) = name.strip_prefix("layers.")?.split_once('.')?;
+    let tail = format!(".{tail}");
+    let piece = tail
+        .strip_prefix(pass)
+        .is_some_and(|p| p.is_empty() || p.starts_with(".part"));
+    piece.then(|| layer.parse().ok()).flatten()
+}
+
+/// Production host CPU operator events of the compute ops of pass `pass` (`.fwd`, `.bwd`).
+fn events(p: &StepProgram, pass: &str) -> u64 {
     p.ops
         .iter()
         .filter(|o| matches!(o.payload, Payload::Compute(_)))
-        .filter(|o| o.name.as_deref().is_some_and(|n| n.ends_with(suffix)))
+        .filter(|o| {
+            o.name
+                .as_deref()
+                .is_some_and(|n| n.ends_with(pass) || n.contains(&format!("{pass}.part")))
+        })
         .map(|o| u64::from(o.host_cpu_events))
         .sum()
 }
 
-/// Working bytes (`MemTag::Other` allocations) of each decoder layer's compute op of one
-/// pass (`suffix` `.fwd` or `.bwd`).
-fn layer_working_bytes(p: &StepProgram, suffix: &str) -> Vec<u64> {
-    p.ops
-        .iter()
-        .filter(|o| {
-            // `layers.<i><suffix>`: the layer's compute op, not its FSDP copies.
-            o.name.as_deref().is_some_and(|n| {
-                n.strip_prefix("layers.")
-                    .and_then(|r| r.strip_suffix(suffix))
-                    .is_some_and(|i| i.parse::<usize>().is_ok())
-            })
-        })
-        .map(|o| {
-            o.memory
+/// Working bytes (`MemTag::Other` allocations) of each decoder layer's compute ops of pass
+/// `pass` (`.fwd`, `.bwd`).
+fn layer_working_bytes(p: &StepProgram, pass: &str) -> Vec<u64> {
+    let mut out = vec![0; LAYERS as usize];
+    for o in &p.ops {
+        if let Some(l) = o.name.as_deref().and_then(|n| layer_of(n, pass)) {
+            out[l] += o
+                .memory
                 .iter()
                 .filter(|m| m.tag == MemTag::Other)
                 .map(|m| m.alloc_bytes)
-                .sum()
-        })
-        .collect()
+                .sum::<u64>();
+        }
+    }
+    out
 }
 
 #[test]

@@ -54,6 +54,11 @@ pub struct Segment {
     /// Device -> host synchronisations of one forward of this segment (transformers'
     /// `eager` experts loop, [`super::eager_experts::fwd_syncs`]); a recompute repeats them.
     pub fwd_d2h_syncs: u32,
+    /// Ops the segment is emitted as in each pass (1: one op). transformers' eager experts
+    /// loop issues its work expert by expert: one piece per hit expert
+    /// ([`super::eager_experts::loop_pieces`]), so the device starts on the first expert
+    /// while the host issues the next ones, and the forward's syncs fall between pieces.
+    pub pieces: u32,
 }
 
 impl Segment {
@@ -119,6 +124,8 @@ struct OpenSegment {
     host_events: PassEvents,
     /// Device -> host syncs of the forward ([`Segment::fwd_d2h_syncs`]).
     d2h_syncs: u32,
+    /// Ops the segment is emitted as ([`Segment::pieces`]).
+    pieces: u32,
 }
 
 impl OpenSegment {
@@ -131,6 +138,7 @@ impl OpenSegment {
             validation_events: 0,
             host_events: PassEvents::default(),
             d2h_syncs: 0,
+            pieces: 1,
         }
     }
 
@@ -145,6 +153,7 @@ impl OpenSegment {
             fwd_host_events: self.host_events.fwd,
             bwd_host_events: self.host_events.bwd,
             fwd_d2h_syncs: self.d2h_syncs,
+            pieces: self.pieces,
         })
     }
 }
@@ -415,6 +424,7 @@ fn ensure_compute_segment(items: &mut Vec<Item>, stage_name: &str, weight_bytes:
             fwd_host_events: 0,
             bwd_host_events: 0,
             fwd_d2h_syncs: 0,
+            pieces: 1,
         }),
     );
 }
@@ -501,6 +511,7 @@ impl<'p> StageWalk<'p> {
             + validation::dispatch_events(&self.boundaries, op, cfg, &fwd);
         let host = eager_experts::op_host_events(op, cfg, kernels, &fwd, &bwd);
         segment.d2h_syncs += eager_experts::fwd_syncs(op, kernels);
+        segment.pieces = segment.pieces.max(eager_experts::loop_pieces(op, kernels));
         segment.host_events.fwd += host.fwd;
         segment.host_events.bwd += host.bwd;
         segment.fwd.extend(fwd);

@@ -22,10 +22,12 @@
 //!
 //! Structure, not fitted figures: each GEMM runs at the GEMM table's rate of its real shape
 //! (`rows_per_expert` rows, [`KernelClass::Gemm`] with `count` = experts hit); the
-//! full-size gradient traffic is the parameter's bytes per expert. The forward's syncs make
-//! the layer host-then-device serial: the program emits them as host ops that wait for the
-//! layer's forward op ([`fwd_syncs`], `super::emit`), so the device drains before each and
-//! the host issues the next layer only after it.
+//! full-size gradient traffic is the parameter's bytes per expert. The layer's compute is
+//! emitted as one op per hit expert ([`loop_pieces`]), as the loop issues it; the forward's
+//! syncs ([`fwd_syncs`]) are host ops that wait for the piece before them (`super::emit`), so
+//! the device drains at each and the forward runs host-then-device serial, expert by expert,
+//! while the backward (no syncs) overlaps the host's issue of the next expert with the
+//! device's work on the previous one.
 
 use super::host_events::{self, PassEvents};
 use super::kernels::KernelCtx;
@@ -293,6 +295,28 @@ pub fn fwd_syncs(op: &ComputeOp, c: &KernelCtx) -> u32 {
         }
         OpShape::Experts { .. } => l.count().saturating_mul(DOWN_SYNCS_PER_EXPERT),
         _ => 0,
+    }
+}
+
+/// Pieces the segment holding `op` is emitted as ([`super::compute::Segment::pieces`]):
+/// one per hit expert for the loop's ops (router, projections, activation, combine) on the
+/// eager path, 1 otherwise.
+pub fn loop_pieces(op: &ComputeOp, c: &KernelCtx) -> u32 {
+    let Some(l) = EagerLoop::of(c) else {
+        return 1;
+    };
+    match op.shape {
+        OpShape::Router { .. } | OpShape::Experts { .. } => l.count(),
+        OpShape::MemoryBound {
+            recipe: EagerRecipe::SwiGlu,
+            routed: true,
+            ..
+        }
+        | OpShape::MemoryBound {
+            recipe: EagerRecipe::ExpertCombine,
+            ..
+        } => l.count(),
+        _ => 1,
     }
 }
 

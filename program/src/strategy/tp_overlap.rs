@@ -483,6 +483,7 @@ mod tests {
             fwd_host_events: 0,
             bwd_host_events: 0,
             fwd_d2h_syncs: 0,
+            pieces: 1,
         })
     }
 
