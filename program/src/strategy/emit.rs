@@ -11,13 +11,13 @@ use super::compute::{Item, Segment, Stage};
 use super::host_events;
 use super::muon::schedule::{Dep, Schedule, Work};
 use super::parallel::{CollSpec, ParAxis, ParColl};
+use super::segment_pieces::{piece_of, share};
 use super::tp_overlap::{self, Pass, SegmentSplit};
 use super::{Ctx, GroupKind};
 use crate::step::{
     Category, CollectiveOp, ComputeWork, Group, GroupId, MemTag, OpId, Payload, ProgramBuilder,
     StepProgram, Stream,
 };
-use hpfsdp_plan::kernel::KernelWork;
 use hpfsdp_plan::model::DType;
 use hpfsdp_plan::topology::Tier;
 
@@ -639,34 +639,6 @@ impl<'a> Emitter<'a> {
     pub fn build(self) -> Result<StepProgram, super::StrategyError> {
         Ok(self.b.build()?)
     }
-}
-
-/// Piece `i` of `n` of `total` (events, syncs): the integer shares add up to `total`.
-fn share(total: u32, i: u32, n: u32) -> u32 {
-    let cut = |j: u32| (u64::from(total) * u64::from(j) / u64::from(n.max(1))) as u32;
-    cut(i + 1) - cut(i)
-}
-
-/// Piece `i` of `n` of a kernel list: each entry's launches split into integer shares
-/// ([`share`]), its FLOPs and bytes in proportion by the same cumulative cuts, so the `n`
-/// pieces add up to the list exactly; entries with no launch in the piece are left out.
-fn piece_of(kernels: &[KernelWork], i: u32, n: u32) -> Vec<KernelWork> {
-    let cut = |total: u64, j: u32, count: u32| -> u64 {
-        let done = u64::from(count) * u64::from(j) / u64::from(n);
-        ((u128::from(total) * u128::from(done)) / u128::from(count.max(1)).max(1)) as u64
-    };
-    kernels
-        .iter()
-        .filter_map(|k| {
-            let count = share(k.count, i, n);
-            (count > 0).then(|| KernelWork {
-                count,
-                flops: cut(k.flops, i + 1, k.count) - cut(k.flops, i, k.count),
-                hbm_bytes: cut(k.hbm_bytes, i + 1, k.count) - cut(k.hbm_bytes, i, k.count),
-                ..*k
-            })
-        })
-        .collect()
 }
 
 /// Activation memory effects of a stage's forward, recompute and backward.

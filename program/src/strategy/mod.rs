@@ -37,6 +37,7 @@ mod options;
 pub mod parallel;
 pub mod routing;
 pub mod saved_activations;
+mod segment_pieces;
 mod step_tail;
 pub mod torch_adamw;
 mod tp_comm_overlap;
