@@ -43,11 +43,20 @@ pub const NONZERO_1D_KERNELS: u32 = 3;
 /// [`NONZERO_1D_KERNELS`] plus the kernel that writes the flat indices out as coordinates.
 pub const NONZERO_2D_KERNELS: u32 = 4;
 
-/// Kernels of one `index_put_(accumulate=True)` of rows (a gather's backward into the
-/// hidden states) on CUDA beyond its `zeros`: the sort-based path of ATen `Indexing.cu`,
-/// as the grouped_mm recipe counts it from the H200 kernel table (8 radix-sort kernels,
-/// `indexing_backward_kernel`, 2 segment kernels; [`EagerRecipe::GroupedMmDispatch`]).
-pub const SORTED_INDEX_PUT_KERNELS: u32 = 11;
+/// Kernels of one `index_put_(accumulate=True)` with one index tensor on CUDA beyond its
+/// `zeros` (a gather's backward: the hidden states' rows): ATen `cuda/Indexing.cu`'s
+/// sort-based path, each call of which the grouped_mm run's kernel table
+/// (`shared/calibration/h200/profiles/kernels-moe30b-4l-mbs1-grouped.csv`, three such calls
+/// per layer) lists as `remainder`, `div_trunc`, `mul` of the linear index, `arange`, the
+/// radix sort and `indexing_backward_kernel`. The grouped run sorts 32,768 keys (histogram,
+/// exclusive sum and four onesweep passes); one expert's few hundred keys fit one tile, and
+/// CUB sorts a single tile in one kernel (`DeviceRadixSortSingleTileKernel`): 6.
+pub const INDEX_PUT_ACCUMULATE_KERNELS: u32 = 6;
+
+/// [`INDEX_PUT_ACCUMULATE_KERNELS`] for two index tensors (the routing weights'
+/// `top_k_weights[token_idx, top_k_pos, None]`): the linear index takes a `remainder` and a
+/// `mul` per index tensor and an `add` (`computeLinearIndex`): 9.
+pub const INDEX_PUT_ACCUMULATE_2D_KERNELS: u32 = 9;
 
 /// Device -> host syncs per hit expert up to its gate/up GEMM: `expert_idx == num_experts`
 /// read as a bool, `expert_mask[expert_idx]` and `gate_up_proj[expert_idx]` (a 0-d index
@@ -234,7 +243,7 @@ pub fn projection(
     bwd.push(gemms(l, output, input, rows));
     bwd.extend(full_size_grads(l, input, output));
     if gate_up {
-        bwd.extend(gather_backward(l, input, SORTED_INDEX_PUT_KERNELS));
+        bwd.extend(gather_backward(l, input, INDEX_PUT_ACCUMULATE_KERNELS));
     }
     (fwd, bwd)
 }
@@ -261,8 +270,8 @@ pub fn activation(l: &EagerLoop, width: u64, flops: u64) -> (Vec<KernelWork>, Ve
 /// The loop's tail per hit expert (replaces the combine): the routing-weight gather, the
 /// `[rows, H] x [rows, 1]` product and `index_add_` into the output; backward the
 /// `index_add_`'s `index_select`, the product's two gradients and the weight gradient's
-/// sum over `H`, and the routing-weight gather's backward (`zeros` of `[T, top_k]`, one
-/// atomic `index_put_`, the accumulation).
+/// sum over `H`, and the routing-weight gather's backward (`zeros` of `[T, top_k]`, the
+/// two-index `index_put_`, the accumulation).
 pub fn combine(l: &EagerLoop, top_k: u64, flops: u64) -> (Vec<KernelWork>, Vec<KernelWork>) {
     let n = l.count();
     let rows = l.copies * l.hidden as f64 * l.eb();
@@ -277,7 +286,7 @@ pub fn combine(l: &EagerLoop, top_k: u64, flops: u64) -> (Vec<KernelWork>, Vec<K
         indexed(n, 3.0 * rows),
         streaming(n, rows),
     ];
-    bwd.extend(gather_backward(l, top_k, 1));
+    bwd.extend(gather_backward(l, top_k, INDEX_PUT_ACCUMULATE_2D_KERNELS));
     (fwd, bwd)
 }
 
@@ -443,12 +452,12 @@ mod tests {
         assert_eq!((fb - fa) / 64, 13);
         assert_eq!(fb - 13 * 128, 8);
         // Backward per expert: 4 GEMMs, 2 select_backward zeros + 2 slice copies + 2
-        // accumulations, cat, the hidden gather's zeros + sorted index_put_ (11) +
-        // accumulation, silu_backward + 2 products, index_select, 2 products + sum, the
-        // weights' zeros + index_put_ + accumulation = 34; the first expert accumulates
-        // nothing (4 tensors).
-        assert_eq!((bb - ba) / 64, 34);
-        assert_eq!(34 * 128 - bb, 4);
+        // accumulations, cat, the hidden gather's zeros + index_put_ (6) + accumulation,
+        // silu_backward + 2 products, index_select, 2 products + sum, the weights' zeros +
+        // two-index index_put_ (9) + accumulation = 37; the first expert accumulates nothing
+        // (4 tensors).
+        assert_eq!((bb - ba) / 64, 37);
+        assert_eq!(37 * 128 - bb, 4);
     }
 
     #[test]
