@@ -376,7 +376,7 @@ fn build_stage(
     let (fwd_working, bwd_working) = if is_head && whole_f32_loss {
         saved_activations::head_working_bytes(cfg, &env.saved)
     } else {
-        eager_experts::working_bytes(&piece.ops, &env.kernels)
+        eager_experts::working_bytes(&piece.ops, env.kernels.eager_loop())
     };
     Stage {
         name: stage_name,
@@ -509,9 +509,11 @@ impl<'p> StageWalk<'p> {
         let (fwd, bwd) = op_kernels(op, kernels);
         segment.validation_events += std::mem::take(&mut self.pending_events)
             + validation::dispatch_events(&self.boundaries, op, cfg, &fwd);
-        let host = eager_experts::op_host_events(op, cfg, kernels, &fwd, &bwd);
-        segment.d2h_syncs += eager_experts::fwd_syncs(op, kernels);
-        segment.pieces = segment.pieces.max(eager_experts::loop_pieces(op, kernels));
+        let host = eager_experts::op_host_events(op, cfg, kernels.eager_loop(), &fwd, &bwd);
+        segment.d2h_syncs += eager_experts::fwd_syncs(op, kernels.eager_loop());
+        segment.pieces = segment
+            .pieces
+            .max(eager_experts::loop_pieces(op, kernels.eager_loop()));
         segment.host_events.fwd += host.fwd;
         segment.host_events.bwd += host.bwd;
         segment.fwd.extend(fwd);

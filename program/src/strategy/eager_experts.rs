@@ -30,7 +30,7 @@
 //! device's work on the previous one.
 
 use super::host_events::{self, PassEvents};
-use super::kernels::KernelCtx;
+use super::routing::RoutedLoad;
 use hpfsdp_plan::kernel::{KernelClass, KernelWork};
 use hpfsdp_plan::model::{ComputeOp, EagerRecipe, ModelConfig, OpShape};
 
@@ -96,19 +96,20 @@ pub struct EagerLoop {
 }
 
 impl EagerLoop {
-    /// The loop of a rank whose experts run transformers' eager path (`None` otherwise).
-    pub fn of(c: &KernelCtx) -> Option<Self> {
-        let r = c.routed.filter(|_| c.hf_eager_experts)?;
+    /// The loop over the rank's routed load `r`: `tokens` tokens of `hidden` features,
+    /// `act_bytes` per activation element (`KernelCtx::eager_loop` builds it for a rank whose
+    /// experts run the eager path).
+    pub fn new(r: &RoutedLoad, tokens: f64, act_bytes: u64, hidden: u64) -> Self {
         let hits = experts_hit(r.busiest_copies, r.local_experts);
-        Some(Self {
+        Self {
             hits,
             rows_per_expert: (r.busiest_copies / hits as f64).round().max(1.0) as u64,
             copies: r.busiest_copies,
             experts: r.local_experts,
-            tokens: c.rank_tokens,
-            act_bytes: c.act_bytes,
-            hidden: c.hidden,
-        })
+            tokens,
+            act_bytes,
+            hidden,
+        }
     }
 
     fn eb(&self) -> f64 {
@@ -293,8 +294,8 @@ pub fn combine(l: &EagerLoop, top_k: u64, flops: u64) -> (Vec<KernelWork>, Vec<K
 /// Device -> host syncs of `op`'s forward on this rank's eager loop: the router's
 /// [`LAYER_SYNCS`], [`GATE_UP_SYNCS_PER_EXPERT`] and [`DOWN_SYNCS_PER_EXPERT`] per hit
 /// expert on the two projections; 0 off the eager path.
-pub fn fwd_syncs(op: &ComputeOp, c: &KernelCtx) -> u32 {
-    let Some(l) = EagerLoop::of(c) else {
+pub fn fwd_syncs(op: &ComputeOp, eager: Option<EagerLoop>) -> u32 {
+    let Some(l) = eager else {
         return 0;
     };
     match op.shape {
@@ -310,8 +311,8 @@ pub fn fwd_syncs(op: &ComputeOp, c: &KernelCtx) -> u32 {
 /// Pieces the segment holding `op` is emitted as ([`super::compute::Segment::pieces`]):
 /// one per hit expert for the loop's ops (router, projections, activation, combine) on the
 /// eager path, 1 otherwise.
-pub fn loop_pieces(op: &ComputeOp, c: &KernelCtx) -> u32 {
-    let Some(l) = EagerLoop::of(c) else {
+pub fn loop_pieces(op: &ComputeOp, eager: Option<EagerLoop>) -> u32 {
+    let Some(l) = eager else {
         return 1;
     };
     match op.shape {
@@ -336,12 +337,12 @@ pub fn loop_pieces(op: &ComputeOp, c: &KernelCtx) -> u32 {
 pub fn op_host_events(
     op: &ComputeOp,
     cfg: &ModelConfig,
-    c: &KernelCtx,
+    eager: Option<EagerLoop>,
     fwd: &[KernelWork],
     bwd: &[KernelWork],
 ) -> PassEvents {
     let base = || host_events::op_events(op, cfg, fwd, bwd);
-    let Some(l) = EagerLoop::of(c) else {
+    let Some(l) = eager else {
         return base();
     };
     match op.shape {
@@ -360,8 +361,8 @@ pub fn op_host_events(
 /// backward): the int64 `one_hot` mask `[T, top_k, E]` alive through the forward loop, and
 /// in backward one full-size `select_backward` gradient of the larger 3-D parameter alive
 /// beside the accumulated one while it is added. `(0, 0)` for other layers.
-pub fn working_bytes(ops: &[ComputeOp], c: &KernelCtx) -> (f64, f64) {
-    let Some(l) = EagerLoop::of(c) else {
+pub fn working_bytes(ops: &[ComputeOp], eager: Option<EagerLoop>) -> (f64, f64) {
+    let Some(l) = eager else {
         return (0.0, 0.0);
     };
     let mut fwd = 0.0f64;
@@ -384,6 +385,7 @@ pub fn working_bytes(ops: &[ComputeOp], c: &KernelCtx) -> (f64, f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::strategy::kernels::KernelCtx;
     use crate::strategy::routing::busiest_rank_load;
 
     /// Qwen3-30B-A3B's expert shapes on one rank: `tokens` tokens, `experts` experts, top-8.
@@ -435,16 +437,16 @@ mod tests {
 
     #[test]
     fn only_the_eager_choice_builds_a_loop() {
-        assert!(EagerLoop::of(&ctx(4096.0, 128, false)).is_none());
-        let l = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        assert!(ctx(4096.0, 128, false).eager_loop().is_none());
+        let l = ctx(4096.0, 128, true).eager_loop().unwrap();
         assert_eq!((l.hits, l.rows_per_expert, l.experts), (128, 256, 128));
     }
 
     #[test]
     fn launches_per_hit_expert_follow_the_census() {
         // All experts hit in both: the difference of 64 experts is 64 loop iterations.
-        let a = EagerLoop::of(&ctx(4096.0, 64, true)).unwrap();
-        let b = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        let a = ctx(4096.0, 64, true).eager_loop().unwrap();
+        let b = ctx(4096.0, 128, true).eager_loop().unwrap();
         assert_eq!((a.hits, b.hits), (64, 128));
         let ((fa, ba), (fb, bb)) = (layer_launches(&a), layer_launches(&b));
         // Forward per expert: eq, nonzero (4), gather, 2 GEMMs, silu, mul, weight gather,
@@ -462,7 +464,7 @@ mod tests {
 
     #[test]
     fn gemms_run_per_expert_at_their_real_shape() {
-        let l = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        let l = ctx(4096.0, 128, true).eager_loop().unwrap();
         let (fwd, bwd) = projection(&l, 2048, 1536, 8);
         let gemm = fwd.last().unwrap();
         assert_eq!(
@@ -490,7 +492,7 @@ mod tests {
 
     #[test]
     fn backward_streams_the_whole_parameter_per_expert() {
-        let l = EagerLoop::of(&ctx(4096.0, 128, true)).unwrap();
+        let l = ctx(4096.0, 128, true).eager_loop().unwrap();
         // gate_up_proj [128, 1536, 2048] in bf16: 805 MB; every expert writes a zero copy of
         // it and all but the first add one into the accumulated gradient (read 2, write 1).
         let p = 128.0 * 1536.0 * 2048.0 * 2.0;
@@ -517,13 +519,19 @@ mod tests {
             },
         }];
         let c = ctx(4096.0, 128, true);
-        assert_eq!(working_bytes(&ops, &c), (4096.0 * 8.0 * 128.0 * 8.0, p));
-        assert_eq!(working_bytes(&ops, &ctx(4096.0, 128, false)), (0.0, 0.0));
+        assert_eq!(
+            working_bytes(&ops, c.eager_loop()),
+            (4096.0 * 8.0 * 128.0 * 8.0, p)
+        );
+        assert_eq!(
+            working_bytes(&ops, ctx(4096.0, 128, false).eager_loop()),
+            (0.0, 0.0)
+        );
     }
 
     #[test]
     fn forward_syncs_per_layer_and_per_hit_expert() {
-        let c = ctx(4096.0, 128, true);
+        let c = ctx(4096.0, 128, true).eager_loop();
         let op = |shape| ComputeOp {
             name: "x".into(),
             kind: hpfsdp_plan::model::ComputeKind::ExpertMatmul,
@@ -544,9 +552,12 @@ mod tests {
             experts: 128,
             top_k: 8,
         });
-        assert_eq!(fwd_syncs(&router, &c), 1);
-        assert_eq!(fwd_syncs(&experts(2048, 1536), &c), 4 * 128);
-        assert_eq!(fwd_syncs(&experts(768, 2048), &c), 128);
-        assert_eq!(fwd_syncs(&experts(2048, 1536), &ctx(4096.0, 128, false)), 0);
+        assert_eq!(fwd_syncs(&router, c), 1);
+        assert_eq!(fwd_syncs(&experts(2048, 1536), c), 4 * 128);
+        assert_eq!(fwd_syncs(&experts(768, 2048), c), 128);
+        assert_eq!(
+            fwd_syncs(&experts(2048, 1536), ctx(4096.0, 128, false).eager_loop()),
+            0
+        );
     }
 }

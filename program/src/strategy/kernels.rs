@@ -107,6 +107,17 @@ impl KernelCtx {
         }
     }
 
+    /// transformers' eager experts loop of this rank (`None` unless its experts run it).
+    pub fn eager_loop(&self) -> Option<EagerLoop> {
+        let r = self.routed.filter(|_| self.hf_eager_experts)?;
+        Some(EagerLoop::new(
+            &r,
+            self.rank_tokens,
+            self.act_bytes,
+            self.hidden,
+        ))
+    }
+
     /// The recipe an op runs on this rank's path: with expert parallelism the token permutation
     /// and the combine are HyperParallel's `ep_routed_forward` bookkeeping
     /// ([`EagerRecipe::EpDispatch`], [`EagerRecipe::EpCombine`]); everything else as given.
@@ -167,7 +178,7 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
             output,
             top_k,
             ..
-        } => match EagerLoop::of(c) {
+        } => match c.eager_loop() {
             Some(l) => eager_experts::projection(&l, input, output, top_k),
             None => experts(c, input, output),
         },
@@ -197,7 +208,7 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
                 c.rank_tokens * width as f64
             };
             let flops = op.fwd_flops_per_token * c.rank_tokens * routed_scale(c, routed);
-            match (EagerLoop::of(c), recipe) {
+            match (c.eager_loop(), recipe) {
                 (Some(l), EagerRecipe::SwiGlu) if routed => {
                     eager_experts::activation(&l, width, flops.round() as u64)
                 }
@@ -306,7 +317,7 @@ fn router(
         c.rank_tokens * experts as f64,
         0.0,
     );
-    let (pf, pb) = match EagerLoop::of(c) {
+    let (pf, pb) = match c.eager_loop() {
         Some(l) => eager_experts::mask(&l, top_k),
         None => memory_bound(
             c,
