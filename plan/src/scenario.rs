@@ -73,13 +73,16 @@ pub struct ModelSection {
     pub tie_word_embeddings: Option<bool>,
     /// How the routed experts run ([`EXPERTS_IMPLEMENTATIONS`]): absent, the recipes the
     /// paper's runs were calibrated with; `grouped_mm`, transformers' `grouped_mm` experts
-    /// (`experts_implementation="grouped_mm"`: sort, gathers, masked fills, `_grouped_mm`).
+    /// (`experts_implementation="grouped_mm"`: sort, gathers, masked fills, `_grouped_mm`);
+    /// `eager`, transformers' per-expert loop (`Qwen3MoeExperts.forward`: per hit expert a
+    /// device -> host read-back, a gather, two GEMMs and an `index_add_`; backward a
+    /// full-size gradient of each 3-D expert parameter per expert).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub experts_implementation: Option<String>,
 }
 
 /// `[model] experts_implementation` values.
-pub const EXPERTS_IMPLEMENTATIONS: &[&str] = &["grouped_mm"];
+pub const EXPERTS_IMPLEMENTATIONS: &[&str] = &["grouped_mm", "eager"];
 
 fn default_bf16() -> String {
     "bf16".into()
@@ -738,9 +741,21 @@ fn load_model(raw: &ScenarioFile, path: &Path, src: &Source) -> PlanResult<(Mode
         &raw.model.experts_implementation,
         "experts_implementation",
         EXPERTS_IMPLEMENTATIONS,
-        " (transformers' `eager` per-expert loop is not modelled yet)",
+        " (transformers' `batched_mm` and kernel-hub experts are not modelled)",
         &key_err,
     )?;
+    if raw.model.experts_implementation.as_deref() == Some("eager") && raw.mesh.ep > 1 {
+        return Err(key_err(
+            "model",
+            "experts_implementation",
+            format!(
+                "[model] experts_implementation = \"eager\" is transformers' per-expert loop over \
+                 one rank's experts, not modelled with [mesh] ep = {} (expert parallelism runs \
+                 HyperParallel's expert modules); set ep = 1 or leave experts_implementation out",
+                raw.mesh.ep
+            ),
+        ));
+    }
     Ok((model, master_dtype))
 }
 

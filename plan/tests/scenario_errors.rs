@@ -338,9 +338,35 @@ fn unknown_kernel_library_and_unmodelled_experts_path_are_refused() {
         "err-experts-implementation.toml",
         7,
         &[
-            "[model] experts_implementation = \"eager\"",
-            "grouped_mm",
+            "[model] experts_implementation = \"batched_mm\"",
+            "grouped_mm, eager",
             "not modelled",
         ],
+    );
+    check(
+        "err-eager-experts-ep.toml",
+        7,
+        &[
+            "[model] experts_implementation = \"eager\"",
+            "ep = 2",
+            "set ep = 1",
+        ],
+    );
+}
+
+#[test]
+fn eager_experts_load_on_one_expert_rank() {
+    let text = std::fs::read_to_string(fixture("ok-tiny.toml"))
+        .unwrap()
+        .replace("[model]\n", "[model]\nexperts_implementation = \"eager\"\n");
+    let dir = std::env::temp_dir().join(format!("hpfsdp-eager-ok-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(fixture("tiny-moe.toml"), dir.join("tiny-moe.toml")).unwrap();
+    let path = dir.join("ok-eager.toml");
+    std::fs::write(&path, text).unwrap();
+    let s = Scenario::load(&path).unwrap();
+    assert_eq!(
+        s.file.model.experts_implementation.as_deref(),
+        Some("eager")
     );
 }

@@ -108,6 +108,11 @@ pub enum OpShape {
 /// the one the measured runs took: the per-expert loop of the same file launches at least four
 /// kernels forward and eight backward per local expert (32 on a rank of experiment A), more
 /// than the measured per-layer total.
+///
+/// transformers' `eager` experts loop (`[model] experts_implementation = "eager"`) has no
+/// recipe here: its launches scale with the experts hit and its backward with the whole 3-D
+/// expert parameters, so the step program builds its kernels itself (`hpfsdp-program`'s
+/// `strategy::eager_experts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum EagerRecipe {

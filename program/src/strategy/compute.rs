@@ -18,7 +18,8 @@
 //!   with `loss_parallel`) all-reduces per-token scalars instead of gathering the logits
 //!   ([`super::vocab_parallel_loss`]).
 
-use super::host_events::{self, PassEvents};
+use super::eager_experts;
+use super::host_events::PassEvents;
 use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
 use super::saved_activations;
@@ -50,6 +51,14 @@ pub struct Segment {
     pub fwd_host_events: u32,
     /// Production host CPU operator events of one backward of this segment.
     pub bwd_host_events: u32,
+    /// Device -> host synchronisations of one forward of this segment (transformers'
+    /// `eager` experts loop, [`super::eager_experts::fwd_syncs`]); a recompute repeats them.
+    pub fwd_d2h_syncs: u32,
+    /// Ops the segment is emitted as in each pass (1: one op). transformers' eager experts
+    /// loop issues its work expert by expert: one piece per hit expert
+    /// ([`super::eager_experts::loop_pieces`]), so the device starts on the first expert
+    /// while the host issues the next ones, and the forward's syncs fall between pieces.
+    pub pieces: u32,
 }
 
 impl Segment {
@@ -113,6 +122,10 @@ struct OpenSegment {
     validation_events: u32,
     /// Production host events of the forward and backward ([`Segment::fwd_host_events`]).
     host_events: PassEvents,
+    /// Device -> host syncs of the forward ([`Segment::fwd_d2h_syncs`]).
+    d2h_syncs: u32,
+    /// Ops the segment is emitted as ([`Segment::pieces`]).
+    pieces: u32,
 }
 
 impl OpenSegment {
@@ -124,6 +137,8 @@ impl OpenSegment {
             bwd: Vec::new(),
             validation_events: 0,
             host_events: PassEvents::default(),
+            d2h_syncs: 0,
+            pieces: 1,
         }
     }
 
@@ -137,6 +152,8 @@ impl OpenSegment {
             fwd_validation_events: self.validation_events,
             fwd_host_events: self.host_events.fwd,
             bwd_host_events: self.host_events.bwd,
+            fwd_d2h_syncs: self.d2h_syncs,
+            pieces: self.pieces,
         })
     }
 }
@@ -359,7 +376,7 @@ fn build_stage(
     let (fwd_working, bwd_working) = if is_head && whole_f32_loss {
         saved_activations::head_working_bytes(cfg, &env.saved)
     } else {
-        (0.0, 0.0)
+        eager_experts::working_bytes(&piece.ops, env.kernels.eager_loop())
     };
     Stage {
         name: stage_name,
@@ -406,6 +423,8 @@ fn ensure_compute_segment(items: &mut Vec<Item>, stage_name: &str, weight_bytes:
             fwd_validation_events: 0,
             fwd_host_events: 0,
             bwd_host_events: 0,
+            fwd_d2h_syncs: 0,
+            pieces: 1,
         }),
     );
 }
@@ -490,7 +509,11 @@ impl<'p> StageWalk<'p> {
         let (fwd, bwd) = op_kernels(op, kernels);
         segment.validation_events += std::mem::take(&mut self.pending_events)
             + validation::dispatch_events(&self.boundaries, op, cfg, &fwd);
-        let host = host_events::op_events(op, cfg, &fwd, &bwd);
+        let host = eager_experts::op_host_events(op, cfg, kernels.eager_loop(), &fwd, &bwd);
+        segment.d2h_syncs += eager_experts::fwd_syncs(op, kernels.eager_loop());
+        segment.pieces = segment
+            .pieces
+            .max(eager_experts::loop_pieces(op, kernels.eager_loop()));
         segment.host_events.fwd += host.fwd;
         segment.host_events.bwd += host.bwd;
         segment.fwd.extend(fwd);

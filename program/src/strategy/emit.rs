@@ -7,10 +7,11 @@
 //! before it ([`Emitter::issue_point`]).
 
 use super::collective_staging;
-use super::compute::{Item, Stage};
+use super::compute::{Item, Segment, Stage};
 use super::host_events;
 use super::muon::schedule::{Dep, Schedule, Work};
 use super::parallel::{CollSpec, ParAxis, ParColl};
+use super::segment_pieces::{piece_of, share};
 use super::tp_overlap::{self, Pass, SegmentSplit};
 use super::{Ctx, GroupKind};
 use crate::step::{
@@ -383,30 +384,6 @@ impl<'a> Emitter<'a> {
                 Item::Compute(s) => {
                     let stage_deps = if first.is_none() { deps } else { &[] };
                     let name = format!("{}.{suffix}", s.name);
-                    let (f, l) = match &plan.segments[i] {
-                        Some(split) => {
-                            let gathered = split.gather.map(|g| chunk_ops[g].clone());
-                            let (f, l, feeding) =
-                                self.fused_segment(split, gathered, stage_deps, &name);
-                            chunk_ops[i] = feeding;
-                            (f, l)
-                        }
-                        None => {
-                            let d = self.take_deps(stage_deps);
-                            let kernels = pass.kernels(s);
-                            let op = self.compute_kernels(
-                                Stream::Compute,
-                                Category::Compute,
-                                kernels,
-                                &d,
-                                &name,
-                            );
-                            (op, op)
-                        }
-                    };
-                    if pass == Pass::Forward && s.fwd_validation_events > 0 {
-                        self.b.validation_events(f, s.fwd_validation_events);
-                    }
                     let host = match pass {
                         Pass::Forward if suffix == "recompute" && first.is_none() => {
                             s.fwd_host_events + host_events::RECOMPUTE_OVERHEAD_PER_LAYER
@@ -414,8 +391,22 @@ impl<'a> Emitter<'a> {
                         Pass::Forward => s.fwd_host_events,
                         Pass::Backward => s.bwd_host_events,
                     };
-                    if host > 0 {
-                        self.b.host_events(f, host);
+                    let (f, l) = match &plan.segments[i] {
+                        Some(split) => {
+                            let gathered = split.gather.map(|g| chunk_ops[g].clone());
+                            let (f, l, feeding) =
+                                self.fused_segment(split, gathered, stage_deps, &name);
+                            chunk_ops[i] = feeding;
+                            self.segment_host_work(s, pass, (f, l), host, &name);
+                            (f, l)
+                        }
+                        None => {
+                            let d = self.take_deps(stage_deps);
+                            self.segment_pieces(s, pass, &d, host, &name)
+                        }
+                    };
+                    if pass == Pass::Forward && s.fwd_validation_events > 0 {
+                        self.b.validation_events(f, s.fwd_validation_events);
                     }
                     first.get_or_insert(f);
                     last = Some(l);
@@ -433,6 +424,79 @@ impl<'a> Emitter<'a> {
         // Stages always hold a compute segment (see compute::build_stages).
         let last = last.unwrap_or(OpId(0));
         (first.unwrap_or(last), last)
+    }
+
+    /// Emits segment `s` in `pass` as [`Segment::pieces`] compute ops on the compute stream
+    /// (the first waits for `deps`; piece `i` is named `<name>.part<i>` after the first),
+    /// each with its share of the kernels ([`piece_of`]), of the `host` CPU operator events
+    /// and, in forward, of the device -> host syncs, issued right after it. One piece is the
+    /// whole segment as one op. Returns (first, last) op.
+    fn segment_pieces(
+        &mut self,
+        s: &Segment,
+        pass: Pass,
+        deps: &[OpId],
+        host: u32,
+        name: &str,
+    ) -> (OpId, OpId) {
+        let n = s.pieces.max(1);
+        let kernels = pass.kernels(s);
+        let mut ends: Option<(OpId, OpId)> = None;
+        for i in 0..n {
+            let piece_name = if i == 0 {
+                name.to_string()
+            } else {
+                format!("{name}.part{i}")
+            };
+            let d = if i == 0 { deps } else { &[] };
+            let piece;
+            let work = if n == 1 {
+                kernels
+            } else {
+                piece = piece_of(kernels, i, n);
+                &piece[..]
+            };
+            let op = self.compute_kernels(Stream::Compute, Category::Compute, work, d, &piece_name);
+            let events = share(host, i, n);
+            if events > 0 {
+                self.b.host_events(op, events);
+            }
+            if pass == Pass::Forward {
+                self.syncs(share(s.fwd_d2h_syncs, i, n), op, &piece_name);
+            }
+            ends = Some((ends.map_or(op, |(f, _)| f), op));
+        }
+        ends.expect("a segment has at least one piece")
+    }
+
+    /// The host events and forward syncs of a segment emitted as fused chunk ops (first,
+    /// last): the events on the first, the syncs after the last.
+    fn segment_host_work(
+        &mut self,
+        s: &Segment,
+        pass: Pass,
+        (first, last): (OpId, OpId),
+        host: u32,
+        name: &str,
+    ) {
+        if host > 0 {
+            self.b.host_events(first, host);
+        }
+        if pass == Pass::Forward {
+            self.syncs(s.fwd_d2h_syncs, last, name);
+        }
+    }
+
+    /// `count` device -> host syncs ([`Segment::fwd_d2h_syncs`]: transformers' eager experts
+    /// loop reads values back every expert) as host ops waiting for `after`: the host drains
+    /// the device at the first and pays one sync call at each, so the work before them runs
+    /// host-then-device serial and the host issues nothing more until the device is done.
+    fn syncs(&mut self, count: u32, after: OpId, name: &str) {
+        for i in 0..count {
+            let sync = self.b.host(Category::Host, 0, &[after]);
+            self.b
+                .name(sync, format!("{}{name}.d2h_sync{i}", self.mb_prefix));
+        }
     }
 
     /// Emits the chunks of a fused collective `<name>.<suffix>.c<i>`. A gather's chunks are

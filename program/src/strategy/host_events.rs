@@ -25,9 +25,12 @@
 //! aten graph from the same Python code, so the event counts carry over; the per-event host
 //! time does not (that is the profile's `[calibration]` constant, see `hpfsdp_sim::host_cost`).
 //!
-//! Ops the probe has no module for ([`op_events`] falls back): routed experts and their
-//! combine and the expert-parallel dispatch bookkeeping (the measured runs replace
-//! `Qwen3MoeExperts` by HyperParallel's grouped-GEMM module), multi-head latent attention and
+//! transformers' `eager` experts loop has a census of its own
+//! (`tools/eager_experts_census_probe.py`: [`eager_experts`], per hit expert, and
+//! [`EAGER_EXPERTS_PER_LAYER`]). Ops the probe has no module for ([`op_events`] falls back):
+//! routed experts on the grouped paths and their combine and the expert-parallel dispatch
+//! bookkeeping (the measured runs replace `Qwen3MoeExperts` by HyperParallel's grouped-GEMM
+//! module), multi-head latent attention and
 //! its interleaved RoPE, DeepSeek's router, ops built by hand. They are charged at the
 //! measured events per launched kernel of the whole dense decoder layer
 //! ([`FALLBACK_FWD_EVENTS_PER_KERNEL`], [`FALLBACK_BWD_EVENTS_PER_KERNEL`]). Ops outside the
@@ -100,6 +103,32 @@ pub const CAUSAL_LM_LOSS: PassEvents = ev(29, 17);
 /// `F.linear`, fp32 `softmax`, `topk`, `sum`, in-place `/=`, `.to`).
 pub const QWEN3_MOE_ROUTER: PassEvents = ev(22, 58);
 
+/// transformers' `eager` experts loop (`Qwen3MoeExperts.forward`), its per-layer part:
+/// `zeros_like`, `one_hot`, `permute`, `sum`, `greater`, `nonzero` and the loop's fixed
+/// overhead forward; backward the layer-level part of its autograd graph (measured by
+/// `tools/eager_experts_census_probe.py`: per layer = 4 experts - 4 x per expert). Charged
+/// on the router op, beside [`QWEN3_MOE_ROUTER`].
+pub const EAGER_EXPERTS_PER_LAYER: PassEvents = ev(30, 30);
+
+/// The eager loop per hit expert, up to the gate/up GEMM: the loop test, `torch.where`,
+/// the hidden-state gather, `gate_up_proj[e]`, `linear`, `chunk` (and the expert's row of
+/// `expert_hit`'s `unbind`); backward the chunk's `cat`, the two GEMM gradients,
+/// `select_backward` of the whole parameter, the gather's index backward and the
+/// accumulations (census: 46 forward, 48 backward).
+pub const EAGER_GATE_UP_PER_EXPERT: PassEvents = ev(46, 48);
+
+/// The eager loop per hit expert: `silu(gate) * up` and its backward (census: 2, 7).
+pub const EAGER_ACT_PER_EXPERT: PassEvents = ev(2, 7);
+
+/// The eager loop per hit expert: `down_proj[e]`, `linear`; backward the two GEMM
+/// gradients, `select_backward` and the accumulation (census: 12, 34).
+pub const EAGER_DOWN_PER_EXPERT: PassEvents = ev(12, 34);
+
+/// The eager loop per hit expert after the down GEMM: the routing-weight gather, `*`,
+/// `.to`, `index_add_`; backward their nodes and the routing weights' index backward
+/// (census: 16, 34).
+pub const EAGER_COMBINE_PER_EXPERT: PassEvents = ev(16, 34);
+
 /// Events a checkpointed decoder layer adds on top of re-running its forward
 /// (`torch.utils.checkpoint`, `use_reentrant=False`, as transformers'
 /// `GradientCheckpointingLayer` runs it: the saved-tensor unpack hooks, the recompute's
@@ -156,6 +185,32 @@ pub fn census(op: &ComputeOp, cfg: &ModelConfig) -> Option<PassEvents> {
         },
         _ => None,
     }
+}
+
+/// Events of `op` on transformers' eager experts loop with `hits` experts hit: its part's
+/// census per expert times `hits` (`hidden` tells the gate/up projection, whose input is
+/// the hidden size, from the down projection); `None` for ops outside the loop's
+/// per-expert parts (the router carries [`EAGER_EXPERTS_PER_LAYER`]).
+pub fn eager_experts(op: &ComputeOp, hidden: u64, hits: u64) -> Option<PassEvents> {
+    let per_expert = match op.shape {
+        OpShape::Experts { input, .. } if input == hidden => EAGER_GATE_UP_PER_EXPERT,
+        OpShape::Experts { .. } => EAGER_DOWN_PER_EXPERT,
+        OpShape::MemoryBound {
+            recipe: EagerRecipe::SwiGlu,
+            routed: true,
+            ..
+        } => EAGER_ACT_PER_EXPERT,
+        OpShape::MemoryBound {
+            recipe: EagerRecipe::ExpertCombine,
+            ..
+        } => EAGER_COMBINE_PER_EXPERT,
+        _ => return None,
+    };
+    let times = |events: u32| u32::try_from(u64::from(events) * hits).unwrap_or(u32::MAX);
+    Some(PassEvents {
+        fwd: times(per_expert.fwd),
+        bwd: times(per_expert.bwd),
+    })
 }
 
 /// Launched kernels of a kernel list.

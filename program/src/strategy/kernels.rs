@@ -16,6 +16,9 @@
 //!   parallelism and more than one local expert, the received tokens (ordered by source rank)
 //!   are regrouped by local expert before the first expert GEMM and put back in source order
 //!   after the last one ([`ep_regroup`]);
+//! - transformers' `eager` experts loop (`[model] experts_implementation = "eager"`): per hit
+//!   expert GEMMs of their real shape, the loop's element-wise and index kernels and the
+//!   full-size parameter gradients of `select_backward` ([`super::eager_experts`]);
 //! - attention: one fused kernel over `micro_batch` sequences of `seq_len / cp` tokens and
 //!   `heads / tp` heads, FLOPs from the profile (causal triangle); backward 2.5x the forward
 //!   FLOPs (FlashAttention-2, Dao 2023, section 3.1: five matmuls against two) and 2x bytes;
@@ -27,6 +30,7 @@
 //! weight read of every projection is included.
 
 use super::StrategyOptions;
+use super::eager_experts::{self, EagerLoop};
 use super::routing::{RoutedLoad, busiest_rank_load};
 use hpfsdp_plan::kernel::{GroupedTiling, KernelClass, KernelWork};
 use hpfsdp_plan::model::{ComputeOp, EagerRecipe, OpShape};
@@ -59,6 +63,9 @@ pub struct KernelCtx {
     /// The routed experts run transformers' `grouped_mm` path (`[model]
     /// experts_implementation = "grouped_mm"`): its dispatch and combine recipes.
     pub hf_grouped_mm: bool,
+    /// The routed experts run transformers' `eager` per-expert loop (`[model]
+    /// experts_implementation = "eager"`): [`super::eager_experts`] gives their kernels.
+    pub hf_eager_experts: bool,
     /// The step runs PyTorch eager on CUDA (`[train] kernel_library = "torch_cuda"`): cuDNN
     /// SDPA's backward helpers ([`sdpa_cudnn_backward_helpers`]) and the element-wise
     /// recipes' strided kernels as a class of their own ([`memory_bound`]).
@@ -93,9 +100,22 @@ impl KernelCtx {
             hidden: cfg.hidden_size,
             hf_grouped_mm: scenario.file.model.experts_implementation.as_deref()
                 == Some("grouped_mm"),
+            hf_eager_experts: scenario.file.model.experts_implementation.as_deref()
+                == Some("eager"),
             torch_cuda: scenario.file.train.kernel_library.as_deref() == Some("torch_cuda"),
             kv_heads: cfg.num_key_value_heads,
         }
+    }
+
+    /// transformers' eager experts loop of this rank (`None` unless its experts run it).
+    pub fn eager_loop(&self) -> Option<EagerLoop> {
+        let r = self.routed.filter(|_| self.hf_eager_experts)?;
+        Some(EagerLoop::new(
+            &r,
+            self.rank_tokens,
+            self.act_bytes,
+            self.hidden,
+        ))
     }
 
     /// The recipe an op runs on this rank's path: with expert parallelism the token permutation
@@ -153,7 +173,15 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
             experts,
             top_k,
         } => router(c, hidden, experts, top_k),
-        OpShape::Experts { input, output, .. } => experts(c, input, output),
+        OpShape::Experts {
+            input,
+            output,
+            top_k,
+            ..
+        } => match c.eager_loop() {
+            Some(l) => eager_experts::projection(&l, input, output, top_k),
+            None => experts(c, input, output),
+        },
         OpShape::Attention {
             heads,
             qk_dim,
@@ -180,7 +208,16 @@ pub fn op_kernels(op: &ComputeOp, c: &KernelCtx) -> (Vec<KernelWork>, Vec<Kernel
                 c.rank_tokens * width as f64
             };
             let flops = op.fwd_flops_per_token * c.rank_tokens * routed_scale(c, routed);
-            memory_bound(c, c.memory_bound_recipe(recipe, routed), elems, flops)
+            match (c.eager_loop(), recipe) {
+                (Some(l), EagerRecipe::SwiGlu) if routed => {
+                    eager_experts::activation(&l, width, flops.round() as u64)
+                }
+                (Some(l), EagerRecipe::ExpertCombine) => {
+                    let top_k = width / c.hidden.max(1);
+                    eager_experts::combine(&l, top_k, flops.round() as u64)
+                }
+                _ => memory_bound(c, c.memory_bound_recipe(recipe, routed), elems, flops),
+            }
         }
         OpShape::Opaque => {
             let flops = (op.fwd_flops_per_token * c.rank_tokens).round() as u64;
@@ -280,12 +317,15 @@ fn router(
         c.rank_tokens * experts as f64,
         0.0,
     );
-    let (pf, pb) = memory_bound(
-        c,
-        c.path_recipe(EagerRecipe::TokenPermute),
-        c.rank_tokens * (top_k * hidden) as f64,
-        0.0,
-    );
+    let (pf, pb) = match c.eager_loop() {
+        Some(l) => eager_experts::mask(&l, top_k),
+        None => memory_bound(
+            c,
+            c.path_recipe(EagerRecipe::TokenPermute),
+            c.rank_tokens * (top_k * hidden) as f64,
+            0.0,
+        ),
+    };
     fwd.extend(sf);
     fwd.extend(pf);
     // Backward runs in reverse: permute, softmax, then the gate GEMM's gradients.
@@ -464,6 +504,7 @@ mod tests {
             ep: 1,
             hidden: 2048,
             hf_grouped_mm: false,
+            hf_eager_experts: false,
             torch_cuda: false,
             kv_heads: 4,
         }

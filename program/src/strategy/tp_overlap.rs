@@ -482,6 +482,8 @@ mod tests {
             fwd_validation_events: 0,
             fwd_host_events: 0,
             bwd_host_events: 0,
+            fwd_d2h_syncs: 0,
+            pieces: 1,
         })
     }
 
