@@ -255,7 +255,7 @@ pub(crate) enum NsImpl {
 
 /// One NS call: `matrices` matrices of one core shape orthogonalized by one batched launch
 /// sequence (GEMM batch = `matrices`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct NsCall {
     /// Core matrix shape.
     pub core: (u64, u64),

@@ -26,6 +26,7 @@
 mod common;
 pub mod dmuon;
 pub mod flexshard;
+mod hp_parts;
 mod hp_pieces;
 pub mod hyperparallel;
 pub mod matrixfsdp;
@@ -41,7 +42,7 @@ pub(crate) use opt_ctx::OptParam;
 pub use opt_ctx::{OptCtx, OptimizerStrategy};
 
 use super::Ctx;
-use opt_ctx::KEPT_SCHEDULES;
+use opt_ctx::{Built, KEPT_SCHEDULES};
 use schedule::Schedule;
 use std::hash::{Hash, Hasher};
 
@@ -57,25 +58,30 @@ impl OptCtx {
         {
             return d;
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        let anonymous = Schedule {
-            anonymous: true,
-            ..Schedule::default()
-        };
-        let schedule = build(ctx, &view, anonymous);
-        schedule.hash_without_names(&mut h);
-        if self.strategy.owner_placement() {
-            placement_signature(ctx, &view).hash(&mut h);
-        }
-        let d = h.finish();
-        if let Ok(mut built) = self.built.lock()
-            && built.len() < KEPT_SCHEDULES
-            && !built.contains_key(&d)
-        {
+        let (d, built) = if self.strategy == OptimizerStrategy::HyperParallelMuon {
+            // From its parts, each built once per job (a digest of digests).
+            let parts = hyperparallel::parts(ctx, &view, true, Some(&self.hp_pieces.parts));
+            (parts.digest(), Built::Parts(parts))
+        } else {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            let anonymous = Schedule {
+                anonymous: true,
+                ..Schedule::default()
+            };
+            let mut schedule = build(ctx, &view, anonymous);
+            schedule.hash_without_names(&mut h);
+            if self.strategy.owner_placement() {
+                placement_signature(ctx, &view).hash(&mut h);
+            }
             // Kept at its length: a doubling vector holds up to twice its ops.
-            let mut schedule = schedule;
             schedule.ops.shrink_to_fit();
-            built.insert(d, schedule);
+            (h.finish(), Built::Whole(schedule))
+        };
+        if let Ok(mut kept) = self.built.lock()
+            && kept.len() < KEPT_SCHEDULES
+            && !kept.contains_key(&d)
+        {
+            kept.insert(d, built);
         }
         if let Ok(mut cache) = self.digests.lock() {
             cache.insert(key, d);
@@ -91,7 +97,14 @@ impl OptCtx {
     /// are computed in parallel).
     pub(crate) fn take_built(&self, ctx: &Ctx, view: &RankView) -> Option<Schedule> {
         let d = *self.digests.lock().ok()?.get(&view.key(ctx))?;
-        self.built.lock().ok()?.get(&d).cloned()
+        let built = self.built.lock().ok()?.get(&d).cloned()?;
+        Some(match built {
+            Built::Whole(s) => s,
+            Built::Parts(p) => p.assemble(Schedule {
+                anonymous: true,
+                ..Schedule::default()
+            }),
+        })
     }
 }
 

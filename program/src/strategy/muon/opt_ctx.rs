@@ -255,7 +255,16 @@ pub struct OptCtx {
 }
 
 /// Anonymous schedules kept by [`OptCtx::digest`] for reuse, keyed by their digest.
-pub(crate) type BuiltSchedules = HashMap<u64, Schedule>;
+pub(crate) type BuiltSchedules = HashMap<u64, Built>;
+
+/// A schedule kept for reuse: whole, or as its HyperParallel parts (assembled when taken).
+#[derive(Debug, Clone)]
+pub(crate) enum Built {
+    /// The whole schedule.
+    Whole(Schedule),
+    /// Its parts ([`super::hp_parts`]).
+    Parts(super::hp_parts::Parts),
+}
 
 /// Schedules kept for reuse at most (a bound on the memory of [`OptCtx`]'s cache on jobs
 /// with very many optimizer coordinates; beyond it the program builds its own).
