@@ -72,9 +72,10 @@ pub(crate) struct UnitInputs {
     pub(crate) kept: (u32, u64),
     /// The NS calls the rank runs.
     pub(crate) calls: Vec<super::NsCall>,
-    /// Per shard dim, the relay broadcasts it joins: (owner coordinate, or empty in an
-    /// anonymous schedule; bytes).
-    pub(crate) relay: Vec<Vec<(Vec<usize>, u64)>>,
+    /// Per shard dim, the bytes of each relay broadcast it joins.
+    pub(crate) relay: Vec<Vec<u64>>,
+    /// Their owners' coordinates (op names), per shard dim; empty in an anonymous schedule.
+    pub(crate) relay_owners: Vec<Vec<Vec<usize>>>,
 }
 
 /// Which part: the AdamW head of an EP class, or a slot part.

@@ -369,19 +369,20 @@ fn slot_inputs(ctx: &Ctx, view: &RankView, b: &RankBatch, slot: usize, named: bo
     let units = (0..ctx.opt.slots[slot].steps)
         .map(|u| {
             let members = b.owned.units.get(u).filter(|m| !m.is_empty())?;
-            let (kept, relay) = if b.shard_path {
+            let (kept, (relay, relay_owners)) = if b.shard_path {
                 let kept = computed_here(ctx, view, b, members);
                 (
                     kept_unpack(ctx, members, &kept),
-                    relay_owners(ctx, view, b, members, named),
+                    relays_joined(ctx, view, b, members, named),
                 )
             } else {
-                ((0, 0), Vec::new())
+                ((0, 0), (Vec::new(), Vec::new()))
             };
             Some(UnitInputs {
                 kept,
                 calls: unit_ns_calls(ctx, view, b, members),
                 relay,
+                relay_owners,
             })
         })
         .collect();
@@ -470,7 +471,7 @@ fn memory_batch(
         s.free(last, MemTag::Buffers, buf);
     }
     if b.shard_path {
-        let relay = relay_broadcast(ctx, s, b, u, members, &unit.relay);
+        let relay = relay_broadcast(ctx, s, b, u, members, unit);
         let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
         let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
         deps.push(Dep::Issue);
@@ -570,18 +571,19 @@ fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
 /// The relay broadcasts each rank of a shard-path batch joins in NS memory batch `u`
 /// (`members`: its owned parameters), per shard dim: every compute coordinate that owns a
 /// matrix of the sub-batch and is aligned with the rank on later dims, with that owner's
-/// packed bf16 updates (512-B padded per matrix), in lexicographic coordinate order. The
-/// owner's coordinate is kept only when `named` (op names), else left empty.
-fn relay_owners(
+/// packed bf16 updates (512-B padded per matrix), in lexicographic coordinate order:
+/// (bytes per dim, owner coordinates per dim, the latter only when `named` (op names)).
+type Relays = (Vec<Vec<u64>>, Vec<Vec<Vec<usize>>>);
+fn relays_joined(
     ctx: &Ctx,
     view: &RankView,
     b: &RankBatch,
     members: &[usize],
     named: bool,
-) -> Vec<Vec<(Vec<usize>, u64)>> {
+) -> Relays {
     let oc = &ctx.opt;
     let Some(&f) = members.first().filter(|_| b.shard_path) else {
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     };
     let plan_b = &oc.plan.batches[b.index];
     let first = &oc.params[f];
@@ -593,19 +595,24 @@ fn relay_owners(
             *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
         }
     }
-    (0..first.shard.len())
-        .map(|d| {
-            bytes
-                .iter()
-                .filter(|&(c, &n)| n != 0 && c.get(d + 1..) == mine.get(d + 1..))
-                .map(|(c, &n)| (if named { c.to_vec() } else { Vec::new() }, n))
-                .collect()
-        })
-        .collect()
+    let mut sizes = Vec::with_capacity(first.shard.len());
+    let mut owners = Vec::new();
+    for d in 0..first.shard.len() {
+        let joined: Vec<(&[usize], u64)> = bytes
+            .iter()
+            .filter(|&(c, &n)| n != 0 && c.get(d + 1..) == mine.get(d + 1..))
+            .map(|(c, &n)| (*c, n))
+            .collect();
+        sizes.push(joined.iter().map(|&(_, n)| n).collect());
+        if named {
+            owners.push(joined.iter().map(|&(c, _)| c.to_vec()).collect());
+        }
+    }
+    (sizes, owners)
 }
 
 /// The relay broadcasts of NS memory batch `u` of a shard-path batch (`members`: its owned
-/// parameters; `owners`: per shard dim, the broadcasts the rank joins, see [`relay_owners`]),
+/// parameters; `unit`: per shard dim, the broadcasts the rank joins, see [`relays_joined`]),
 /// dim by dim, each dim waited before the next (`_batched_relay_broadcast`: one async
 /// broadcast per compute coordinate). The broadcasts of one dim share the shard process
 /// group's stream, so they run one after the other. Returns (ops, buffer bytes).
@@ -615,7 +622,7 @@ fn relay_broadcast(
     b: &RankBatch,
     u: usize,
     members: &[usize],
-    owners: &[Vec<(Vec<usize>, u64)>],
+    unit: &UnitInputs,
 ) -> (Vec<u32>, u64) {
     let oc = &ctx.opt;
     let mut relay: Vec<u32> = Vec::new();
@@ -625,14 +632,14 @@ fn relay_broadcast(
     };
     let first = &oc.params[f];
     let mut prev_dim: Vec<u32> = Vec::new();
-    for (a, dim) in first.shard.iter().zip(owners) {
+    for (d, (a, dim)) in first.shard.iter().zip(&unit.relay).enumerate() {
         let mut this_dim = Vec::new();
-        for (c, n) in dim {
-            let n = *n;
+        for (j, &n) in dim.iter().enumerate() {
+            let c = unit.relay_owners.get(d).and_then(|o| o.get(j));
             let mut deps = vec![Dep::Issue];
             deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
             let name = s.name(|| {
-                let label: Vec<String> = c.iter().map(|x| x.to_string()).collect();
+                let label: Vec<String> = c.into_iter().flatten().map(|x| x.to_string()).collect();
                 format!(
                     "muon.b{}.m{u}.relay.{}.c{}",
                     b.slot,
