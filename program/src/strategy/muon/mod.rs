@@ -122,7 +122,8 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
 
 /// The optimizer schedule of `rank` (empty for the placeholder AdamW), with op names when
 /// `named`. An unnamed schedule reuses the one [`OptCtx::digest`] built for the rank's
-/// optimizer coordinate, if any (one build per coordinate on folded jobs).
+/// optimizer coordinate, if any (one build per coordinate on folded jobs), else, for
+/// HyperParallel Muon, is assembled from the job's cached parts.
 pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
     let view = RankView::new(ctx, rank);
     let built = if named {
@@ -130,16 +131,17 @@ pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
     } else {
         ctx.opt.take_built(ctx, &view)
     };
+    let empty = Schedule {
+        anonymous: !named,
+        ..Schedule::default()
+    };
     match built {
         Some(s) => s,
-        None => build(
-            ctx,
-            &view,
-            Schedule {
-                anonymous: !named,
-                ..Schedule::default()
-            },
-        ),
+        // Anonymous HyperParallel parts come from the job's part cache.
+        None if !named && ctx.opt.strategy == OptimizerStrategy::HyperParallelMuon => {
+            hyperparallel::parts(ctx, &view, true, Some(&ctx.opt.hp_pieces.parts)).assemble(empty)
+        }
+        None => build(ctx, &view, empty),
     }
 }
 
