@@ -71,7 +71,7 @@ pub(crate) struct UnitInputs {
     /// (count, bytes) of the unpack kernels after the last fused gather (shard path).
     pub(crate) kept: (u32, u64),
     /// The NS calls the rank runs.
-    pub(crate) calls: Vec<super::NsCall>,
+    pub(crate) calls: Vec<super::ns_call::NsCall>,
     /// Per shard dim, the bytes of each relay broadcast it joins.
     pub(crate) relay: Vec<Vec<u64>>,
     /// Their owners' coordinates (op names), per shard dim; empty in an anonymous schedule.

@@ -21,7 +21,9 @@
 //!
 //! This module dispatches to the strategies' builders; what they share is below them:
 //! `opt_ctx` (the rank-independent [`OptCtx`]), `common` (a rank's view, AdamW units, momentum,
-//! apply and Newton-Schulz ops) and `hp_pieces` (HyperParallel Muon's shared pieces).
+//! apply and Newton-Schulz ops), `ns_call` (one Newton-Schulz call), `hp_pieces` (HyperParallel
+//! Muon's shared pieces) and `hp_parts` (HyperParallel schedules as cached parts: a part per
+//! slot keyed by what the slot takes from the rank).
 
 mod common;
 pub mod dmuon;
@@ -33,6 +35,7 @@ pub mod matrixfsdp;
 pub mod matrixfsdp_buffers;
 pub mod moonlight;
 pub mod naive;
+mod ns_call;
 pub mod ns_cost;
 pub(crate) mod opt_ctx;
 pub(crate) mod schedule;
