@@ -72,9 +72,10 @@ pub(crate) struct UnitInputs {
     pub(crate) kept: (u32, u64),
     /// The NS calls the rank runs.
     pub(crate) calls: Vec<super::ns_call::NsCall>,
-    /// Per shard dim, the bytes of each relay broadcast it joins.
+    /// Per shard dim but the last (where every rank joins every broadcast), the bytes of
+    /// each relay broadcast it joins.
     pub(crate) relay: Vec<Vec<u64>>,
-    /// Their owners' coordinates (op names), per shard dim; empty in an anonymous schedule.
+    /// Their owners' coordinates (op names), per dim; empty in an anonymous schedule.
     pub(crate) relay_owners: Vec<Vec<Vec<usize>>>,
 }
 

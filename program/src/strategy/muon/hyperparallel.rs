@@ -568,11 +568,27 @@ fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
     }
 }
 
+/// Bytes every compute coordinate relays in NS memory batch `members` of plan batch
+/// `index` (its owned matrices' packed bf16 updates, 512-B padded per matrix), in
+/// lexicographic coordinate order.
+fn relay_sources<'a>(ctx: &'a Ctx, index: usize, members: &[usize]) -> BTreeMap<&'a [usize], u64> {
+    let oc = &ctx.opt;
+    let plan_b = &oc.plan.batches[index];
+    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
+    for i in members {
+        if let Some(c) = plan_b.shard_owner.get(i) {
+            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
+        }
+    }
+    bytes
+}
+
 /// The relay broadcasts each rank of a shard-path batch joins in NS memory batch `u`
-/// (`members`: its owned parameters), per shard dim: every compute coordinate that owns a
-/// matrix of the sub-batch and is aligned with the rank on later dims, with that owner's
-/// packed bf16 updates (512-B padded per matrix), in lexicographic coordinate order:
-/// (bytes per dim, owner coordinates per dim, the latter only when `named` (op names)).
+/// (`members`: its owned parameters), per shard dim but the last: every compute coordinate
+/// that owns a matrix of the sub-batch and is aligned with the rank on later dims
+/// ([`relay_sources`]): (bytes per dim, owner coordinates per dim, the latter only when
+/// `named` (op names)). On the last dim every rank joins every source's broadcast, so that
+/// dim is no input ([`relay_broadcast`] lists it).
 type Relays = (Vec<Vec<u64>>, Vec<Vec<Vec<usize>>>);
 fn relays_joined(
     ctx: &Ctx,
@@ -581,23 +597,16 @@ fn relays_joined(
     members: &[usize],
     named: bool,
 ) -> Relays {
-    let oc = &ctx.opt;
     let Some(&f) = members.first().filter(|_| b.shard_path) else {
         return (Vec::new(), Vec::new());
     };
-    let plan_b = &oc.plan.batches[b.index];
-    let first = &oc.params[f];
+    let first = &ctx.opt.params[f];
     let mine = view.shard_coord(first);
-    // Bytes of every compute coordinate, in lexicographic coordinate order.
-    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
-    for i in members {
-        if let Some(c) = plan_b.shard_owner.get(i) {
-            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
-        }
-    }
-    let mut sizes = Vec::with_capacity(first.shard.len());
+    let bytes = relay_sources(ctx, b.index, members);
+    let dims = first.shard.len().saturating_sub(1);
+    let mut sizes = Vec::with_capacity(dims);
     let mut owners = Vec::new();
-    for d in 0..first.shard.len() {
+    for d in 0..dims {
         let joined: Vec<(&[usize], u64)> = bytes
             .iter()
             .filter(|&(c, &n)| n != 0 && c.get(d + 1..) == mine.get(d + 1..))
@@ -611,11 +620,40 @@ fn relays_joined(
     (sizes, owners)
 }
 
+/// The relay broadcasts of dim `d` the rank joins: from `unit` ([`relays_joined`]), or on
+/// the last dim every source with bytes whose coordinate spans the shard dims (the rank's
+/// alignment on no later dim: the same for every rank). (bytes, owner coordinates when
+/// `named`.)
+fn relays_of_dim(
+    ctx: &Ctx,
+    b: &RankBatch,
+    members: &[usize],
+    unit: &UnitInputs,
+    (d, dims): (usize, usize),
+    named: bool,
+) -> Vec<(u64, Option<Vec<usize>>)> {
+    if d + 1 < dims {
+        let owners = unit.relay_owners.get(d);
+        return unit.relay.get(d).map_or(Vec::new(), |sizes| {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(j, &n)| (n, owners.and_then(|o| o.get(j)).cloned()))
+                .collect()
+        });
+    }
+    relay_sources(ctx, b.index, members)
+        .into_iter()
+        .filter(|&(c, n)| n != 0 && c.len() == dims)
+        .map(|(c, n)| (n, named.then(|| c.to_vec())))
+        .collect()
+}
+
 /// The relay broadcasts of NS memory batch `u` of a shard-path batch (`members`: its owned
-/// parameters; `unit`: per shard dim, the broadcasts the rank joins, see [`relays_joined`]),
-/// dim by dim, each dim waited before the next (`_batched_relay_broadcast`: one async
-/// broadcast per compute coordinate). The broadcasts of one dim share the shard process
-/// group's stream, so they run one after the other. Returns (ops, buffer bytes).
+/// parameters; `unit`: the broadcasts the rank joins, see [`relays_of_dim`]), dim by dim,
+/// each dim waited before the next (`_batched_relay_broadcast`: one async broadcast per
+/// compute coordinate). The broadcasts of one dim share the shard process group's stream,
+/// so they run one after the other. Returns (ops, buffer bytes).
 fn relay_broadcast(
     ctx: &Ctx,
     s: &mut Schedule,
@@ -631,11 +669,11 @@ fn relay_broadcast(
         return (relay, relay_buf);
     };
     let first = &oc.params[f];
+    let dims = first.shard.len();
     let mut prev_dim: Vec<u32> = Vec::new();
-    for (d, (a, dim)) in first.shard.iter().zip(&unit.relay).enumerate() {
+    for (d, a) in first.shard.iter().enumerate() {
         let mut this_dim = Vec::new();
-        for (j, &n) in dim.iter().enumerate() {
-            let c = unit.relay_owners.get(d).and_then(|o| o.get(j));
+        for (n, c) in relays_of_dim(ctx, b, members, unit, (d, dims), !s.anonymous) {
             let mut deps = vec![Dep::Issue];
             deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
             let name = s.name(|| {
