@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex};
 pub(crate) type InFlight = (Vec<u32>, u64, usize);
 
 /// One part: its ops (indices relative to the part), the optimizer state it keeps resident,
-/// its in-flight broadcast, and the digest of all of it without op names.
+/// its in-flight broadcast, and the digest of all of it without op names: 128 bits of
+/// BLAKE3 over its canonical bytes, the identity of a part (as a program's is in folding),
+/// so parts of equal digest are kept once without comparing them op by op.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Part {
     /// The part's ops and resident state (`anonymous` as built).
@@ -28,16 +30,18 @@ pub(crate) struct Part {
     /// The slot's replica broadcast left in flight (slot parts only).
     pub(crate) in_flight: Option<InFlight>,
     /// Digest of `s` without names and of `in_flight`.
-    pub(crate) digest: u64,
+    pub(crate) digest: u128,
 }
 
 impl Part {
     /// A part of `s` with its in-flight broadcast, digested.
     pub(crate) fn new(s: Schedule, in_flight: Option<InFlight>) -> Self {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut h = ByteSink(Vec::new());
         s.hash_without_names(&mut h);
         in_flight.hash(&mut h);
-        let digest = h.finish();
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&blake3::hash(&h.0).as_bytes()[..16]);
+        let digest = u128::from_le_bytes(b);
         Self {
             s,
             in_flight,
@@ -79,6 +83,18 @@ pub(crate) struct UnitInputs {
     pub(crate) relay_owners: Vec<Vec<Vec<usize>>>,
 }
 
+/// A `Hasher` that only collects the bytes written (digested with BLAKE3 afterwards).
+struct ByteSink(Vec<u8>);
+
+impl Hasher for ByteSink {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
 /// Which part: the AdamW head of an EP class, or a slot part.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum PartKey {
@@ -94,7 +110,7 @@ pub(crate) enum PartKey {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PartCache {
     by_key: Arc<Mutex<HashMap<PartKey, Arc<Part>>>>,
-    by_digest: Arc<Mutex<HashMap<u64, Vec<Arc<Part>>>>>,
+    by_digest: Arc<Mutex<HashMap<u128, Arc<Part>>>>,
 }
 
 impl PartCache {
@@ -112,21 +128,17 @@ impl PartCache {
         }
     }
 
-    /// The kept part equal to `part` (compared in full, not by digest alone), or `part`,
-    /// now kept.
-    fn canonical(&self, part: Part) -> Arc<Part> {
+    /// The kept part of `part`'s digest, or `part`, now kept.
+    fn canonical(&self, mut part: Part) -> Arc<Part> {
         let Ok(mut m) = self.by_digest.lock() else {
             return Arc::new(part);
         };
-        let same = m.entry(part.digest).or_default();
-        if let Some(p) = same.iter().find(|p| ***p == part) {
-            return p.clone();
-        }
-        let mut part = part;
-        part.s.ops.shrink_to_fit();
-        let part = Arc::new(part);
-        same.push(part.clone());
-        part
+        m.entry(part.digest)
+            .or_insert_with(|| {
+                part.s.ops.shrink_to_fit();
+                Arc::new(part)
+            })
+            .clone()
     }
 }
 
