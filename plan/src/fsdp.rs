@@ -381,45 +381,44 @@ fn fused_all_reduces(
     groups: &BTreeMap<String, GroupSpec>,
     rd: DType,
 ) -> Vec<FusedAllReduce> {
-    let mut all_reduces: Vec<FusedAllReduce> = Vec::new();
-    for ui in 0..units.len() {
-        for domain in [DataDomain::Dense, DataDomain::Expert] {
-            let key = format!("{}.replicate", domain_key(domain));
-            if groups.get(&key).is_none_or(|g| g.size <= 1) {
-                continue;
-            }
-            let mut owners: Vec<Option<usize>> = params
-                .iter()
-                .filter(|p| p.unit == ui && p.domain == domain)
-                .map(|p| p.ep_owner)
-                .collect();
-            owners.sort_unstable();
-            owners.dedup();
-            for owner in owners {
-                let mut offset = 0;
-                let mut names = Vec::new();
-                for p in params
-                    .iter_mut()
-                    .filter(|p| p.unit == ui && p.domain == domain && p.ep_owner == owner)
-                {
-                    p.ar_offset_elems = Some(offset);
-                    offset += p.padded_shard_numel;
-                    names.push(p.name.clone());
-                }
-                let payload = offset * rd.bytes();
-                all_reduces.push(FusedAllReduce {
-                    unit: ui,
-                    domain,
-                    ep_owner: owner,
-                    params: names,
-                    payload_bytes: payload,
-                    buffer_bytes: round_up_512(payload),
-                    dtype: rd,
-                });
-            }
+    let domains = [DataDomain::Dense, DataDomain::Expert];
+    let replicated = domains.map(|d| {
+        groups
+            .get(&format!("{}.replicate", domain_key(d)))
+            .is_some_and(|g| g.size > 1)
+    });
+    // The members of every (unit, domain, owner) buffer, in parameter order; buffers in
+    // (unit, domain, owner) order (one pass over the parameters, not one per buffer).
+    let mut members: BTreeMap<(usize, usize, Option<usize>), Vec<usize>> = BTreeMap::new();
+    for (i, p) in params.iter().enumerate() {
+        let d = usize::from(p.domain == DataDomain::Expert);
+        if p.unit < units.len() && replicated[d] {
+            members.entry((p.unit, d, p.ep_owner)).or_default().push(i);
         }
     }
-    all_reduces
+    members
+        .into_iter()
+        .map(|((unit, d, owner), idx)| {
+            let mut offset = 0;
+            let mut names = Vec::with_capacity(idx.len());
+            for i in idx {
+                let p = &mut params[i];
+                p.ar_offset_elems = Some(offset);
+                offset += p.padded_shard_numel;
+                names.push(p.name.clone());
+            }
+            let payload = offset * rd.bytes();
+            FusedAllReduce {
+                unit,
+                domain: domains[d],
+                ep_owner: owner,
+                params: names,
+                payload_bytes: payload,
+                buffer_bytes: round_up_512(payload),
+                dtype: rd,
+            }
+        })
+        .collect()
 }
 
 impl FsdpPlan {

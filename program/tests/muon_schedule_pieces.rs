@@ -65,3 +65,44 @@ fn hyperparallel_schedules_do_not_depend_on_which_rank_builds_first() {
     }
     assert!(ranks > 8);
 }
+
+/// `p` with every op name dropped.
+fn unnamed(mut p: hpfsdp_program::step::StepProgram) -> hpfsdp_program::step::StepProgram {
+    for op in &mut p.ops {
+        op.name = None;
+    }
+    p
+}
+
+/// Equal slot inputs mean equal schedule parts (`hyperparallel::SlotInputs`, the cache key of
+/// `hp_parts`): once every rank's template key has filled the part cache (whichever rank of
+/// a key comes first builds its part), each rank's unnamed program, assembled from parts
+/// other ranks built, equals its named program (built from its own view, nothing cached)
+/// with the names dropped. Returns the ranks that reused another rank's schedule.
+fn check_parts(x: &Plans) -> usize {
+    let kind = StrategyKind::HyperParallel;
+    let o = OptimizerStrategy::HyperParallelMuon;
+    let Ok(g) = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o) else {
+        return 0;
+    };
+    let w = g.world_size();
+    let keys: Vec<u64> = (0..w).map(|r| g.template_key(r)).collect();
+    for rank in (0..w).rev() {
+        let name = &x.s.file.name;
+        let own = unnamed(g.program(rank).unwrap());
+        assert_eq!(g.program_unnamed(rank).unwrap(), own, "{name} rank {rank}");
+        assert_eq!(g.program_shared(rank).unwrap(), own, "{name} rank {rank}");
+    }
+    let distinct: std::collections::HashSet<&u64> = keys.iter().collect();
+    w - distinct.len()
+}
+
+#[test]
+fn cached_schedule_parts_equal_each_rank_s_own_build() {
+    let mut shared = check_parts(&mini_exp_d()) + check_parts(&uneven_hsdp());
+    for x in &muon_miniatures() {
+        shared += check_parts(x);
+    }
+    // Some ranks did take parts another rank built (equal keys).
+    assert!(shared > 0);
+}

@@ -8,10 +8,12 @@ use crate::sim_options::SimOptions;
 use crate::workload::Workload;
 use hpfsdp_plan::{CollectiveKind, Tier};
 use hpfsdp_program::step::{
-    Category, OpSpan, Payload, RankRange, RankTimeline, Timeline, TimelineKind, TimelineSource,
+    Category, Op, OpSpan, Payload, RankRange, RankTimeline, SharedOps, StepProgram, Timeline,
+    TimelineKind, TimelineSource,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// Collectives of one kind on one tier issued by one rank.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,17 +79,83 @@ impl LaunchCounts {
     pub fn of(program: &hpfsdp_program::step::StepProgram) -> Self {
         let mut c = Self::default();
         for op in &program.ops {
-            match &op.payload {
-                Payload::Compute(w) => c.device_kernels += w.kernels as u64,
-                Payload::Copy(w) => {
-                    c.device_kernels += u64::from(w.kernels);
-                    c.memcpys += u64::from(w.memcpys);
-                }
-                Payload::Collective(_) => c.collectives += 1,
-                Payload::Host { .. } => c.host_ops += 1,
-            }
+            c.add(op);
         }
         c
+    }
+
+    /// Counts the launches of one more op.
+    fn add(&mut self, op: &Op) {
+        match &op.payload {
+            Payload::Compute(w) => self.device_kernels += w.kernels as u64,
+            Payload::Copy(w) => {
+                self.device_kernels += u64::from(w.kernels);
+                self.memcpys += u64::from(w.memcpys);
+            }
+            Payload::Collective(_) => self.collectives += 1,
+            Payload::Host { .. } => self.host_ops += 1,
+        }
+    }
+}
+
+/// Collective totals (count, input bytes, output bytes) by (category index, kind, tier).
+type CollTotals = BTreeMap<(usize, CollectiveKind, Tier), (u64, u64, u64)>;
+
+/// What a rank's report counts over its ops: collective totals and launches.
+#[derive(Debug, Clone, Default)]
+struct Tally {
+    collectives: CollTotals,
+    launches: LaunchCounts,
+}
+
+impl Tally {
+    fn add<'a>(&mut self, ops: impl Iterator<Item = &'a Op>) {
+        for op in ops {
+            if let Payload::Collective(c) = &op.payload {
+                let category = Category::ALL
+                    .iter()
+                    .position(|&x| x == op.category)
+                    .unwrap_or(0);
+                let e = self
+                    .collectives
+                    .entry((category, c.kind, c.tier))
+                    .or_default();
+                e.0 += 1;
+                e.1 += c.input_bytes;
+                e.2 += c.output_bytes;
+            }
+            self.launches.add(op);
+        }
+    }
+}
+
+/// Tallies of programs, the shared op prefix of each counted once ([`OpSeq`]): the sums are
+/// the same whatever the split, and on a folded Muon job hundreds of units share a prefix of
+/// tens of thousands of ops.
+#[derive(Default)]
+struct Tallies {
+    /// By prefix address (the prefix kept alive, so an address is never reused).
+    prefixes: HashMap<usize, (Arc<SharedOps>, Tally)>,
+}
+
+impl Tallies {
+    fn of(&mut self, program: &StepProgram) -> Tally {
+        let Some(shared) = program.ops.shared() else {
+            let mut t = Tally::default();
+            t.add(program.ops.iter());
+            return t;
+        };
+        let (_, base) = self
+            .prefixes
+            .entry(Arc::as_ptr(shared) as usize)
+            .or_insert_with(|| {
+                let mut t = Tally::default();
+                t.add(shared.ops.iter());
+                (shared.clone(), t)
+            });
+        let mut t = base.clone();
+        t.add(program.ops.iter_from(program.ops.prefix_len()));
+        t
     }
 }
 
@@ -179,22 +247,14 @@ pub(crate) fn assemble(
     let step_time_ns = ends.iter().copied().max().unwrap_or(0);
     let mut ranks = Vec::with_capacity(outcomes.len());
     let mut timeline = Vec::new();
+    let mut tallies = Tallies::default();
     for (u, ((unit, outcome), end_ns)) in workload.units.iter().zip(outcomes).zip(ends).enumerate()
     {
         let program = &unit.program;
-        let mut stats: BTreeMap<(usize, CollectiveKind, Tier), (u64, u64, u64)> = BTreeMap::new();
-        for op in &program.ops {
-            if let Payload::Collective(c) = &op.payload {
-                let category = Category::ALL
-                    .iter()
-                    .position(|&x| x == op.category)
-                    .unwrap_or(0);
-                let e = stats.entry((category, c.kind, c.tier)).or_default();
-                e.0 += 1;
-                e.1 += c.input_bytes;
-                e.2 += c.output_bytes;
-            }
-        }
+        let Tally {
+            collectives: stats,
+            launches,
+        } = tallies.of(program);
         ranks.push(RankResult {
             rank: program.rank,
             represents: unit.ranks.clone(),
@@ -227,7 +287,7 @@ pub(crate) fn assemble(
                     ..outcome.memory
                 }
             },
-            launches: LaunchCounts::of(program),
+            launches,
         });
         if options.record_timeline && (options.all_ranks || !outcome.spans.is_empty()) {
             timeline.push(RankTimeline {

@@ -135,14 +135,14 @@ impl Workload {
         S: Fn(usize) -> u128 + Sync,
     {
         check_world(world_size, &topology)?;
-        let (keys, mut templates) = generate_templates(world_size, &template_key, &program)?;
+        let (keys, templates) = generate_templates(world_size, &template_key, &program)?;
         let classes = fold::classes_of_views(world_size, &topology, |rank| {
             Ok(RankView {
                 ops_digest: templates[&keys[rank]].0 ^ salt(rank),
                 groups: Cow::Owned(groups(rank)?),
             })
         })?;
-        let reps = take_reps(&classes, &keys, &mut templates, &topology, &program)?;
+        let reps = take_reps(&classes, &keys, templates, &topology, &program, &groups)?;
         Ok(Self::assemble_reps(world_size, topology, classes, reps))
     }
 
@@ -163,7 +163,7 @@ impl Workload {
         S: Fn(usize) -> u128 + Sync,
     {
         check_world(world_size, &topology)?;
-        let (keys, mut templates) = generate_templates(world_size, &template_key, &program)?;
+        let (keys, templates) = generate_templates(world_size, &template_key, &program)?;
         let local: Vec<u128> = (0..world_size)
             .into_par_iter()
             .with_min_len(4096)
@@ -171,7 +171,16 @@ impl Workload {
             .collect();
         let classes = fold_mesh::classes_on_mesh(world_size, &topology, &local, families)?;
         drop(local);
-        let reps = take_reps(&classes, &keys, &mut templates, &topology, &program)?;
+        let groups = |r: usize| {
+            families
+                .iter()
+                .map(|f| {
+                    Group::new(f.label.clone(), f.groups.group_of(r))
+                        .map_err(|e| SimError::Workload(format!("rank {r}: {e}")))
+                })
+                .collect()
+        };
+        let reps = take_reps(&classes, &keys, templates, &topology, &program, &groups)?;
         Ok(Self::assemble_reps(world_size, topology, classes, reps))
     }
 
@@ -264,41 +273,89 @@ where
     Ok((keys, templates))
 }
 
-/// The representative program of every class: its template's program when the class's
-/// smallest rank generated it, else generated again; each checked against the topology.
-fn take_reps<P>(
+/// The representative program of every class: its template's program, moved to its last
+/// class and copied for the others; a class whose smallest rank did not generate it gets
+/// the copy relabelled ([`relabel`]: the template key promises equal programs up to group
+/// ranks and names), or its program generated again when the template's group table does
+/// not match. Each checked against the topology.
+fn take_reps<P, G>(
     classes: &Classes,
     keys: &[u64],
-    templates: &mut Templates,
+    mut templates: Templates,
     topology: &Topology,
     program: &P,
+    groups: &G,
 ) -> Result<Vec<StepProgram>, SimError>
 where
     P: Fn(usize) -> Result<StepProgram, SimError> + Sync,
+    G: Fn(usize) -> Result<Vec<Group>, SimError> + Sync,
 {
     let world_size = keys.len();
+    let mut users: HashMap<u64, usize> = HashMap::new();
+    for m in &classes.members {
+        *users.entry(keys[m[0]]).or_default() += 1;
+    }
     let mut tier_checks = TierChecks::default();
     classes
         .members
         .iter()
         .map(|m| {
             let rep = m[0];
-            let p = match templates.get_mut(&keys[rep]) {
-                Some((_, first, p)) if *first == rep => p.take(),
+            let key = keys[rep];
+            let left = users.get_mut(&key).map(|n| {
+                *n -= 1;
+                *n
+            });
+            let template = match templates.get_mut(&key) {
+                Some((_, first, p)) if left == Some(0) => p.take().map(|p| (*first, p)),
+                Some((_, first, Some(p))) => Some((*first, p.clone())),
                 _ => None,
             };
-            let p = match p {
-                Some(p) => p,
-                None => {
-                    let p = program(rep)?;
-                    check_program(&p, rep, world_size)?;
-                    p
-                }
+            let p = match template {
+                Some((first, p)) if first == rep => p,
+                Some((_, p)) => match relabel(p, rep, groups(rep)?) {
+                    Some(p) => {
+                        check_program(&p, rep, world_size)?;
+                        p
+                    }
+                    None => regenerate(program, rep, world_size)?,
+                },
+                None => regenerate(program, rep, world_size)?,
             };
             tier_checks.check(&p, topology)?;
             Ok(p)
         })
         .collect::<Result<Vec<_>, SimError>>()
+}
+
+/// `rank`'s program generated and checked.
+fn regenerate<P>(program: &P, rank: usize, world_size: usize) -> Result<StepProgram, SimError>
+where
+    P: Fn(usize) -> Result<StepProgram, SimError>,
+{
+    let p = program(rank)?;
+    check_program(&p, rank, world_size)?;
+    Ok(p)
+}
+
+/// Another rank's program of the same template as `rank`'s: its rank set, its group table
+/// replaced by `groups` (`rank`'s own), and its op names dropped (only rank 0 keeps names).
+/// `None` when `groups` does not have the template's labels and sizes, position by position.
+fn relabel(mut p: StepProgram, rank: usize, groups: Vec<Group>) -> Option<StepProgram> {
+    let same_shape = p.groups.len() == groups.len()
+        && p.groups
+            .iter()
+            .zip(&groups)
+            .all(|(a, b)| a.label == b.label && a.ranks.len() == b.ranks.len());
+    if !same_shape {
+        return None;
+    }
+    if rank != 0 {
+        strip_names(&mut p);
+    }
+    p.rank = rank;
+    p.groups = groups;
+    Some(p)
 }
 
 /// Drops a program's op names: labels for reports, which name spans from rank 0's program

@@ -2,7 +2,8 @@
 //! reference that lists every rank's groups ([`Workload::fold_templated_salted`]): on real
 //! strategy programs (every FSDP strategy, AdamW and the Muon strategies) the generator's
 //! arithmetic group families are exactly its programs' group tables, and both folds give the
-//! same workload (classes, numbering and representative programs).
+//! same workload (classes, numbering and representative programs), whose representatives
+//! (moved or relabelled from template programs) are the programs their ranks generate.
 
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_program::strategy::{OptimizerStrategy, ProgramGenerator, StrategyKind};
@@ -98,6 +99,12 @@ fn check(fixture: &str) {
         .unwrap();
         assert_eq!(on_mesh, listed, "{what}");
         assert!(on_mesh.units.len() < world, "{what}: nothing folded");
+        // Representatives taken from another rank's template (relabelled) are the programs
+        // their own rank generates.
+        for unit in &on_mesh.units {
+            let rep = unit.program.rank;
+            assert_eq!(unit.program, program(rep).unwrap(), "{what} rank {rep}");
+        }
         // With a straggler: the same classes again.
         let salt = |r: usize| u128::from(r == world / 2 + 1);
         let a = Workload::fold_on_mesh(

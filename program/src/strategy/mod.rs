@@ -405,7 +405,9 @@ impl ProgramGenerator {
             let digests: Vec<Option<u64>> = first
                 .iter()
                 .map(|r| {
-                    r.and_then(|r| self.program_unnamed(r).ok())
+                    // On the shared model path: the same program as `program_unnamed`,
+                    // and the path is then built for the templates of that model key.
+                    r.and_then(|r| self.program_shared(r).ok())
                         .map(|p| class_part_digest(&p, schedule))
                 })
                 .collect();

@@ -40,13 +40,24 @@ pub fn partial_over_tp(
     tp: usize,
     sequence_parallel: bool,
 ) -> Vec<bool> {
+    // Looked up by name in one map, not by a scan of every parameter per parameter.
+    let by_name: std::collections::HashMap<&str, &hpfsdp_plan::planner::ParamPlan> =
+        if sequence_parallel && tp > 1 {
+            plan.params
+                .iter()
+                .rev()
+                .map(|p| (p.name.as_str(), p))
+                .collect()
+        } else {
+            Default::default()
+        };
     fsdp.params
         .iter()
         .map(|p| {
             sequence_parallel
                 && tp > 1
                 && p.domain == DataDomain::Dense
-                && plan.param(&p.name).is_some_and(|pp| {
+                && by_name.get(p.name.as_str()).is_some_and(|pp| {
                     pp.trainable && !pp.placements.get("tp").is_some_and(|x| x.is_shard())
                 })
         })

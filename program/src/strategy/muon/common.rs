@@ -253,15 +253,7 @@ pub(crate) enum NsImpl {
     GramFp16,
 }
 
-/// One NS call: `matrices` matrices of one core shape orthogonalized by one batched launch
-/// sequence (GEMM batch = `matrices`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct NsCall {
-    /// Core matrix shape.
-    pub core: (u64, u64),
-    /// Matrices in the call.
-    pub matrices: u64,
-}
+pub(crate) use super::ns_call::NsCall;
 
 /// Shape-fused batching (notes 6.6): one call per core shape over all its matrices.
 pub(crate) fn fused_calls(items: impl IntoIterator<Item = ((u64, u64), u64)>) -> Vec<NsCall> {

@@ -47,6 +47,8 @@ pub(crate) struct Pieces {
     /// domain none of whose held parameters is replicated), master bytes per element):
     /// bytes per replica owner.
     pub(crate) sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
+    /// Anonymous schedule parts by key ([`super::hp_parts`]).
+    pub(crate) parts: super::hp_parts::PartCache,
 }
 
 /// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.

@@ -75,6 +75,7 @@
 //! Op names carry the slot, not the plan batch index, so ranks of different EP coordinates
 //! doing the same work get identical programs and fold in the simulator.
 
+use super::hp_parts::{Part, PartCache, PartKey, Parts, SlotInputs, UnitInputs};
 use super::hp_pieces::{Held, Owned, SourceBytes, cached};
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
@@ -225,13 +226,14 @@ fn max_piece(ctx: &Ctx, i: usize, from: usize) -> u64 {
 ///   axis cut dim 0). Packing into the buffer (`pack_buffer[...].copy_(gi.view(-1))`) is a
 ///   contiguous same-dtype copy, which torch_npu runs as a device memcpy, not a kernel;
 /// - after it, `_unpack_gathered_results` concatenates each parameter's per-rank rows
-///   (`torch.cat(param_chunks)`): one kernel per unpacked parameter.
+///   (`torch.cat(param_chunks)`): one kernel per unpacked parameter; after the last axis
+///   only the kept ones, whose (count, bytes) `kept` gives ([`kept_unpack`]).
 ///
 /// Each copy reads and writes the bf16 piece once. Returns (before, after).
 fn gather_staging(
     ctx: &Ctx,
     members: &[usize],
-    kept: &[usize],
+    kept: (u32, u64),
     k: usize,
 ) -> (Vec<KernelWork>, Vec<KernelWork>) {
     let plan = &ctx.opt.plan.params;
@@ -246,11 +248,14 @@ fn gather_staging(
         }
     }
     let last = k + 1 == ctx.opt.params[members[0]].shard.len();
-    let unpacked = if last { kept } else { members };
-    let cats = (
-        unpacked.len() as u32,
-        unpacked.iter().map(|&i| bytes(i, k + 1)).sum::<u64>(),
-    );
+    let cats = if last {
+        kept
+    } else {
+        (
+            members.len() as u32,
+            members.iter().map(|&i| bytes(i, k + 1)).sum::<u64>(),
+        )
+    };
     let work = |(n, b): (u32, u64)| {
         (n > 0)
             .then(|| KernelWork::memory_bound(n, 0, b))
@@ -261,14 +266,14 @@ fn gather_staging(
 }
 
 /// Fused gathers of one NS memory batch, per shard axis, with the kernels around each
-/// ([`gather_staging`]; `kept`: the members this rank computes); returns (last op, buffer
-/// bytes).
+/// ([`gather_staging`]; `kept`: (count, bytes) of the members this rank computes, see
+/// [`kept_unpack`]); returns (last op, buffer bytes).
 fn gathers(
     ctx: &Ctx,
     s: &mut Schedule,
     prefix: &str,
     members: &[usize],
-    kept: &[usize],
+    kept: (u32, u64),
 ) -> (Option<u32>, u64) {
     let first = &ctx.opt.params[members[0]];
     let mut last: Option<u32> = None;
@@ -315,50 +320,120 @@ fn gathers(
 /// rank takes part in it. Every op has a rank-independent position (step, phase), and a
 /// rank emits an op on a communicator exactly when its fellow members do, so all members of
 /// a communicator issue the same sequence (whatever the EP coordinate and the replica
-/// ownership in other domains).
-pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule {
-    let oc = &ctx.opt;
-    adamw_routed_units(ctx, view, &mut s);
-    let grad_bytes = super::grad_dtype(ctx).bytes();
-    let batches = rank_batches(ctx, view);
-    s.momentum_bytes = batches
+/// ownership in other domains). Built from its parts ([`parts`], none cached).
+pub(crate) fn schedule(ctx: &Ctx, view: &RankView, s: Schedule) -> Schedule {
+    parts(ctx, view, s.anonymous, None).assemble(s)
+}
+
+/// The rank's schedule as parts ([`super::hp_parts`]): the AdamW head and one part per slot,
+/// taken from `cache` when given (anonymous parts only) and built there when absent.
+pub(crate) fn parts(
+    ctx: &Ctx,
+    view: &RankView,
+    anonymous: bool,
+    cache: Option<&PartCache>,
+) -> Parts {
+    let get = |key: PartKey, make: &dyn Fn() -> Part| match cache {
+        Some(c) => c.get(key, make),
+        None => Arc::new(make()),
+    };
+    let empty = || Schedule {
+        anonymous,
+        ..Schedule::default()
+    };
+    let head = get(PartKey::Head(view.class), &|| {
+        let mut s = empty();
+        adamw_routed_units(ctx, view, &mut s);
+        Part::new(s, None)
+    });
+    let slots = rank_batches(ctx, view)
+        .into_iter()
+        .enumerate()
+        .map(|(slot, b)| {
+            let b = b?;
+            let inputs = slot_inputs(ctx, view, &b, slot, !anonymous);
+            Some(get(PartKey::Slot(inputs.clone()), &|| {
+                slot_part(ctx, &b, slot, &inputs, empty())
+            }))
+        })
+        .collect();
+    Parts { head, slots }
+}
+
+/// What slot `slot`'s part takes from the rank's view besides its batch `b` (a function of
+/// the plan batch, the EP class and the replica coordinate, all in the result): per NS
+/// memory batch, the kernels of what the rank computes, its NS calls and the relay
+/// broadcasts it joins; the bytes of every replica-broadcast source. Owner labels of relay
+/// broadcasts (op names) only when `named`.
+fn slot_inputs(ctx: &Ctx, view: &RankView, b: &RankBatch, slot: usize, named: bool) -> SlotInputs {
+    let units = (0..ctx.opt.slots[slot].steps)
+        .map(|u| {
+            let members = b.owned.units.get(u).filter(|m| !m.is_empty())?;
+            let (kept, (relay, relay_owners)) = if b.shard_path {
+                let kept = computed_here(ctx, view, b, members);
+                (
+                    kept_unpack(ctx, members, &kept),
+                    relays_joined(ctx, view, b, members, named),
+                )
+            } else {
+                ((0, 0), (Vec::new(), Vec::new()))
+            };
+            Some(UnitInputs {
+                kept,
+                calls: unit_ns_calls(ctx, view, b, members),
+                relay,
+                relay_owners,
+            })
+        })
+        .collect();
+    SlotInputs {
+        index: b.index,
+        class: view.class,
+        rc: b.rc.clone(),
+        units,
+        sources: replica_sources(ctx, view, b, ctx.opts.master_dtype.bytes()),
+    }
+}
+
+/// (count, bytes) of the unpack kernels after the last fused gather of `members`: one per
+/// parameter this rank computes (`kept`), each its full bf16 matrix read and written once.
+fn kept_unpack(ctx: &Ctx, members: &[usize], kept: &[usize]) -> (u32, u64) {
+    let last = ctx.opt.params[members[0]].shard.len();
+    let bytes = kept
         .iter()
-        .flatten()
-        .flat_map(|b| &b.owned.params)
+        .map(|&i| 2 * max_piece(ctx, i, last) * ns_cost::NS_ELEM_BYTES)
+        .sum();
+    (kept.len() as u32, bytes)
+}
+
+/// The rank's ops of slot `slot` (its batch `b`) appended to `s` (empty): the momentum of
+/// its owned parameters before their first NS memory batch, every memory batch it takes
+/// part in, then the end of the slot ([`finish_slot`]), whose replica broadcast is left in
+/// flight.
+fn slot_part(ctx: &Ctx, b: &RankBatch, slot: usize, inputs: &SlotInputs, mut s: Schedule) -> Part {
+    let oc = &ctx.opt;
+    let grad_bytes = super::grad_dtype(ctx).bytes();
+    s.momentum_bytes = b
+        .owned
+        .params
+        .iter()
         .map(|&i| oc.params[i].local_elems * grad_bytes)
         .sum();
-    let mut momentum_done = vec![false; batches.len()];
-    let mut in_flight: Option<(Vec<u32>, u64, usize)> = None;
-    for (slot, x) in oc.slots.iter().enumerate() {
-        for u in 0..x.steps {
-            let Some(b) = batches[slot].as_ref() else {
-                continue;
-            };
-            let Some(members) = b.owned.units.get(u).filter(|m| !m.is_empty()) else {
-                continue;
-            };
-            if !std::mem::replace(&mut momentum_done[b.slot], true) {
-                let owned = &b.owned.params;
-                let elems = owned.iter().map(|&i| oc.params[i].local_elems).sum();
-                let name = s.name(|| format!("muon.b{}.momentum", b.slot));
-                momentum(ctx, &mut s, name, elems, owned.len() as u32);
-            }
-            memory_batch(ctx, view, &mut s, b, (slot, u), members);
-        }
-        let Some(b) = &batches[slot] else {
+    let mut momentum_done = false;
+    for (u, unit) in inputs.units.iter().enumerate() {
+        let (Some(unit), Some(members)) = (unit, b.owned.units.get(u)) else {
             continue;
         };
-        if let Some(f) = finish_slot(ctx, view, &mut s, b, slot) {
-            if let Some(prev) = in_flight.take() {
-                land(&mut s, prev);
-            }
-            in_flight = Some(f);
+        if !std::mem::replace(&mut momentum_done, true) {
+            let owned = &b.owned.params;
+            let elems = owned.iter().map(|&i| oc.params[i].local_elems).sum();
+            let name = s.name(|| format!("muon.b{}.momentum", b.slot));
+            momentum(ctx, &mut s, name, elems, owned.len() as u32);
         }
+        memory_batch(ctx, &mut s, b, (slot, u), members, unit);
     }
-    if let Some(prev) = in_flight.take() {
-        land(&mut s, prev);
-    }
-    s
+    let in_flight = finish_slot(ctx, &mut s, b, slot, inputs.sources.as_deref());
+    Part::new(s, in_flight)
 }
 
 /// One NS memory batch `u` of slot `slot` on this rank (`members`: the owned parameters of
@@ -366,32 +441,37 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
 /// fused gathers, which wait for the previous sub-batch's apply already issued
 /// ([`Dep::Issue`]; nothing is prefetched), then the NS of the matrices the rank computes,
 /// then `_fused_broadcast_and_apply(sub_batch)`: the relay, then the slice-and-apply on the
-/// local shards; on the local path the NS alone.
+/// local shards; on the local path the NS alone. What depends on the rank is in `unit`.
 fn memory_batch(
     ctx: &Ctx,
-    view: &RankView,
     s: &mut Schedule,
     b: &RankBatch,
     (slot, u): (usize, usize),
     members: &[usize],
+    unit: &UnitInputs,
 ) {
     let oc = &ctx.opt;
     let (gather, buf) = if b.shard_path {
         let prefix = s.name(|| format!("muon.b{}.m{u}", b.slot));
-        let kept = computed_here(ctx, view, b, members);
-        gathers(ctx, s, &prefix, members, &kept)
+        gathers(ctx, s, &prefix, members, unit.kept)
     } else {
         (None, 0)
     };
     let prefix = s.name(|| format!("muon.b{slot}.m{u}"));
     let deps: Vec<Dep> = gather.map(Dep::Op).into_iter().collect();
-    let calls = unit_ns_calls(ctx, view, b, members);
-    let ns = ns_ops(ctx, s, &prefix, calls, &deps, NsImpl::Bf16);
+    let ns = ns_ops(
+        ctx,
+        s,
+        &prefix,
+        unit.calls.iter().copied(),
+        &deps,
+        NsImpl::Bf16,
+    );
     if let Some(&last) = ns.last().or(gather.as_ref()) {
         s.free(last, MemTag::Buffers, buf);
     }
     if b.shard_path {
-        let relay = relay_broadcast(ctx, view, s, b, u, members);
+        let relay = relay_broadcast(ctx, s, b, u, members, unit);
         let elems = members.iter().map(|&i| oc.params[i].local_elems).sum();
         let mut deps: Vec<Dep> = relay.0.iter().map(|&o| Dep::Op(o)).collect();
         deps.push(Dep::Issue);
@@ -410,10 +490,10 @@ fn memory_batch(
 /// as in flight when the rank takes part in any).
 fn finish_slot(
     ctx: &Ctx,
-    view: &RankView,
     s: &mut Schedule,
     b: &RankBatch,
     slot: usize,
+    sources: Option<&[u64]>,
 ) -> Option<(Vec<u32>, u64, usize)> {
     let oc = &ctx.opt;
     let owned = &b.owned.params;
@@ -422,7 +502,7 @@ fn finish_slot(
         let name = s.name(|| format!("muon.b{slot}.apply"));
         apply(ctx, s, name, elems, owned.len() as u32, vec![Dep::Issue]);
     }
-    replica_broadcast(s, ctx, view, b, ctx.opts.master_dtype.bytes())
+    replica_broadcast(s, ctx, b, sources)
 }
 
 /// The copies `chunk_update_by_layout` (hyper-parallel `core/optimizer/sharding_category.py`)
@@ -488,19 +568,99 @@ fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
     }
 }
 
-/// The relay broadcasts of NS memory batch `u` of a shard-path batch (`members`: its owned
-/// parameters), dim by dim, each dim waited before the next (`_batched_relay_broadcast`: one
-/// async broadcast per compute coordinate that owns a matrix of the sub-batch and is
-/// aligned with the rank on later dims, each carrying that owner's packed bf16 updates,
-/// 512-B padded per matrix). The broadcasts of one dim share the shard process group's
-/// stream, so they run one after the other. Returns (ops, buffer bytes).
-fn relay_broadcast(
+/// Bytes every compute coordinate relays in NS memory batch `members` of plan batch
+/// `index` (its owned matrices' packed bf16 updates, 512-B padded per matrix), in
+/// lexicographic coordinate order.
+fn relay_sources<'a>(ctx: &'a Ctx, index: usize, members: &[usize]) -> BTreeMap<&'a [usize], u64> {
+    let oc = &ctx.opt;
+    let plan_b = &oc.plan.batches[index];
+    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
+    for i in members {
+        if let Some(c) = plan_b.shard_owner.get(i) {
+            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
+        }
+    }
+    bytes
+}
+
+/// The relay broadcasts each rank of a shard-path batch joins in NS memory batch `u`
+/// (`members`: its owned parameters), per shard dim but the last: every compute coordinate
+/// that owns a matrix of the sub-batch and is aligned with the rank on later dims
+/// ([`relay_sources`]): (bytes per dim, owner coordinates per dim, the latter only when
+/// `named` (op names)). On the last dim every rank joins every source's broadcast, so that
+/// dim is no input ([`relay_broadcast`] lists it).
+type Relays = (Vec<Vec<u64>>, Vec<Vec<Vec<usize>>>);
+fn relays_joined(
     ctx: &Ctx,
     view: &RankView,
+    b: &RankBatch,
+    members: &[usize],
+    named: bool,
+) -> Relays {
+    let Some(&f) = members.first().filter(|_| b.shard_path) else {
+        return (Vec::new(), Vec::new());
+    };
+    let first = &ctx.opt.params[f];
+    let mine = view.shard_coord(first);
+    let bytes = relay_sources(ctx, b.index, members);
+    let dims = first.shard.len().saturating_sub(1);
+    let mut sizes = Vec::with_capacity(dims);
+    let mut owners = Vec::new();
+    for d in 0..dims {
+        let joined: Vec<(&[usize], u64)> = bytes
+            .iter()
+            .filter(|&(c, &n)| n != 0 && c.get(d + 1..) == mine.get(d + 1..))
+            .map(|(c, &n)| (*c, n))
+            .collect();
+        sizes.push(joined.iter().map(|&(_, n)| n).collect());
+        if named {
+            owners.push(joined.iter().map(|&(c, _)| c.to_vec()).collect());
+        }
+    }
+    (sizes, owners)
+}
+
+/// The relay broadcasts of dim `d` the rank joins: from `unit` ([`relays_joined`]), or on
+/// the last dim every source with bytes whose coordinate spans the shard dims (the rank's
+/// alignment on no later dim: the same for every rank). (bytes, owner coordinates when
+/// `named`.)
+fn relays_of_dim(
+    ctx: &Ctx,
+    b: &RankBatch,
+    members: &[usize],
+    unit: &UnitInputs,
+    (d, dims): (usize, usize),
+    named: bool,
+) -> Vec<(u64, Option<Vec<usize>>)> {
+    if d + 1 < dims {
+        let owners = unit.relay_owners.get(d);
+        return unit.relay.get(d).map_or(Vec::new(), |sizes| {
+            sizes
+                .iter()
+                .enumerate()
+                .map(|(j, &n)| (n, owners.and_then(|o| o.get(j)).cloned()))
+                .collect()
+        });
+    }
+    relay_sources(ctx, b.index, members)
+        .into_iter()
+        .filter(|&(c, n)| n != 0 && c.len() == dims)
+        .map(|(c, n)| (n, named.then(|| c.to_vec())))
+        .collect()
+}
+
+/// The relay broadcasts of NS memory batch `u` of a shard-path batch (`members`: its owned
+/// parameters; `unit`: the broadcasts the rank joins, see [`relays_of_dim`]), dim by dim,
+/// each dim waited before the next (`_batched_relay_broadcast`: one async broadcast per
+/// compute coordinate). The broadcasts of one dim share the shard process group's stream,
+/// so they run one after the other. Returns (ops, buffer bytes).
+fn relay_broadcast(
+    ctx: &Ctx,
     s: &mut Schedule,
     b: &RankBatch,
     u: usize,
     members: &[usize],
+    unit: &UnitInputs,
 ) -> (Vec<u32>, u64) {
     let oc = &ctx.opt;
     let mut relay: Vec<u32> = Vec::new();
@@ -508,27 +668,16 @@ fn relay_broadcast(
     let Some(&f) = members.first().filter(|_| b.shard_path) else {
         return (relay, relay_buf);
     };
-    let plan_b = &oc.plan.batches[b.index];
     let first = &oc.params[f];
-    let mine = view.shard_coord(first);
-    // Bytes of every compute coordinate, in lexicographic coordinate order.
-    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
-    for i in members {
-        if let Some(c) = plan_b.shard_owner.get(i) {
-            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
-        }
-    }
+    let dims = first.shard.len();
     let mut prev_dim: Vec<u32> = Vec::new();
     for (d, a) in first.shard.iter().enumerate() {
         let mut this_dim = Vec::new();
-        for (c, &n) in &bytes {
-            if n == 0 || c.get(d + 1..) != mine.get(d + 1..) {
-                continue;
-            }
+        for (n, c) in relays_of_dim(ctx, b, members, unit, (d, dims), !s.anonymous) {
             let mut deps = vec![Dep::Issue];
             deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
             let name = s.name(|| {
-                let label: Vec<String> = c.iter().map(|x| x.to_string()).collect();
+                let label: Vec<String> = c.into_iter().flatten().map(|x| x.to_string()).collect();
                 format!(
                     "muon.b{}.m{u}.relay.{}.c{}",
                     b.slot,
@@ -565,21 +714,16 @@ fn relay_broadcast(
 fn replica_broadcast(
     s: &mut Schedule,
     ctx: &Ctx,
-    view: &RankView,
     b: &RankBatch,
-    master: u64,
+    sources: Option<&[u64]>,
 ) -> Option<(Vec<u32>, u64, usize)> {
     let first = &ctx.opt.params[*b.held.params.first()?];
-    if first.replicate.iter().all(|a| a.slot.is_none()) {
-        return None;
-    }
+    let sources = sources?;
     let sizes: Vec<usize> = first.replicate.iter().map(|a| a.coord_size).collect();
     let mut last_hops = Vec::new();
     let mut received = 0;
     let mut first_op: Option<u32> = None;
-    let by_src = source_bytes(ctx, view, b, master);
-    for src in grid(&sizes) {
-        let bytes: u64 = by_src.get(&src).copied().unwrap_or(0);
+    for (src, &bytes) in grid(&sizes).into_iter().zip(sources) {
         let chunks = bytes.div_ceil(REPLICA_BROADCAST_MAX_BYTES);
         let label = s.name(|| {
             let c: Vec<String> = src.iter().map(|x| x.to_string()).collect();
@@ -626,6 +770,24 @@ fn replica_broadcast(
     (!last_hops.is_empty()).then_some((last_hops, received, b.slot))
 }
 
+/// Bytes each replica source of batch `b` sends, in [`grid`] order of the replica
+/// coordinates ([`source_bytes`]); `None` when the batch's parameters have no replica group
+/// (a single replica).
+fn replica_sources(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Option<Vec<u64>> {
+    let first = &ctx.opt.params[*b.held.params.first()?];
+    if first.replicate.iter().all(|a| a.slot.is_none()) {
+        return None;
+    }
+    let sizes: Vec<usize> = first.replicate.iter().map(|a| a.coord_size).collect();
+    let by_src = source_bytes(ctx, view, b, master);
+    Some(
+        grid(&sizes)
+            .iter()
+            .map(|src| by_src.get(src).copied().unwrap_or(0))
+            .collect(),
+    )
+}
+
 /// Bytes each replica owner of batch `b` sources (every held parameter with a replica owner,
 /// as the local shard the rank holds, 512-byte padded), shared by every rank of the same
 /// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`](super::hp_pieces::Pieces)).
@@ -654,12 +816,4 @@ fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<S
             by_src
         },
     )
-}
-
-/// Lands an in-flight batch: waits its broadcasts and unpacks what was received.
-fn land(s: &mut Schedule, (ops, bytes, slot): (Vec<u32>, u64, usize)) {
-    let mut deps: Vec<Dep> = ops.iter().map(|&o| Dep::Op(o)).collect();
-    deps.push(Dep::Issue);
-    let op = s.copy(s.name(|| format!("muon.b{slot}.land")), bytes, 1, deps);
-    s.free(op, MemTag::Buffers, bytes);
 }

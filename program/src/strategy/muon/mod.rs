@@ -21,17 +21,21 @@
 //!
 //! This module dispatches to the strategies' builders; what they share is below them:
 //! `opt_ctx` (the rank-independent [`OptCtx`]), `common` (a rank's view, AdamW units, momentum,
-//! apply and Newton-Schulz ops) and `hp_pieces` (HyperParallel Muon's shared pieces).
+//! apply and Newton-Schulz ops), `ns_call` (one Newton-Schulz call), `hp_pieces` (HyperParallel
+//! Muon's shared pieces) and `hp_parts` (HyperParallel schedules as cached parts: a part per
+//! slot keyed by what the slot takes from the rank).
 
 mod common;
 pub mod dmuon;
 pub mod flexshard;
+mod hp_parts;
 mod hp_pieces;
 pub mod hyperparallel;
 pub mod matrixfsdp;
 pub mod matrixfsdp_buffers;
 pub mod moonlight;
 pub mod naive;
+mod ns_call;
 pub mod ns_cost;
 pub(crate) mod opt_ctx;
 pub(crate) mod schedule;
@@ -41,7 +45,7 @@ pub(crate) use opt_ctx::OptParam;
 pub use opt_ctx::{OptCtx, OptimizerStrategy};
 
 use super::Ctx;
-use opt_ctx::KEPT_SCHEDULES;
+use opt_ctx::{Built, KEPT_SCHEDULES};
 use schedule::Schedule;
 use std::hash::{Hash, Hasher};
 
@@ -57,25 +61,30 @@ impl OptCtx {
         {
             return d;
         }
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        let anonymous = Schedule {
-            anonymous: true,
-            ..Schedule::default()
-        };
-        let schedule = build(ctx, &view, anonymous);
-        schedule.hash_without_names(&mut h);
-        if self.strategy.owner_placement() {
-            placement_signature(ctx, &view).hash(&mut h);
-        }
-        let d = h.finish();
-        if let Ok(mut built) = self.built.lock()
-            && built.len() < KEPT_SCHEDULES
-            && !built.contains_key(&d)
-        {
+        let (d, built) = if self.strategy == OptimizerStrategy::HyperParallelMuon {
+            // From its parts, each built once per job (a digest of digests).
+            let parts = hyperparallel::parts(ctx, &view, true, Some(&self.hp_pieces.parts));
+            (parts.digest(), Built::Parts(parts))
+        } else {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            let anonymous = Schedule {
+                anonymous: true,
+                ..Schedule::default()
+            };
+            let mut schedule = build(ctx, &view, anonymous);
+            schedule.hash_without_names(&mut h);
+            if self.strategy.owner_placement() {
+                placement_signature(ctx, &view).hash(&mut h);
+            }
             // Kept at its length: a doubling vector holds up to twice its ops.
-            let mut schedule = schedule;
             schedule.ops.shrink_to_fit();
-            built.insert(d, schedule);
+            (h.finish(), Built::Whole(schedule))
+        };
+        if let Ok(mut kept) = self.built.lock()
+            && kept.len() < KEPT_SCHEDULES
+            && !kept.contains_key(&d)
+        {
+            kept.insert(d, built);
         }
         if let Ok(mut cache) = self.digests.lock() {
             cache.insert(key, d);
@@ -91,7 +100,14 @@ impl OptCtx {
     /// are computed in parallel).
     pub(crate) fn take_built(&self, ctx: &Ctx, view: &RankView) -> Option<Schedule> {
         let d = *self.digests.lock().ok()?.get(&view.key(ctx))?;
-        self.built.lock().ok()?.get(&d).cloned()
+        let built = self.built.lock().ok()?.get(&d).cloned()?;
+        Some(match built {
+            Built::Whole(s) => s,
+            Built::Parts(p) => p.assemble(Schedule {
+                anonymous: true,
+                ..Schedule::default()
+            }),
+        })
     }
 }
 
@@ -109,7 +125,8 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
 
 /// The optimizer schedule of `rank` (empty for the placeholder AdamW), with op names when
 /// `named`. An unnamed schedule reuses the one [`OptCtx::digest`] built for the rank's
-/// optimizer coordinate, if any (one build per coordinate on folded jobs).
+/// optimizer coordinate, if any (one build per coordinate on folded jobs), else, for
+/// HyperParallel Muon, is assembled from the job's cached parts.
 pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
     let view = RankView::new(ctx, rank);
     let built = if named {
@@ -117,16 +134,17 @@ pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
     } else {
         ctx.opt.take_built(ctx, &view)
     };
+    let empty = Schedule {
+        anonymous: !named,
+        ..Schedule::default()
+    };
     match built {
         Some(s) => s,
-        None => build(
-            ctx,
-            &view,
-            Schedule {
-                anonymous: !named,
-                ..Schedule::default()
-            },
-        ),
+        // Anonymous HyperParallel parts come from the job's part cache.
+        None if !named && ctx.opt.strategy == OptimizerStrategy::HyperParallelMuon => {
+            hyperparallel::parts(ctx, &view, true, Some(&ctx.opt.hp_pieces.parts)).assemble(empty)
+        }
+        None => build(ctx, &view, empty),
     }
 }
 

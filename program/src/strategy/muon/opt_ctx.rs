@@ -255,7 +255,16 @@ pub struct OptCtx {
 }
 
 /// Anonymous schedules kept by [`OptCtx::digest`] for reuse, keyed by their digest.
-pub(crate) type BuiltSchedules = HashMap<u64, Schedule>;
+pub(crate) type BuiltSchedules = HashMap<u64, Built>;
+
+/// A schedule kept for reuse: whole, or as its HyperParallel parts (assembled when taken).
+#[derive(Debug, Clone)]
+pub(crate) enum Built {
+    /// The whole schedule.
+    Whole(Schedule),
+    /// Its parts ([`super::hp_parts`]).
+    Parts(super::hp_parts::Parts),
+}
 
 /// Schedules kept for reuse at most (a bound on the memory of [`OptCtx`]'s cache on jobs
 /// with very many optimizer coordinates; beyond it the program builds its own).
@@ -319,27 +328,20 @@ fn opt_params(
     families: &mut Vec<GroupFamily>,
 ) -> Vec<OptParam> {
     let mut out = Vec::with_capacity(muon.params.len());
+    // Resolved axes by (expert mesh, axis name, size, replicate): a pure function of these
+    // once its family is registered, so resolved once, not per parameter (each resolution
+    // compares the family with every registered one).
+    let mut resolved: HashMap<(bool, String, usize, bool), Option<AxisRef>> = HashMap::new();
     for ((mp, fp), pp) in muon.params.iter().zip(&fsdp.params).zip(trainable) {
         let expert = fp.domain == DataDomain::Expert;
-        let mesh = meshes[usize::from(expert)];
         let mut resolve = |name: &str, size: usize, replicate: bool| -> Option<AxisRef> {
-            let mesh_axis = mesh.axis_index(name)?;
-            // Replicate axes: the replica subgroup (a contiguous block of the group).
-            let coord_size = if replicate {
-                muon.replica_subgroup_size(name, size)
-            } else {
-                size
-            };
-            let block = (coord_size < size).then_some(coord_size);
-            let slot = axis_family(families, meshes, expert, mesh_axis, block);
-            Some(AxisRef {
-                name: name.to_string(),
-                slot,
-                mesh_axis,
-                size,
-                expert,
-                coord_size,
-            })
+            let key = (expert, name.to_string(), size, replicate);
+            if let Some(r) = resolved.get(&key) {
+                return r.clone();
+            }
+            let r = resolve_axis(muon, meshes, families, expert, (name, size, replicate));
+            resolved.insert(key, r.clone());
+            r
         };
         let shard = mp
             .shard_axes
@@ -375,6 +377,35 @@ fn opt_params(
         });
     }
     out
+}
+
+/// The optimizer view of mesh axis `name` (of `size` ranks, a replicate axis when
+/// `replicate`) on the dense or expert mesh, its group family registered in `families`;
+/// `None` when the mesh has no such axis.
+fn resolve_axis(
+    muon: &MuonPlan,
+    meshes: [&DeviceMesh; 2],
+    families: &mut Vec<GroupFamily>,
+    expert: bool,
+    (name, size, replicate): (&str, usize, bool),
+) -> Option<AxisRef> {
+    let mesh_axis = meshes[usize::from(expert)].axis_index(name)?;
+    // Replicate axes: the replica subgroup (a contiguous block of the group).
+    let coord_size = if replicate {
+        muon.replica_subgroup_size(name, size)
+    } else {
+        size
+    };
+    let block = (coord_size < size).then_some(coord_size);
+    let slot = axis_family(families, meshes, expert, mesh_axis, block);
+    Some(AxisRef {
+        name: name.to_string(),
+        slot,
+        mesh_axis,
+        size,
+        expert,
+        coord_size,
+    })
 }
 
 /// The plan's batches by execution slot, each slot with its most NS memory-batch steps.

@@ -1,0 +1,230 @@
+//! A HyperParallel Muon schedule as **parts**: the AdamW head (a function of the rank's
+//! expert-parallel class) and one part per execution slot (a function of a few of the rank's
+//! coordinates, [`SlotKey`]). Ranks share most parts: on exp-d 785 optimizer coordinates are
+//! made of a few hundred distinct parts, so building each part once ([`PartCache`]) and
+//! digesting a schedule from its parts' digests ([`Parts::digest`]) replaces one whole
+//! schedule build and hash per coordinate. [`Parts::assemble`] lays the parts out as the
+//! [`Schedule`] the strategy lowers, with the replica-broadcast landings between slots.
+//!
+//! A part's ops refer to each other by index within the part; assembling shifts them.
+
+use super::schedule::{Dep, SOp, Schedule};
+use crate::step::MemTag;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+
+/// A slot's replica broadcast still in flight when the slot ends: (last-hop ops, bytes
+/// received, slot); the ops are part-relative in a [`Part`], schedule-absolute once
+/// assembled.
+pub(crate) type InFlight = (Vec<u32>, u64, usize);
+
+/// One part: its ops (indices relative to the part), the optimizer state it keeps resident,
+/// its in-flight broadcast, and the digest of all of it without op names: 128 bits of
+/// BLAKE3 over its canonical bytes, the identity of a part (as a program's is in folding),
+/// so parts of equal digest are kept once without comparing them op by op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// The part's ops and resident state (`anonymous` as built).
+    pub(crate) s: Schedule,
+    /// The slot's replica broadcast left in flight (slot parts only).
+    pub(crate) in_flight: Option<InFlight>,
+    /// Digest of `s` without names and of `in_flight`.
+    pub(crate) digest: u128,
+}
+
+impl Part {
+    /// A part of `s` with its in-flight broadcast, digested.
+    pub(crate) fn new(s: Schedule, in_flight: Option<InFlight>) -> Self {
+        let mut h = ByteSink(Vec::new());
+        s.hash_without_names(&mut h);
+        in_flight.hash(&mut h);
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&blake3::hash(&h.0).as_bytes()[..16]);
+        let digest = u128::from_le_bytes(b);
+        Self {
+            s,
+            in_flight,
+            digest,
+        }
+    }
+}
+
+/// What a slot part takes from the rank: its plan batch, EP class and replica coordinate
+/// (which decide the parameters it holds and owns), and per NS memory batch and replica
+/// broadcast what its coordinates decide. The part is built from these alone
+/// (`hyperparallel::slot_part` never sees the rank's view), so equal inputs give equal
+/// parts; ranks owning different matrices of the same shapes get equal inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct SlotInputs {
+    /// Plan batch index.
+    pub(crate) index: usize,
+    /// EP class.
+    pub(crate) class: usize,
+    /// Replica coordinate.
+    pub(crate) rc: Vec<usize>,
+    /// Per NS memory batch of the slot (`None`: the rank owns none of it).
+    pub(crate) units: Vec<Option<UnitInputs>>,
+    /// Bytes each replica source sends, in grid order (`None`: no replica group).
+    pub(crate) sources: Option<Vec<u64>>,
+}
+
+/// What one NS memory batch takes from the rank.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct UnitInputs {
+    /// (count, bytes) of the unpack kernels after the last fused gather (shard path).
+    pub(crate) kept: (u32, u64),
+    /// The NS calls the rank runs.
+    pub(crate) calls: Vec<super::ns_call::NsCall>,
+    /// Per shard dim but the last (where every rank joins every broadcast), the bytes of
+    /// each relay broadcast it joins.
+    pub(crate) relay: Vec<Vec<u64>>,
+    /// Their owners' coordinates (op names), per dim; empty in an anonymous schedule.
+    pub(crate) relay_owners: Vec<Vec<Vec<usize>>>,
+}
+
+/// A `Hasher` that only collects the bytes written (digested with BLAKE3 afterwards).
+struct ByteSink(Vec<u8>);
+
+impl Hasher for ByteSink {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
+/// Which part: the AdamW head of an EP class, or a slot part.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum PartKey {
+    /// The AdamW-routed units of an EP class.
+    Head(usize),
+    /// A slot part.
+    Slot(SlotInputs),
+}
+
+/// Anonymous parts by key, each built once and shared by every rank's schedule; parts of
+/// equal content (different keys: e.g. the same work on another EP class's parameters) are
+/// kept once.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PartCache {
+    by_key: Arc<Mutex<HashMap<PartKey, Arc<Part>>>>,
+    by_digest: Arc<Mutex<HashMap<u128, Arc<Part>>>>,
+}
+
+impl PartCache {
+    /// The part of `key`, built by `make` (outside the locks) when absent.
+    pub(crate) fn get(&self, key: PartKey, make: impl FnOnce() -> Part) -> Arc<Part> {
+        if let Ok(m) = self.by_key.lock()
+            && let Some(p) = m.get(&key)
+        {
+            return p.clone();
+        }
+        let part = self.canonical(make());
+        match self.by_key.lock() {
+            Ok(mut m) => m.entry(key).or_insert(part).clone(),
+            Err(_) => part,
+        }
+    }
+
+    /// The kept part of `part`'s digest, or `part`, now kept.
+    fn canonical(&self, mut part: Part) -> Arc<Part> {
+        let Ok(mut m) = self.by_digest.lock() else {
+            return Arc::new(part);
+        };
+        m.entry(part.digest)
+            .or_insert_with(|| {
+                part.s.ops.shrink_to_fit();
+                Arc::new(part)
+            })
+            .clone()
+    }
+}
+
+/// A rank's schedule as parts, in schedule order.
+#[derive(Debug, Clone)]
+pub(crate) struct Parts {
+    /// The AdamW head.
+    pub(crate) head: Arc<Part>,
+    /// One part per slot (`None`: the rank holds none of the slot's batches).
+    pub(crate) slots: Vec<Option<Arc<Part>>>,
+}
+
+impl Parts {
+    /// Digest of the schedule the parts assemble into, names left out: equal digests mean
+    /// equal part sequences, hence equal schedules (up to names).
+    pub(crate) fn digest(&self) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        self.head.digest.hash(&mut h);
+        for p in &self.slots {
+            p.as_ref().map(|p| p.digest).hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// The schedule: `s` (empty) followed by the head's ops, then every slot's ops; after a
+    /// slot that leaves a replica broadcast in flight, the previous one in flight is landed
+    /// (at most one in flight), and the last one after every slot.
+    pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
+        let ops: usize = self.head.s.ops.len()
+            + self
+                .slots
+                .iter()
+                .flatten()
+                .map(|p| p.s.ops.len() + 1)
+                .sum::<usize>();
+        s.ops.reserve(ops);
+        append(&mut s, &self.head);
+        let mut in_flight: Option<InFlight> = None;
+        for p in self.slots.iter().flatten() {
+            let base = append(&mut s, p);
+            if let Some((ops, bytes, slot)) = &p.in_flight {
+                if let Some(prev) = in_flight.take() {
+                    land(&mut s, prev);
+                }
+                let ops = ops.iter().map(|&o| o + base).collect();
+                in_flight = Some((ops, *bytes, *slot));
+            }
+        }
+        if let Some(prev) = in_flight.take() {
+            land(&mut s, prev);
+        }
+        s
+    }
+}
+
+/// Appends part `p`'s ops to `s`, shifting their op dependencies, and adds its resident
+/// state; returns the index of its first op in `s`.
+fn append(s: &mut Schedule, p: &Part) -> u32 {
+    let base = s.ops.len() as u32;
+    s.ops.extend(p.s.ops.iter().map(|op| {
+        SOp {
+            name: op.name.clone(),
+            stream: op.stream,
+            category: op.category,
+            work: op.work.clone(),
+            deps: op
+                .deps
+                .iter()
+                .map(|d| match *d {
+                    Dep::Op(i) => Dep::Op(i + base),
+                    other => other,
+                })
+                .collect(),
+            alloc: op.alloc,
+            free: op.free,
+        }
+    }));
+    s.momentum_bytes += p.s.momentum_bytes;
+    s.adamw_state_bytes += p.s.adamw_state_bytes;
+    base
+}
+
+/// Lands an in-flight batch: waits its broadcasts and unpacks what was received.
+pub(crate) fn land(s: &mut Schedule, (ops, bytes, slot): InFlight) {
+    let mut deps: Vec<Dep> = ops.iter().map(|&o| Dep::Op(o)).collect();
+    deps.push(Dep::Issue);
+    let op = s.copy(s.name(|| format!("muon.b{slot}.land")), bytes, 1, deps);
+    s.free(op, MemTag::Buffers, bytes);
+}
