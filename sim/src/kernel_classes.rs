@@ -30,9 +30,9 @@ pub struct ClassRow {
 
 /// The breakdown of `program` under `profile`, rows in phase order then class name.
 pub fn device_time_by_class(program: &StepProgram, profile: &HardwareProfile) -> Vec<ClassRow> {
-    let mut rows: BTreeMap<(u8, &'static str), (u64, f64)> = BTreeMap::new();
+    let mut rows: BTreeMap<(usize, &'static str), (u64, f64)> = BTreeMap::new();
     let mut add = |phase: Phase, class: &'static str, launches: u64, s: f64| {
-        let e = rows.entry((phase_rank(phase), class)).or_insert((0, 0.0));
+        let e = rows.entry((phase.index(), class)).or_insert((0, 0.0));
         e.0 += launches;
         e.1 += s;
     };
@@ -75,23 +75,12 @@ pub fn device_time_by_class(program: &StepProgram, profile: &HardwareProfile) ->
     }
     rows.into_iter()
         .map(|((phase, class), (launches, device_s))| ClassRow {
-            phase: PHASE_NAMES[phase as usize],
+            phase: Phase::ALL[phase].name(),
             class,
             launches,
             device_s,
         })
         .collect()
-}
-
-/// Phase names in step order.
-const PHASE_NAMES: [&str; 3] = ["forward", "backward", "optimizer"];
-
-fn phase_rank(phase: Phase) -> u8 {
-    match phase {
-        Phase::Forward => 0,
-        Phase::Backward => 1,
-        Phase::Optimizer => 2,
-    }
 }
 
 #[cfg(test)]
@@ -126,12 +115,11 @@ mod tests {
         let launches: u64 = rows.iter().map(|r| r.launches).sum();
         let counts = crate::result::LaunchCounts::of(&program);
         assert_eq!(launches, counts.device_kernels + counts.memcpys);
-        let phases: Vec<&str> = rows.iter().map(|r| r.phase).collect();
+        // Rows come in step order.
+        let order = |name: &str| Phase::ALL.iter().position(|p| p.name() == name).unwrap();
         assert!(
-            phases
-                .windows(2)
-                .all(|w| PHASE_NAMES.iter().position(|p| *p == w[0])
-                    <= PHASE_NAMES.iter().position(|p| *p == w[1]))
+            rows.windows(2)
+                .all(|w| order(w[0].phase) <= order(w[1].phase))
         );
         let find = |phase, class| rows.iter().find(|r| r.phase == phase && r.class == class);
         assert!(find("forward", "gemm").is_some());

@@ -570,7 +570,7 @@ step_time_s = { value = "1.5 s", source = "my log" }
             e.contains(&format!("bad.toml:{line}: run.resident.bytes")),
             "{e}"
         );
-        assert!(e.contains("finite number of bytes"), "{e}");
+        assert!(e.contains("must be a finite number >= 0"), "{e}");
         let e = error(&with("{ bytes = \"2 parsecs\", source = \"x\" }"));
         assert!(
             e.contains("run.resident.bytes") && e.contains("unknown unit"),

@@ -29,6 +29,29 @@ pub enum Phase {
     Optimizer,
 }
 
+impl Phase {
+    /// The phases in step order.
+    pub const ALL: [Phase; 3] = [Phase::Forward, Phase::Backward, Phase::Optimizer];
+
+    /// Position in step order (the slot of per-phase arrays).
+    pub fn index(self) -> usize {
+        match self {
+            Phase::Forward => 0,
+            Phase::Backward => 1,
+            Phase::Optimizer => 2,
+        }
+    }
+
+    /// `forward`, `backward` or `optimizer`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Forward => "forward",
+            Phase::Backward => "backward",
+            Phase::Optimizer => "optimizer",
+        }
+    }
+}
+
 /// Per op of `program`, in op order: its phase and the index of its segment (a new segment
 /// starts at every phase change), derived from the issue order as the module documentation
 /// describes.
@@ -85,12 +108,7 @@ pub fn phase_device_s(result: &SimResult, rank0: &StepProgram) -> Option<[f64; 3
     }
     let mut out = [0.0; 3];
     for (phase, start, end) in segments {
-        let slot = match phase {
-            Phase::Forward => 0,
-            Phase::Backward => 1,
-            Phase::Optimizer => 2,
-        };
-        out[slot] += end.saturating_sub(start) as f64 * 1e-9;
+        out[phase.index()] += end.saturating_sub(start) as f64 * 1e-9;
     }
     Some(out)
 }

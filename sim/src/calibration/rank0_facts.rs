@@ -171,12 +171,7 @@ impl Rank0Facts {
         }
         let mut out = [0.0; 3];
         for (phase, start, end) in segments {
-            let slot = match phase {
-                Phase::Forward => 0,
-                Phase::Backward => 1,
-                Phase::Optimizer => 2,
-            };
-            out[slot] += end.saturating_sub(start) as f64 * 1e-9;
+            out[phase.index()] += end.saturating_sub(start) as f64 * 1e-9;
         }
         out
     }

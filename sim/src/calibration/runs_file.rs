@@ -440,22 +440,27 @@ fn run(
     })
 }
 
+/// A value written as a number or a `"number unit"` string ([`parse_value`]), finite and >= 0.
+fn non_negative(raw: &RawValue) -> Result<f64, String> {
+    let n = match raw {
+        RawValue::Number(n) => *n,
+        RawValue::Text(t) => parse_value(t)?,
+    };
+    if n.is_finite() && n >= 0.0 {
+        Ok(n)
+    } else {
+        Err(format!("value {n} must be a finite number >= 0"))
+    }
+}
+
 /// A run's `resident = { bytes, source }`: a finite byte count >= 0 and a non-empty source.
 fn resident(
     errors: &Errors,
     raw: &Spanned<RawResident>,
 ) -> Result<ResidentMemory, CalibrationError> {
     let r = raw.get_ref();
-    let bytes = match r.bytes.get_ref() {
-        RawValue::Number(n) => Ok(*n),
-        RawValue::Text(t) => parse_value(t),
-    }
-    .and_then(|n| {
-        (n.is_finite() && n >= 0.0)
-            .then_some(n)
-            .ok_or_else(|| format!("{n} must be a finite number of bytes >= 0"))
-    })
-    .map_err(|m| errors.at(r.bytes.span(), "run.resident.bytes", m))?;
+    let bytes = non_negative(r.bytes.get_ref())
+        .map_err(|m| errors.at(r.bytes.span(), "run.resident.bytes", m))?;
     let source = r.source.as_deref().map(str::trim).unwrap_or("");
     if source.is_empty() {
         return Err(errors.at(
@@ -513,16 +518,8 @@ fn figure(
                 "no value: write value = <number or \"number unit\">".into(),
             ));
         }
-        Some(v) => match v.get_ref() {
-            RawValue::Number(n) => Ok(*n),
-            RawValue::Text(t) => parse_value(t),
-        }
-        .and_then(|n| {
-            (n.is_finite() && n >= 0.0)
-                .then_some(n)
-                .ok_or_else(|| format!("value {n} must be a finite number >= 0"))
-        })
-        .map_err(|m| errors.at(v.span(), &format!("{name}.value"), m))?,
+        Some(v) => non_negative(v.get_ref())
+            .map_err(|m| errors.at(v.span(), &format!("{name}.value"), m))?,
     };
     let source = f.source.as_deref().map(str::trim).unwrap_or("");
     if source.is_empty() {
