@@ -28,8 +28,8 @@ use thiserror::Error;
 mod op;
 mod ops;
 pub use op::{
-    Category, CollectiveOp, ComputeWork, CopyKind, CopyWork, GroupId, MemTag, MemoryEffect, Op,
-    OpDeps, OpId, OpMemory, Payload, ResidentMemory, Stream,
+    Category, CollectiveOp, ComputeWork, CopyKind, CopyWork, GroupId, HostDispatch, MemTag,
+    MemoryEffect, Op, OpDeps, OpId, OpMemory, Payload, ResidentMemory, Stream,
 };
 pub use ops::{OpIter, OpSeq, OpSlice, PrefixCheck, SharedOps};
 
@@ -599,6 +599,7 @@ impl ProgramBuilder {
             memory: OpMemory::new(),
             validation_cpu_events: 0,
             host_cpu_events: 0,
+            host_dispatch: HostDispatch::Python,
         });
         id
     }
@@ -667,6 +668,7 @@ impl ProgramBuilder {
                 kernels: 1,
                 memcpys: 0,
                 kind: CopyKind::Plain,
+                elements: 0,
             }),
             deps,
         )
@@ -738,6 +740,26 @@ impl ProgramBuilder {
     pub fn host_events(&mut self, op: OpId, events: u32) -> &mut Self {
         if let Some(o) = self.op_mut(op) {
             o.host_cpu_events = events;
+        }
+        self
+    }
+
+    /// Sets the elements copy `op` moves ([`CopyWork::elements`]); no effect on other ops.
+    pub fn copy_elements(&mut self, op: OpId, elements: u64) -> &mut Self {
+        if let Some(Op {
+            payload: Payload::Copy(w),
+            ..
+        }) = self.op_mut(op)
+        {
+            w.elements = elements;
+        }
+        self
+    }
+
+    /// Sets which host thread dispatches `op`'s CPU operator events ([`Op::host_dispatch`]).
+    pub fn host_dispatch(&mut self, op: OpId, dispatch: HostDispatch) -> &mut Self {
+        if let Some(o) = self.op_mut(op) {
+            o.host_dispatch = dispatch;
         }
         self
     }

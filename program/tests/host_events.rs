@@ -196,3 +196,47 @@ fn placeholder_adamw_steps_carry_the_foreach_census() {
         );
     }
 }
+
+#[test]
+fn backward_compute_is_dispatched_by_the_autograd_engine_and_chunk_cat_counts_its_elements() {
+    use hpfsdp_program::step::{CopyKind, HostDispatch};
+    // The measured one-GPU FSDP2 step of the 1.7B-shaped model (shared/calibration/h200).
+    let s = scenario("gpu/dense1p7b-28l-mbs1.toml");
+    let p = program(&s, StrategyKind::Fsdp2);
+    let mut dispatch = std::collections::BTreeMap::new();
+    let mut chunk_cat_elements = 0u64;
+    for o in &p.ops {
+        let n = o.name.as_deref().unwrap_or("");
+        if matches!(o.payload, Payload::Compute(_)) && (n.ends_with(".fwd") || n.ends_with(".bwd"))
+        {
+            let pass = if n.ends_with(".bwd") { "bwd" } else { "fwd" };
+            dispatch
+                .entry((pass, o.host_dispatch))
+                .and_modify(|c| *c += 1)
+                .or_insert(1u32);
+        } else {
+            // FSDP hooks, copies and the optimizer run Python.
+            assert_eq!(o.host_dispatch, HostDispatch::Python, "{n}");
+        }
+        if let Payload::Copy(w) = &o.payload {
+            if w.kind == CopyKind::ChunkCat {
+                assert!(w.elements > 0, "{n}");
+                chunk_cat_elements += w.elements;
+            } else {
+                assert_eq!(w.elements, 0, "{n}");
+            }
+        }
+    }
+    let keys: Vec<_> = dispatch.keys().copied().collect();
+    assert_eq!(
+        keys,
+        [
+            ("bwd", HostDispatch::AutogradEngine),
+            ("fwd", HostDispatch::Python)
+        ],
+        "{dispatch:?}"
+    );
+    // One chunk_cat per FSDP unit packs every gradient once: the model's 2,031,739,904
+    // parameters (runs.jsonl `params` of the measured run).
+    assert_eq!(chunk_cat_elements, 2_031_739_904);
+}

@@ -3,7 +3,7 @@
 //! optional measured GEMM table. The cost model that uses it is [`crate::compute_cost`].
 
 use crate::gemm_table::GemmTable;
-use crate::profile_values::{fraction, positive};
+use crate::profile_values::{fraction, non_negative, positive};
 use serde::{Deserialize, Serialize};
 
 /// `[compute]` of a hardware profile: per-class efficiency tables and the shape model.
@@ -33,6 +33,16 @@ pub struct ComputeSpec {
     /// (0, 1]; 1 when absent.
     #[serde(default = "unit_ratio")]
     pub chunk_cat_relative_bandwidth: f64,
+    /// Host time of FSDP2's `chunk_cat` per gradient element it packs, picoseconds: the CUDA
+    /// implementation fills a block table on the host (one 8-byte entry per
+    /// [`CHUNK_CAT_ELEMENTS_PER_BLOCK`] elements) before it launches; 0 when absent.
+    #[serde(default, skip_serializing_if = "is_zero_f64")]
+    pub chunk_cat_host_ps_per_element: f64,
+    /// Bandwidth of the pinned host -> device copy of that block table (a `Memcpy HtoD
+    /// (Pinned -> Device)` on the compute stream before the kernel), bytes per second;
+    /// absent: the copy is not charged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunk_cat_metadata_h2d_bytes_per_s: Option<f64>,
     /// Bandwidth of indexing and masking element-wise kernels (`masked_fill_`, gathers,
     /// broadcast multiplies over routed copies) over that of plain memory-bound kernels, in
     /// (0, 1]; 1 when absent.
@@ -62,6 +72,16 @@ fn unit_ratio() -> f64 {
     1.0
 }
 
+fn is_zero_f64(v: &f64) -> bool {
+    *v == 0.0
+}
+
+/// Gradient elements per entry of `chunk_cat`'s host-built block table (8 bytes each):
+/// the tables the H200 runs copy hold 645,210, 98,382 and 1,217,102 entries for 330.3 M,
+/// 50.3 M and 623.1 M elements (`aten::_to_copy` of the `Memcpy HtoD` in
+/// `shared/calibration/h200/profiles/ops-*.csv`), 512 elements each plus a few per chunk.
+pub const CHUNK_CAT_ELEMENTS_PER_BLOCK: u64 = 512;
+
 impl Default for ComputeSpec {
     /// The documented defaults: half-saturation at 256 in every GEMM dimension, attention at
     /// 0.75 of the GEMM ceiling with half of it at 256-token sequences, no table.
@@ -75,6 +95,8 @@ impl Default for ComputeSpec {
             attention_seq_half: 256.0,
             foreach_relative_bandwidth: 1.0,
             chunk_cat_relative_bandwidth: 1.0,
+            chunk_cat_host_ps_per_element: 0.0,
+            chunk_cat_metadata_h2d_bytes_per_s: None,
             indexed_relative_bandwidth: 1.0,
             strided_relative_bandwidth: 1.0,
             gemm_in_step_speedup: 1.0,
@@ -122,6 +144,13 @@ impl ComputeSpec {
         }
         if let Some(r) = self.grouped_gemm_relative_efficiency {
             fraction("compute.grouped_gemm_relative_efficiency", r)?;
+        }
+        non_negative(
+            "compute.chunk_cat_host_ps_per_element",
+            self.chunk_cat_host_ps_per_element,
+        )?;
+        if let Some(bw) = self.chunk_cat_metadata_h2d_bytes_per_s {
+            positive("compute.chunk_cat_metadata_h2d_bytes_per_s", bw)?;
         }
         let speedup = self.gemm_in_step_speedup;
         if !(1.0..=2.0).contains(&speedup) {

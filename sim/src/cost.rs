@@ -387,6 +387,28 @@ pub fn copy_s(bytes: u64, kernels: u32, profile: &HardwareProfile) -> f64 {
     copy_of_kind_s(bytes, kernels, CopyKind::Plain, profile)
 }
 
+/// Device time of one copy op, seconds: [`copy_of_kind_s`] of its bytes and launches, plus,
+/// for FSDP2's `chunk_cat` on a profile that gives
+/// `compute.chunk_cat_metadata_h2d_bytes_per_s`, the pinned host -> device copy of its block
+/// table (8 bytes per [`crate::compute_spec::CHUNK_CAT_ELEMENTS_PER_BLOCK`] elements) and that
+/// copy's own launch.
+pub fn copy_work_s(work: &hpfsdp_program::step::CopyWork, profile: &HardwareProfile) -> f64 {
+    let copy = copy_of_kind_s(work.bytes, work.kernels + work.memcpys, work.kind, profile);
+    match (
+        work.kind,
+        profile.compute.chunk_cat_metadata_h2d_bytes_per_s,
+    ) {
+        (CopyKind::ChunkCat, Some(h2d)) if work.elements > 0 => {
+            let blocks = work
+                .elements
+                .div_ceil(crate::compute_spec::CHUNK_CAT_ELEMENTS_PER_BLOCK);
+            copy + (blocks * 8) as f64 / h2d
+                + profile.calibration.device_launch_us_per_kernel * 1e-6
+        }
+        _ => copy,
+    }
+}
+
 /// [`copy_s`] for a copy kernel of `kind`: FSDP2's `chunk_cat` at
 /// `compute.chunk_cat_relative_bandwidth` of a plain copy's bandwidth.
 pub fn copy_of_kind_s(bytes: u64, kernels: u32, kind: CopyKind, profile: &HardwareProfile) -> f64 {
@@ -502,6 +524,34 @@ mod tests {
             copy_s(800_000_000_000, 1, &p),
             1.0 / c.copy_efficiency + c.device_launch_us_per_kernel * 1e-6,
         );
+    }
+
+    #[test]
+    fn chunk_cat_adds_its_block_table_copy_where_the_profile_gives_its_bandwidth() {
+        let mut p = HardwareProfile::builtin("nvidia-h200-hgx").unwrap();
+        let work = hpfsdp_program::step::CopyWork {
+            bytes: 3_000_000_000,
+            kernels: 1,
+            memcpys: 0,
+            kind: CopyKind::ChunkCat,
+            elements: 1_000_000_000,
+        };
+        let kernel = copy_of_kind_s(work.bytes, 1, CopyKind::ChunkCat, &p);
+        p.compute.chunk_cat_metadata_h2d_bytes_per_s = Some(50e9);
+        // 1e9 / 512 blocks (rounded up) of 8 bytes at 50 GB/s, plus the copy's launch.
+        let table_s = 1_953_125.0 * 8.0 / 50e9 + p.calibration.device_launch_us_per_kernel * 1e-6;
+        close(copy_work_s(&work, &p), kernel + table_s);
+        // Without the bandwidth, or for a plain copy, nothing is added.
+        let plain = hpfsdp_program::step::CopyWork {
+            kind: CopyKind::Plain,
+            ..work
+        };
+        close(
+            copy_work_s(&plain, &p),
+            copy_of_kind_s(work.bytes, 1, CopyKind::Plain, &p),
+        );
+        p.compute.chunk_cat_metadata_h2d_bytes_per_s = None;
+        close(copy_work_s(&work, &p), kernel);
     }
 
     #[test]

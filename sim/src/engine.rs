@@ -404,12 +404,7 @@ fn op_exec(
             }
         }
         Payload::Copy(w) => Exec::Device {
-            duration_ns: ns(crate::cost::copy_of_kind_s(
-                w.bytes,
-                w.kernels + w.memcpys,
-                w.kind,
-                profile,
-            )),
+            duration_ns: ns(crate::cost::copy_work_s(w, profile)),
             side_wait_ns: 0,
             uses_cube: false,
         },

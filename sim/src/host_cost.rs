@@ -5,7 +5,9 @@
 //!
 //! Classes and their profile constants (`[calibration]`, each documented with its source or
 //! marked ASSUMPTION / FITTED in `scenarios/hardware/*.toml`):
-//! - **production CPU operator events** (`host_us_per_cpu_event`): per profiler CPU operator
+//! - **production CPU operator events** (`host_us_per_cpu_event`, and for events the autograd
+//!   engine dispatches ([`hpfsdp_program::step::HostDispatch`]) that times
+//!   `host_backward_event_cost_ratio`): per profiler CPU operator
 //!   event eager PyTorch records for the op in both modes
 //!   ([`hpfsdp_program::step::Op::host_cpu_events`], counted by
 //!   `hpfsdp_program::strategy::host_events` from probe-measured HF modules: aten ops including
@@ -26,6 +28,10 @@
 //!   itself (`sim/src/calibration/params.rs`); when a measured step is host-bound beyond what
 //!   the modelled launches cost at that bound, the joint fit puts the rest here, named for
 //!   what it is instead of inflating the launch cost;
+//! - **`chunk_cat`'s block table** (`compute.chunk_cat_host_ps_per_element`): FSDP2's
+//!   `chunk_cat` fills a table per 512 gradient elements on the host before it launches, so
+//!   its host time grows with the elements it packs
+//!   ([`hpfsdp_program::step::CopyWork::elements`]);
 //! - **collective launch** (`host_launch_us_per_collective`): per collective call (the
 //!   process-group API's host self time);
 //! - **device -> host synchronisation** (`host_d2h_sync_us`): a host op with dependencies
@@ -39,7 +45,7 @@
 //!   regions, boundary contract checks); zero in production mode.
 
 use crate::profile::HardwareProfile;
-use hpfsdp_program::step::{Op, Payload};
+use hpfsdp_program::step::{CopyKind, HostDispatch, Op, Payload};
 use hpfsdp_program::strategy::host_events::VALIDATION_OVER_PRODUCTION_EVENT_COST;
 
 /// Production host CPU operator events of `op`: its census
@@ -54,6 +60,24 @@ pub fn production_events(op: &Op) -> u32 {
         Payload::Compute(w) => w.kernels,
         Payload::Copy(w) => w.kernels + w.memcpys,
         Payload::Collective(_) | Payload::Host { .. } => 0,
+    }
+}
+
+/// Production CPU operator events of `op` the autograd engine dispatches (its
+/// [`production_events`] when [`Op::host_dispatch`] says so, else 0).
+pub fn autograd_events(op: &Op) -> u32 {
+    match op.host_dispatch {
+        HostDispatch::AutogradEngine => production_events(op),
+        HostDispatch::Python => 0,
+    }
+}
+
+/// Gradient elements FSDP2's `chunk_cat` packs in `op` (0 for every other op): what its
+/// host-built block table grows with.
+pub fn chunk_cat_elements(op: &Op) -> u64 {
+    match &op.payload {
+        Payload::Copy(w) if w.kind == CopyKind::ChunkCat => w.elements,
+        _ => 0,
     }
 }
 
@@ -78,6 +102,10 @@ pub struct HostCosts {
     /// Host time per extra validation-mode CPU operator event, microseconds (0 in
     /// production mode).
     pub validation_event_us: f64,
+    /// Host time of an autograd-engine event over a Python-dispatched one.
+    pub autograd_event_ratio: f64,
+    /// Host time of `chunk_cat` per element it packs, picoseconds.
+    pub chunk_cat_ps_per_element: f64,
 }
 
 impl HostCosts {
@@ -97,6 +125,8 @@ impl HostCosts {
             } else {
                 0.0
             },
+            autograd_event_ratio: c.host_backward_event_cost_ratio,
+            chunk_cat_ps_per_element: profile.compute.chunk_cat_host_ps_per_element,
         }
     }
 
@@ -126,6 +156,22 @@ impl HostCosts {
         ns(f64::from(events) * self.cpu_event_us * 1e-6)
     }
 
+    /// Host time of `events` production CPU operator events of which `autograd` the
+    /// autograd engine dispatches, nanoseconds ([`HostCosts::cpu_events_ns`] when none is).
+    pub fn dispatched_events_ns(&self, events: u32, autograd: u32) -> u64 {
+        if autograd == 0 {
+            return self.cpu_events_ns(events);
+        }
+        let python = f64::from(events - autograd);
+        let engine = f64::from(autograd) * self.autograd_event_ratio;
+        ns((python + engine) * self.cpu_event_us * 1e-6)
+    }
+
+    /// Host time of `chunk_cat`'s block table for `elements` elements, nanoseconds.
+    pub fn chunk_cat_ns(&self, elements: u64) -> u64 {
+        ns(elements as f64 * self.chunk_cat_ps_per_element * 1e-12)
+    }
+
     /// Host time of `events` validation-mode CPU operator events, nanoseconds.
     pub fn validation_ns(&self, events: u32) -> u64 {
         ns(f64::from(events) * self.validation_event_us * 1e-6)
@@ -141,7 +187,8 @@ impl HostCosts {
             Payload::Collective(_) => self.collective_ns(),
             Payload::Host { duration_ns } => self.host_op_ns(*duration_ns, op.deps.len()),
         };
-        base + self.cpu_events_ns(production_events(op))
+        base + self.dispatched_events_ns(production_events(op), autograd_events(op))
+            + self.chunk_cat_ns(chunk_cat_elements(op))
             + self.validation_ns(op.validation_cpu_events)
     }
 }
@@ -163,6 +210,10 @@ pub struct HostTotals {
     /// Extra validation-mode CPU operator events (counted in both modes; charged only in
     /// validation mode).
     pub validation_events: u64,
+    /// Of the production events, those the autograd engine dispatches ([`autograd_events`]).
+    pub autograd_events: u64,
+    /// Gradient elements packed by `chunk_cat` ([`chunk_cat_elements`]).
+    pub chunk_cat_elements: u64,
 }
 
 impl HostTotals {
@@ -182,6 +233,8 @@ impl HostTotals {
             if op.host_cpu_events == 0 {
                 t.floor_events += events;
             }
+            t.autograd_events += u64::from(autograd_events(op));
+            t.chunk_cat_elements += chunk_cat_elements(op);
         }
         t
     }
@@ -191,16 +244,24 @@ impl HostTotals {
         (self.kernels as f64 * (costs.kernel_launch_us + costs.kernel_unmodelled_us)
             + self.collectives as f64 * costs.collective_launch_us
             + self.d2h_syncs as f64 * costs.d2h_sync_us
-            + self.cpu_events as f64 * costs.cpu_event_us
+            + self.charged_cpu_events(costs) * costs.cpu_event_us
             + self.validation_events as f64 * costs.validation_event_us)
             * 1e-6
+            + self.chunk_cat_elements as f64 * costs.chunk_cat_ps_per_element * 1e-12
+    }
+
+    /// Production events in Python-event units: the autograd engine's at
+    /// [`HostCosts::autograd_event_ratio`].
+    pub fn charged_cpu_events(&self, costs: &HostCosts) -> f64 {
+        (self.cpu_events - self.autograd_events) as f64
+            + self.autograd_events as f64 * costs.autograd_event_ratio
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hpfsdp_program::step::{Category, ComputeWork, ProgramBuilder};
+    use hpfsdp_program::step::{Category, ComputeWork, ProgramBuilder, Stream};
 
     #[test]
     fn each_class_costs_its_own_constant_and_validation_events_only_in_validation_mode() {
@@ -253,5 +314,49 @@ mod tests {
         assert_eq!(costs.op_ns(&prog.ops[k.index()]), want.round() as u64);
         let t = HostTotals::of(prog.ops.iter());
         assert_eq!((t.cpu_events, t.floor_events), (50, 0));
+    }
+
+    #[test]
+    fn autograd_engine_events_cost_the_ratio_and_chunk_cat_pays_per_element() {
+        let mut p = HardwareProfile::builtin("nvidia-h200-hgx").unwrap();
+        p.calibration.host_launch_us_per_kernel = 2.0;
+        p.calibration.host_unmodelled_us_per_kernel = 0.0;
+        p.calibration.host_us_per_cpu_event = Some(10.0);
+        p.calibration.host_backward_event_cost_ratio = 0.5;
+        p.compute.chunk_cat_host_ps_per_element = 6.0;
+        let mut b = ProgramBuilder::new(0);
+        let fwd = b.compute(ComputeWork::memory_bound(0, 0, 1), &[]);
+        b.host_events(fwd, 100);
+        let bwd = b.compute(ComputeWork::memory_bound(0, 0, 1), &[fwd]);
+        b.host_events(bwd, 100)
+            .host_dispatch(bwd, HostDispatch::AutogradEngine);
+        let cat = b.push(
+            Stream::Compute,
+            Category::Copy,
+            Payload::Copy(hpfsdp_program::step::CopyWork {
+                bytes: 3_000_000,
+                kernels: 1,
+                memcpys: 0,
+                kind: CopyKind::ChunkCat,
+                elements: 1_000_000,
+            }),
+            &[bwd],
+        );
+        let prog = b.build().unwrap();
+        let costs = HostCosts::of(&p, false);
+        // 1 launch at 2 us plus 100 events at 10 us (Python) or 5 us (the engine).
+        assert_eq!(costs.op_ns(&prog.ops[fwd.index()]), 1_002_000);
+        assert_eq!(costs.op_ns(&prog.ops[bwd.index()]), 502_000);
+        // chunk_cat: its launch, its one floor event, 1 M elements at 6 ps.
+        assert_eq!(costs.op_ns(&prog.ops[cat.index()]), 2_000 + 10_000 + 6_000);
+        let t = HostTotals::of(prog.ops.iter());
+        assert_eq!((t.cpu_events, t.autograd_events), (201, 100));
+        assert_eq!(t.chunk_cat_elements, 1_000_000);
+        let want = (3.0 * 2.0 + 101.0 * 10.0 + 100.0 * 5.0) * 1e-6 + 6e-6;
+        assert!((t.host_s(&costs) - want).abs() < 1e-12);
+        // Ratio 1 (every profile that does not set it) charges the engine like Python.
+        p.calibration.host_backward_event_cost_ratio = 1.0;
+        let even = HostCosts::of(&p, false);
+        assert_eq!(even.op_ns(&prog.ops[bwd.index()]), 1_002_000);
     }
 }

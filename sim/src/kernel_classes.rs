@@ -3,13 +3,13 @@
 //! kernels against a measured step class by class (`hpfsdp simulate --kernel-classes`).
 //!
 //! Every compute op's kernel mix entry is costed on its own ([`crate::compute_cost::kernel_s`],
-//! the same cost the engine charges) and every copy at [`crate::cost::copy_of_kind_s`];
+//! the same cost the engine charges) and every copy at [`crate::cost::copy_work_s`];
 //! collectives and host ops are left out (they are not kernels of the rank's own streams).
 //! Phases follow the issue order ([`crate::calibration::phases::phase_of_ops`]).
 
 use crate::calibration::phases::{Phase, phase_of_ops};
 use crate::compute_cost::kernel_s;
-use crate::cost::{compute_work_s, copy_of_kind_s};
+use crate::cost::{compute_work_s, copy_work_s};
 use crate::profile::HardwareProfile;
 use hpfsdp_program::step::{CopyKind, Payload, StepProgram};
 use std::collections::BTreeMap;
@@ -63,12 +63,7 @@ pub fn device_time_by_class(program: &StepProgram, profile: &HardwareProfile) ->
                     _ => "copy",
                 };
                 let launches = u64::from(w.kernels) + u64::from(w.memcpys);
-                add(
-                    phase,
-                    class,
-                    launches,
-                    copy_of_kind_s(w.bytes, w.kernels + w.memcpys, w.kind, profile),
-                );
+                add(phase, class, launches, copy_work_s(w, profile));
             }
             Payload::Collective(_) | Payload::Host { .. } => {}
         }

@@ -193,6 +193,20 @@ pub struct Calibration {
     /// [`crate::host_cost`]), so experiment A's measured validation overhead pins it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_us_per_cpu_event: Option<f64>,
+    /// Host time of a CPU operator event the autograd engine dispatches (a backward node's
+    /// aten calls, `hpfsdp_program::step::HostDispatch::AutogradEngine`) over that of one
+    /// dispatched from Python (`host_us_per_cpu_event`), in (0, 1]: the engine's C++ thread
+    /// runs no module code between calls. 1 when absent (no difference charged).
+    #[serde(default = "unit", skip_serializing_if = "is_unit")]
+    pub host_backward_event_cost_ratio: f64,
+}
+
+fn unit() -> f64 {
+    1.0
+}
+
+fn is_unit(v: &f64) -> bool {
+    *v == 1.0
 }
 
 /// Profile keys that were replaced, with the key that replaced them and why: a profile that
@@ -505,6 +519,10 @@ impl HardwareProfile {
         if let Some(v) = c.host_us_per_cpu_event {
             non_negative("calibration.host_us_per_cpu_event", v)?;
         }
+        fraction(
+            "calibration.host_backward_event_cost_ratio",
+            c.host_backward_event_cost_ratio,
+        )?;
         Ok(())
     }
 
@@ -654,6 +672,35 @@ mod tests {
             let err = HardwareProfile::parse(&h200.replace(from, to), "h200.toml").unwrap_err();
             assert_eq!(err.key, key, "{err}");
             assert!(err.message.contains("must be in"), "{err}");
+        }
+        // The host and chunk_cat constants the measured runs added.
+        for (from, to, key, says) in [
+            (
+                "host_backward_event_cost_ratio = 0.68",
+                "host_backward_event_cost_ratio = 1.5",
+                "calibration.host_backward_event_cost_ratio",
+                "must be in (0, 1]",
+            ),
+            (
+                "chunk_cat_host_ps_per_element = 6.3",
+                "chunk_cat_host_ps_per_element = -6.3",
+                "compute.chunk_cat_host_ps_per_element",
+                "zero or positive",
+            ),
+            (
+                "chunk_cat_metadata_h2d_bytes_per_s = 53e9",
+                "chunk_cat_metadata_h2d_bytes_per_s = 0.0",
+                "compute.chunk_cat_metadata_h2d_bytes_per_s",
+                "positive",
+            ),
+        ] {
+            assert!(h200.contains(from), "{from}");
+            let text = h200.replace(from, to);
+            let err = HardwareProfile::parse(&text, "h200.toml").unwrap_err();
+            assert_eq!(err.key, key, "{err}");
+            assert!(err.message.contains(says), "{err}");
+            let line = text.lines().position(|l| l.starts_with(to)).unwrap() + 1;
+            assert_eq!(err.line, line, "{err}");
         }
     }
 

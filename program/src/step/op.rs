@@ -280,6 +280,11 @@ pub struct CopyWork {
     /// bandwidth it reaches.
     #[serde(default, skip_serializing_if = "CopyKind::is_plain")]
     pub kind: CopyKind,
+    /// Elements the copy moves where its cost depends on them beyond its bytes (FSDP2's
+    /// `chunk_cat` builds per-block metadata on the host and copies it to the device); 0
+    /// when not given.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub elements: u64,
 }
 
 /// The kernel of a [`CopyWork`]: plain copies and casts, or kernels that reach a bandwidth of
@@ -405,6 +410,41 @@ pub struct Op {
     /// known (the simulator then charges one event per launched kernel, the floor).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub host_cpu_events: u32,
+    /// Which host thread dispatches [`Op::host_cpu_events`] (the simulator charges an
+    /// autograd-engine event at the profile's `host_backward_event_cost_ratio` of a Python
+    /// one).
+    #[serde(default, skip_serializing_if = "HostDispatch::is_python")]
+    pub host_dispatch: HostDispatch,
+}
+
+/// Which host thread dispatches an op's CPU operator events, and so what each costs: eager
+/// PyTorch runs the forward from Python (module code and hooks between every aten call), while
+/// `loss.backward()` hands the graph to the autograd engine, whose C++ thread calls each
+/// node's aten ops back to back.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum HostDispatch {
+    /// Python on the training loop's thread (forward, FSDP hooks, the optimizer step): the
+    /// default.
+    #[default]
+    Python,
+    /// The autograd engine's nodes of a backward pass (their aten calls and
+    /// `AccumulateGrad`).
+    AutogradEngine,
+}
+
+impl HostDispatch {
+    /// True for [`HostDispatch::Python`] (serde: such an op serialises as before the field).
+    pub fn is_python(&self) -> bool {
+        *self == HostDispatch::Python
+    }
+}
+
+/// True for 0 (serde: a copy without an element count serialises as before the field).
+fn is_zero_u64(v: &u64) -> bool {
+    *v == 0
 }
 
 /// True for 0 (serde: an op without validation events serialises as before the field).

@@ -15,8 +15,8 @@ use super::segment_pieces::{piece_of, share};
 use super::tp_overlap::{self, Pass, SegmentSplit};
 use super::{Ctx, GroupKind};
 use crate::step::{
-    Category, CollectiveOp, ComputeWork, Group, GroupId, MemTag, OpId, Payload, ProgramBuilder,
-    StepProgram, Stream,
+    Category, CollectiveOp, ComputeWork, Group, GroupId, HostDispatch, MemTag, OpId, Payload,
+    ProgramBuilder, StepProgram, Stream,
 };
 use hpfsdp_plan::model::DType;
 use hpfsdp_plan::topology::Tier;
@@ -230,6 +230,7 @@ impl<'a> Emitter<'a> {
                 kernels: kernels.max(1),
                 memcpys: 0,
                 kind,
+                elements: 0,
             }),
             deps,
         );
@@ -258,6 +259,7 @@ impl<'a> Emitter<'a> {
                 kernels: 0,
                 memcpys: calls.max(1),
                 kind: crate::step::CopyKind::Plain,
+                elements: 0,
             }),
             deps,
         );
@@ -461,6 +463,9 @@ impl<'a> Emitter<'a> {
             if events > 0 {
                 self.b.host_events(op, events);
             }
+            if pass == Pass::Backward {
+                self.b.host_dispatch(op, HostDispatch::AutogradEngine);
+            }
             if pass == Pass::Forward {
                 self.syncs(share(s.fwd_d2h_syncs, i, n), op, &piece_name);
             }
@@ -481,6 +486,9 @@ impl<'a> Emitter<'a> {
     ) {
         if host > 0 {
             self.b.host_events(first, host);
+        }
+        if pass == Pass::Backward {
+            self.b.host_dispatch(first, HostDispatch::AutogradEngine);
         }
         if pass == Pass::Forward {
             self.syncs(s.fwd_d2h_syncs, last, name);

@@ -315,6 +315,7 @@ impl F2<'_> {
         );
         self.e.alloc(cin, MemTag::Buffers, rs_in);
         self.e.free(cin, MemTag::Grads, unsharded_grads);
+        self.e.b.copy_elements(cin, rs_in / rd.bytes().max(1));
         let spec = CollSpec {
             kind: CollectiveKind::ReduceScatter,
             input_bytes: rs_in,

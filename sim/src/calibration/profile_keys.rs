@@ -46,6 +46,7 @@ profile_keys! {
     "calibration.host_launch_us_per_collective" => calibration.host_launch_us_per_collective;
     "calibration.host_d2h_sync_us" => calibration.host_d2h_sync_us;
     "calibration.validation_us_per_cpu_event" => calibration.validation_us_per_cpu_event;
+    "calibration.host_backward_event_cost_ratio" => calibration.host_backward_event_cost_ratio;
     "calibration.unaligned_bandwidth_factor" => calibration.unaligned_bandwidth_factor;
     "compute.attention_relative_efficiency" => compute.attention_relative_efficiency;
     "compute.attention_seq_half" => compute.attention_seq_half;

@@ -138,7 +138,8 @@ impl F2<'_> {
         self.e.free(cin, MemTag::Grads, unsharded_grads);
         self.e
             .b
-            .host_events(cin, REDUCE_EVENTS_PER_PARAM * params + REDUCE_FIXED_EVENTS);
+            .host_events(cin, REDUCE_EVENTS_PER_PARAM * params + REDUCE_FIXED_EVENTS)
+            .copy_elements(cin, elems);
         let rs = self.e.memcpy(
             super::shard_group_stream(domain),
             rs_in,

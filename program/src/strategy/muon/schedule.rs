@@ -146,6 +146,7 @@ impl Schedule {
                 kernels: kernels.max(1),
                 memcpys: 0,
                 kind: crate::step::CopyKind::Plain,
+                elements: 0,
             }),
             deps,
             alloc: None,
