@@ -40,7 +40,12 @@ def main():
     # The training thread issues the step's first op; the engine's thread has the most ops.
     first = min((e for e in host if e["cat"] == "cpu_op"), key=lambda e: e["ts"])
     main_tid = first["tid"]
-    engine_tid = max((t for t in threads if t != main_tid), key=lambda t: threads[t])
+    others = [t for t in threads if t != main_tid]
+    if not others:
+        # CPU tensors: the autograd engine runs the backward on the calling thread.
+        sys.exit("no autograd-engine thread in this trace (a CPU run backpropagates on the "
+                 "training thread); the phases cannot be told apart by thread")
+    engine_tid = max(others, key=lambda t: threads[t])
     blocked = [(e["ts"], e["ts"] + e["dur"]) for e in host if e["name"] == "Command Buffer Full"]
     engine = [e for e in host if e["tid"] == engine_tid]
     b0 = min(e["ts"] for e in engine)
