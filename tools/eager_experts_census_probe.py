@@ -80,10 +80,11 @@ TOP_K = 2
 SYNC_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 
 
-def experts_module(n_experts, hidden):
+def experts_module(n_experts, hidden, implementation="eager"):
+    """The real `Qwen3MoeExperts` (bf16, small random weights) on `implementation`'s path."""
     cfg = Qwen3MoeConfig(hidden_size=hidden, moe_intermediate_size=hidden // 2,
                          num_experts=n_experts, num_experts_per_tok=TOP_K)
-    cfg._experts_implementation = "eager"
+    cfg._experts_implementation = implementation
     m = qm.Qwen3MoeExperts(cfg).to(DT)
     for p in m.parameters():
         torch.nn.init.normal_(p, std=0.02)

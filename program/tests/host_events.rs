@@ -240,3 +240,34 @@ fn backward_compute_is_dispatched_by_the_autograd_engine_and_chunk_cat_counts_it
     // parameters (runs.jsonl `params` of the measured run).
     assert_eq!(chunk_cat_elements, 2_031_739_904);
 }
+
+#[test]
+fn transformers_grouped_mm_experts_carry_their_module_census() {
+    use hpfsdp_program::strategy::host_events::GROUPED_MM_EXPERTS_PER_LAYER;
+    let f = fixture();
+    // A Qwen3-MoE decoder layer on transformers' grouped_mm path (the measured H200 MoE
+    // step): the dense layer's attention half, the router and the experts module's census.
+    let s = scenario("gpu/moe30b-4l-mbs1-grouped.toml");
+    let p = program(&s, StrategyKind::Fsdp2);
+    let dense = net(&f, "qwen3_layer");
+    let attention_half = minus(dense, &[(3, LINEAR), (1, SWIGLU_DENSE)]);
+    let want = PassEvents {
+        fwd: attention_half.fwd + QWEN3_MOE_ROUTER.fwd + GROUPED_MM_EXPERTS_PER_LAYER.fwd,
+        bwd: attention_half.bwd + QWEN3_MOE_ROUTER.bwd + GROUPED_MM_EXPERTS_PER_LAYER.bwd,
+    };
+    for pass in ["fwd", "bwd"] {
+        let layers: Vec<u32> = p
+            .ops
+            .iter()
+            .filter(|o| {
+                o.name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("layers.") && n.ends_with(&format!(".{pass}")))
+                    && matches!(o.payload, Payload::Compute(_))
+            })
+            .map(|o| o.host_cpu_events)
+            .collect();
+        let want = if pass == "fwd" { want.fwd } else { want.bwd };
+        assert_eq!(layers, vec![want; 4], "{pass}");
+    }
+}

@@ -19,7 +19,7 @@
 //!   ([`super::vocab_parallel_loss`]).
 
 use super::eager_experts;
-use super::host_events::PassEvents;
+use super::host_events::{self, PassEvents};
 use super::kernels::{KernelCtx, op_kernels};
 use super::parallel::{self, ParColl, ParDims, Side};
 use super::saved_activations;
@@ -509,7 +509,12 @@ impl<'p> StageWalk<'p> {
         let (fwd, bwd) = op_kernels(op, kernels);
         segment.validation_events += std::mem::take(&mut self.pending_events)
             + validation::dispatch_events(&self.boundaries, op, cfg, &fwd);
-        let host = eager_experts::op_host_events(op, cfg, kernels.eager_loop(), &fwd, &bwd);
+        let grouped = (kernels.hf_grouped_mm && kernels.ep == 1)
+            .then(|| host_events::grouped_mm_experts(op, cfg.hidden_size))
+            .flatten();
+        let host = grouped.unwrap_or_else(|| {
+            eager_experts::op_host_events(op, cfg, kernels.eager_loop(), &fwd, &bwd)
+        });
         segment.d2h_syncs += eager_experts::fwd_syncs(op, kernels.eager_loop());
         segment.pieces = segment
             .pieces

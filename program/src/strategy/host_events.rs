@@ -25,12 +25,14 @@
 //! aten graph from the same Python code, so the event counts carry over; the per-event host
 //! time does not (that is the profile's `[calibration]` constant, see `hpfsdp_sim::host_cost`).
 //!
-//! transformers' `eager` experts loop has a census of its own
+//! transformers' `grouped_mm` experts path has a census of its own
+//! (`tools/grouped_experts_census_probe.py`: [`GROUPED_MM_EXPERTS_PER_LAYER`]), and so does
+//! its `eager` experts loop
 //! (`tools/eager_experts_census_probe.py`: [`eager_experts`], per hit expert, and
 //! [`EAGER_EXPERTS_PER_LAYER`]). Ops the probe has no module for ([`op_events`] falls back):
-//! routed experts on the grouped paths and their combine and the expert-parallel dispatch
-//! bookkeeping (the measured runs replace `Qwen3MoeExperts` by HyperParallel's grouped-GEMM
-//! module), multi-head latent attention and
+//! routed experts on HyperParallel's grouped-GEMM module (which the measured Ascend runs
+//! put in place of `Qwen3MoeExperts`) and their combine and the expert-parallel dispatch
+//! bookkeeping, multi-head latent attention and
 //! its interleaved RoPE, DeepSeek's router, ops built by hand. They are charged at the
 //! measured events per launched kernel of the whole dense decoder layer
 //! ([`FALLBACK_FWD_EVENTS_PER_KERNEL`], [`FALLBACK_BWD_EVENTS_PER_KERNEL`]). Ops outside the
@@ -109,6 +111,19 @@ pub const QWEN3_MOE_ROUTER: PassEvents = ev(22, 58);
 /// `tools/eager_experts_census_probe.py`: per layer = 4 experts - 4 x per expert). Charged
 /// on the router op, beside [`QWEN3_MOE_ROUTER`].
 pub const EAGER_EXPERTS_PER_LAYER: PassEvents = ev(30, 30);
+
+/// transformers' `grouped_mm` experts path (`Qwen3MoeExperts.forward` with
+/// `experts_implementation="grouped_mm"`: `grouped_mm_experts_forward` in
+/// `integrations/moe.py`), the whole module per layer: the sort of the expert ids, the
+/// gathers, `histc`, `cumsum`, the sentinel masks, the two `grouped_mm`s, the gate, the
+/// routing-weight multiply and the scatter back; backward their nodes
+/// (`tools/grouped_experts_census_probe.py`: transformers 5.17, torch 2.15 CPU, identical
+/// forward counts at two sizes; the backward 174 or 178 by size, charged at 176). On the CPU
+/// backend each `grouped_mm` loops over the experts (26 forward and 54 backward events per
+/// expert, all of them its per-group `mm`s, slices and offsets read-backs); a CUDA `grouped_mm`
+/// is one kernel, so the census is the count with that loop taken out. Charged on the gate/up
+/// GEMM op; the module's other ops carry none.
+pub const GROUPED_MM_EXPERTS_PER_LAYER: PassEvents = ev(117, 176);
 
 /// The eager loop per hit expert, up to the gate/up GEMM: the loop test, `torch.where`,
 /// the hidden-state gather, `gate_up_proj[e]`, `linear`, `chunk` (and the expert's row of
@@ -211,6 +226,27 @@ pub fn eager_experts(op: &ComputeOp, hidden: u64, hits: u64) -> Option<PassEvent
         fwd: times(per_expert.fwd),
         bwd: times(per_expert.bwd),
     })
+}
+
+/// Events of `op` on transformers' `grouped_mm` experts path: the module's per-layer census
+/// ([`GROUPED_MM_EXPERTS_PER_LAYER`]) on its gate/up GEMM (the expert op whose input is the
+/// hidden size `hidden`), none on its activation, down GEMM and combine; `None` for ops
+/// outside the module.
+pub fn grouped_mm_experts(op: &ComputeOp, hidden: u64) -> Option<PassEvents> {
+    match op.shape {
+        OpShape::Experts { input, .. } if input == hidden => Some(GROUPED_MM_EXPERTS_PER_LAYER),
+        OpShape::Experts { .. }
+        | OpShape::MemoryBound {
+            recipe: EagerRecipe::SwiGlu,
+            routed: true,
+            ..
+        }
+        | OpShape::MemoryBound {
+            recipe: EagerRecipe::ExpertCombine,
+            ..
+        } => Some(PassEvents::default()),
+        _ => None,
+    }
 }
 
 /// Launched kernels of a kernel list.
