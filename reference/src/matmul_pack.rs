@@ -1,0 +1,188 @@
+//! Where the GEMM's tiles read their operands: `A`'s rows packed per cache block, `B`'s
+//! columns packed (beforehand or just before use) or read where they lie when `B` is stored
+//! by rows at a stride that keeps a panel piece in the L2 cache. Packing and reading in place
+//! only move values: every output keeps its fma chain, so none of this changes a bit.
+
+use crate::real::Real;
+
+use super::MatRef;
+
+/// A tile operand over the reduction: lane `l` of step `p` is `data[p * step + l]` (a packed
+/// piece: `step` is the tile's width; `B` read in place: `step` is its row stride).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Strip<'s, T> {
+    /// The elements from the tile's first one on.
+    pub(crate) data: &'s [T],
+    /// Distance between successive reduction steps.
+    pub(crate) step: usize,
+}
+
+impl<'s, T: Real> Strip<'s, T> {
+    /// The `L` lanes of reduction step `p`.
+    #[inline(always)]
+    pub(crate) fn lanes<const L: usize>(&self, p: usize) -> &'s [T; L] {
+        let start = p * self.step;
+        self.data[start..start + L]
+            .try_into()
+            .expect("a strip holds L lanes per step")
+    }
+}
+
+/// Where a row block finds `B`'s panels (columns `[j0, j0 + NR)`, all reduction steps).
+#[derive(Clone, Copy)]
+pub(crate) enum BSource<'s, T> {
+    /// Every panel packed beforehand, `[panel][k][NR]` (shared by the row blocks).
+    Packed(&'s [T]),
+    /// Packed a `KC` piece at a time just before its tiles use it, while it is in cache (a
+    /// single row block: each piece serves only it).
+    Lazy(&'s MatRef<'s, T>),
+    /// `B` stored by rows, read where it lies (see [`reads_in_place`]); only a last, partial
+    /// panel is packed as [`BSource::Lazy`] does.
+    InPlace(&'s MatRef<'s, T>),
+}
+
+/// Bytes of one way of the L2 cache on current x86 cores (1 MiB 8-way, 2 MiB 16-way): rows
+/// whose addresses differ by a multiple of it compete for the same cache sets.
+const L2_WAY_BYTES: usize = 128 << 10;
+/// Most rows of one panel piece allowed on the same L2 sets (half the ways of an 8-way L2).
+const ROWS_PER_SET_MAX: usize = 4;
+
+/// Whether the tiles read a row-major `B` whose rows are `row_bytes` apart in place for
+/// reduction blocks of `kc` steps: yes unless the stride maps more than
+/// [`ROWS_PER_SET_MAX`] of a piece's rows onto the same L2 sets (a 4 KiB stride does at
+/// `kc` = 256: the piece would be evicted before the next tile rereads it; packing it
+/// is faster then).
+pub(crate) fn reads_in_place(row_bytes: usize, kc: usize) -> bool {
+    let period_rows = L2_WAY_BYTES / gcd(L2_WAY_BYTES, row_bytes);
+    kc.div_ceil(period_rows) <= ROWS_PER_SET_MAX
+}
+
+fn gcd(mut x: usize, mut y: usize) -> usize {
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    x
+}
+
+/// Pack columns `[j0, j0+NR)` of `B`, rows from `p0` on (as many as `out` holds), as
+/// `[rows][NR]`, zero-padded. Row-major
+/// `B` copies row pieces; `B` stored by columns (`x·Wᵀ`) is transposed from `NR` column
+/// slices. Packing only moves values, so the layout never changes a result. Out of line and
+/// without the kernels' instruction sets: compiled into them, the transpose became scatter
+/// stores, several times slower than scalar ones on AMD cores.
+#[inline(never)]
+pub(crate) fn pack_b_panel<T: Real, const NR: usize>(
+    b: &MatRef<'_, T>,
+    (p0, j0): (usize, usize),
+    out: &mut [T],
+) {
+    let nr = NR.min(b.cols - j0);
+    if b.cs == 1 && nr == NR {
+        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+            let start = (p0 + p) * b.rs + j0;
+            let src: &[T; NR] = b.data[start..start + NR].try_into().expect("NR elements");
+            let row: &mut [T; NR] = row.try_into().expect("chunks_exact yields NR elements");
+            *row = *src;
+        }
+    } else if b.cs == 1 {
+        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+            let start = (p0 + p) * b.rs + j0;
+            row[..nr].copy_from_slice(&b.data[start..start + nr]);
+            row[nr..].fill(T::ZERO);
+        }
+    } else if b.rs == 1 {
+        // A transpose, in steps of one cache line of each column: every line read is used
+        // whole while the rows it fills are still in cache.
+        const STEP: usize = 16;
+        for (step, rows) in out.chunks_mut(STEP * NR).enumerate() {
+            let first_row = p0 + step * STEP;
+            for q in 0..NR {
+                if q < nr {
+                    let start = (j0 + q) * b.cs + first_row;
+                    let column = &b.data[start..start + rows.len() / NR];
+                    for (row, &x) in rows.chunks_exact_mut(NR).zip(column) {
+                        row[q] = x;
+                    }
+                } else {
+                    for row in rows.chunks_exact_mut(NR) {
+                        row[q] = T::ZERO;
+                    }
+                }
+            }
+        }
+    } else {
+        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
+            for (q, x) in row.iter_mut().enumerate() {
+                *x = if q < nr {
+                    b.at(p0 + p, j0 + q)
+                } else {
+                    T::ZERO
+                };
+            }
+        }
+    }
+}
+
+/// Pack rows `[i0, i0+rows)`, reduction range `[p0, p0+kc)` of `A` as `[tile][kc][MR]`,
+/// zero-padded. `A` stored by columns (`dyᵀ·x`) copies column pieces; row-major `A` copies
+/// each row into its lane. Out of line, as [`pack_b_panel`].
+#[inline(never)]
+pub(crate) fn pack_a_block<T: Real, const MR: usize>(
+    a: &MatRef<'_, T>,
+    i0: usize,
+    rows: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [T],
+) {
+    if a.rs == 1 {
+        // Stored by columns: each step's rows are contiguous, read once and dealt to the
+        // tiles (a tile at a time would read short pieces a whole column apart).
+        let tiles = out.len() / (kc * MR);
+        for p in 0..kc {
+            let start = (p0 + p) * a.cs + i0;
+            let src = &a.data[start..start + rows];
+            for tile in 0..tiles {
+                let col = &mut out[(tile * kc + p) * MR..(tile * kc + p + 1) * MR];
+                let piece = &src[tile * MR..(tile * MR + MR).min(rows)];
+                if let (Ok(col), Ok(piece)) = (
+                    <&mut [T; MR]>::try_from(&mut *col),
+                    <&[T; MR]>::try_from(piece),
+                ) {
+                    *col = *piece;
+                } else {
+                    col[..piece.len()].copy_from_slice(piece);
+                    col[piece.len()..].fill(T::ZERO);
+                }
+            }
+        }
+        return;
+    }
+    for (tile, chunk) in out.chunks_exact_mut(kc * MR).enumerate() {
+        let r0 = i0 + tile * MR;
+        let mr = MR.min(i0 + rows - r0);
+        if a.cs == 1 && mr == MR {
+            // A transpose: eight loads from eight rows, one contiguous store per step.
+            let rows: [&[T]; MR] = std::array::from_fn(|r| {
+                let start = (r0 + r) * a.rs + p0;
+                &a.data[start..start + kc]
+            });
+            for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
+                let col: &mut [T; MR] = col.try_into().expect("chunks_exact yields MR elements");
+                for r in 0..MR {
+                    col[r] = rows[r][p];
+                }
+            }
+        } else {
+            for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
+                for (r, x) in col.iter_mut().enumerate() {
+                    *x = if r < mr {
+                        a.at(r0 + r, p0 + p)
+                    } else {
+                        T::ZERO
+                    };
+                }
+            }
+        }
+    }
+}
