@@ -31,7 +31,7 @@ use crate::tensor::Tensor;
 mod pack;
 
 pub(crate) use pack::Strip;
-use pack::{BSource, pack_a_block, pack_b_panel, reads_in_place};
+use pack::{BSource, pack_a_block, pack_b_group, reads_in_place};
 
 /// Reduction-dimension cache block.
 pub const KC: usize = 256;
@@ -447,15 +447,21 @@ fn partial_tile<T: Real, const MR: usize, const NR: usize>(
     }
 }
 
+/// Panels packed together just before use ([`BSource::Lazy`]): a row-major `B` is then read
+/// `LAZY_PANELS * NR` values a row ([`pack_b_group`]), and the group stays in the L2 cache.
+const LAZY_PANELS: usize = 8;
+
 /// Panel `jp` of `B` for reduction steps `[p0, p0 + kc)`: packed beforehand, read in place,
-/// or packed now into `lazy`.
+/// or packed now (with the rest of its group when it is the group's first) into `lazy`,
+/// which holds `slots` pieces.
 #[inline(always)]
 fn b_strip<'s, T: Real, const NR: usize>(
     b: BSource<'s, T>,
     (jp, nr): (usize, usize),
     (p0, kc, k): (usize, usize, usize),
-    lazy: &'s mut [T],
+    (lazy, slots): (&'s mut [T], usize),
 ) -> Strip<'s, T> {
+    let piece = kc * NR;
     match b {
         BSource::Packed(all) => Strip {
             data: &all[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR],
@@ -466,10 +472,13 @@ fn b_strip<'s, T: Real, const NR: usize>(
             step: b.rs,
         },
         BSource::InPlace(b) | BSource::Lazy(b) => {
-            let piece = &mut lazy[..kc * NR];
-            pack_b_panel::<T, NR>(b, (p0, jp * NR), piece);
+            let slot = jp % slots;
+            if slot == 0 {
+                let count = slots.min(b.cols.div_ceil(NR) - jp);
+                pack_b_group::<T, NR>(b, (p0, jp), kc, &mut lazy[..count * piece]);
+            }
             Strip {
-                data: piece,
+                data: &lazy[slot * piece..(slot + 1) * piece],
                 step: NR,
             }
         }
@@ -491,10 +500,12 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
     let tiles = rows.div_ceil(MR);
     let panels = n.div_ceil(NR);
     let mut packed_a = vec![T::ZERO; tiles * KC.min(k) * MR];
-    let mut lazy_b = match b {
-        BSource::Packed(_) => Vec::new(),
-        BSource::Lazy(_) | BSource::InPlace(_) => vec![T::ZERO; KC.min(k) * NR],
+    let slots = match b {
+        BSource::Packed(_) => 0,
+        BSource::InPlace(_) => usize::from(n % NR != 0),
+        BSource::Lazy(_) => LAZY_PANELS.min(panels),
     };
+    let mut lazy_b = vec![T::ZERO; slots * KC.min(k) * NR];
     let mut p0 = 0;
     while p0 < k {
         let kc = KC.min(k - p0);
@@ -503,7 +514,7 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
         for jp in 0..panels {
             let j0 = jp * NR;
             let nr = NR.min(n - j0);
-            let sb = b_strip::<T, NR>(b, (jp, nr), (p0, kc, k), &mut lazy_b);
+            let sb = b_strip::<T, NR>(b, (jp, nr), (p0, kc, k), (&mut lazy_b, slots));
             for (tile, ta) in pa.chunks_exact(kc * MR).enumerate() {
                 let r0 = tile * MR;
                 let mr = MR.min(rows - r0);
@@ -628,11 +639,14 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
 fn pack_b_whole<T: Real, const NR: usize>(b: &MatRef<'_, T>, parallel: bool) -> Vec<T> {
     let (k, panels) = (b.rows, b.cols.div_ceil(NR));
     let mut packed = vec![T::ZERO; panels * k * NR];
-    let pack = |(jp, panel): (usize, &mut [T])| pack_b_panel::<T, NR>(b, (0, jp * NR), panel);
+    let group = LAZY_PANELS * k * NR;
+    let pack = |(g, out): (usize, &mut [T])| {
+        pack_b_group::<T, NR>(b, (0, g * LAZY_PANELS), k, out);
+    };
     if parallel {
-        packed.par_chunks_mut(k * NR).enumerate().for_each(pack);
+        packed.par_chunks_mut(group).enumerate().for_each(pack);
     } else {
-        packed.chunks_mut(k * NR).enumerate().for_each(pack);
+        packed.chunks_mut(group).enumerate().for_each(pack);
     }
     packed
 }

@@ -186,3 +186,49 @@ pub(crate) fn pack_a_block<T: Real, const MR: usize>(
         }
     }
 }
+
+/// Full panels `[jp0, jp0 + count)` of a row-major `B` (`count = out.len() / (kc * NR)`),
+/// reduction rows `[p0, p0 + kc)`, as `[panel][kc][NR]`: a row at a time, so each read is
+/// `count * NR` contiguous values instead of `NR` values a row stride apart (with a 4 KiB
+/// stride every one of those is a new page, which the hardware prefetchers do not cross).
+pub(crate) fn pack_b_rows<T: Real, const NR: usize>(
+    b: &MatRef<'_, T>,
+    (p0, jp0): (usize, usize),
+    kc: usize,
+    out: &mut [T],
+) {
+    let count = out.len() / (kc * NR);
+    debug_assert!(b.cs == 1 && (jp0 + count) * NR <= b.cols && p0 + kc <= b.rows);
+    for p in 0..kc {
+        let start = (p0 + p) * b.rs + jp0 * NR;
+        let row = &b.data[start..start + count * NR];
+        for (g, piece) in row.chunks_exact(NR).enumerate() {
+            let at = (g * kc + p) * NR;
+            out[at..at + NR].copy_from_slice(piece);
+        }
+    }
+}
+
+/// Panels `[jp0, jp0 + count)` of `B` (`count = out.len() / (kc * NR)`), reduction rows
+/// `[p0, p0 + kc)`, as `[panel][kc][NR]`, zero-padded: the full ones of a row-major `B` by
+/// [`pack_b_rows`], the others by [`pack_b_panel`].
+pub(crate) fn pack_b_group<T: Real, const NR: usize>(
+    b: &MatRef<'_, T>,
+    (p0, jp0): (usize, usize),
+    kc: usize,
+    out: &mut [T],
+) {
+    let count = out.len() / (kc * NR);
+    let full = if b.cs == 1 {
+        (b.cols / NR).saturating_sub(jp0).min(count)
+    } else {
+        0
+    };
+    let (rows, rest) = out.split_at_mut(full * kc * NR);
+    if full > 0 {
+        pack_b_rows::<T, NR>(b, (p0, jp0), kc, rows);
+    }
+    for (i, piece) in rest.chunks_exact_mut(kc * NR).enumerate() {
+        pack_b_panel::<T, NR>(b, (p0, (jp0 + full + i) * NR), piece);
+    }
+}
