@@ -499,7 +499,11 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
 ) {
     let tiles = rows.div_ceil(MR);
     let panels = n.div_ceil(NR);
-    let mut packed_a = vec![T::ZERO; tiles * KC.min(k) * MR];
+    // `A` stored by columns at a stride that keeps a tile's steps in L2: its full tiles are
+    // read in place, only a last, partial one is packed.
+    let a_in_place = a.rs == 1 && reads_in_place(a.cs * std::mem::size_of::<T>(), KC.min(k));
+    let full_tiles = if a_in_place { rows / MR } else { 0 };
+    let mut packed_a = vec![T::ZERO; (tiles - full_tiles) * KC.min(k) * MR];
     let slots = match b {
         BSource::Packed(_) => 0,
         BSource::InPlace(_) => usize::from(n % NR != 0),
@@ -509,17 +513,31 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
     let mut p0 = 0;
     while p0 < k {
         let kc = KC.min(k - p0);
-        let pa = &mut packed_a[..tiles * kc * MR];
-        pack_a_block::<T, MR>(a, i0, rows, p0, kc, pa);
+        let pa = &mut packed_a[..(tiles - full_tiles) * kc * MR];
+        let packed_rows = rows - full_tiles * MR;
+        if packed_rows > 0 {
+            pack_a_block::<T, MR>(a, i0 + full_tiles * MR, packed_rows, p0, kc, pa);
+        }
         for jp in 0..panels {
             let j0 = jp * NR;
             let nr = NR.min(n - j0);
             let sb = b_strip::<T, NR>(b, (jp, nr), (p0, kc, k), (&mut lazy_b, slots));
-            for (tile, ta) in pa.chunks_exact(kc * MR).enumerate() {
+            for tile in 0..tiles {
                 let r0 = tile * MR;
                 let mr = MR.min(rows - r0);
                 let ct = &mut c[r0 * n + j0..];
-                let sa = Strip { data: ta, step: MR };
+                let sa = if tile < full_tiles {
+                    Strip {
+                        data: &a.data[p0 * a.cs + i0 + r0..],
+                        step: a.cs,
+                    }
+                } else {
+                    let at = (tile - full_tiles) * kc * MR;
+                    Strip {
+                        data: &pa[at..at + kc * MR],
+                        step: MR,
+                    }
+                };
                 let (size, first) = ((mr, nr), p0 == 0);
                 match full_tile {
                     Some(f) => partial_tile::<T, MR, NR>(f, (sa, sb), kc, ct, n, size, first),

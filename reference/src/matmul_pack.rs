@@ -136,26 +136,7 @@ pub(crate) fn pack_a_block<T: Real, const MR: usize>(
     out: &mut [T],
 ) {
     if a.rs == 1 {
-        // Stored by columns: each step's rows are contiguous, read once and dealt to the
-        // tiles (a tile at a time would read short pieces a whole column apart).
-        let tiles = out.len() / (kc * MR);
-        for p in 0..kc {
-            let start = (p0 + p) * a.cs + i0;
-            let src = &a.data[start..start + rows];
-            for tile in 0..tiles {
-                let col = &mut out[(tile * kc + p) * MR..(tile * kc + p + 1) * MR];
-                let piece = &src[tile * MR..(tile * MR + MR).min(rows)];
-                if let (Ok(col), Ok(piece)) = (
-                    <&mut [T; MR]>::try_from(&mut *col),
-                    <&[T; MR]>::try_from(piece),
-                ) {
-                    *col = *piece;
-                } else {
-                    col[..piece.len()].copy_from_slice(piece);
-                    col[piece.len()..].fill(T::ZERO);
-                }
-            }
-        }
+        pack_a_by_columns::<T, MR>(a, (i0, rows), (p0, kc), out);
         return;
     }
     for (tile, chunk) in out.chunks_exact_mut(kc * MR).enumerate() {
@@ -230,5 +211,49 @@ pub(crate) fn pack_b_group<T: Real, const NR: usize>(
     }
     for (i, piece) in rest.chunks_exact_mut(kc * NR).enumerate() {
         pack_b_panel::<T, NR>(b, (p0, (jp0 + full + i) * NR), piece);
+    }
+}
+
+/// Steps of `A` stored by columns packed together: their rows (a few cache lines each) stay
+/// in L1 while every tile takes its pieces, and each tile's part of the output is written
+/// whole lines at a time (a step at a time, the tiles' parts, `kc * MR` values apart, fell
+/// on the same cache sets and were evicted half written).
+const A_STEPS: usize = 16;
+
+/// [`pack_a_block`] for `A` stored by columns (`dyᵀ·x`): rows `[i0, i0+rows)`, reduction
+/// range `[p0, p0+kc)`, as `[tile][kc][MR]`, zero-padded.
+fn pack_a_by_columns<T: Real, const MR: usize>(
+    a: &MatRef<'_, T>,
+    (i0, rows): (usize, usize),
+    (p0, kc): (usize, usize),
+    out: &mut [T],
+) {
+    let tiles = out.len() / (kc * MR);
+    for s0 in (0..kc).step_by(A_STEPS) {
+        let steps = A_STEPS.min(kc - s0);
+        let src: [&[T]; A_STEPS] = std::array::from_fn(|s| {
+            let start = (p0 + s0 + s.min(steps - 1)) * a.cs + i0;
+            &a.data[start..start + rows]
+        });
+        for tile in 0..tiles {
+            let r0 = tile * MR;
+            let lanes = MR.min(rows - r0);
+            let base = (tile * kc + s0) * MR;
+            for (s, col) in out[base..base + steps * MR]
+                .chunks_exact_mut(MR)
+                .enumerate()
+            {
+                let piece = &src[s][r0..r0 + lanes];
+                if let (Ok(col), Ok(piece)) = (
+                    <&mut [T; MR]>::try_from(&mut *col),
+                    <&[T; MR]>::try_from(piece),
+                ) {
+                    *col = *piece;
+                } else {
+                    col[..lanes].copy_from_slice(piece);
+                    col[lanes..].fill(T::ZERO);
+                }
+            }
+        }
     }
 }
