@@ -360,8 +360,7 @@ fn micro_kernel<T: Real, const MR: usize, const NR: usize>(
         }
     }
     for p in 0..kc {
-        let ap = a.lanes::<MR>(p);
-        let bp = b.lanes::<NR>(p);
+        let (ap, bp) = (a.lanes::<MR>(p), b.lanes::<NR>(p));
         for r in 0..MR {
             let av = ap[r];
             for q in 0..NR {
@@ -409,6 +408,7 @@ unsafe fn full_tile_f32_as<T: Real>(
         // SAFETY: `T` is f32 (see above): same size, alignment and bits; lengths are kept.
         data: unsafe { std::slice::from_raw_parts(s.data.as_ptr().cast::<f32>(), s.data.len()) },
         step: s.step,
+        lane: s.lane,
     };
     // SAFETY: as above.
     let c = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), c.len()) };
@@ -463,25 +463,36 @@ fn b_strip<'s, T: Real, const NR: usize>(
 ) -> Strip<'s, T> {
     let piece = kc * NR;
     match b {
-        BSource::Packed(all) => Strip {
-            data: &all[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR],
-            step: NR,
-        },
-        BSource::InPlace(b) if nr == NR => Strip {
-            data: &b.data[p0 * b.rs + jp * NR..],
-            step: b.rs,
-        },
+        BSource::Packed(all) => Strip::rows(&all[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR], NR),
+        BSource::InPlace(b) if nr == NR => Strip::rows(&b.data[p0 * b.rs + jp * NR..], b.rs),
         BSource::InPlace(b) | BSource::Lazy(b) => {
             let slot = jp % slots;
             if slot == 0 {
                 let count = slots.min(b.cols.div_ceil(NR) - jp);
                 pack_b_group::<T, NR>(b, (p0, jp), kc, &mut lazy[..count * piece]);
             }
-            Strip {
-                data: &lazy[slot * piece..(slot + 1) * piece],
-                step: NR,
-            }
+            Strip::rows(&lazy[slot * piece..(slot + 1) * piece], NR)
         }
+    }
+}
+
+/// Whether the full tiles read `A` where it lies: stored by columns at a stride that keeps a
+/// tile's `kc` steps in L2, or stored by rows, `MR` rows read in step, where a full-tile
+/// kernel (`intrinsic`) loads each lane by itself anyway.
+fn reads_a_in_place<T: Real>(a: &MatRef<'_, T>, kc: usize, intrinsic: bool) -> bool {
+    if a.rs == 1 {
+        reads_in_place(a.cs * std::mem::size_of::<T>(), kc)
+    } else {
+        a.cs == 1 && intrinsic
+    }
+}
+
+/// The full tile of `A` whose first element is `(i, p)`, read in place.
+fn a_in_place<'s, T: Real>(a: &MatRef<'s, T>, (i, p): (usize, usize)) -> Strip<'s, T> {
+    Strip {
+        data: &a.data[i * a.rs + p * a.cs..],
+        step: a.cs,
+        lane: a.rs,
     }
 }
 
@@ -501,8 +512,11 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
     let panels = n.div_ceil(NR);
     // `A` stored by columns at a stride that keeps a tile's steps in L2: its full tiles are
     // read in place, only a last, partial one is packed.
-    let a_in_place = a.rs == 1 && reads_in_place(a.cs * std::mem::size_of::<T>(), KC.min(k));
-    let full_tiles = if a_in_place { rows / MR } else { 0 };
+    let full_tiles = if reads_a_in_place(a, KC.min(k), full_tile.is_some()) {
+        rows / MR
+    } else {
+        0
+    };
     let mut packed_a = vec![T::ZERO; (tiles - full_tiles) * KC.min(k) * MR];
     let slots = match b {
         BSource::Packed(_) => 0,
@@ -527,16 +541,10 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
                 let mr = MR.min(rows - r0);
                 let ct = &mut c[r0 * n + j0..];
                 let sa = if tile < full_tiles {
-                    Strip {
-                        data: &a.data[p0 * a.cs + i0 + r0..],
-                        step: a.cs,
-                    }
+                    a_in_place(a, (i0 + r0, p0))
                 } else {
                     let at = (tile - full_tiles) * kc * MR;
-                    Strip {
-                        data: &pa[at..at + kc * MR],
-                        step: MR,
-                    }
+                    Strip::rows(&pa[at..at + kc * MR], MR)
                 };
                 let (size, first) = ((mr, nr), p0 == 0);
                 match full_tile {

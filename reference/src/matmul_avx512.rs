@@ -35,28 +35,58 @@ pub(crate) unsafe fn full_tile_f32(
     ldc: usize,
     first: bool,
 ) {
-    use std::arch::x86_64::*;
-    // In u128, where these products cannot overflow (no closures or `Option` chains: they
-    // were left out of line here, 3% of a short tile's time).
-    let last = kc.saturating_sub(1) as u128;
-    let (a_end, b_end) = (
-        last * a.step as u128 + MR as u128,
-        last * b.step as u128 + NR as u128,
-    );
+    let (a_end, b_end) = (strip_end(&a, kc, MR), strip_end(&b, kc, NR));
     assert!(
         (kc == 0 || (a_end <= a.data.len() as u128 && b_end <= b.data.len() as u128))
             && c.len() >= (MR - 1) * ldc + NR
             && ldc >= NR,
         "tile operands too short"
     );
-    let (a_step, b_step) = (a.step, b.step);
+    assert_eq!(b.lane, 1, "B's lanes are contiguous");
+    let (a_step, a_lane, b_step) = (a.step, a.lane, b.step);
     let (a, b, c) = (
         a.data.as_ptr(),
         b.data.as_ptr(),
         c.as_mut_ptr().cast::<f32>(),
     );
-    // SAFETY: every access below is inside the lengths asserted above: `a[p * a_step + r]`
-    // and `b[p * b_step + 16 * h + lane]` for p < kc, `c[r * ldc + 16 * h + lane]` for
+    if a_lane == 1 {
+        // SAFETY: as this function's; the lengths are checked above.
+        unsafe { tile_loop::<false>((a, a_step, 1), (b, b_step), kc, (c, ldc), first) }
+    } else {
+        // SAFETY: as above.
+        unsafe { tile_loop::<true>((a, a_step, a_lane), (b, b_step), kc, (c, ldc), first) }
+    }
+}
+
+/// One past the last element `kc` steps of `lanes` lanes of `s` read, in u128, where these
+/// products cannot overflow (no closures or `Option` chains in the tile: they were left out
+/// of line there, 3% of a 64-step tile's time).
+#[inline(always)]
+fn strip_end(s: &Strip<'_, f32>, kc: usize, lanes: usize) -> u128 {
+    let last = kc.saturating_sub(1) as u128;
+    last * s.step as u128 + (lanes as u128 - 1) * s.lane as u128 + 1
+}
+
+/// [`full_tile_f32`]'s loop on checked pointers: `a` lane `r` of step `p` at
+/// `p * a_step + r * a_lane` (`a_lane` taken as 1 unless `STRIDED`), `b` at `p * b_step`.
+///
+/// # Safety
+///
+/// AVX-512F, and every access inside the operands (checked by [`full_tile_f32`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn tile_loop<const STRIDED: bool>(
+    (a, a_step, a_lane): (*const f32, usize, usize),
+    (b, b_step): (*const f32, usize),
+    kc: usize,
+    (c, ldc): (*mut f32, usize),
+    first: bool,
+) {
+    use std::arch::x86_64::*;
+    let a_lane = if STRIDED { a_lane } else { 1 };
+    // SAFETY: every access below is inside the lengths `full_tile_f32` asserted:
+    // `a[p * a_step + r * a_lane]` and `b[p * b_step + 16 * h + lane]` for p < kc, `c[r * ldc + 16 * h + lane]` for
     // r < MR; `c` is only read when not `first`, where the caller stored it.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
@@ -70,7 +100,7 @@ pub(crate) unsafe fn full_tile_f32(
             let b0 = _mm512_loadu_ps(b.add(p * b_step));
             let b1 = _mm512_loadu_ps(b.add(p * b_step + 16));
             for (r, row) in acc.iter_mut().enumerate() {
-                let av = _mm512_set1_ps(*a.add(p * a_step + r));
+                let av = _mm512_set1_ps(*a.add(p * a_step + r * a_lane));
                 row[0] = _mm512_fmadd_ps(av, b0, row[0]);
                 row[1] = _mm512_fmadd_ps(av, b1, row[1]);
             }

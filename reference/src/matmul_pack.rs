@@ -7,24 +7,39 @@ use crate::real::Real;
 
 use super::MatRef;
 
-/// A tile operand over the reduction: lane `l` of step `p` is `data[p * step + l]` (a packed
-/// piece: `step` is the tile's width; `B` read in place: `step` is its row stride).
+/// A tile operand over the reduction: lane `l` of step `p` is `data[p * step + l * lane]`
+/// (a packed piece: `step` is the tile's width and `lane` 1; `B` or `A` stored by columns
+/// read in place: `step` is the row stride and `lane` 1; row-major `A` read in place: `step`
+/// 1 and `lane` its row stride).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Strip<'s, T> {
     /// The elements from the tile's first one on.
     pub(crate) data: &'s [T],
     /// Distance between successive reduction steps.
     pub(crate) step: usize,
+    /// Distance between successive lanes (rows of an `A` tile, columns of a `B` panel).
+    pub(crate) lane: usize,
 }
 
 impl<'s, T: Real> Strip<'s, T> {
+    /// Contiguous lanes, `step` apart.
+    pub(crate) fn rows(data: &'s [T], step: usize) -> Self {
+        Strip {
+            data,
+            step,
+            lane: 1,
+        }
+    }
+
     /// The `L` lanes of reduction step `p`.
     #[inline(always)]
-    pub(crate) fn lanes<const L: usize>(&self, p: usize) -> &'s [T; L] {
-        let start = p * self.step;
-        self.data[start..start + L]
-            .try_into()
-            .expect("a strip holds L lanes per step")
+    pub(crate) fn lanes<const L: usize>(&self, p: usize) -> [T; L] {
+        if self.lane == 1 {
+            let start = p * self.step;
+            *<&[T; L]>::try_from(&self.data[start..start + L]).expect("L lanes per step")
+        } else {
+            std::array::from_fn(|l| self.data[p * self.step + l * self.lane])
+        }
     }
 }
 
