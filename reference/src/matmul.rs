@@ -481,7 +481,7 @@ fn b_strip<'s, T: Real, const NR: usize>(
 /// kernel (`intrinsic`) loads each lane by itself anyway.
 fn reads_a_in_place<T: Real>(a: &MatRef<'_, T>, kc: usize, intrinsic: bool) -> bool {
     if a.rs == 1 {
-        reads_in_place(a.cs * std::mem::size_of::<T>(), kc)
+        reads_in_place(a.cs * std::mem::size_of::<T>(), kc, true)
     } else {
         a.cs == 1 && intrinsic
     }
@@ -630,9 +630,10 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     } else {
         mc_cap
     };
-    let in_place = b.cs == 1 && reads_in_place(b.rs * std::mem::size_of::<T>(), KC.min(k));
+    let b_row_bytes = b.rs * std::mem::size_of::<T>();
+    let in_place = |reused| b.cs == 1 && reads_in_place(b_row_bytes, KC.min(k), reused);
     if m <= mc {
-        let source = if in_place {
+        let source = if in_place(false) {
             BSource::InPlace(b)
         } else {
             BSource::Lazy(b)
@@ -640,6 +641,7 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
         dispatch_row_block::<T, MR, NR>(isa, a, (0, m), source, c, (n, k));
         return;
     }
+    let in_place = in_place(true);
     let packed_b = if in_place {
         Vec::new()
     } else {

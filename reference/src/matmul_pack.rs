@@ -62,14 +62,22 @@ const L2_WAY_BYTES: usize = 128 << 10;
 /// Most rows of one panel piece allowed on the same L2 sets (half the ways of an 8-way L2).
 const ROWS_PER_SET_MAX: usize = 4;
 
-/// Whether the tiles read a row-major `B` whose rows are `row_bytes` apart in place for
-/// reduction blocks of `kc` steps: yes unless the stride maps more than
-/// [`ROWS_PER_SET_MAX`] of a piece's rows onto the same L2 sets (a 4 KiB stride does at
-/// `kc` = 256: the piece would be evicted before the next tile rereads it; packing it
-/// is faster then).
-pub(crate) fn reads_in_place(row_bytes: usize, kc: usize) -> bool {
-    let period_rows = L2_WAY_BYTES / gcd(L2_WAY_BYTES, row_bytes);
-    kc.div_ceil(period_rows) <= ROWS_PER_SET_MAX
+/// Page size: an operand read in place at a stride of at least this touches a new page every
+/// step.
+const PAGE_BYTES: usize = 4096;
+
+/// Whether the tiles read an operand whose reduction steps are `step_bytes` apart (a
+/// row-major `B`, an `A` stored by columns) in place for reduction blocks of `kc` steps,
+/// `reused` when each piece serves several row blocks or panels. Yes unless
+/// - the stride maps more than [`ROWS_PER_SET_MAX`] of a piece's steps onto the same L2 sets
+///   (a 4 KiB stride does at `kc` = 256: the piece would be evicted before the next tile
+///   rereads it), or
+/// - a reused piece has every step on its own page ([`PAGE_BYTES`]): read that way again
+///   and again it was slower than packed (weight gradients 1024 x 64 x 1024, `dyᵀ·x`);
+///   read once, packing it would cost more than it saves.
+pub(crate) fn reads_in_place(step_bytes: usize, kc: usize, reused: bool) -> bool {
+    let period_rows = L2_WAY_BYTES / gcd(L2_WAY_BYTES, step_bytes);
+    kc.div_ceil(period_rows) <= ROWS_PER_SET_MAX && !(reused && step_bytes >= PAGE_BYTES)
 }
 
 fn gcd(mut x: usize, mut y: usize) -> usize {
