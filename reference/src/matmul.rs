@@ -31,7 +31,7 @@ use crate::tensor::Tensor;
 mod pack;
 
 pub(crate) use pack::Strip;
-use pack::{BSource, pack_a_block, pack_b_group, reads_in_place};
+use pack::{BSource, PackBuffer, pack_a_block, pack_b_group, reads_in_place};
 
 /// Reduction-dimension cache block.
 pub const KC: usize = 256;
@@ -517,17 +517,17 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
     } else {
         0
     };
-    let mut packed_a = vec![T::ZERO; (tiles - full_tiles) * KC.min(k) * MR];
+    let mut packed_a = PackBuffer::zeroed((tiles - full_tiles) * KC.min(k) * MR);
     let slots = match b {
         BSource::Packed(_) => 0,
         BSource::InPlace(_) => usize::from(n % NR != 0),
         BSource::Lazy(_) => LAZY_PANELS.min(panels),
     };
-    let mut lazy_b = vec![T::ZERO; slots * KC.min(k) * NR];
+    let mut lazy_b = PackBuffer::zeroed(slots * KC.min(k) * NR);
     let mut p0 = 0;
     while p0 < k {
         let kc = KC.min(k - p0);
-        let pa = &mut packed_a[..(tiles - full_tiles) * kc * MR];
+        let pa = &mut packed_a.as_mut_slice()[..(tiles - full_tiles) * kc * MR];
         let packed_rows = rows - full_tiles * MR;
         if packed_rows > 0 {
             pack_a_block::<T, MR>(a, i0 + full_tiles * MR, packed_rows, p0, kc, pa);
@@ -535,7 +535,7 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
         for jp in 0..panels {
             let j0 = jp * NR;
             let nr = NR.min(n - j0);
-            let sb = b_strip::<T, NR>(b, (jp, nr), (p0, kc, k), (&mut lazy_b, slots));
+            let sb = b_strip::<T, NR>(b, (jp, nr), (p0, kc, k), (lazy_b.as_mut_slice(), slots));
             for tile in 0..tiles {
                 let r0 = tile * MR;
                 let mr = MR.min(rows - r0);
@@ -643,14 +643,14 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     }
     let in_place = in_place(true);
     let packed_b = if in_place {
-        Vec::new()
+        PackBuffer::zeroed(0)
     } else {
         pack_b_whole::<T, NR>(b, parallel)
     };
     let source = if in_place {
         BSource::InPlace(b)
     } else {
-        BSource::Packed(&packed_b)
+        BSource::Packed(packed_b.as_slice())
     };
     let block = |(ib, cb): (usize, &mut [MaybeUninit<T>])| {
         let rows = (ib * mc, cb.len() / n);
@@ -664,9 +664,10 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
 }
 
 /// Every panel of `B`, `[panel][k][NR]`, packed on the rayon threads when `parallel`.
-fn pack_b_whole<T: Real, const NR: usize>(b: &MatRef<'_, T>, parallel: bool) -> Vec<T> {
+fn pack_b_whole<T: Real, const NR: usize>(b: &MatRef<'_, T>, parallel: bool) -> PackBuffer<T> {
     let (k, panels) = (b.rows, b.cols.div_ceil(NR));
-    let mut packed = vec![T::ZERO; panels * k * NR];
+    let mut buffer = PackBuffer::zeroed(panels * k * NR);
+    let packed = buffer.as_mut_slice();
     let group = LAZY_PANELS * k * NR;
     let pack = |(g, out): (usize, &mut [T])| {
         pack_b_group::<T, NR>(b, (0, g * LAZY_PANELS), k, out);
@@ -676,7 +677,7 @@ fn pack_b_whole<T: Real, const NR: usize>(b: &MatRef<'_, T>, parallel: bool) -> 
     } else {
         packed.chunks_mut(group).enumerate().for_each(pack);
     }
-    packed
+    buffer
 }
 
 #[cfg(test)]

@@ -280,3 +280,32 @@ fn pack_a_by_columns<T: Real, const MR: usize>(
         }
     }
 }
+
+/// A zeroed packing buffer whose values start on a cache line (64 bytes), as the tiles'
+/// 64-byte loads of packed `B` then never span two lines.
+pub(crate) struct PackBuffer<T> {
+    buf: Vec<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<T: Real> PackBuffer<T> {
+    /// `len` zeros.
+    pub(crate) fn zeroed(len: usize) -> Self {
+        let spare = 64 / std::mem::size_of::<T>();
+        let buf = vec![T::ZERO; len + spare];
+        // `align_offset` may answer `usize::MAX` (never for these types); then unaligned.
+        let start = buf.as_ptr().align_offset(64).min(spare);
+        PackBuffer { buf, start, len }
+    }
+
+    /// The values.
+    pub(crate) fn as_slice(&self) -> &[T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+
+    /// The values, to pack into.
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
