@@ -777,6 +777,89 @@ mod tests {
         }
     }
 
+    /// A view of `data` with explicit strides (the operand sources depend on them).
+    fn view(
+        data: &[f32],
+        (rows, cols): (usize, usize),
+        (rs, cs): (usize, usize),
+    ) -> MatRef<'_, f32> {
+        MatRef::new(data, rows, cols, rs, cs).unwrap()
+    }
+
+    /// Every operand source, on one thread and on several, every kernel variant: `B` by rows
+    /// at a 4 KiB stride (packed in groups just before use, packed whole, read in place when
+    /// read once), at a 2080-byte stride (in place) with a partial panel; `A` by rows (in
+    /// place by the AVX-512 tile, a partial tile packed), by columns at 4 KiB (packed) and
+    /// at 2080 bytes (in place): the naive loop's bits.
+    #[test]
+    fn every_operand_source_equals_the_naive_loop() {
+        let data_a = random(21, 1024 * 310);
+        let data_b = random(22, 1024 * 310);
+        let mut cases = Vec::new();
+        for (k, n, b_rs) in [
+            (300, 40, 1024),
+            (64, 40, 1024),
+            (300, 45, 520),
+            (70, 32, 520),
+        ] {
+            let b = view(&data_b, (k, n), (b_rs, 1));
+            for m in [8, 13, 104] {
+                cases.push((view(&data_a, (m, k), (k + 3, 1)), b));
+                cases.push((view(&data_a, (m, k), (1, 1024)), b));
+                cases.push((view(&data_a, (m, k), (1, 520)), b));
+            }
+        }
+        for (a, b) in cases {
+            let want = bits(&matmul_reference(a, b).unwrap());
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Portable] {
+                    if !isa.is_supported() {
+                        continue;
+                    }
+                    let mut c = vec![f32::NAN; a.rows * b.cols];
+                    pool.install(|| gemm_with(isa, a, b, &mut c)).unwrap();
+                    assert_eq!(bits(&c), want, "{isa:?} {threads}T a {a:?} b {b:?}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Random shapes, layouts and row paddings: [`product`] (unzeroed output) and
+        /// [`gemm`] give the naive loop's bits.
+        #[test]
+        fn random_views_equal_the_naive_loop(
+            (m, k, n) in (1usize..40, 1usize..300, 1usize..80),
+            (pad_a, pad_b) in (0usize..40, 0usize..40),
+            (a_by_cols, b_by_cols) in (proptest::bool::ANY, proptest::bool::ANY),
+            seed in 0u64..1000,
+        ) {
+            let data_a = random(seed, (m + pad_a) * (k + pad_a));
+            let data_b = random(seed + 1, (k + pad_b) * (n + pad_b));
+            let a = if a_by_cols {
+                view(&data_a, (m, k), (1, m + pad_a))
+            } else {
+                view(&data_a, (m, k), (k + pad_a, 1))
+            };
+            let b = if b_by_cols {
+                view(&data_b, (k, n), (1, k + pad_b))
+            } else {
+                view(&data_b, (k, n), (n + pad_b, 1))
+            };
+            let want = bits(&matmul_reference(a, b).unwrap());
+            let c = product(a, b).unwrap();
+            proptest::prop_assert_eq!(bits(c.as_slice()), want.clone());
+            let mut c = vec![f32::NAN; m * n];
+            gemm(a, b, &mut c).unwrap();
+            proptest::prop_assert_eq!(bits(&c), want);
+        }
+    }
+
     #[test]
     fn one_thread_and_many_threads_agree() {
         let (m, k, n) = (203, 611, 97);

@@ -309,3 +309,101 @@ impl<T: Real> PackBuffer<T> {
         &mut self.buf[self.start..self.start + self.len]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(len: usize) -> Vec<f32> {
+        (0..len).map(|x| x as f32 * 0.5 - 7.0).collect()
+    }
+
+    #[test]
+    fn in_place_reads_follow_the_cache_and_page_rules() {
+        // 2 KiB rows: 64 rows before the L2 sets repeat, 4 rows a set at kc = 256.
+        assert!(reads_in_place(2048, 256, true));
+        // 4 KiB rows: 8 rows a set at kc = 256, 2 at kc = 64; every step a new page.
+        assert!(!reads_in_place(4096, 256, false));
+        assert!(reads_in_place(4096, 64, false));
+        assert!(!reads_in_place(4096, 64, true));
+        // 1025 values a row: the sets spread (no conflict); still a page a step.
+        assert!(reads_in_place(1025 * 4, 256, false));
+        assert!(!reads_in_place(1025 * 4, 256, true));
+        assert!(reads_in_place(1000 * 4, 256, true));
+        assert!(reads_in_place(256, 256, true));
+    }
+
+    #[test]
+    fn lanes_of_contiguous_and_strided_strips() {
+        let data = values(64);
+        let rows = Strip::rows(&data[3..], 10);
+        assert_eq!(rows.lanes::<4>(2), [data[23], data[24], data[25], data[26]]);
+        let strided = Strip {
+            data: &data[1..],
+            step: 1,
+            lane: 9,
+        };
+        assert_eq!(strided.lanes::<3>(4), [data[5], data[14], data[23]]);
+    }
+
+    /// Row-major `B` packed a row at a time, in groups with a partial last panel, is what
+    /// [`pack_b_panel`] makes panel by panel; so for `B` stored by columns.
+    #[test]
+    fn group_packing_equals_panel_packing() {
+        const NR: usize = 8;
+        let (k, cols, rs) = (37, 29, 33);
+        let data = values(k * rs);
+        let by_rows = MatRef::new(&data, k, cols, rs, 1).unwrap();
+        let by_cols = MatRef::new(&data, k, cols, 1, rs).unwrap();
+        for b in [by_rows, by_cols] {
+            for (p0, kc, jp0, count) in [(0, k, 0, 4), (5, 20, 1, 3), (3, 9, 2, 2), (0, 1, 3, 1)] {
+                let mut group = vec![f32::NAN; count * kc * NR];
+                pack_b_group::<f32, NR>(&b, (p0, jp0), kc, &mut group);
+                for (i, piece) in group.chunks_exact(kc * NR).enumerate() {
+                    let mut want = vec![f32::NAN; kc * NR];
+                    pack_b_panel::<f32, NR>(&b, (p0, (jp0 + i) * NR), &mut want);
+                    assert_eq!(piece, &want[..], "p0 {p0} kc {kc} panel {}", jp0 + i);
+                }
+            }
+        }
+    }
+
+    /// `A` stored by columns packs, in steps of [`A_STEPS`] and with partial tiles, to
+    /// `[tile][kc][MR]` holding `A(i, p)`, zeros past the last row.
+    #[test]
+    fn column_packing_of_a_holds_every_element() {
+        const MR: usize = 8;
+        let (rows_total, k, cs) = (45, 40, 47);
+        let data = values(k * cs);
+        let a = MatRef::new(&data, rows_total, k, 1, cs).unwrap();
+        for (i0, rows, p0, kc) in [
+            (0usize, 45usize, 0usize, 40usize),
+            (3, 21, 7, 33),
+            (8, 8, 0, 17),
+            (40, 5, 39, 1),
+        ] {
+            let tiles = rows.div_ceil(MR);
+            let mut out = vec![f32::NAN; tiles * kc * MR];
+            pack_a_block::<f32, MR>(&a, i0, rows, p0, kc, &mut out);
+            for tile in 0..tiles {
+                for p in 0..kc {
+                    for r in 0..MR {
+                        let i = tile * MR + r;
+                        let want = if i < rows { a.at(i0 + i, p0 + p) } else { 0.0 };
+                        assert_eq!(out[(tile * kc + p) * MR + r], want, "{i0} {rows} {p0} {kc}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pack_buffers_start_on_a_cache_line() {
+        for len in [0, 1, 31, 4096] {
+            let mut buffer = PackBuffer::<f32>::zeroed(len);
+            assert_eq!(buffer.as_slice().len(), len);
+            assert!(buffer.as_mut_slice().iter().all(|&x| x == 0.0));
+            assert_eq!(buffer.as_slice().as_ptr() as usize % 64, 0);
+        }
+    }
+}
