@@ -14,8 +14,15 @@
 //!   without target features (where `mul_add` is the correctly rounded software `fma`), chosen
 //!   at run time by [`Isa::detect`]; tile sizes differ per variant, the bits do not;
 //! - the AVX-512 f32 variant runs its tiles through an intrinsic 8 x 32 kernel (a partial tile
-//!   in a full-size copy whose padding is never stored), and a product of a single row block
-//!   packs `B` a cache block at a time just before use instead of whole beforehand.
+//!   in a full-size copy whose padding is never stored);
+//! - operands are packed or read where they lie (`matmul_pack.rs`): a row-major `B` in place
+//!   unless its stride crowds the L2 sets or (when reused) puts every step on its own page,
+//!   else packed a row at a time, in groups of panels just before use for a single row block
+//!   or whole beforehand; `A` stored by columns in place under the same rule, else packed;
+//!   row-major `A` in place for the AVX-512 tile (each lane broadcast from its own row);
+//!   reading in place or packing only moves values, never an fma;
+//! - [`product`] hands the kernels an unzeroed output: the first reduction block stores every
+//!   element before any block reads one.
 
 use std::mem::MaybeUninit;
 use std::sync::OnceLock;
@@ -476,9 +483,10 @@ fn b_strip<'s, T: Real, const NR: usize>(
     }
 }
 
-/// Whether the full tiles read `A` where it lies: stored by columns at a stride that keeps a
-/// tile's `kc` steps in L2, or stored by rows, `MR` rows read in step, where a full-tile
-/// kernel (`intrinsic`) loads each lane by itself anyway.
+/// Whether the full tiles read `A` where it lies: stored by columns when [`reads_in_place`]
+/// allows its stride (a tile serves every panel: reused), or stored by rows where a full-tile
+/// kernel (`intrinsic`) broadcasts each lane by itself anyway (the tile's `MR` rows stay in
+/// L1).
 fn reads_a_in_place<T: Real>(a: &MatRef<'_, T>, kc: usize, intrinsic: bool) -> bool {
     if a.rs == 1 {
         reads_in_place(a.cs * std::mem::size_of::<T>(), kc, true)
