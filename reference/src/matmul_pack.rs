@@ -48,8 +48,8 @@ impl<'s, T: Real> Strip<'s, T> {
 pub(crate) enum BSource<'s, T> {
     /// Every panel packed beforehand, `[panel][k][NR]` (shared by the row blocks).
     Packed(&'s [T]),
-    /// Packed a `KC` piece at a time just before its tiles use it, while it is in cache (a
-    /// single row block: each piece serves only it).
+    /// Packed a `KC` piece at a time just before its tiles use it, while it is in cache, a
+    /// group of panels together (a single row block: each piece serves only it).
     Lazy(&'s MatRef<'s, T>),
     /// `B` stored by rows, read where it lies (see [`reads_in_place`]); only a last, partial
     /// panel is packed as [`BSource::Lazy`] does.
