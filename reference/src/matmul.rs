@@ -14,9 +14,17 @@
 //!   without target features (where `mul_add` is the correctly rounded software `fma`), chosen
 //!   at run time by [`Isa::detect`]; tile sizes differ per variant, the bits do not;
 //! - the AVX-512 f32 variant runs its tiles through an intrinsic 8 x 32 kernel (a partial tile
-//!   in a full-size copy whose padding is never stored), and a product of a single row block
-//!   packs `B` a cache block at a time just before use instead of whole beforehand.
+//!   in a full-size copy whose padding is never stored);
+//! - operands are packed or read where they lie (`matmul_pack.rs`): a row-major `B` in place
+//!   unless its stride crowds the L2 sets or (when reused) puts every step on its own page,
+//!   else packed a row at a time, in groups of panels just before use for a single row block
+//!   or whole beforehand; `A` stored by columns in place under the same rule, else packed;
+//!   row-major `A` in place for the AVX-512 tile (each lane broadcast from its own row);
+//!   reading in place or packing only moves values, never an fma;
+//! - [`product`] hands the kernels an unzeroed output: the first reduction block stores every
+//!   element before any block reads one.
 
+use std::mem::MaybeUninit;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 
@@ -25,6 +33,12 @@ use rayon::prelude::*;
 use crate::error::{RefError, RefResult};
 use crate::real::Real;
 use crate::tensor::Tensor;
+
+#[path = "matmul_pack.rs"]
+mod pack;
+
+pub(crate) use pack::Strip;
+use pack::{BSource, PackBuffer, pack_a_block, pack_b_group, reads_in_place};
 
 /// Reduction-dimension cache block.
 pub const KC: usize = 256;
@@ -239,6 +253,17 @@ pub fn gemm_with<T: Real>(
     b: MatRef<'_, T>,
     c: &mut [T],
 ) -> RefResult<()> {
+    gemm_into(isa, a, b, as_slots(c))
+}
+
+/// [`gemm_with`] into slots that need not be initialized: on success every one of them
+/// holds its output (on error none was written).
+fn gemm_into<T: Real>(
+    isa: Isa,
+    a: MatRef<'_, T>,
+    b: MatRef<'_, T>,
+    c: &mut [MaybeUninit<T>],
+) -> RefResult<()> {
     check_inner(&a, &b)?;
     if c.len() != a.rows * b.cols {
         return Err(RefError::shape(
@@ -286,157 +311,63 @@ pub fn matmul_tn<T: Real>(a: &Tensor<T>, b: &Tensor<T>) -> RefResult<Tensor<T>> 
     product(a, b)
 }
 
-/// `A·B` of two views into a new `[A.rows, B.cols]` tensor.
+/// `A·B` of two views into a new `[A.rows, B.cols]` tensor (its buffer is not zeroed
+/// first: the product writes every element).
 pub fn product<T: Real>(a: MatRef<'_, T>, b: MatRef<'_, T>) -> RefResult<Tensor<T>> {
-    let mut c = vec![T::ZERO; a.rows * b.cols];
-    gemm(a, b, &mut c)?;
+    let len = a.rows * b.cols;
+    let mut c = Vec::with_capacity(len);
+    gemm_into(Isa::active(), a, b, &mut c.spare_capacity_mut()[..len])?;
+    // SAFETY: `gemm_into` succeeded, so it wrote all `len` elements.
+    unsafe { c.set_len(len) };
     Tensor::from_vec(&[a.rows, b.cols], c)
 }
 
-/// Pack columns `[j0, j0+NR)` of `B`, rows from `p0` on (as many as `out` holds), as
-/// `[rows][NR]`, zero-padded. Row-major
-/// `B` copies row pieces; `B` stored by columns (`x·Wᵀ`) is transposed from `NR` column
-/// slices. Packing only moves values, so the layout never changes a result. Out of line and
-/// without the kernels' instruction sets: compiled into them, the transpose became scatter
-/// stores, several times slower than scalar ones on AMD cores.
-#[inline(never)]
-fn pack_b_panel<T: Real, const NR: usize>(
-    b: &MatRef<'_, T>,
-    (p0, j0): (usize, usize),
-    out: &mut [T],
-) {
-    let nr = NR.min(b.cols - j0);
-    if b.cs == 1 && nr == NR {
-        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
-            let start = (p0 + p) * b.rs + j0;
-            let src: &[T; NR] = b.data[start..start + NR].try_into().expect("NR elements");
-            let row: &mut [T; NR] = row.try_into().expect("chunks_exact yields NR elements");
-            *row = *src;
-        }
-    } else if b.cs == 1 {
-        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
-            let start = (p0 + p) * b.rs + j0;
-            row[..nr].copy_from_slice(&b.data[start..start + nr]);
-            row[nr..].fill(T::ZERO);
-        }
-    } else if b.rs == 1 {
-        // A transpose, in steps of one cache line of each column: every line read is used
-        // whole while the rows it fills are still in cache.
-        const STEP: usize = 16;
-        for (step, rows) in out.chunks_mut(STEP * NR).enumerate() {
-            let first_row = p0 + step * STEP;
-            for q in 0..NR {
-                if q < nr {
-                    let start = (j0 + q) * b.cs + first_row;
-                    let column = &b.data[start..start + rows.len() / NR];
-                    for (row, &x) in rows.chunks_exact_mut(NR).zip(column) {
-                        row[q] = x;
-                    }
-                } else {
-                    for row in rows.chunks_exact_mut(NR) {
-                        row[q] = T::ZERO;
-                    }
-                }
-            }
-        }
-    } else {
-        for (p, row) in out.chunks_exact_mut(NR).enumerate() {
-            for (q, x) in row.iter_mut().enumerate() {
-                *x = if q < nr {
-                    b.at(p0 + p, j0 + q)
-                } else {
-                    T::ZERO
-                };
-            }
-        }
-    }
+/// `c` as slots that may be uninitialized: the GEMM writes only initialized values into
+/// them, so an initialized `c` stays so.
+fn as_slots<T>(c: &mut [T]) -> &mut [MaybeUninit<T>] {
+    // SAFETY: `MaybeUninit<T>` has `T`'s size and alignment; every write through the result
+    // stores an initialized `T` (see the functions below), so `c` never loses its values.
+    unsafe { &mut *(c as *mut [T] as *mut [MaybeUninit<T>]) }
 }
 
-/// Pack rows `[i0, i0+rows)`, reduction range `[p0, p0+kc)` of `A` as `[tile][kc][MR]`,
-/// zero-padded. `A` stored by columns (`dyᵀ·x`) copies column pieces; row-major `A` copies
-/// each row into its lane. Out of line, as [`pack_b_panel`].
-#[inline(never)]
-fn pack_a_block<T: Real, const MR: usize>(
-    a: &MatRef<'_, T>,
-    i0: usize,
-    rows: usize,
-    p0: usize,
-    kc: usize,
-    out: &mut [T],
-) {
-    if a.rs == 1 {
-        // Stored by columns: each step's rows are contiguous, read once and dealt to the
-        // tiles (a tile at a time would read short pieces a whole column apart).
-        let tiles = out.len() / (kc * MR);
-        for p in 0..kc {
-            let start = (p0 + p) * a.cs + i0;
-            let src = &a.data[start..start + rows];
-            for tile in 0..tiles {
-                let col = &mut out[(tile * kc + p) * MR..(tile * kc + p + 1) * MR];
-                let piece = &src[tile * MR..(tile * MR + MR).min(rows)];
-                if let (Ok(col), Ok(piece)) = (
-                    <&mut [T; MR]>::try_from(&mut *col),
-                    <&[T; MR]>::try_from(piece),
-                ) {
-                    *col = *piece;
-                } else {
-                    col[..piece.len()].copy_from_slice(piece);
-                    col[piece.len()..].fill(T::ZERO);
-                }
-            }
-        }
-        return;
-    }
-    for (tile, chunk) in out.chunks_exact_mut(kc * MR).enumerate() {
-        let r0 = i0 + tile * MR;
-        let mr = MR.min(i0 + rows - r0);
-        if a.cs == 1 && mr == MR {
-            // A transpose: eight loads from eight rows, one contiguous store per step.
-            let rows: [&[T]; MR] = std::array::from_fn(|r| {
-                let start = (r0 + r) * a.rs + p0;
-                &a.data[start..start + kc]
-            });
-            for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
-                let col: &mut [T; MR] = col.try_into().expect("chunks_exact yields MR elements");
-                for r in 0..MR {
-                    col[r] = rows[r][p];
-                }
-            }
-        } else {
-            for (p, col) in chunk.chunks_exact_mut(MR).enumerate() {
-                for (r, x) in col.iter_mut().enumerate() {
-                    *x = if r < mr {
-                        a.at(r0 + r, p0 + p)
-                    } else {
-                        T::ZERO
-                    };
-                }
-            }
-        }
-    }
-}
-
-/// One `MR x NR` tile over `kc` reduction steps; `first` starts from zero, otherwise from `c`.
+/// Row `r` of a tile (`nr` values at `r * ldc`) into `acc`: the value an earlier reduction
+/// block stored.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+fn load_row<T: Real>(c: &[MaybeUninit<T>], start: usize, acc: &mut [T]) {
+    let len = acc.len();
+    for (x, slot) in acc.iter_mut().zip(&c[start..start + len]) {
+        // SAFETY: only read when the tile's first reduction block (`first`) stored it.
+        *x = unsafe { slot.assume_init() };
+    }
+}
+
+/// `values` into the slots from `start` on.
+#[inline(always)]
+fn store_row<T: Real>(c: &mut [MaybeUninit<T>], start: usize, values: &[T]) {
+    for (slot, &x) in c[start..start + values.len()].iter_mut().zip(values) {
+        slot.write(x);
+    }
+}
+
+/// One `MR x NR` tile over `kc` reduction steps, of which the first `mr x nr` are stored;
+/// `first` starts from zero, otherwise from `c`.
+#[inline(always)]
 fn micro_kernel<T: Real, const MR: usize, const NR: usize>(
-    a: &[T],
-    b: &[T],
-    c: &mut [T],
+    (a, b): (Strip<'_, T>, Strip<'_, T>),
+    kc: usize,
+    c: &mut [MaybeUninit<T>],
     ldc: usize,
-    mr: usize,
-    nr: usize,
+    (mr, nr): (usize, usize),
     first: bool,
 ) {
     let mut acc = [[T::ZERO; NR]; MR];
     if !first {
         for (r, row) in acc.iter_mut().enumerate().take(mr) {
-            row[..nr].copy_from_slice(&c[r * ldc..r * ldc + nr]);
+            load_row(c, r * ldc, &mut row[..nr]);
         }
     }
-    for (ap, bp) in a.chunks_exact(MR).zip(b.chunks_exact(NR)) {
-        let ap: &[T; MR] = ap.try_into().expect("chunks_exact yields MR elements");
-        let bp: &[T; NR] = bp.try_into().expect("chunks_exact yields NR elements");
+    for p in 0..kc {
+        let (ap, bp) = (a.lanes::<MR>(p), b.lanes::<NR>(p));
         for r in 0..MR {
             let av = ap[r];
             for q in 0..NR {
@@ -445,14 +376,15 @@ fn micro_kernel<T: Real, const MR: usize, const NR: usize>(
         }
     }
     for (r, row) in acc.iter().enumerate().take(mr) {
-        c[r * ldc..r * ldc + nr].copy_from_slice(&row[..nr]);
+        store_row(c, r * ldc, &row[..nr]);
     }
 }
 
-/// A kernel for a full `MR x NR` tile of one type and instruction set: packed `a`, packed
-/// `b`, `c` with its row stride, and whether the chain starts from zero ([`micro_kernel`]'s
-/// arguments, less the tile's size). Unsafe: it needs its instruction set.
-type FullTile<T> = unsafe fn(&[T], &[T], &mut [T], usize, bool);
+/// A kernel for a full `MR x NR` tile of one type and instruction set: `a` and `b` over
+/// `kc` steps, `c` with its row stride, and whether the chain starts from zero
+/// ([`micro_kernel`]'s arguments, less the tile's size). Unsafe: it needs its instruction
+/// set.
+type FullTile<T> = unsafe fn(Strip<'_, T>, Strip<'_, T>, usize, &mut [MaybeUninit<T>], usize, bool);
 
 /// [`crate::matmul_avx512::full_tile_f32`] for `T`, `MR`, `NR`, when they are its (f32,
 /// 8 x 32).
@@ -470,28 +402,25 @@ fn avx512_full_tile<T: Real, const MR: usize, const NR: usize>() -> Option<FullT
 /// The CPU must support AVX-512F. Panics unless `T` has 4 bytes: [`Real`] is sealed to
 /// `f32` and `f64`, so `T` is then `f32` and the casts below reinterpret nothing.
 #[cfg(target_arch = "x86_64")]
-unsafe fn full_tile_f32_as<T: Real>(a: &[T], b: &[T], c: &mut [T], ldc: usize, first: bool) {
+unsafe fn full_tile_f32_as<T: Real>(
+    a: Strip<'_, T>,
+    b: Strip<'_, T>,
+    kc: usize,
+    c: &mut [MaybeUninit<T>],
+    ldc: usize,
+    first: bool,
+) {
     assert_eq!(std::mem::size_of::<T>(), 4, "the f32 tile on another type");
-    // SAFETY: `T` is f32 (see above): same size, alignment and bits; lengths are kept.
-    let (a, b, c) = unsafe {
-        (
-            std::slice::from_raw_parts(a.as_ptr().cast::<f32>(), a.len()),
-            std::slice::from_raw_parts(b.as_ptr().cast::<f32>(), b.len()),
-            std::slice::from_raw_parts_mut(c.as_mut_ptr().cast::<f32>(), c.len()),
-        )
+    let cast = |s: Strip<'_, T>| Strip {
+        // SAFETY: `T` is f32 (see above): same size, alignment and bits; lengths are kept.
+        data: unsafe { std::slice::from_raw_parts(s.data.as_ptr().cast::<f32>(), s.data.len()) },
+        step: s.step,
+        lane: s.lane,
     };
+    // SAFETY: as above.
+    let c = unsafe { std::slice::from_raw_parts_mut(c.as_mut_ptr().cast(), c.len()) };
     // SAFETY: the caller guarantees AVX-512F.
-    unsafe { crate::matmul_avx512::full_tile_f32(a, b, c, ldc, first) }
-}
-
-/// Where a row block finds `B`'s packed panels.
-#[derive(Clone, Copy)]
-enum BPanels<'s, T> {
-    /// Every panel packed beforehand, `[panel][k][NR]` (shared by the row blocks).
-    Packed(&'s [T]),
-    /// Packed a `KC` piece at a time just before its tiles use it, while it is in cache (a
-    /// single row block: each piece serves only it).
-    Lazy(&'s MatRef<'s, T>),
+    unsafe { crate::matmul_avx512::full_tile_f32(cast(a), cast(b), kc, c, ldc, first) }
 }
 
 /// The first `mr x nr` of a tile by a full-tile kernel: directly in `c` when the tile is
@@ -500,27 +429,78 @@ enum BPanels<'s, T> {
 #[inline(always)]
 fn partial_tile<T: Real, const MR: usize, const NR: usize>(
     tile: FullTile<T>,
-    (a, b): (&[T], &[T]),
-    c: &mut [T],
+    (a, b): (Strip<'_, T>, Strip<'_, T>),
+    kc: usize,
+    c: &mut [MaybeUninit<T>],
     ldc: usize,
     (mr, nr): (usize, usize),
     first: bool,
 ) {
     if mr == MR && nr == NR {
         // SAFETY: `tile` is only given where its instruction set was found.
-        unsafe { tile(a, b, c, ldc, first) };
+        unsafe { tile(a, b, kc, c, ldc, first) };
         return;
     }
     let mut tmp = [[T::ZERO; NR]; MR];
     if !first {
         for (r, row) in tmp.iter_mut().enumerate().take(mr) {
-            row[..nr].copy_from_slice(&c[r * ldc..r * ldc + nr]);
+            load_row(c, r * ldc, &mut row[..nr]);
         }
     }
     // SAFETY: as above.
-    unsafe { tile(a, b, tmp.as_flattened_mut(), NR, first) };
+    unsafe { tile(a, b, kc, as_slots(tmp.as_flattened_mut()), NR, first) };
     for (r, row) in tmp.iter().enumerate().take(mr) {
-        c[r * ldc..r * ldc + nr].copy_from_slice(&row[..nr]);
+        store_row(c, r * ldc, &row[..nr]);
+    }
+}
+
+/// Panels packed together just before use ([`BSource::Lazy`]): a row-major `B` is then read
+/// `LAZY_PANELS * NR` values a row ([`pack_b_group`]), and the group stays in the L2 cache.
+const LAZY_PANELS: usize = 8;
+
+/// Panel `jp` of `B` for reduction steps `[p0, p0 + kc)`: packed beforehand, read in place,
+/// or packed now (with the rest of its group when it is the group's first) into `lazy`,
+/// which holds `slots` pieces.
+#[inline(always)]
+fn b_strip<'s, T: Real, const NR: usize>(
+    b: BSource<'s, T>,
+    (jp, nr): (usize, usize),
+    (p0, kc, k): (usize, usize, usize),
+    (lazy, slots): (&'s mut [T], usize),
+) -> Strip<'s, T> {
+    let piece = kc * NR;
+    match b {
+        BSource::Packed(all) => Strip::rows(&all[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR], NR),
+        BSource::InPlace(b) if nr == NR => Strip::rows(&b.data[p0 * b.rs + jp * NR..], b.rs),
+        BSource::InPlace(b) | BSource::Lazy(b) => {
+            let slot = jp % slots;
+            if slot == 0 {
+                let count = slots.min(b.cols.div_ceil(NR) - jp);
+                pack_b_group::<T, NR>(b, (p0, jp), kc, &mut lazy[..count * piece]);
+            }
+            Strip::rows(&lazy[slot * piece..(slot + 1) * piece], NR)
+        }
+    }
+}
+
+/// Whether the full tiles read `A` where it lies: stored by columns when [`reads_in_place`]
+/// allows its stride (a tile serves every panel: reused), or stored by rows where a full-tile
+/// kernel (`intrinsic`) broadcasts each lane by itself anyway (the tile's `MR` rows stay in
+/// L1).
+fn reads_a_in_place<T: Real>(a: &MatRef<'_, T>, kc: usize, intrinsic: bool) -> bool {
+    if a.rs == 1 {
+        reads_in_place(a.cs * std::mem::size_of::<T>(), kc, true)
+    } else {
+        a.cs == 1 && intrinsic
+    }
+}
+
+/// The full tile of `A` whose first element is `(i, p)`, read in place.
+fn a_in_place<'s, T: Real>(a: &MatRef<'s, T>, (i, p): (usize, usize)) -> Strip<'s, T> {
+    Strip {
+        data: &a.data[i * a.rs + p * a.cs..],
+        step: a.cs,
+        lane: a.rs,
     }
 }
 
@@ -528,48 +508,56 @@ fn partial_tile<T: Real, const MR: usize, const NR: usize>(
 /// `full_tile` when there is one (its instruction set checked by the caller), partial ones
 /// through [`partial_tile`].
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn row_block<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
     (i0, rows): (usize, usize),
-    b: BPanels<'_, T>,
-    c: &mut [T],
-    n: usize,
-    k: usize,
+    b: BSource<'_, T>,
+    c: &mut [MaybeUninit<T>],
+    (n, k): (usize, usize),
     full_tile: Option<FullTile<T>>,
 ) {
     let tiles = rows.div_ceil(MR);
     let panels = n.div_ceil(NR);
-    let mut packed_a = vec![T::ZERO; tiles * KC.min(k) * MR];
-    let mut lazy_b = match b {
-        BPanels::Packed(_) => Vec::new(),
-        BPanels::Lazy(_) => vec![T::ZERO; KC.min(k) * NR],
+    // `A` stored by columns at a stride that keeps a tile's steps in L2: its full tiles are
+    // read in place, only a last, partial one is packed.
+    let full_tiles = if reads_a_in_place(a, KC.min(k), full_tile.is_some()) {
+        rows / MR
+    } else {
+        0
     };
+    let mut packed_a = PackBuffer::zeroed((tiles - full_tiles) * KC.min(k) * MR);
+    let slots = match b {
+        BSource::Packed(_) => 0,
+        BSource::InPlace(_) => usize::from(n % NR != 0),
+        BSource::Lazy(_) => LAZY_PANELS.min(panels),
+    };
+    let mut lazy_b = PackBuffer::zeroed(slots * KC.min(k) * NR);
     let mut p0 = 0;
     while p0 < k {
         let kc = KC.min(k - p0);
-        let pa = &mut packed_a[..tiles * kc * MR];
-        pack_a_block::<T, MR>(a, i0, rows, p0, kc, pa);
+        let pa = &mut packed_a.as_mut_slice()[..(tiles - full_tiles) * kc * MR];
+        let packed_rows = rows - full_tiles * MR;
+        if packed_rows > 0 {
+            pack_a_block::<T, MR>(a, i0 + full_tiles * MR, packed_rows, p0, kc, pa);
+        }
         for jp in 0..panels {
             let j0 = jp * NR;
             let nr = NR.min(n - j0);
-            let pb = match b {
-                BPanels::Packed(all) => &all[(jp * k + p0) * NR..(jp * k + p0 + kc) * NR],
-                BPanels::Lazy(b) => {
-                    let piece = &mut lazy_b[..kc * NR];
-                    pack_b_panel::<T, NR>(b, (p0, j0), piece);
-                    &*piece
-                }
-            };
-            for (tile, ta) in pa.chunks_exact(kc * MR).enumerate() {
+            let sb = b_strip::<T, NR>(b, (jp, nr), (p0, kc, k), (lazy_b.as_mut_slice(), slots));
+            for tile in 0..tiles {
                 let r0 = tile * MR;
                 let mr = MR.min(rows - r0);
                 let ct = &mut c[r0 * n + j0..];
+                let sa = if tile < full_tiles {
+                    a_in_place(a, (i0 + r0, p0))
+                } else {
+                    let at = (tile - full_tiles) * kc * MR;
+                    Strip::rows(&pa[at..at + kc * MR], MR)
+                };
+                let (size, first) = ((mr, nr), p0 == 0);
                 match full_tile {
-                    Some(tile) => {
-                        partial_tile::<T, MR, NR>(tile, (ta, pb), ct, n, (mr, nr), p0 == 0)
-                    }
-                    None => micro_kernel::<T, MR, NR>(ta, pb, ct, n, mr, nr, p0 == 0),
+                    Some(f) => partial_tile::<T, MR, NR>(f, (sa, sb), kc, ct, n, size, first),
+                    None => micro_kernel::<T, MR, NR>((sa, sb), kc, ct, n, size, first),
                 }
             }
         }
@@ -579,69 +567,61 @@ fn row_block<T: Real, const MR: usize, const NR: usize>(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 fn row_block_avx512<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
-    i0: usize,
-    rows: usize,
-    b: BPanels<'_, T>,
-    c: &mut [T],
-    n: usize,
-    k: usize,
+    (i0, rows): (usize, usize),
+    b: BSource<'_, T>,
+    c: &mut [MaybeUninit<T>],
+    (n, k): (usize, usize),
 ) {
     let tile = avx512_full_tile::<T, MR, NR>();
-    row_block::<T, MR, NR>(a, (i0, rows), b, c, n, k, tile)
+    row_block::<T, MR, NR>(a, (i0, rows), b, c, (n, k), tile)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
 fn row_block_avx2<T: Real, const MR: usize, const NR: usize>(
     a: &MatRef<'_, T>,
-    i0: usize,
-    rows: usize,
-    b: BPanels<'_, T>,
-    c: &mut [T],
-    n: usize,
-    k: usize,
+    (i0, rows): (usize, usize),
+    b: BSource<'_, T>,
+    c: &mut [MaybeUninit<T>],
+    (n, k): (usize, usize),
 ) {
-    row_block::<T, MR, NR>(a, (i0, rows), b, c, n, k, None)
+    row_block::<T, MR, NR>(a, (i0, rows), b, c, (n, k), None)
 }
 
-#[allow(clippy::too_many_arguments)]
 fn dispatch_row_block<T: Real, const MR: usize, const NR: usize>(
     isa: Isa,
     a: &MatRef<'_, T>,
-    i0: usize,
-    rows: usize,
-    b: BPanels<'_, T>,
-    c: &mut [T],
-    n: usize,
-    k: usize,
+    block: (usize, usize),
+    b: BSource<'_, T>,
+    c: &mut [MaybeUninit<T>],
+    nk: (usize, usize),
 ) {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `gemm_with` only passes variants whose CPU features `Isa::is_supported` found.
-        Isa::Avx512 => unsafe { row_block_avx512::<T, MR, NR>(a, i0, rows, b, c, n, k) },
+        Isa::Avx512 => unsafe { row_block_avx512::<T, MR, NR>(a, block, b, c, nk) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Isa::Avx2Fma => unsafe { row_block_avx2::<T, MR, NR>(a, i0, rows, b, c, n, k) },
-        _ => row_block::<T, MR, NR>(a, (i0, rows), b, c, n, k, None),
+        Isa::Avx2Fma => unsafe { row_block_avx2::<T, MR, NR>(a, block, b, c, nk) },
+        _ => row_block::<T, MR, NR>(a, block, b, c, nk, None),
     }
 }
 
+/// `C = A·B` into the slots `c` (`m x n`), every one written.
 fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     isa: Isa,
     a: &MatRef<'_, T>,
     b: &MatRef<'_, T>,
-    c: &mut [T],
+    c: &mut [MaybeUninit<T>],
 ) {
     let (m, k, n) = (a.rows, a.cols, b.cols);
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        c.fill(T::ZERO);
+        c.fill(MaybeUninit::new(T::ZERO));
         return;
     }
     let work = m * n * k;
@@ -658,28 +638,54 @@ fn gemm_tiled<T: Real, const MR: usize, const NR: usize>(
     } else {
         mc_cap
     };
+    let b_row_bytes = b.rs * std::mem::size_of::<T>();
+    let in_place = |reused| b.cs == 1 && reads_in_place(b_row_bytes, KC.min(k), reused);
     if m <= mc {
-        let lazy = BPanels::Lazy(b);
-        dispatch_row_block::<T, MR, NR>(isa, a, 0, m, lazy, c, n, k);
+        let source = if in_place(false) {
+            BSource::InPlace(b)
+        } else {
+            BSource::Lazy(b)
+        };
+        dispatch_row_block::<T, MR, NR>(isa, a, (0, m), source, c, (n, k));
         return;
     }
-    let panels = n.div_ceil(NR);
-    let mut packed_b = vec![T::ZERO; panels * k * NR];
-    let pack = |(jp, panel): (usize, &mut [T])| pack_b_panel::<T, NR>(b, (0, jp * NR), panel);
-    if parallel {
-        packed_b.par_chunks_mut(k * NR).enumerate().for_each(pack);
+    let in_place = in_place(true);
+    let packed_b = if in_place {
+        PackBuffer::zeroed(0)
     } else {
-        packed_b.chunks_mut(k * NR).enumerate().for_each(pack);
-    }
-    let packed = BPanels::Packed(&packed_b);
-    let block = |(ib, cb): (usize, &mut [T])| {
-        dispatch_row_block::<T, MR, NR>(isa, a, ib * mc, cb.len() / n, packed, cb, n, k)
+        pack_b_whole::<T, NR>(b, parallel)
+    };
+    let source = if in_place {
+        BSource::InPlace(b)
+    } else {
+        BSource::Packed(packed_b.as_slice())
+    };
+    let block = |(ib, cb): (usize, &mut [MaybeUninit<T>])| {
+        let rows = (ib * mc, cb.len() / n);
+        dispatch_row_block::<T, MR, NR>(isa, a, rows, source, cb, (n, k))
     };
     if parallel {
         c.par_chunks_mut(mc * n).enumerate().for_each(block);
     } else {
         c.chunks_mut(mc * n).enumerate().for_each(block);
     }
+}
+
+/// Every panel of `B`, `[panel][k][NR]`, packed on the rayon threads when `parallel`.
+fn pack_b_whole<T: Real, const NR: usize>(b: &MatRef<'_, T>, parallel: bool) -> PackBuffer<T> {
+    let (k, panels) = (b.rows, b.cols.div_ceil(NR));
+    let mut buffer = PackBuffer::zeroed(panels * k * NR);
+    let packed = buffer.as_mut_slice();
+    let group = LAZY_PANELS * k * NR;
+    let pack = |(g, out): (usize, &mut [T])| {
+        pack_b_group::<T, NR>(b, (0, g * LAZY_PANELS), k, out);
+    };
+    if parallel {
+        packed.par_chunks_mut(group).enumerate().for_each(pack);
+    } else {
+        packed.chunks_mut(group).enumerate().for_each(pack);
+    }
+    buffer
 }
 
 #[cfg(test)]
@@ -776,6 +782,89 @@ mod tests {
                     assert_eq!(bits(&c), want, "{isa:?} layout {layout} {m}x{k}x{n}");
                 }
             }
+        }
+    }
+
+    /// A view of `data` with explicit strides (the operand sources depend on them).
+    fn view(
+        data: &[f32],
+        (rows, cols): (usize, usize),
+        (rs, cs): (usize, usize),
+    ) -> MatRef<'_, f32> {
+        MatRef::new(data, rows, cols, rs, cs).unwrap()
+    }
+
+    /// Every operand source, on one thread and on several, every kernel variant: `B` by rows
+    /// at a 4 KiB stride (packed in groups just before use, packed whole, read in place when
+    /// read once), at a 2080-byte stride (in place) with a partial panel; `A` by rows (in
+    /// place by the AVX-512 tile, a partial tile packed), by columns at 4 KiB (packed) and
+    /// at 2080 bytes (in place): the naive loop's bits.
+    #[test]
+    fn every_operand_source_equals_the_naive_loop() {
+        let data_a = random(21, 1024 * 310);
+        let data_b = random(22, 1024 * 310);
+        let mut cases = Vec::new();
+        for (k, n, b_rs) in [
+            (300, 40, 1024),
+            (64, 40, 1024),
+            (300, 45, 520),
+            (70, 32, 520),
+        ] {
+            let b = view(&data_b, (k, n), (b_rs, 1));
+            for m in [8, 13, 104] {
+                cases.push((view(&data_a, (m, k), (k + 3, 1)), b));
+                cases.push((view(&data_a, (m, k), (1, 1024)), b));
+                cases.push((view(&data_a, (m, k), (1, 520)), b));
+            }
+        }
+        for (a, b) in cases {
+            let want = bits(&matmul_reference(a, b).unwrap());
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                for isa in [Isa::Avx512, Isa::Avx2Fma, Isa::Portable] {
+                    if !isa.is_supported() {
+                        continue;
+                    }
+                    let mut c = vec![f32::NAN; a.rows * b.cols];
+                    pool.install(|| gemm_with(isa, a, b, &mut c)).unwrap();
+                    assert_eq!(bits(&c), want, "{isa:?} {threads}T a {a:?} b {b:?}");
+                }
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+        /// Random shapes, layouts and row paddings: [`product`] (unzeroed output) and
+        /// [`gemm`] give the naive loop's bits.
+        #[test]
+        fn random_views_equal_the_naive_loop(
+            (m, k, n) in (1usize..40, 1usize..300, 1usize..80),
+            (pad_a, pad_b) in (0usize..40, 0usize..40),
+            (a_by_cols, b_by_cols) in (proptest::bool::ANY, proptest::bool::ANY),
+            seed in 0u64..1000,
+        ) {
+            let data_a = random(seed, (m + pad_a) * (k + pad_a));
+            let data_b = random(seed + 1, (k + pad_b) * (n + pad_b));
+            let a = if a_by_cols {
+                view(&data_a, (m, k), (1, m + pad_a))
+            } else {
+                view(&data_a, (m, k), (k + pad_a, 1))
+            };
+            let b = if b_by_cols {
+                view(&data_b, (k, n), (1, k + pad_b))
+            } else {
+                view(&data_b, (k, n), (n + pad_b, 1))
+            };
+            let want = bits(&matmul_reference(a, b).unwrap());
+            let c = product(a, b).unwrap();
+            proptest::prop_assert_eq!(bits(c.as_slice()), want.clone());
+            let mut c = vec![f32::NAN; m * n];
+            gemm(a, b, &mut c).unwrap();
+            proptest::prop_assert_eq!(bits(&c), want);
         }
     }
 
