@@ -50,10 +50,12 @@ use std::collections::HashMap;
 mod cores;
 mod entry;
 mod fork;
+mod instances;
 mod pending;
 mod queue;
 mod statics;
 
+use instances::Instances;
 use pending::Pending;
 use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
@@ -276,7 +278,7 @@ struct Engine<'a> {
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
     pending: Pending,
-    instances: Vec<Instance>,
+    instances: Instances,
     net: Network,
     heap: EventQueue<Event>,
     seq: u64,
@@ -464,7 +466,7 @@ impl<'a> Engine<'a> {
             units,
             keys: table.keys,
             pending: Pending::new(keys_len),
-            instances: Vec::new(),
+            instances: Instances::default(),
             heap: EventQueue::new(),
             seq: 0,
             events: 0,
@@ -788,8 +790,7 @@ impl<'a> Engine<'a> {
         let inst = match self.pending.get(&(key, seq)) {
             Some(&i) => i,
             None => {
-                let i = self.instances.len() as u32;
-                self.instances.push(Instance {
+                let i = self.instances.push(Instance {
                     key,
                     arrivals: Vec::new(),
                     max_in: 0,
@@ -900,8 +901,14 @@ impl<'a> Engine<'a> {
     }
 
     fn complete(&mut self, inst: u32, now: u64) -> Result<(), SimError> {
-        let arrivals = std::mem::take(&mut self.instances[inst as usize].arrivals);
-        self.instances[inst as usize].phases = Vec::new();
+        // Nothing refers to a completed instance any more but stale transfer finishes,
+        // which the network no longer knows: both are released.
+        let arrivals = self
+            .instances
+            .release(inst)
+            .map(|i| i.arrivals)
+            .unwrap_or_default();
+        self.net.release(inst);
         for (u, op) in arrivals {
             self.op_done(u as usize, op as usize, now)?;
         }

@@ -199,7 +199,7 @@ fn copy_instances(
     plan: &SharePlan,
 ) -> Result<Vec<Vec<(u32, u64)>>, SimError> {
     let mut derived: Vec<Vec<(u32, u64)>> = vec![Vec::new(); m.instances.len()];
-    for (mi, inst) in m.instances.iter().enumerate() {
+    for (mi, inst) in m.instances.iter() {
         let Some(&(fb, fop)) = inst.arrivals.first() else {
             continue;
         };
@@ -222,8 +222,7 @@ fn copy_instances(
                 {
                     Some(&(ci, _)) => ci,
                     None => {
-                        let ci = e.instances.len() as u32;
-                        e.instances.push(Instance {
+                        let ci = e.instances.push(Instance {
                             key,
                             arrivals: Vec::new(),
                             max_in: inst.max_in,
