@@ -9,7 +9,7 @@
 use super::collective_staging;
 use super::compute::{Item, Segment, Stage};
 use super::host_events;
-use super::muon::schedule::{Dep, Schedule, Work};
+use super::muon::schedule::{Dep, Layout, Schedule, Work};
 use super::parallel::{CollSpec, ParAxis, ParColl};
 use super::segment_pieces::{piece_of, share};
 use super::tp_overlap::{self, Pass, SegmentSplit};
@@ -785,14 +785,22 @@ impl FrozenPath {
 /// resident optimizer state (base plus the schedule's momentum and AdamW moments), the
 /// schedule's ops after `ready`, and the gradient free on its last op.
 pub(crate) fn finish_schedule(
-    mut path: ModelPath<'_>,
+    path: ModelPath<'_>,
     sched: &Schedule,
+) -> Result<StepProgram, super::StrategyError> {
+    finish_layout(path, &sched.layout())
+}
+
+/// [`finish_schedule`] of a schedule laid out as a [`Layout`].
+pub(crate) fn finish_layout(
+    mut path: ModelPath<'_>,
+    sched: &Layout<'_>,
 ) -> Result<StepProgram, super::StrategyError> {
     path.e.resident(
         MemTag::Optimizer,
         path.optimizer_base_bytes + sched.momentum_bytes + sched.adamw_state_bytes,
     );
-    if let Some(last) = lower_schedule(&mut path.e, sched, &path.ready)
+    if let Some(last) = lower_layout(&mut path.e, sched, &path.ready)
         && let Some(grads) = path.grads_freed
     {
         path.e.free(last, MemTag::Grads, grads);
@@ -804,13 +812,19 @@ pub(crate) fn finish_schedule(
 /// deliver the reduced gradients. Returns the last op emitted. (Schedules are built apart from
 /// the emitter, in [`super::muon::schedule`], which does not depend on this module.)
 pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpId> {
+    lower_layout(e, &s.layout(), ready)
+}
+
+/// [`lower_schedule`] of a schedule laid out as a [`Layout`] (an op's [`Dep::Op`] indices
+/// count from its base).
+fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId> {
     let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
     let mut last = None;
-    for op in &s.ops {
+    for (op, base) in &s.ops {
         let mut deps = Vec::with_capacity(op.deps.len() + ready.len());
         for d in &op.deps {
             match *d {
-                Dep::Op(i) => deps.extend(ids.get(i as usize).copied().flatten()),
+                Dep::Op(i) => deps.extend(ids.get((i + base) as usize).copied().flatten()),
                 Dep::Issue => deps.extend(e.issue_point()),
                 Dep::Ready => deps.extend_from_slice(ready),
             }

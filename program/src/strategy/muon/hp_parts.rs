@@ -8,8 +8,9 @@
 //!
 //! A part's ops refer to each other by index within the part; assembling shifts them.
 
-use super::schedule::{Dep, SOp, Schedule};
+use super::schedule::{Dep, Layout, SOp, Schedule};
 use crate::step::MemTag;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -163,62 +164,83 @@ impl Parts {
         h.finish()
     }
 
-    /// The schedule: `s` (empty) followed by the head's ops, then every slot's ops; after a
-    /// slot that leaves a replica broadcast in flight, the previous one in flight is landed
-    /// (at most one in flight), and the last one after every slot.
-    pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
-        let ops: usize = self.head.s.ops.len()
+    /// The schedule as a [`Layout`]: the head's ops, then every slot's ops (borrowed from
+    /// the parts, each part's ops with the index it starts at); after a slot that leaves a
+    /// replica broadcast in flight, the previous one in flight is landed (at most one in
+    /// flight), and the last one after every slot. Lowering it emits what lowering
+    /// [`Parts::assemble`] does, without copying the parts' ops.
+    pub(crate) fn layout(&self) -> Layout<'_> {
+        let n: usize = self.head.s.ops.len()
             + self
                 .slots
                 .iter()
                 .flatten()
                 .map(|p| p.s.ops.len() + 1)
                 .sum::<usize>();
-        s.ops.reserve(ops);
-        append(&mut s, &self.head);
+        let mut out = Layout {
+            ops: Vec::with_capacity(n),
+            momentum_bytes: 0,
+            adamw_state_bytes: 0,
+        };
+        let append = |out: &mut Layout<'_>, p: &'_ Part| -> u32 {
+            let base = out.ops.len() as u32;
+            out.momentum_bytes += p.s.momentum_bytes;
+            out.adamw_state_bytes += p.s.adamw_state_bytes;
+            base
+        };
+        let base = append(&mut out, &self.head);
+        out.ops
+            .extend(self.head.s.ops.iter().map(|op| (Cow::Borrowed(op), base)));
         let mut in_flight: Option<InFlight> = None;
         for p in self.slots.iter().flatten() {
-            let base = append(&mut s, p);
+            let base = append(&mut out, p);
+            out.ops
+                .extend(p.s.ops.iter().map(|op| (Cow::Borrowed(op), base)));
             if let Some((ops, bytes, slot)) = &p.in_flight {
                 if let Some(prev) = in_flight.take() {
-                    land(&mut s, prev);
+                    out.ops
+                        .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0)));
                 }
                 let ops = ops.iter().map(|&o| o + base).collect();
                 in_flight = Some((ops, *bytes, *slot));
             }
         }
         if let Some(prev) = in_flight.take() {
-            land(&mut s, prev);
+            out.ops
+                .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0)));
         }
+        out
+    }
+
+    /// The schedule: `s` (empty) followed by the ops of [`Parts::layout`], their op
+    /// dependencies shifted by their base.
+    pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
+        let layout = self.layout();
+        s.ops.reserve(layout.ops.len());
+        s.ops.extend(layout.ops.into_iter().map(|(op, base)| {
+            let mut op = op.into_owned();
+            for d in &mut op.deps {
+                if let Dep::Op(i) = d {
+                    *i += base;
+                }
+            }
+            op
+        }));
+        s.momentum_bytes += layout.momentum_bytes;
+        s.adamw_state_bytes += layout.adamw_state_bytes;
         s
     }
-}
 
-/// Appends part `p`'s ops to `s`, shifting their op dependencies, and adds its resident
-/// state; returns the index of its first op in `s`.
-fn append(s: &mut Schedule, p: &Part) -> u32 {
-    let base = s.ops.len() as u32;
-    s.ops.extend(p.s.ops.iter().map(|op| {
-        SOp {
-            name: op.name.clone(),
-            stream: op.stream,
-            category: op.category,
-            work: op.work.clone(),
-            deps: op
-                .deps
-                .iter()
-                .map(|d| match *d {
-                    Dep::Op(i) => Dep::Op(i + base),
-                    other => other,
-                })
-                .collect(),
-            alloc: op.alloc,
-            free: op.free,
-        }
-    }));
-    s.momentum_bytes += p.s.momentum_bytes;
-    s.adamw_state_bytes += p.s.adamw_state_bytes;
-    base
+    /// The op that lands an in-flight batch ([`land`], named when the parts are): its op
+    /// dependencies are schedule-absolute.
+    fn landing(&self, in_flight: InFlight) -> Option<SOp> {
+        let mut s = Schedule {
+            anonymous: self.head.s.anonymous,
+            ..Schedule::default()
+        };
+        land(&mut s, in_flight);
+        s.ops.pop()
+    }
 }
 
 /// Lands an in-flight batch: waits its broadcasts and unpacks what was received.
