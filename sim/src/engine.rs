@@ -43,7 +43,7 @@ use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::workload::Workload;
 use hpfsdp_plan::Tier;
-use hpfsdp_program::step::{CollectiveOp, Op, OpSpan, Payload, StepProgram, Stream};
+use hpfsdp_program::step::{CollectiveOp, Op, OpId, OpSpan, Payload, StepProgram, Stream};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
@@ -92,8 +92,54 @@ pub fn simulate_unshared(
 }
 
 /// Latest end over `spans` (0 when empty).
-fn last_end(spans: &[OpSpan]) -> u64 {
+fn last_end(spans: &[SpanRt]) -> u64 {
     spans.iter().map(|s| s.end_ns).max().unwrap_or(0)
+}
+
+/// A time of a [`SpanRt`] not known (yet): `None` in the [`OpSpan`] it becomes.
+const UNSET: u64 = u64::MAX;
+
+/// An op's times while the run lasts: an [`OpSpan`] without its op id (the program's op at
+/// the unit's `base` plus the index) and with [`UNSET`] for an unknown time, 32 bytes per op
+/// instead of 56 (every op of every simulated unit has one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SpanRt {
+    start_ns: u64,
+    end_ns: u64,
+    launched_ns: u64,
+    transfer_start_ns: u64,
+}
+
+impl SpanRt {
+    /// Nothing known yet.
+    const NEW: SpanRt = SpanRt {
+        start_ns: 0,
+        end_ns: 0,
+        launched_ns: UNSET,
+        transfer_start_ns: UNSET,
+    };
+
+    /// The span of op `op` with these times.
+    fn span(self, op: OpId) -> OpSpan {
+        let known = |t: u64| (t != UNSET).then_some(t);
+        OpSpan {
+            op,
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            launched_ns: known(self.launched_ns),
+            transfer_start_ns: known(self.transfer_start_ns),
+        }
+    }
+}
+
+/// The [`OpSpan`]s of `spans`, the times of `program`'s ops from `base` on.
+fn op_spans(program: &StepProgram, base: usize, spans: &[SpanRt]) -> Vec<OpSpan> {
+    program
+        .ops
+        .iter_from(base)
+        .zip(spans)
+        .map(|(op, s)| s.span(op.id))
+        .collect()
 }
 
 /// Which units' spans the result needs: all of them, or (see [`SimOptions::all_ranks`]) the
@@ -183,7 +229,7 @@ struct UnitRt<'a> {
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
-    spans: Vec<OpSpan>,
+    spans: Vec<SpanRt>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
     /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
@@ -560,16 +606,7 @@ impl<'a> Engine<'a> {
             base,
             ops,
             statics,
-            spans: ops_of
-                .iter()
-                .map(|o| OpSpan {
-                    op: o.id,
-                    start_ns: 0,
-                    end_ns: 0,
-                    launched_ns: None,
-                    transfer_start_ns: None,
-                })
-                .collect(),
+            spans: vec![SpanRt::NEW; ops_of.len()],
             compute_stream: stream_ids
                 .iter()
                 .position(|&s| s == Stream::Compute)
@@ -677,7 +714,7 @@ impl<'a> Engine<'a> {
         let unit = &mut self.units[u];
         unit.host_busy = false;
         unit.host_next += 1;
-        unit.spans[op].launched_ns = Some(now);
+        unit.spans[op].launched_ns = now;
         let st = unit.ops[op];
         if let Exec::Host { .. } = st.exec {
             unit.spans[op].end_ns = now;
@@ -854,7 +891,7 @@ impl<'a> Engine<'a> {
             self.instances[inst as usize].phases = phases;
             let instance = &mut self.instances[inst as usize];
             for &(pu, pop) in &instance.arrivals {
-                self.units[pu as usize].spans[pop as usize].transfer_start_ns = Some(now);
+                self.units[pu as usize].spans[pop as usize].transfer_start_ns = now;
             }
             self.begin_phase(inst, now)?;
         }
@@ -988,7 +1025,11 @@ impl<'a> Engine<'a> {
             .into_iter()
             .zip(ends.iter().zip(keep))
             .map(|(u, (&end_ns, &keep))| UnitOutcome {
-                spans: if keep { u.spans } else { Vec::new() },
+                spans: if keep {
+                    op_spans(u.program, u.base, &u.spans)
+                } else {
+                    Vec::new()
+                },
                 end_ns,
                 host_busy_ns: u.host_busy_ns,
                 memory: u.mem.report(),
