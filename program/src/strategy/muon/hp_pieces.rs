@@ -1,7 +1,8 @@
 //! Rank-independent pieces of HyperParallel Muon schedules ([`Pieces`]), held by the
 //! optimizer context ([`super::OptCtx`]) and filled by [`super::hyperparallel`]'s builds.
 
-use std::collections::HashMap;
+use crate::strategy::Ctx;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// The held parameters of a plan batch that one replica coordinate owns: a function of the
@@ -14,6 +15,57 @@ pub(crate) struct Owned {
     /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
     /// none of it).
     pub(crate) units: Vec<Vec<usize>>,
+    /// Per NS memory batch on the shard path (as `units`; empty on the local path): its
+    /// members' shard owners.
+    pub(crate) owners: Vec<UnitOwners>,
+}
+
+/// The shard owners of one NS memory batch's owned members (shard path), found in the
+/// plan's owner map once per [`Owned`] instead of by every rank's build, member by member.
+#[derive(Debug, Default)]
+pub(crate) struct UnitOwners {
+    /// Every shard-owner coordinate of the members, in lexicographic order, with the bytes
+    /// it relays: the packed bf16 updates of the matrices it owns, 512-byte padded each.
+    pub(crate) sources: Vec<(Vec<usize>, u64)>,
+    /// Per member (in the memory batch's order): its owner's position in `sources`.
+    owner: Vec<Option<u32>>,
+}
+
+/// The owners of a memory batch with none (the local path).
+pub(crate) static NO_OWNERS: UnitOwners = UnitOwners {
+    sources: Vec::new(),
+    owner: Vec::new(),
+};
+
+impl UnitOwners {
+    /// The owners of `members` (an NS memory batch of plan batch `index`).
+    pub(crate) fn of(ctx: &Ctx, index: usize, members: &[usize]) -> Self {
+        let oc = &ctx.opt;
+        let plan_b = &oc.plan.batches[index];
+        let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
+        for i in members {
+            if let Some(c) = plan_b.shard_owner.get(i) {
+                *bytes.entry(c.as_slice()).or_default() += super::pad512_bf16(oc.params[*i].numel);
+            }
+        }
+        let sources: Vec<(Vec<usize>, u64)> =
+            bytes.into_iter().map(|(c, n)| (c.to_vec(), n)).collect();
+        let owner = members
+            .iter()
+            .map(|i| {
+                let c = plan_b.shard_owner.get(i)?;
+                let at = sources.binary_search_by(|(s, _)| s.as_slice().cmp(c.as_slice()));
+                at.ok().map(|j| j as u32)
+            })
+            .collect();
+        Self { sources, owner }
+    }
+
+    /// The shard-owner coordinate of the batch's `k`-th member, when it has one.
+    pub(crate) fn owner_of(&self, k: usize) -> Option<&[usize]> {
+        let j = (*self.owner.get(k)?)?;
+        self.sources.get(j as usize).map(|(c, _)| c.as_slice())
+    }
 }
 
 /// The parameters of a plan batch one EP class holds ([`OptCtx::held`](super::OptCtx::held)).
