@@ -219,10 +219,16 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
     // module -> param indices; depth ordering with model-order tie-break. Modules are
     // prefixes of the parameter names, borrowed, not copied: on exp-d's 55k per-expert
     // parameters this walk was most of planning.
-    let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
-    let mut first_seen: HashMap<&str, usize> = HashMap::new();
-    let role_of: HashMap<usize, Role> = params.iter().map(|&(i, _, r)| (i, r)).collect();
-    let name_of: HashMap<usize, &str> = params.iter().map(|&(i, n, _)| (i, n)).collect();
+    let mut groups: HashMap<&str, Vec<usize>> = HashMap::with_capacity(params.len());
+    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(params.len());
+    // Parameter indices are positions in the model's list: dense, looked up by position.
+    let slots = params.iter().map(|&(i, _, _)| i + 1).max().unwrap_or(0);
+    let mut by_index: Vec<Option<(Role, &str)>> = vec![None; slots];
+    for &(i, n, r) in params {
+        by_index[i] = Some((r, n));
+    }
+    let role_of = |i: usize| by_index[i].map_or(Role::Replicated, |(r, _)| r);
+    let name_of = |i: usize| by_index[i].map_or("", |(_, n)| n);
     for (order, &(idx, fqn, _)) in params.iter().enumerate() {
         let owner = parent(fqn).unwrap_or("");
         groups.entry(owner).or_default().push(idx);
@@ -253,7 +259,7 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
         };
         let module = name.to_string();
         members.sort_unstable();
-        let roles: BTreeSet<Role> = members.iter().map(|i| role_of[i]).collect();
+        let roles: BTreeSet<Role> = members.iter().map(|&i| role_of(i)).collect();
         let (ty, reason) = infer_type(&module, &roles);
         if ty != BoundaryType::Unknown {
             for &i in &members {
@@ -283,8 +289,8 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
             _ => {
                 // Unknown at the root: attribute every parameter to its own module.
                 for &i in &members {
-                    let own = parent(name_of[&i]).unwrap_or("").to_string();
-                    let r = role_of[&i];
+                    let own = parent(name_of(i)).unwrap_or("").to_string();
+                    let r = role_of(i);
                     let (ty, why) = if r == Role::Replicated {
                         (
                             BoundaryType::Replicated,
