@@ -325,6 +325,8 @@ struct Engine<'a> {
     keys: Vec<CommKey>,
     pending: Pending,
     instances: Instances,
+    /// Reused buffer of new transfer finish times ([`Network::start_into`]).
+    finishes: Vec<Finish>,
     net: Network,
     heap: EventQueue<Event>,
     seq: u64,
@@ -513,6 +515,7 @@ impl<'a> Engine<'a> {
             keys: table.keys,
             pending: Pending::new(keys_len),
             instances: Instances::default(),
+            finishes: Vec::new(),
             heap: EventQueue::new(),
             seq: 0,
             events: 0,
@@ -661,7 +664,8 @@ impl<'a> Engine<'a> {
                 Event::Transfer { inst, version } => {
                     if self.net.is_current(inst, version) {
                         self.events += 1;
-                        let finishes = self.net.finish(inst, now);
+                        let mut finishes = std::mem::take(&mut self.finishes);
+                        self.net.finish_into(inst, now, &mut finishes);
                         self.schedule_transfers(finishes);
                         self.instances[inst as usize].phase += 1;
                         self.begin_phase(inst, now)?;
@@ -920,13 +924,16 @@ impl<'a> Engine<'a> {
             return self.begin_phase(inst, now);
         }
         let key = instance.key as usize;
-        let finishes = self.net.start(inst, &self.keys[key].units, tier, work, now);
+        let mut finishes = std::mem::take(&mut self.finishes);
+        self.net
+            .start_into(inst, &self.keys[key].units, tier, work, now, &mut finishes);
         self.schedule_transfers(finishes);
         Ok(())
     }
 
-    fn schedule_transfers(&mut self, finishes: Vec<Finish>) {
-        for f in finishes {
+    /// Queues the finish events of `finishes` (then kept, empty, for reuse).
+    fn schedule_transfers(&mut self, mut finishes: Vec<Finish>) {
+        for f in finishes.drain(..) {
             self.push(
                 f.time_ns,
                 Event::Transfer {
@@ -935,6 +942,7 @@ impl<'a> Engine<'a> {
                 },
             );
         }
+        self.finishes = finishes;
     }
 
     fn complete(&mut self, inst: u32, now: u64) -> Result<(), SimError> {
@@ -946,9 +954,10 @@ impl<'a> Engine<'a> {
             .map(|i| i.arrivals)
             .unwrap_or_default();
         self.net.release(inst);
-        for (u, op) in arrivals {
+        for &(u, op) in &arrivals {
             self.op_done(u as usize, op as usize, now)?;
         }
+        self.instances.recycle(arrivals);
         Ok(())
     }
 

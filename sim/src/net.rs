@@ -92,6 +92,22 @@ impl Network {
         work_ns: u64,
         now_ns: u64,
     ) -> Vec<Finish> {
+        let mut out = Vec::new();
+        self.start_into(id, units, tier, work_ns, now_ns, &mut out);
+        out
+    }
+
+    /// [`Network::start`] appending the new finish times to `out` (a buffer the caller
+    /// reuses: the engine starts a transfer for every phase of every collective).
+    pub fn start_into(
+        &mut self,
+        id: TransferId,
+        units: &[u32],
+        tier: Tier,
+        work_ns: u64,
+        now_ns: u64,
+        out: &mut Vec<Finish>,
+    ) {
         let t = tier_index(tier);
         for &u in units {
             self.links[u as usize * 3 + t].push(id);
@@ -105,7 +121,7 @@ impl Network {
         tr.share_k = 1;
         tr.last_ns = now_ns;
         tr.version = 0;
-        self.replan(units, t, now_ns)
+        self.replan(units, t, now_ns, out);
     }
 
     /// The storage of transfer `id`, created (inactive) when it has none.
@@ -160,8 +176,15 @@ impl Network {
 
     /// Removes a finished transfer; returns new finish times of the transfers it shared with.
     pub fn finish(&mut self, id: TransferId, now_ns: u64) -> Vec<Finish> {
+        let mut out = Vec::new();
+        self.finish_into(id, now_ns, &mut out);
+        out
+    }
+
+    /// [`Network::finish`] appending the new finish times to `out`.
+    pub fn finish_into(&mut self, id: TransferId, now_ns: u64, out: &mut Vec<Finish>) {
         let Some(s) = self.index(id).filter(|&s| self.transfers[s].active) else {
-            return Vec::new();
+            return;
         };
         let tr = &mut self.transfers[s];
         tr.active = false;
@@ -172,9 +195,8 @@ impl Network {
                 link.remove(pos);
             }
         }
-        let out = self.replan(&units, tier, now_ns);
+        self.replan(&units, tier, now_ns, out);
         self.transfers[s].units = units;
-        out
     }
 
     /// Number of transfers active on `unit`'s link of `tier`.
@@ -217,7 +239,7 @@ impl Network {
         version
     }
 
-    fn replan(&mut self, units: &[u32], tier: usize, now_ns: u64) -> Vec<Finish> {
+    fn replan(&mut self, units: &[u32], tier: usize, now_ns: u64, out: &mut Vec<Finish>) {
         let mut affected = std::mem::take(&mut self.affected);
         affected.clear();
         affected.extend(
@@ -227,7 +249,7 @@ impl Network {
         );
         affected.sort_unstable();
         affected.dedup();
-        let mut out = Vec::with_capacity(affected.len());
+        out.reserve(affected.len());
         for &id in &affected {
             let Some(tr) = self.active(id) else {
                 continue;
@@ -256,7 +278,6 @@ impl Network {
             });
         }
         self.affected = affected;
-        out
     }
 }
 

@@ -821,7 +821,8 @@ fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId>
     let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
     let mut last = None;
     for (op, base) in &s.ops {
-        let mut deps = Vec::with_capacity(op.deps.len() + ready.len());
+        // On the stack: most ops have a few dependencies (the `Ready` ones may spill).
+        let mut deps: smallvec::SmallVec<[OpId; 8]> = smallvec::SmallVec::new();
         for d in &op.deps {
             match *d {
                 Dep::Op(i) => deps.extend(ids.get((i + base) as usize).copied().flatten()),

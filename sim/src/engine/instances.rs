@@ -20,6 +20,8 @@ pub(super) struct Instances {
     live: Vec<Instance>,
     /// Released slots.
     free: Vec<u32>,
+    /// Emptied arrival lists of completed instances, reused by new ones.
+    spare: Vec<Vec<(u32, u32)>>,
 }
 
 impl Instances {
@@ -29,8 +31,13 @@ impl Instances {
     }
 
     /// Stores `inst` under a new id (the next in creation order) and returns the id.
-    pub(super) fn push(&mut self, inst: Instance) -> u32 {
+    pub(super) fn push(&mut self, mut inst: Instance) -> u32 {
         let id = self.slot.len() as u32;
+        if inst.arrivals.capacity() == 0
+            && let Some(spare) = self.spare.pop()
+        {
+            inst.arrivals = spare;
+        }
         let s = match self.free.pop() {
             Some(s) => {
                 self.live[s as usize] = inst;
@@ -61,6 +68,14 @@ impl Instances {
             phase: 0,
         };
         Some(std::mem::replace(&mut self.live[s as usize], gone))
+    }
+
+    /// Keeps a completed instance's arrival list (emptied) for a later [`Instances::push`].
+    pub(super) fn recycle(&mut self, mut arrivals: Vec<(u32, u32)>) {
+        arrivals.clear();
+        if arrivals.capacity() > 0 {
+            self.spare.push(arrivals);
+        }
     }
 
     /// Instance `id`, or `None` when released.
@@ -130,5 +145,11 @@ mod tests {
         let walk: Vec<(usize, u32, usize)> =
             all.iter().map(|(id, i)| (id, i.key, i.phase)).collect();
         assert_eq!(walk, vec![(1, 11, 0), (2, 12, 3)]);
+        // A recycled arrival list comes back empty in the next instance without one.
+        all.recycle(vec![(7, 7); 5]);
+        let mut bare = instance(13);
+        bare.arrivals = Vec::new();
+        let id = all.push(bare);
+        assert!(all[id as usize].arrivals.is_empty() && all[id as usize].arrivals.capacity() >= 5);
     }
 }
