@@ -33,7 +33,7 @@
 //! without hashing ([`pending`]), and nothing is allocated per event except a collective
 //! instance's arrival and phase lists.
 
-use crate::cost::{collective_phases, compute_work_s};
+use crate::cost::collective_phases;
 use crate::error::SimError;
 use crate::host_cost::HostCosts;
 use crate::memory::MemoryTracker;
@@ -42,11 +42,11 @@ use crate::profile::{HardwareProfile, SideStreamKernels};
 use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::workload::Workload;
-use hpfsdp_plan::Tier;
 use hpfsdp_program::step::{CollectiveOp, Op, OpId, OpSpan, Payload, StepProgram, Stream};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+mod compute_memo;
 mod cores;
 mod entry;
 mod fork;
@@ -55,7 +55,8 @@ mod pending;
 mod queue;
 mod statics;
 
-use instances::Instances;
+use compute_memo::ComputeMemo;
+use instances::{Instance, Instances};
 use pending::Pending;
 use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
@@ -301,16 +302,6 @@ struct CommKey {
     units: Vec<u32>,
 }
 
-struct Instance {
-    key: u32,
-    arrivals: Vec<(u32, u32)>,
-    max_in: u64,
-    max_out: u64,
-    aligned: bool,
-    phases: Vec<(Tier, u64, u64)>,
-    phase: usize,
-}
-
 /// The fork triggers of a shared-prefix run ([`crate::share::SharePlan`]).
 struct Gates<'a> {
     gates: &'a [Vec<bool>],
@@ -422,6 +413,8 @@ struct OpPlace<'p> {
     index: usize,
     group_slot: &'p [u32],
     collectives: &'p mut u32,
+    /// Compute costs already worked out in this engine's set-up.
+    memo: &'p mut ComputeMemo,
 }
 
 /// An op's host cost ([`HostCosts::op_ns`]) and what it does on the device, in nanoseconds.
@@ -442,15 +435,14 @@ fn op_exec(
                 .whatif
                 .as_ref()
                 .map_or(1.0, |m| m.compute_scale(program.rank, place.index));
-            let side_wait_s = if op.stream == Stream::Compute {
-                cores::side_wait_s(w, &program.kernel_mixes, profile, false)
-            } else {
-                0.0
-            };
+            let on_compute = op.stream == Stream::Compute;
+            let cost = place
+                .memo
+                .cost(w, on_compute, &program.kernel_mixes, profile);
             Exec::Device {
-                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile) * scale),
-                side_wait_ns: u32::try_from(ns(side_wait_s * scale)).unwrap_or(u32::MAX),
-                uses_cube: cores::uses_cube_cores(w, &program.kernel_mixes),
+                duration_ns: ns(cost.work_s * scale),
+                side_wait_ns: u32::try_from(ns(cost.side_wait_s * scale)).unwrap_or(u32::MAX),
+                uses_cube: cost.uses_cube,
             }
         }
         Payload::Copy(w) => Exec::Device {
@@ -492,6 +484,7 @@ impl<'a> Engine<'a> {
             keys: Vec::new(),
         };
         let mut interner = StaticsInterner::default();
+        let mut memo = ComputeMemo::default();
         let units = specs
             .iter()
             .map(|spec| {
@@ -499,7 +492,7 @@ impl<'a> Engine<'a> {
                     *spec,
                     rank_unit,
                     workload,
-                    (&mut table, &mut interner),
+                    (&mut table, &mut interner, &mut memo),
                     profile,
                     &costs,
                     options,
@@ -530,7 +523,7 @@ impl<'a> Engine<'a> {
         spec: UnitSpec<'a>,
         rank_unit: &[u32],
         workload: &Workload,
-        (table, interner): (&mut KeyTable, &mut StaticsInterner),
+        (table, interner, memo): (&mut KeyTable, &mut StaticsInterner, &mut ComputeMemo),
         profile: &HardwareProfile,
         costs: &HostCosts,
         options: &SimOptions,
@@ -571,6 +564,7 @@ impl<'a> Engine<'a> {
                     index: base + i,
                     group_slot: &group_slot,
                     collectives: &mut collectives,
+                    memo,
                 },
                 workload,
                 profile,

@@ -466,3 +466,50 @@ impl<'de> Deserialize<'de> for OpSeq {
         Vec::<Op>::deserialize(d).map(Self::from)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::{Category, ComputeWork, ProgramBuilder};
+
+    fn ops(n: u64) -> OpSeq {
+        let mut b = ProgramBuilder::new(0);
+        for i in 0..n {
+            b.compute(ComputeWork::memory_bound(i, i, 1), &[]);
+        }
+        b.build().unwrap().ops
+    }
+
+    /// Clones of a shared tail share its storage; changing one copies it and leaves the
+    /// others as they were; the sequence reads, compares and hashes as before.
+    #[test]
+    fn shared_tail_is_copied_on_change_only() {
+        let mut a = ops(3);
+        let plain = a.clone();
+        a.share_tail();
+        let mut b = a.clone();
+        assert!(a.same_tail(&b) && !a.same_tail(&plain));
+        assert_eq!(a, plain);
+        assert_eq!(a.tail().as_ptr(), b.tail().as_ptr(), "no copy");
+        b[1].category = Category::Host;
+        assert!(!a.same_tail(&b));
+        assert_eq!(
+            a[1].category,
+            Category::Compute,
+            "the original is untouched"
+        );
+        assert_eq!(b[1].category, Category::Host);
+        assert_eq!(a.len(), 3);
+        let mut c = a.clone();
+        c.push(plain[2].clone());
+        assert_eq!((a.len(), c.len()), (3, 4));
+        assert_eq!(a.clone().into_vec(), plain.to_vec());
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let hash = |s: &OpSeq| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(hash(&a), hash(&plain));
+    }
+}

@@ -6,7 +6,26 @@
 //! thousands on exp-d with Muon), of which only the ones in flight are kept, and an id costs
 //! four bytes.
 
-use super::Instance;
+use hpfsdp_plan::Tier;
+
+/// One collective call on a communicator: who arrived, the largest buffers, and, once every
+/// member arrived, its phases (latency and transfer per tier) and the one in progress.
+pub(super) struct Instance {
+    /// Communicator key.
+    pub(super) key: u32,
+    /// (unit, local op) of every member arrived so far.
+    pub(super) arrivals: Vec<(u32, u32)>,
+    /// Largest send buffer over the arrivals.
+    pub(super) max_in: u64,
+    /// Largest receive buffer over the arrivals.
+    pub(super) max_out: u64,
+    /// Every buffer a multiple of 512 bytes.
+    pub(super) aligned: bool,
+    /// (tier, latency ns, transfer ns) per phase.
+    pub(super) phases: Vec<(Tier, u64, u64)>,
+    /// The phase in progress.
+    pub(super) phase: usize,
+}
 
 /// Slot of an id whose instance is released.
 const GONE: u32 = u32::MAX;

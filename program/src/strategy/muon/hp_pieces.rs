@@ -1,7 +1,6 @@
 //! Rank-independent pieces of HyperParallel Muon schedules ([`Pieces`]), held by the
 //! optimizer context ([`super::OptCtx`]) and filled by [`super::hyperparallel`]'s builds.
 
-use crate::strategy::Ctx;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
@@ -38,23 +37,20 @@ pub(crate) static NO_OWNERS: UnitOwners = UnitOwners {
 };
 
 impl UnitOwners {
-    /// The owners of `members` (an NS memory batch of plan batch `index`).
-    pub(crate) fn of(ctx: &Ctx, index: usize, members: &[usize]) -> Self {
-        let oc = &ctx.opt;
-        let plan_b = &oc.plan.batches[index];
+    /// The owners of a memory batch's members: per member, its shard owner's coordinate and
+    /// the bytes it relays for the member, or `None` without an owner.
+    pub(crate) fn new<'a>(members: &[Option<(&'a [usize], u64)>]) -> Self {
         let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
-        for i in members {
-            if let Some(c) = plan_b.shard_owner.get(i) {
-                *bytes.entry(c.as_slice()).or_default() += super::pad512_bf16(oc.params[*i].numel);
-            }
+        for &(c, n) in members.iter().flatten() {
+            *bytes.entry(c).or_default() += n;
         }
         let sources: Vec<(Vec<usize>, u64)> =
             bytes.into_iter().map(|(c, n)| (c.to_vec(), n)).collect();
         let owner = members
             .iter()
-            .map(|i| {
-                let c = plan_b.shard_owner.get(i)?;
-                let at = sources.binary_search_by(|(s, _)| s.as_slice().cmp(c.as_slice()));
+            .map(|m| {
+                let (c, _) = (*m)?;
+                let at = sources.binary_search_by(|(s, _)| s.as_slice().cmp(c));
                 at.ok().map(|j| j as u32)
             })
             .collect();

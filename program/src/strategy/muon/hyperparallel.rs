@@ -134,7 +134,16 @@ fn owned_by(ctx: &Ctx, index: usize, held: &[usize], rc: &[usize]) -> Owned {
     let owners = if b.shard_path {
         units
             .iter()
-            .map(|members| UnitOwners::of(ctx, index, members))
+            .map(|members| {
+                let owners: Vec<Option<(&[usize], u64)>> = members
+                    .iter()
+                    .map(|i| {
+                        let c = b.shard_owner.get(i)?;
+                        Some((c.as_slice(), pad512_bf16(ctx.opt.params[*i].numel)))
+                    })
+                    .collect();
+                UnitOwners::new(&owners)
+            })
             .collect()
     } else {
         Vec::new()
