@@ -176,6 +176,19 @@ impl<'a> Emitter<'a> {
         self.compute(stream, category, work, deps, name)
     }
 
+    /// [`Emitter::compute_kernels`] of a mix whose id is known (`MixId::of(kernels)`).
+    pub fn compute_kernels_as(
+        &mut self,
+        (stream, category): (Stream, Category),
+        kernels: &[hpfsdp_plan::kernel::KernelWork],
+        id: hpfsdp_plan::kernel::MixId,
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let work = self.b.intern_kernels_as(kernels, id);
+        self.compute(stream, category, work, deps, name)
+    }
+
     /// Appends kernel work; compute-stream ops become the new issue point.
     pub fn compute(
         &mut self,
@@ -820,7 +833,7 @@ pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> O
 fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId> {
     let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
     let mut last = None;
-    for (op, base) in &s.ops {
+    for (op, base, mix) in &s.ops {
         // On the stack: most ops have a few dependencies (the `Ready` ones may spill).
         let mut deps: smallvec::SmallVec<[OpId; 8]> = smallvec::SmallVec::new();
         for d in &op.deps {
@@ -834,7 +847,10 @@ fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId>
         deps.dedup();
         let id = match &op.work {
             Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
-            Work::Kernels(k) => Some(e.compute_kernels(op.stream, op.category, k, &deps, &op.name)),
+            Work::Kernels(k) => Some(match mix {
+                Some(id) => e.compute_kernels_as((op.stream, op.category), k, *id, &deps, &op.name),
+                None => e.compute_kernels(op.stream, op.category, k, &deps, &op.name),
+            }),
             Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),
             Work::Coll {
                 slot,

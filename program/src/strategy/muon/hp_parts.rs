@@ -8,8 +8,9 @@
 //!
 //! A part's ops refer to each other by index within the part; assembling shifts them.
 
-use super::schedule::{Dep, Layout, SOp, Schedule};
+use super::schedule::{Dep, Layout, SOp, Schedule, Work};
 use crate::step::MemTag;
+use hpfsdp_plan::kernel::MixId;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -32,7 +33,23 @@ pub(crate) struct Part {
     pub(crate) in_flight: Option<InFlight>,
     /// Digest of `s` without names and of `in_flight`.
     pub(crate) digest: u128,
+    /// The kernel-mix id of each op, worked out on first use ([`Part::mix_ids`]).
+    mix_ids: MixIds,
 }
+
+/// Per op of a part, the id of its kernel mix (`None`: no mix), computed the first time the
+/// part is lowered and reused by every program that lowers it after. A cache of `s`'s
+/// content: parts compare equal whether or not it was filled.
+#[derive(Debug, Clone, Default)]
+struct MixIds(std::sync::OnceLock<Vec<Option<MixId>>>);
+
+impl PartialEq for MixIds {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for MixIds {}
 
 impl Part {
     /// A part of `s` with its in-flight broadcast, digested.
@@ -47,7 +64,22 @@ impl Part {
             s,
             in_flight,
             digest,
+            mix_ids: MixIds::default(),
         }
+    }
+
+    /// The id of each op's kernel mix ([`MixId::of`] of a non-empty `Work::Kernels`).
+    fn mix_ids(&self) -> &[Option<MixId>] {
+        self.mix_ids.0.get_or_init(|| {
+            self.s
+                .ops
+                .iter()
+                .map(|op| match &op.work {
+                    Work::Kernels(k) if !k.is_empty() => Some(MixId::of(k)),
+                    _ => None,
+                })
+                .collect()
+        })
     }
 }
 
@@ -169,7 +201,7 @@ impl Parts {
     /// replica broadcast in flight, the previous one in flight is landed (at most one in
     /// flight), and the last one after every slot. Lowering it emits what lowering
     /// [`Parts::assemble`] does, without copying the parts' ops.
-    pub(crate) fn layout(&self) -> Layout<'_> {
+    pub(crate) fn layout<'a>(&'a self) -> Layout<'a> {
         let n: usize = self.head.s.ops.len()
             + self
                 .slots
@@ -188,18 +220,22 @@ impl Parts {
             out.adamw_state_bytes += p.s.adamw_state_bytes;
             base
         };
+        let laid = |p: &'a Part, base: u32| {
+            p.s.ops
+                .iter()
+                .zip(p.mix_ids())
+                .map(move |(op, &mix)| (Cow::Borrowed(op), base, mix))
+        };
         let base = append(&mut out, &self.head);
-        out.ops
-            .extend(self.head.s.ops.iter().map(|op| (Cow::Borrowed(op), base)));
+        out.ops.extend(laid(&self.head, base));
         let mut in_flight: Option<InFlight> = None;
         for p in self.slots.iter().flatten() {
             let base = append(&mut out, p);
-            out.ops
-                .extend(p.s.ops.iter().map(|op| (Cow::Borrowed(op), base)));
+            out.ops.extend(laid(p, base));
             if let Some((ops, bytes, slot)) = &p.in_flight {
                 if let Some(prev) = in_flight.take() {
                     out.ops
-                        .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0)));
+                        .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
                 }
                 let ops = ops.iter().map(|&o| o + base).collect();
                 in_flight = Some((ops, *bytes, *slot));
@@ -207,7 +243,7 @@ impl Parts {
         }
         if let Some(prev) = in_flight.take() {
             out.ops
-                .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0)));
+                .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
         }
         out
     }
@@ -217,7 +253,7 @@ impl Parts {
     pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
         let layout = self.layout();
         s.ops.reserve(layout.ops.len());
-        s.ops.extend(layout.ops.into_iter().map(|(op, base)| {
+        s.ops.extend(layout.ops.into_iter().map(|(op, base, _)| {
             let mut op = op.into_owned();
             for d in &mut op.deps {
                 if let Dep::Op(i) = d {

@@ -10,7 +10,7 @@
 use crate::step::{Category, ComputeWork, CopyWork, MemTag, Stream};
 use crate::strategy::parallel::CollSpec;
 use hpfsdp_plan::CollectiveKind;
-use hpfsdp_plan::kernel::KernelWork;
+use hpfsdp_plan::kernel::{KernelWork, MixId};
 use hpfsdp_plan::model::DType;
 
 /// What an op waits for.
@@ -67,11 +67,13 @@ pub(crate) struct SOp {
 
 /// A schedule laid out for lowering without copying its ops: each op with the index its
 /// [`Dep::Op`]s count from (0 in a whole [`Schedule`]; where its part starts in one
-/// assembled from parts, [`super::hp_parts::Parts::layout`]), and the resident state.
+/// assembled from parts, [`super::hp_parts::Parts::layout`]) and, when known, the id of its
+/// kernel mix; and the resident state.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout<'a> {
-    /// Ops in issue order, each with its dependency base.
-    pub ops: Vec<(std::borrow::Cow<'a, SOp>, u32)>,
+    /// Ops in issue order, each with its dependency base and its mix id (`None`: unknown,
+    /// or no mix).
+    pub ops: Vec<(std::borrow::Cow<'a, SOp>, u32, Option<MixId>)>,
     /// Resident Muon momentum bytes.
     pub momentum_bytes: u64,
     /// Resident AdamW moment bytes.
@@ -117,7 +119,7 @@ impl Schedule {
             ops: self
                 .ops
                 .iter()
-                .map(|op| (std::borrow::Cow::Borrowed(op), 0))
+                .map(|op| (std::borrow::Cow::Borrowed(op), 0, None))
                 .collect(),
             momentum_bytes: self.momentum_bytes,
             adamw_state_bytes: self.adamw_state_bytes,
