@@ -641,11 +641,19 @@ impl ProgramBuilder {
     /// Interns `kernels` in the program's mix table and returns the [`ComputeWork`] that
     /// refers to them (for ops built with [`ProgramBuilder::push`]).
     pub fn intern_kernels(&mut self, kernels: &[KernelWork]) -> ComputeWork {
+        if kernels.is_empty() {
+            return ComputeWork::memory_bound(0, 0, 1);
+        }
+        self.intern_kernels_as(kernels, MixId::of(kernels))
+    }
+
+    /// [`ProgramBuilder::intern_kernels`] of a mix whose id is known already: `id` must be
+    /// `MixId::of(kernels)` (a schedule lowered into many programs computes it once).
+    pub fn intern_kernels_as(&mut self, kernels: &[KernelWork], id: MixId) -> ComputeWork {
         let (flops, hbm_bytes, count) = hpfsdp_plan::kernel::totals(kernels);
         if kernels.is_empty() {
             return ComputeWork::memory_bound(0, 0, 1);
         }
-        let id = MixId::of(kernels);
         self.program
             .kernel_mixes
             .entry(id)

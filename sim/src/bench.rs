@@ -9,7 +9,7 @@ use crate::engine::{SimOptions, simulate, simulate_unshared};
 use crate::error::SimError;
 use crate::profile::HardwareProfile;
 use crate::resources::{Meter, cpu_seconds};
-use crate::scenario_run::{RunOptions, ScenarioPlans, prepare, run_prepared};
+use crate::scenario_run::{ProgramJob, RunOptions, ScenarioPlans, run_prepared};
 use crate::workload::Workload;
 use hpfsdp_plan::scenario::Scenario;
 use hpfsdp_plan::{CollectiveKind, DType, Topology};
@@ -401,11 +401,13 @@ pub fn bench_scenario(
     let plan_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
     let t0 = Instant::now();
-    let prepared = prepare(&plans, strategy, optimizer, true)?;
-    let prepare_s = t0.elapsed().as_secs_f64();
-    // The simulation reads the programs only: the plans (most of an AdamW run's memory on
-    // exp-d's 50k per-expert parameters) go before its state is allocated.
+    let job = ProgramJob::new(&plans, strategy, optimizer)?;
+    // The generator holds what it reads of the plans, and the simulation reads the programs
+    // only: the plans (most of an AdamW run's memory on exp-d's 50k per-expert parameters)
+    // go before the programs are generated.
     drop(plans);
+    let prepared = job.prepare(true)?;
+    let prepare_s = t0.elapsed().as_secs_f64();
     let options = RunOptions {
         record_timeline: false,
         all_ranks: false,

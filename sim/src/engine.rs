@@ -33,7 +33,7 @@
 //! without hashing ([`pending`]), and nothing is allocated per event except a collective
 //! instance's arrival and phase lists.
 
-use crate::cost::{collective_phases, compute_work_s};
+use crate::cost::collective_phases;
 use crate::error::SimError;
 use crate::host_cost::HostCosts;
 use crate::memory::MemoryTracker;
@@ -42,18 +42,21 @@ use crate::profile::{HardwareProfile, SideStreamKernels};
 use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::workload::Workload;
-use hpfsdp_plan::Tier;
-use hpfsdp_program::step::{CollectiveOp, Op, OpSpan, Payload, StepProgram, Stream};
+use hpfsdp_program::step::{CollectiveOp, Op, OpId, OpSpan, Payload, StepProgram, Stream};
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
+mod compute_memo;
 mod cores;
 mod entry;
 mod fork;
+mod instances;
 mod pending;
 mod queue;
 mod statics;
 
+use compute_memo::ComputeMemo;
+use instances::{Instance, Instances};
 use pending::Pending;
 use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
@@ -90,8 +93,54 @@ pub fn simulate_unshared(
 }
 
 /// Latest end over `spans` (0 when empty).
-fn last_end(spans: &[OpSpan]) -> u64 {
+fn last_end(spans: &[SpanRt]) -> u64 {
     spans.iter().map(|s| s.end_ns).max().unwrap_or(0)
+}
+
+/// A time of a [`SpanRt`] not known (yet): `None` in the [`OpSpan`] it becomes.
+const UNSET: u64 = u64::MAX;
+
+/// An op's times while the run lasts: an [`OpSpan`] without its op id (the program's op at
+/// the unit's `base` plus the index) and with [`UNSET`] for an unknown time, 32 bytes per op
+/// instead of 56 (every op of every simulated unit has one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SpanRt {
+    start_ns: u64,
+    end_ns: u64,
+    launched_ns: u64,
+    transfer_start_ns: u64,
+}
+
+impl SpanRt {
+    /// Nothing known yet.
+    const NEW: SpanRt = SpanRt {
+        start_ns: 0,
+        end_ns: 0,
+        launched_ns: UNSET,
+        transfer_start_ns: UNSET,
+    };
+
+    /// The span of op `op` with these times.
+    fn span(self, op: OpId) -> OpSpan {
+        let known = |t: u64| (t != UNSET).then_some(t);
+        OpSpan {
+            op,
+            start_ns: self.start_ns,
+            end_ns: self.end_ns,
+            launched_ns: known(self.launched_ns),
+            transfer_start_ns: known(self.transfer_start_ns),
+        }
+    }
+}
+
+/// The [`OpSpan`]s of `spans`, the times of `program`'s ops from `base` on.
+fn op_spans(program: &StepProgram, base: usize, spans: &[SpanRt]) -> Vec<OpSpan> {
+    program
+        .ops
+        .iter_from(base)
+        .zip(spans)
+        .map(|(op, s)| s.span(op.id))
+        .collect()
 }
 
 /// Which units' spans the result needs: all of them, or (see [`SimOptions::all_ranks`]) the
@@ -181,7 +230,7 @@ struct UnitRt<'a> {
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
-    spans: Vec<OpSpan>,
+    spans: Vec<SpanRt>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
     /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
@@ -253,16 +302,6 @@ struct CommKey {
     units: Vec<u32>,
 }
 
-struct Instance {
-    key: u32,
-    arrivals: Vec<(u32, u32)>,
-    max_in: u64,
-    max_out: u64,
-    aligned: bool,
-    phases: Vec<(Tier, u64, u64)>,
-    phase: usize,
-}
-
 /// The fork triggers of a shared-prefix run ([`crate::share::SharePlan`]).
 struct Gates<'a> {
     gates: &'a [Vec<bool>],
@@ -276,7 +315,9 @@ struct Engine<'a> {
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
     pending: Pending,
-    instances: Vec<Instance>,
+    instances: Instances,
+    /// Reused buffer of new transfer finish times ([`Network::start_into`]).
+    finishes: Vec<Finish>,
     net: Network,
     heap: EventQueue<Event>,
     seq: u64,
@@ -372,6 +413,8 @@ struct OpPlace<'p> {
     index: usize,
     group_slot: &'p [u32],
     collectives: &'p mut u32,
+    /// Compute costs already worked out in this engine's set-up.
+    memo: &'p mut ComputeMemo,
 }
 
 /// An op's host cost ([`HostCosts::op_ns`]) and what it does on the device, in nanoseconds.
@@ -392,15 +435,14 @@ fn op_exec(
                 .whatif
                 .as_ref()
                 .map_or(1.0, |m| m.compute_scale(program.rank, place.index));
-            let side_wait_s = if op.stream == Stream::Compute {
-                cores::side_wait_s(w, &program.kernel_mixes, profile, false)
-            } else {
-                0.0
-            };
+            let on_compute = op.stream == Stream::Compute;
+            let cost = place
+                .memo
+                .cost(w, on_compute, &program.kernel_mixes, profile);
             Exec::Device {
-                duration_ns: ns(compute_work_s(w, &program.kernel_mixes, profile) * scale),
-                side_wait_ns: u32::try_from(ns(side_wait_s * scale)).unwrap_or(u32::MAX),
-                uses_cube: cores::uses_cube_cores(w, &program.kernel_mixes),
+                duration_ns: ns(cost.work_s * scale),
+                side_wait_ns: u32::try_from(ns(cost.side_wait_s * scale)).unwrap_or(u32::MAX),
+                uses_cube: cost.uses_cube,
             }
         }
         Payload::Copy(w) => Exec::Device {
@@ -437,6 +479,7 @@ impl<'a> Engine<'a> {
             keys: Vec::new(),
         };
         let mut interner = StaticsInterner::default();
+        let mut memo = ComputeMemo::default();
         let units = specs
             .iter()
             .map(|spec| {
@@ -444,7 +487,7 @@ impl<'a> Engine<'a> {
                     *spec,
                     rank_unit,
                     workload,
-                    (&mut table, &mut interner),
+                    (&mut table, &mut interner, &mut memo),
                     profile,
                     &costs,
                     options,
@@ -459,7 +502,8 @@ impl<'a> Engine<'a> {
             units,
             keys: table.keys,
             pending: Pending::new(keys_len),
-            instances: Vec::new(),
+            instances: Instances::default(),
+            finishes: Vec::new(),
             heap: EventQueue::new(),
             seq: 0,
             events: 0,
@@ -474,7 +518,7 @@ impl<'a> Engine<'a> {
         spec: UnitSpec<'a>,
         rank_unit: &[u32],
         workload: &Workload,
-        (table, interner): (&mut KeyTable, &mut StaticsInterner),
+        (table, interner, memo): (&mut KeyTable, &mut StaticsInterner, &mut ComputeMemo),
         profile: &HardwareProfile,
         costs: &HostCosts,
         options: &SimOptions,
@@ -515,6 +559,7 @@ impl<'a> Engine<'a> {
                     index: base + i,
                     group_slot: &group_slot,
                     collectives: &mut collectives,
+                    memo,
                 },
                 workload,
                 profile,
@@ -553,16 +598,7 @@ impl<'a> Engine<'a> {
             base,
             ops,
             statics,
-            spans: ops_of
-                .iter()
-                .map(|o| OpSpan {
-                    op: o.id,
-                    start_ns: 0,
-                    end_ns: 0,
-                    launched_ns: None,
-                    transfer_start_ns: None,
-                })
-                .collect(),
+            spans: vec![SpanRt::NEW; ops_of.len()],
             compute_stream: stream_ids
                 .iter()
                 .position(|&s| s == Stream::Compute)
@@ -617,7 +653,8 @@ impl<'a> Engine<'a> {
                 Event::Transfer { inst, version } => {
                     if self.net.is_current(inst, version) {
                         self.events += 1;
-                        let finishes = self.net.finish(inst, now);
+                        let mut finishes = std::mem::take(&mut self.finishes);
+                        self.net.finish_into(inst, now, &mut finishes);
                         self.schedule_transfers(finishes);
                         self.instances[inst as usize].phase += 1;
                         self.begin_phase(inst, now)?;
@@ -670,7 +707,7 @@ impl<'a> Engine<'a> {
         let unit = &mut self.units[u];
         unit.host_busy = false;
         unit.host_next += 1;
-        unit.spans[op].launched_ns = Some(now);
+        unit.spans[op].launched_ns = now;
         let st = unit.ops[op];
         if let Exec::Host { .. } = st.exec {
             unit.spans[op].end_ns = now;
@@ -783,8 +820,7 @@ impl<'a> Engine<'a> {
         let inst = match self.pending.get(&(key, seq)) {
             Some(&i) => i,
             None => {
-                let i = self.instances.len() as u32;
-                self.instances.push(Instance {
+                let i = self.instances.push(Instance {
                     key,
                     arrivals: Vec::new(),
                     max_in: 0,
@@ -848,7 +884,7 @@ impl<'a> Engine<'a> {
             self.instances[inst as usize].phases = phases;
             let instance = &mut self.instances[inst as usize];
             for &(pu, pop) in &instance.arrivals {
-                self.units[pu as usize].spans[pop as usize].transfer_start_ns = Some(now);
+                self.units[pu as usize].spans[pop as usize].transfer_start_ns = now;
             }
             self.begin_phase(inst, now)?;
         }
@@ -877,13 +913,16 @@ impl<'a> Engine<'a> {
             return self.begin_phase(inst, now);
         }
         let key = instance.key as usize;
-        let finishes = self.net.start(inst, &self.keys[key].units, tier, work, now);
+        let mut finishes = std::mem::take(&mut self.finishes);
+        self.net
+            .start_into(inst, &self.keys[key].units, tier, work, now, &mut finishes);
         self.schedule_transfers(finishes);
         Ok(())
     }
 
-    fn schedule_transfers(&mut self, finishes: Vec<Finish>) {
-        for f in finishes {
+    /// Queues the finish events of `finishes` (then kept, empty, for reuse).
+    fn schedule_transfers(&mut self, mut finishes: Vec<Finish>) {
+        for f in finishes.drain(..) {
             self.push(
                 f.time_ns,
                 Event::Transfer {
@@ -892,14 +931,22 @@ impl<'a> Engine<'a> {
                 },
             );
         }
+        self.finishes = finishes;
     }
 
     fn complete(&mut self, inst: u32, now: u64) -> Result<(), SimError> {
-        let arrivals = std::mem::take(&mut self.instances[inst as usize].arrivals);
-        self.instances[inst as usize].phases = Vec::new();
-        for (u, op) in arrivals {
+        // Nothing refers to a completed instance any more but stale transfer finishes,
+        // which the network no longer knows: both are released.
+        let arrivals = self
+            .instances
+            .release(inst)
+            .map(|i| i.arrivals)
+            .unwrap_or_default();
+        self.net.release(inst);
+        for &(u, op) in &arrivals {
             self.op_done(u as usize, op as usize, now)?;
         }
+        self.instances.recycle(arrivals);
         Ok(())
     }
 
@@ -976,7 +1023,11 @@ impl<'a> Engine<'a> {
             .into_iter()
             .zip(ends.iter().zip(keep))
             .map(|(u, (&end_ns, &keep))| UnitOutcome {
-                spans: if keep { u.spans } else { Vec::new() },
+                spans: if keep {
+                    op_spans(u.program, u.base, &u.spans)
+                } else {
+                    Vec::new()
+                },
                 end_ns,
                 host_busy_ns: u.host_busy_ns,
                 memory: u.mem.report(),

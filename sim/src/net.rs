@@ -10,6 +10,8 @@
 //! Every re-planning gives the transfer a new finish **version**, drawn from one counter for
 //! the whole network, so a finish event of an earlier plan is never mistaken for the current
 //! one: not even after the id is reused, as the engine does for every phase of a collective.
+//! A transfer's storage is kept from its first start until the engine releases its id
+//! ([`Network::release`], when the collective completes) and then reused for another id.
 
 use hpfsdp_plan::Tier;
 
@@ -43,13 +45,21 @@ pub struct Finish {
 #[derive(Debug, Clone, Default)]
 pub struct Network {
     links: Vec<Vec<TransferId>>,
-    /// Indexed by transfer id (ids are dense: the engine's collective-instance indices).
+    /// Per transfer id (ids are dense: the engine's collective-instance indices): its slot
+    /// in `transfers`, [`NO_SLOT`] before its first start and after its release.
+    slot_of: Vec<u32>,
+    /// Transfer storage by slot.
     transfers: Vec<Transfer>,
+    /// Released slots, reused first.
+    free: Vec<u32>,
     /// Scratch list of the transfers a re-planning touches (kept to avoid an allocation).
     affected: Vec<TransferId>,
     /// The last finish version handed out (to any transfer).
     last_version: u64,
 }
+
+/// [`Network::slot_of`] of an id without storage.
+const NO_SLOT: u32 = u32::MAX;
 
 fn tier_index(t: Tier) -> usize {
     match t {
@@ -64,7 +74,9 @@ impl Network {
     pub fn new(units: usize) -> Self {
         Self {
             links: vec![Vec::new(); units * 3],
+            slot_of: Vec::new(),
             transfers: Vec::new(),
+            free: Vec::new(),
             affected: Vec::new(),
             last_version: 0,
         }
@@ -80,6 +92,22 @@ impl Network {
         work_ns: u64,
         now_ns: u64,
     ) -> Vec<Finish> {
+        let mut out = Vec::new();
+        self.start_into(id, units, tier, work_ns, now_ns, &mut out);
+        out
+    }
+
+    /// [`Network::start`] appending the new finish times to `out` (a buffer the caller
+    /// reuses: the engine starts a transfer for every phase of every collective).
+    pub fn start_into(
+        &mut self,
+        id: TransferId,
+        units: &[u32],
+        tier: Tier,
+        work_ns: u64,
+        now_ns: u64,
+        out: &mut Vec<Finish>,
+    ) {
         let t = tier_index(tier);
         for &u in units {
             self.links[u as usize * 3 + t].push(id);
@@ -93,21 +121,52 @@ impl Network {
         tr.share_k = 1;
         tr.last_ns = now_ns;
         tr.version = 0;
-        self.replan(units, t, now_ns)
+        self.replan(units, t, now_ns, out);
     }
 
-    /// The slot of transfer `id`, created (inactive) when new.
+    /// The storage of transfer `id`, created (inactive) when it has none.
     fn slot(&mut self, id: TransferId) -> &mut Transfer {
         let i = id as usize;
-        if i >= self.transfers.len() {
-            self.transfers.resize_with(i + 1, Transfer::default);
+        if i >= self.slot_of.len() {
+            self.slot_of.resize(i + 1, NO_SLOT);
         }
-        &mut self.transfers[i]
+        if self.slot_of[i] == NO_SLOT {
+            self.slot_of[i] = match self.free.pop() {
+                Some(s) => s,
+                None => {
+                    self.transfers.push(Transfer::default());
+                    self.transfers.len() as u32 - 1
+                }
+            };
+        }
+        &mut self.transfers[self.slot_of[i] as usize]
+    }
+
+    /// Index in `transfers` of transfer `id`, when it has storage.
+    #[inline]
+    fn index(&self, id: TransferId) -> Option<usize> {
+        let s = *self.slot_of.get(id as usize)?;
+        (s != NO_SLOT).then_some(s as usize)
     }
 
     /// Active transfer `id`.
     fn active(&self, id: TransferId) -> Option<&Transfer> {
-        self.transfers.get(id as usize).filter(|t| t.active)
+        self.index(id)
+            .map(|s| &self.transfers[s])
+            .filter(|t| t.active)
+    }
+
+    /// Gives up transfer `id`'s storage (its collective completed: the id is never started
+    /// again); finish events still queued for it are stale from now on.
+    pub fn release(&mut self, id: TransferId) {
+        let Some(s) = self.index(id) else {
+            return;
+        };
+        if self.transfers[s].active {
+            return; // still on its links: kept (the engine releases only completed ids)
+        }
+        self.slot_of[id as usize] = NO_SLOT;
+        self.free.push(s as u32);
     }
 
     /// True when `version` is the current finish event of transfer `id`.
@@ -117,10 +176,17 @@ impl Network {
 
     /// Removes a finished transfer; returns new finish times of the transfers it shared with.
     pub fn finish(&mut self, id: TransferId, now_ns: u64) -> Vec<Finish> {
-        if self.active(id).is_none() {
-            return Vec::new();
-        }
-        let tr = &mut self.transfers[id as usize];
+        let mut out = Vec::new();
+        self.finish_into(id, now_ns, &mut out);
+        out
+    }
+
+    /// [`Network::finish`] appending the new finish times to `out`.
+    pub fn finish_into(&mut self, id: TransferId, now_ns: u64, out: &mut Vec<Finish>) {
+        let Some(s) = self.index(id).filter(|&s| self.transfers[s].active) else {
+            return;
+        };
+        let tr = &mut self.transfers[s];
         tr.active = false;
         let (units, tier) = (std::mem::take(&mut tr.units), tr.tier);
         for &u in &units {
@@ -129,9 +195,8 @@ impl Network {
                 link.remove(pos);
             }
         }
-        let out = self.replan(&units, tier, now_ns);
-        self.transfers[id as usize].units = units;
-        out
+        self.replan(&units, tier, now_ns, out);
+        self.transfers[s].units = units;
     }
 
     /// Number of transfers active on `unit`'s link of `tier`.
@@ -174,7 +239,7 @@ impl Network {
         version
     }
 
-    fn replan(&mut self, units: &[u32], tier: usize, now_ns: u64) -> Vec<Finish> {
+    fn replan(&mut self, units: &[u32], tier: usize, now_ns: u64, out: &mut Vec<Finish>) {
         let mut affected = std::mem::take(&mut self.affected);
         affected.clear();
         affected.extend(
@@ -184,7 +249,7 @@ impl Network {
         );
         affected.sort_unstable();
         affected.dedup();
-        let mut out = Vec::with_capacity(affected.len());
+        out.reserve(affected.len());
         for &id in &affected {
             let Some(tr) = self.active(id) else {
                 continue;
@@ -196,7 +261,10 @@ impl Network {
                 .max()
                 .unwrap_or(1)
                 .max(1);
-            let tr = &mut self.transfers[id as usize];
+            let Some(s) = self.index(id) else {
+                continue;
+            };
+            let tr = &mut self.transfers[s];
             let done = (now_ns - tr.last_ns) / tr.share_k;
             tr.remaining_ns = tr.remaining_ns.saturating_sub(done);
             tr.last_ns = now_ns;
@@ -210,7 +278,6 @@ impl Network {
             });
         }
         self.affected = affected;
-        out
     }
 }
 
@@ -298,5 +365,23 @@ mod tests {
             "the event at 200 would end phase 2"
         );
         assert!(n.is_current(1, current.version));
+    }
+
+    /// A released id's storage goes to the next new id; the released id's queued finish
+    /// events are stale, and an active transfer is never released.
+    #[test]
+    fn released_storage_is_reused_and_old_finishes_are_stale() {
+        let mut n = Network::new(1);
+        let f = n.start(7, &[0], Tier::IntraMachine, 10, 0);
+        n.release(7);
+        assert_eq!(n.transfers.len(), 1, "active: kept");
+        assert!(n.is_current(7, f[0].version));
+        n.finish(7, 10);
+        n.release(7);
+        assert!(!n.is_current(7, f[0].version) && n.progress(7).is_none());
+        let g = n.start(9, &[0], Tier::IntraMachine, 5, 10);
+        assert_eq!(n.transfers.len(), 1, "the released storage is reused");
+        assert_eq!((g[0].id, g[0].time_ns), (9, 15));
+        assert!(n.is_current(9, g[0].version) && !n.is_current(7, g[0].version));
     }
 }

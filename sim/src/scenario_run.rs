@@ -144,82 +144,127 @@ pub struct PreparedRun {
     pub model_flops_per_step: f64,
 }
 
+/// A strategy's program generator on a scenario's plans, ready to generate and fold its
+/// programs ([`ProgramJob::prepare`]). It keeps no reference to the plans (the generator
+/// holds its own copy of what it reads), so a caller that runs one job drops them first.
+pub struct ProgramJob {
+    /// Strategy name as asked.
+    strategy: String,
+    /// The optimizer strategy of the programs.
+    optimizer: OptimizerStrategy,
+    /// The scenario's default optimizer strategy for this FSDP strategy.
+    default_optimizer: OptimizerStrategy,
+    generator: ProgramGenerator,
+    whatif: Option<crate::whatif::WhatIfModel>,
+    topology: hpfsdp_plan::Topology,
+}
+
+impl ProgramJob {
+    /// The generator of `strategy`'s programs on the scenario's plans with the optimizer
+    /// `optimizer` (see [`RunOptions::optimizer`]).
+    pub fn new(
+        plans: &ScenarioPlans,
+        strategy: &str,
+        optimizer: Option<&str>,
+    ) -> Result<Self, SimError> {
+        let kind = StrategyKind::parse(strategy).map_err(|e| SimError::Workload(e.to_string()))?;
+        let default_optimizer = OptimizerStrategy::default_for(&plans.scenario, kind);
+        let optimizer = match optimizer {
+            None => default_optimizer,
+            Some(name) => {
+                OptimizerStrategy::parse(name).map_err(|e| SimError::Workload(e.to_string()))?
+            }
+        };
+        let generator = ProgramGenerator::with_optimizer(
+            &plans.scenario,
+            &plans.sharding,
+            &plans.fsdp,
+            kind,
+            optimizer,
+        )
+        .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
+        Ok(Self {
+            strategy: strategy.to_string(),
+            optimizer,
+            default_optimizer,
+            generator,
+            whatif: crate::whatif::WhatIfModel::for_scenario(&plans.scenario)?,
+            topology: plans.scenario.topology,
+        })
+    }
+
+    /// Generates the programs and folds them when `fold`.
+    pub fn prepare(self, fold: bool) -> Result<PreparedRun, SimError> {
+        let Self {
+            strategy,
+            optimizer,
+            default_optimizer,
+            generator,
+            whatif,
+            topology,
+        } = self;
+        let world_size = generator.world_size();
+        let gen_err = |e: hpfsdp_program::strategy::StrategyError| {
+            SimError::Workload(format!("strategy '{strategy}': {e}"))
+        };
+        let salt = |r| whatif.as_ref().map_or(0, |m| m.fold_salt(r));
+        let mut workload = if fold {
+            let families: Vec<GroupFamilyTable> = generator
+                .group_families()
+                .into_iter()
+                .map(|(label, groups)| GroupFamilyTable { label, groups })
+                .collect();
+            Workload::fold_on_mesh(
+                world_size,
+                topology,
+                |r| generator.template_key(r),
+                &families,
+                // Only rank 0's program keeps names (reports name spans from it); the others
+                // are generated without, which `fold_templated` would strip anyway, on the
+                // model path they share with ranks of the same model key.
+                |r| {
+                    if r == 0 {
+                        generator.program(r)
+                    } else {
+                        generator.program_shared(r)
+                    }
+                    .map_err(gen_err)
+                },
+                salt,
+            )?
+        } else {
+            // In parallel, in rank order; the first failing rank is the error.
+            let programs: Vec<Result<StepProgram, SimError>> = (0..world_size)
+                .into_par_iter()
+                .map(|r| generator.program(r).map_err(gen_err))
+                .collect();
+            let programs = programs.into_iter().collect::<Result<Vec<_>, _>>()?;
+            Workload::unfolded(programs, topology)?
+        };
+        workload.whatif = whatif;
+        Ok(PreparedRun {
+            strategy: if optimizer == default_optimizer {
+                strategy
+            } else {
+                format!("{strategy}+{}", optimizer.name())
+            },
+            optimizer: optimizer.name().to_string(),
+            workload,
+            tokens_per_step: generator.tokens_per_step(),
+            model_flops_per_step: generator.model_flops_per_step(),
+        })
+    }
+}
+
 /// Generates `strategy`'s programs on the scenario's plans with the optimizer `optimizer`
-/// (see [`RunOptions::optimizer`]) and folds them when `fold`.
+/// (see [`RunOptions::optimizer`]) and folds them when `fold` ([`ProgramJob`]).
 pub fn prepare(
     plans: &ScenarioPlans,
     strategy: &str,
     optimizer: Option<&str>,
     fold: bool,
 ) -> Result<PreparedRun, SimError> {
-    let kind = StrategyKind::parse(strategy).map_err(|e| SimError::Workload(e.to_string()))?;
-    let default_optimizer = OptimizerStrategy::default_for(&plans.scenario, kind);
-    let optimizer = match optimizer {
-        None => default_optimizer,
-        Some(name) => {
-            OptimizerStrategy::parse(name).map_err(|e| SimError::Workload(e.to_string()))?
-        }
-    };
-    let generator = ProgramGenerator::with_optimizer(
-        &plans.scenario,
-        &plans.sharding,
-        &plans.fsdp,
-        kind,
-        optimizer,
-    )
-    .map_err(|e| SimError::Workload(format!("strategy '{strategy}': {e}")))?;
-    let world_size = generator.world_size();
-    let topology = plans.scenario.topology;
-    let gen_err = |e: hpfsdp_program::strategy::StrategyError| {
-        SimError::Workload(format!("strategy '{strategy}': {e}"))
-    };
-    let whatif = crate::whatif::WhatIfModel::for_scenario(&plans.scenario)?;
-    let salt = |r| whatif.as_ref().map_or(0, |m| m.fold_salt(r));
-    let mut workload = if fold {
-        let families: Vec<GroupFamilyTable> = generator
-            .group_families()
-            .into_iter()
-            .map(|(label, groups)| GroupFamilyTable { label, groups })
-            .collect();
-        Workload::fold_on_mesh(
-            world_size,
-            topology,
-            |r| generator.template_key(r),
-            &families,
-            // Only rank 0's program keeps names (reports name spans from it); the others
-            // are generated without, which `fold_templated` would strip anyway, on the
-            // model path they share with ranks of the same model key.
-            |r| {
-                if r == 0 {
-                    generator.program(r)
-                } else {
-                    generator.program_shared(r)
-                }
-                .map_err(gen_err)
-            },
-            salt,
-        )?
-    } else {
-        // In parallel, in rank order; the first failing rank is the error.
-        let programs: Vec<Result<StepProgram, SimError>> = (0..world_size)
-            .into_par_iter()
-            .map(|r| generator.program(r).map_err(gen_err))
-            .collect();
-        let programs = programs.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Workload::unfolded(programs, topology)?
-    };
-    workload.whatif = whatif;
-    Ok(PreparedRun {
-        strategy: if optimizer == default_optimizer {
-            strategy.to_string()
-        } else {
-            format!("{strategy}+{}", optimizer.name())
-        },
-        optimizer: optimizer.name().to_string(),
-        workload,
-        tokens_per_step: generator.tokens_per_step(),
-        model_flops_per_step: generator.model_flops_per_step(),
-    })
+    ProgramJob::new(plans, strategy, optimizer)?.prepare(fold)
 }
 
 /// Simulates a prepared workload with `profile`.

@@ -274,7 +274,8 @@ where
 }
 
 /// The representative program of every class: its template's program, moved to its last
-/// class and copied for the others; a class whose smallest rank did not generate it gets
+/// class and copied for the others (the copies share its ops:
+/// [`OpSeq::share_tail`](hpfsdp_program::step::OpSeq::share_tail)); a class whose smallest rank did not generate it gets
 /// the copy relabelled ([`relabel`]: the template key promises equal programs up to group
 /// ranks and names), or its program generated again when the template's group table does
 /// not match. Each checked against the topology.
@@ -308,7 +309,11 @@ where
             });
             let template = match templates.get_mut(&key) {
                 Some((_, first, p)) if left == Some(0) => p.take().map(|p| (*first, p)),
-                Some((_, first, Some(p))) => Some((*first, p.clone())),
+                Some((_, first, Some(p))) => {
+                    // Copies share the template's ops (only the rank and groups change).
+                    p.ops.share_tail();
+                    Some((*first, p.clone()))
+                }
                 _ => None,
             };
             let p = match template {

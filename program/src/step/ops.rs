@@ -6,7 +6,9 @@
 //! are the same on every rank with the same model path. Storing that prefix once
 //! ([`SharedOps`], behind an `Arc`) and each program's tail on its own turns hundreds of
 //! copies of the prefix into one, and lets readers that see the same `Arc` (folding digests,
-//! the prefix-sharing plan of the simulator) do the prefix's work once.
+//! the prefix-sharing plan of the simulator) do the prefix's work once. The tail can be
+//! shared too ([`OpSeq::share_tail`]): copies of a program that differ only in their rank
+//! and group table (the simulator's relabelled representatives) then cost no op storage.
 //!
 //! Op ids stay global: op `i` is `prefix[i]` below the prefix length and `tail[i - len]`
 //! above it, so dependencies, the engine, reports and replay index ops as before, through
@@ -54,7 +56,49 @@ pub struct SharedOps {
 #[derive(Clone, Default)]
 pub struct OpSeq {
     shared: Option<Arc<SharedOps>>,
-    tail: Vec<Op>,
+    tail: Tail,
+}
+
+/// A program's own ops: owned while the program is built, or behind an `Arc` once
+/// [`OpSeq::share_tail`] made clones share them (a change copies them back first).
+#[derive(Clone)]
+enum Tail {
+    Own(Vec<Op>),
+    Shared(Arc<Vec<Op>>),
+}
+
+impl Default for Tail {
+    fn default() -> Self {
+        Tail::Own(Vec::new())
+    }
+}
+
+impl Tail {
+    /// The ops, read only.
+    #[inline]
+    fn ops(&self) -> &[Op] {
+        match self {
+            Tail::Own(v) => v,
+            Tail::Shared(v) => v,
+        }
+    }
+
+    /// The ops for changing: a shared tail is copied first (unless this is its only owner).
+    fn own(&mut self) -> &mut Vec<Op> {
+        if let Tail::Shared(v) = self {
+            let v = std::mem::take(v);
+            *self = Tail::Own(Arc::try_unwrap(v).unwrap_or_else(|v| (*v).clone()));
+        }
+        match self {
+            Tail::Own(v) => v,
+            Tail::Shared(_) => unreachable!("the tail was just made owned"),
+        }
+    }
+
+    /// The ops, owned (moved out, or copied when shared with another sequence).
+    fn take(&mut self) -> Vec<Op> {
+        std::mem::take(self.own())
+    }
 }
 
 impl OpSeq {
@@ -68,13 +112,13 @@ impl OpSeq {
     pub fn with_prefix(prefix: Arc<SharedOps>, tail: Vec<Op>) -> Self {
         Self {
             shared: Some(prefix),
-            tail,
+            tail: Tail::Own(tail),
         }
     }
 
     /// Number of ops.
     pub fn len(&self) -> usize {
-        self.prefix_len() + self.tail.len()
+        self.prefix_len() + self.tail.ops().len()
     }
 
     /// True when there are no ops.
@@ -99,7 +143,26 @@ impl OpSeq {
 
     /// The program's own ops after the prefix (all of them without a prefix).
     pub fn tail(&self) -> &[Op] {
-        &self.tail
+        self.tail.ops()
+    }
+
+    /// Puts the program's own ops behind an `Arc`, so that clones of this sequence share
+    /// them instead of copying them (changing an op of a clone copies them back first).
+    pub fn share_tail(&mut self) {
+        if let Tail::Own(v) = &mut self.tail {
+            let mut v = std::mem::take(v);
+            v.shrink_to_fit();
+            self.tail = Tail::Shared(Arc::new(v));
+        }
+    }
+
+    /// Whether both sequences hold the very same tail storage (shared by
+    /// [`OpSeq::share_tail`]), so that their tails are equal without comparing them.
+    pub fn same_tail(&self, other: &Self) -> bool {
+        match (&self.tail, &other.tail) {
+            (Tail::Shared(a), Tail::Shared(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
     }
 
     /// Op `i`, or `None` past the end.
@@ -109,7 +172,7 @@ impl OpSeq {
         if i < p.len() {
             Some(&p[i])
         } else {
-            self.tail.get(i - p.len())
+            self.tail.ops().get(i - p.len())
         }
     }
 
@@ -120,7 +183,7 @@ impl OpSeq {
             self.unshare();
         }
         let p = self.prefix_len();
-        self.tail.get_mut(i - p)
+        self.tail.own().get_mut(i - p)
     }
 
     /// The first op.
@@ -130,29 +193,29 @@ impl OpSeq {
 
     /// The last op.
     pub fn last(&self) -> Option<&Op> {
-        self.tail.last().or_else(|| self.prefix().last())
+        self.tail.ops().last().or_else(|| self.prefix().last())
     }
 
     /// Every op in order.
     pub fn iter(&self) -> OpIter<'_> {
         OpIter {
             prefix: self.prefix().iter(),
-            tail: self.tail.iter(),
+            tail: self.tail.ops().iter(),
         }
     }
 
     /// Ops `start..` in order (an empty iterator past the end).
     pub fn iter_from(&self, start: usize) -> OpIter<'_> {
-        let p = self.prefix();
+        let (p, tail) = (self.prefix(), self.tail.ops());
         if start <= p.len() {
             OpIter {
                 prefix: p[start..].iter(),
-                tail: self.tail.iter(),
+                tail: tail.iter(),
             }
         } else {
             OpIter {
                 prefix: [].iter(),
-                tail: self.tail[(start - p.len()).min(self.tail.len())..].iter(),
+                tail: tail[(start - p.len()).min(tail.len())..].iter(),
             }
         }
     }
@@ -165,34 +228,35 @@ impl OpSeq {
         let start = range.start.min(end);
         OpSlice {
             prefix: &p[clamp(start, p.len())..clamp(end, p.len())],
-            tail: &self.tail[start.saturating_sub(p.len())..end.saturating_sub(p.len())],
+            tail: &self.tail.ops()[start.saturating_sub(p.len())..end.saturating_sub(p.len())],
         }
     }
 
     /// Every op for changing; copies a shared prefix into this sequence first.
     pub fn iter_mut(&mut self) -> std::slice::IterMut<'_, Op> {
         self.unshare();
-        self.tail.iter_mut()
+        self.tail.own().iter_mut()
     }
 
     /// Appends an op (its id must be [`OpSeq::len`]).
     pub fn push(&mut self, op: Op) {
-        self.tail.push(op);
+        self.tail.own().push(op);
     }
 
     /// Reserves room for `additional` more ops in the program's own storage.
     pub fn reserve(&mut self, additional: usize) {
-        self.tail.reserve(additional);
+        self.tail.own().reserve(additional);
     }
 
     /// Copies the shared prefix (if any) into this sequence's own storage, so that every op
     /// can be changed; other sequences sharing the prefix are not affected.
     pub fn unshare(&mut self) {
         if let Some(shared) = self.shared.take() {
-            let mut ops = Vec::with_capacity(shared.ops.len() + self.tail.len());
+            let tail = self.tail.take();
+            let mut ops = Vec::with_capacity(shared.ops.len() + tail.len());
             ops.extend_from_slice(&shared.ops);
-            ops.append(&mut self.tail);
-            self.tail = ops;
+            ops.extend(tail);
+            self.tail = Tail::Own(ops);
         }
     }
 
@@ -200,11 +264,9 @@ impl OpSeq {
     /// of that prefix and an empty tail. `check` is the result of validating the ops.
     pub fn freeze(&mut self, check: Option<PrefixCheck>) -> Arc<SharedOps> {
         self.unshare();
-        self.tail.shrink_to_fit();
-        let shared = Arc::new(SharedOps {
-            ops: std::mem::take(&mut self.tail),
-            check,
-        });
+        let mut ops = self.tail.take();
+        ops.shrink_to_fit();
+        let shared = Arc::new(SharedOps { ops, check });
         self.shared = Some(shared.clone());
         shared
     }
@@ -217,7 +279,7 @@ impl OpSeq {
     /// Every op, owned (the tail is moved, a shared prefix copied).
     pub fn into_vec(mut self) -> Vec<Op> {
         self.unshare();
-        self.tail
+        self.tail.take()
     }
 }
 
@@ -346,7 +408,10 @@ impl std::ops::IndexMut<usize> for OpSeq {
 
 impl From<Vec<Op>> for OpSeq {
     fn from(tail: Vec<Op>) -> Self {
-        Self { shared: None, tail }
+        Self {
+            shared: None,
+            tail: Tail::Own(tail),
+        }
     }
 }
 
@@ -366,7 +431,7 @@ impl PartialEq for OpSeq {
             _ => false,
         };
         if same_prefix {
-            return self.tail == other.tail;
+            return self.same_tail(other) || self.tail.ops() == other.tail.ops();
         }
         self.iter().eq(other.iter())
     }
@@ -399,5 +464,52 @@ impl Serialize for OpSeq {
 impl<'de> Deserialize<'de> for OpSeq {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         Vec::<Op>::deserialize(d).map(Self::from)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::step::{Category, ComputeWork, ProgramBuilder};
+
+    fn ops(n: u64) -> OpSeq {
+        let mut b = ProgramBuilder::new(0);
+        for i in 0..n {
+            b.compute(ComputeWork::memory_bound(i, i, 1), &[]);
+        }
+        b.build().unwrap().ops
+    }
+
+    /// Clones of a shared tail share its storage; changing one copies it and leaves the
+    /// others as they were; the sequence reads, compares and hashes as before.
+    #[test]
+    fn shared_tail_is_copied_on_change_only() {
+        let mut a = ops(3);
+        let plain = a.clone();
+        a.share_tail();
+        let mut b = a.clone();
+        assert!(a.same_tail(&b) && !a.same_tail(&plain));
+        assert_eq!(a, plain);
+        assert_eq!(a.tail().as_ptr(), b.tail().as_ptr(), "no copy");
+        b[1].category = Category::Host;
+        assert!(!a.same_tail(&b));
+        assert_eq!(
+            a[1].category,
+            Category::Compute,
+            "the original is untouched"
+        );
+        assert_eq!(b[1].category, Category::Host);
+        assert_eq!(a.len(), 3);
+        let mut c = a.clone();
+        c.push(plain[2].clone());
+        assert_eq!((a.len(), c.len()), (3, 4));
+        assert_eq!(a.clone().into_vec(), plain.to_vec());
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let hash = |s: &OpSeq| {
+            let mut h = DefaultHasher::new();
+            s.hash(&mut h);
+            h.finish()
+        };
+        assert_eq!(hash(&a), hash(&plain));
     }
 }

@@ -9,7 +9,7 @@
 use super::collective_staging;
 use super::compute::{Item, Segment, Stage};
 use super::host_events;
-use super::muon::schedule::{Dep, Schedule, Work};
+use super::muon::schedule::{Dep, Layout, Schedule, Work};
 use super::parallel::{CollSpec, ParAxis, ParColl};
 use super::segment_pieces::{piece_of, share};
 use super::tp_overlap::{self, Pass, SegmentSplit};
@@ -173,6 +173,19 @@ impl<'a> Emitter<'a> {
         name: &str,
     ) -> OpId {
         let work = self.b.intern_kernels(kernels);
+        self.compute(stream, category, work, deps, name)
+    }
+
+    /// [`Emitter::compute_kernels`] of a mix whose id is known (`MixId::of(kernels)`).
+    pub fn compute_kernels_as(
+        &mut self,
+        (stream, category): (Stream, Category),
+        kernels: &[hpfsdp_plan::kernel::KernelWork],
+        id: hpfsdp_plan::kernel::MixId,
+        deps: &[OpId],
+        name: &str,
+    ) -> OpId {
+        let work = self.b.intern_kernels_as(kernels, id);
         self.compute(stream, category, work, deps, name)
     }
 
@@ -793,14 +806,22 @@ impl FrozenPath {
 /// resident optimizer state (base plus the schedule's momentum and AdamW moments), the
 /// schedule's ops after `ready`, and the gradient free on its last op.
 pub(crate) fn finish_schedule(
-    mut path: ModelPath<'_>,
+    path: ModelPath<'_>,
     sched: &Schedule,
+) -> Result<StepProgram, super::StrategyError> {
+    finish_layout(path, &sched.layout())
+}
+
+/// [`finish_schedule`] of a schedule laid out as a [`Layout`].
+pub(crate) fn finish_layout(
+    mut path: ModelPath<'_>,
+    sched: &Layout<'_>,
 ) -> Result<StepProgram, super::StrategyError> {
     path.e.resident(
         MemTag::Optimizer,
         path.optimizer_base_bytes + sched.momentum_bytes + sched.adamw_state_bytes,
     );
-    if let Some(last) = lower_schedule(&mut path.e, sched, &path.ready)
+    if let Some(last) = lower_layout(&mut path.e, sched, &path.ready)
         && let Some(grads) = path.grads_freed
     {
         path.e.free(last, MemTag::Grads, grads);
@@ -812,13 +833,20 @@ pub(crate) fn finish_schedule(
 /// deliver the reduced gradients. Returns the last op emitted. (Schedules are built apart from
 /// the emitter, in [`super::muon::schedule`], which does not depend on this module.)
 pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> Option<OpId> {
+    lower_layout(e, &s.layout(), ready)
+}
+
+/// [`lower_schedule`] of a schedule laid out as a [`Layout`] (an op's [`Dep::Op`] indices
+/// count from its base).
+fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId> {
     let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
     let mut last = None;
-    for op in &s.ops {
-        let mut deps = Vec::with_capacity(op.deps.len() + ready.len());
+    for (op, base, mix) in &s.ops {
+        // On the stack: most ops have a few dependencies (the `Ready` ones may spill).
+        let mut deps: smallvec::SmallVec<[OpId; 8]> = smallvec::SmallVec::new();
         for d in &op.deps {
             match *d {
-                Dep::Op(i) => deps.extend(ids.get(i as usize).copied().flatten()),
+                Dep::Op(i) => deps.extend(ids.get((i + base) as usize).copied().flatten()),
                 Dep::Issue => deps.extend(e.issue_point()),
                 Dep::Ready => deps.extend_from_slice(ready),
             }
@@ -827,7 +855,10 @@ pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> O
         deps.dedup();
         let id = match &op.work {
             Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
-            Work::Kernels(k) => Some(e.compute_kernels(op.stream, op.category, k, &deps, &op.name)),
+            Work::Kernels(k) => Some(match mix {
+                Some(id) => e.compute_kernels_as((op.stream, op.category), k, *id, &deps, &op.name),
+                None => e.compute_kernels(op.stream, op.category, k, &deps, &op.name),
+            }),
             Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),
             Work::Coll {
                 slot,

@@ -305,8 +305,8 @@ impl ProgramGenerator {
         let Some(path) = frozen.thaw(&self.ctx, hint).rebase(rank, groups) else {
             return self.generate(rank, false);
         };
-        let sched = muon::schedule(&self.ctx, rank, false);
-        let program = emit::finish_schedule(path, &sched)?;
+        let sched = muon::unnamed(&self.ctx, rank);
+        let program = emit::finish_layout(path, &sched.layout())?;
         self.paths.tail_hint.fetch_max(
             program.ops.tail().len(),
             std::sync::atomic::Ordering::Relaxed,

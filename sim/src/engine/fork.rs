@@ -11,7 +11,9 @@
 //! before `T`), and every stream is offered its next op at `T`, as the gate's completion
 //! would have done.
 
-use super::{Engine, Event, Exec, Gates, Instance, UnitRt, UnitSpec, kept_units, last_end};
+use super::{
+    Engine, Event, Exec, Gates, Instance, UnitRt, UnitSpec, kept_units, last_end, op_spans,
+};
 use crate::error::SimError;
 use crate::memory::{join_series, resident_shift};
 use crate::profile::HardwareProfile;
@@ -93,9 +95,8 @@ pub(super) fn simulate_shared(
         .map(|(c, u)| {
             let spans = if keep[c] {
                 let block = &merged.units[plan.block_of_unit[c] as usize];
-                let mut spans = Vec::with_capacity(u.base + u.spans.len());
-                spans.extend_from_slice(&block.spans[..u.base]);
-                spans.extend(u.spans);
+                let mut spans = op_spans(block.program, 0, &block.spans[..u.base]);
+                spans.extend(op_spans(u.program, u.base, &u.spans));
                 spans
             } else {
                 Vec::new()
@@ -199,7 +200,7 @@ fn copy_instances(
     plan: &SharePlan,
 ) -> Result<Vec<Vec<(u32, u64)>>, SimError> {
     let mut derived: Vec<Vec<(u32, u64)>> = vec![Vec::new(); m.instances.len()];
-    for (mi, inst) in m.instances.iter().enumerate() {
+    for (mi, inst) in m.instances.iter() {
         let Some(&(fb, fop)) = inst.arrivals.first() else {
             continue;
         };
@@ -222,8 +223,7 @@ fn copy_instances(
                 {
                     Some(&(ci, _)) => ci,
                     None => {
-                        let ci = e.instances.len() as u32;
-                        e.instances.push(Instance {
+                        let ci = e.instances.push(Instance {
                             key,
                             arrivals: Vec::new(),
                             max_in: inst.max_in,
@@ -317,7 +317,7 @@ fn catch_up(e: &mut Engine<'_>, u: usize, from_ns: u64, until_ns: u64) {
         }
         unit.host_busy_ns += st.host_ns;
         unit.host_next += 1;
-        unit.spans[op].launched_ns = Some(end);
+        unit.spans[op].launched_ns = end;
         if let Exec::Collective { slot, .. } = st.exec {
             unit.ops[op].seq = unit.seq[slot as usize];
             unit.seq[slot as usize] += 1;

@@ -8,8 +8,10 @@
 //!
 //! A part's ops refer to each other by index within the part; assembling shifts them.
 
-use super::schedule::{Dep, SOp, Schedule};
+use super::schedule::{Dep, Layout, SOp, Schedule, Work};
 use crate::step::MemTag;
+use hpfsdp_plan::kernel::MixId;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -31,7 +33,23 @@ pub(crate) struct Part {
     pub(crate) in_flight: Option<InFlight>,
     /// Digest of `s` without names and of `in_flight`.
     pub(crate) digest: u128,
+    /// The kernel-mix id of each op, worked out on first use ([`Part::mix_ids`]).
+    mix_ids: MixIds,
 }
+
+/// Per op of a part, the id of its kernel mix (`None`: no mix), computed the first time the
+/// part is lowered and reused by every program that lowers it after. A cache of `s`'s
+/// content: parts compare equal whether or not it was filled.
+#[derive(Debug, Clone, Default)]
+struct MixIds(std::sync::OnceLock<Vec<Option<MixId>>>);
+
+impl PartialEq for MixIds {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for MixIds {}
 
 impl Part {
     /// A part of `s` with its in-flight broadcast, digested.
@@ -46,7 +64,22 @@ impl Part {
             s,
             in_flight,
             digest,
+            mix_ids: MixIds::default(),
         }
+    }
+
+    /// The id of each op's kernel mix ([`MixId::of`] of a non-empty `Work::Kernels`).
+    fn mix_ids(&self) -> &[Option<MixId>] {
+        self.mix_ids.0.get_or_init(|| {
+            self.s
+                .ops
+                .iter()
+                .map(|op| match &op.work {
+                    Work::Kernels(k) if !k.is_empty() => Some(MixId::of(k)),
+                    _ => None,
+                })
+                .collect()
+        })
     }
 }
 
@@ -163,62 +196,87 @@ impl Parts {
         h.finish()
     }
 
-    /// The schedule: `s` (empty) followed by the head's ops, then every slot's ops; after a
-    /// slot that leaves a replica broadcast in flight, the previous one in flight is landed
-    /// (at most one in flight), and the last one after every slot.
-    pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
-        let ops: usize = self.head.s.ops.len()
+    /// The schedule as a [`Layout`]: the head's ops, then every slot's ops (borrowed from
+    /// the parts, each part's ops with the index it starts at); after a slot that leaves a
+    /// replica broadcast in flight, the previous one in flight is landed (at most one in
+    /// flight), and the last one after every slot. Lowering it emits what lowering
+    /// [`Parts::assemble`] does, without copying the parts' ops.
+    pub(crate) fn layout<'a>(&'a self) -> Layout<'a> {
+        let n: usize = self.head.s.ops.len()
             + self
                 .slots
                 .iter()
                 .flatten()
                 .map(|p| p.s.ops.len() + 1)
                 .sum::<usize>();
-        s.ops.reserve(ops);
-        append(&mut s, &self.head);
+        let mut out = Layout {
+            ops: Vec::with_capacity(n),
+            momentum_bytes: 0,
+            adamw_state_bytes: 0,
+        };
+        let append = |out: &mut Layout<'_>, p: &'_ Part| -> u32 {
+            let base = out.ops.len() as u32;
+            out.momentum_bytes += p.s.momentum_bytes;
+            out.adamw_state_bytes += p.s.adamw_state_bytes;
+            base
+        };
+        let laid = |p: &'a Part, base: u32| {
+            p.s.ops
+                .iter()
+                .zip(p.mix_ids())
+                .map(move |(op, &mix)| (Cow::Borrowed(op), base, mix))
+        };
+        let base = append(&mut out, &self.head);
+        out.ops.extend(laid(&self.head, base));
         let mut in_flight: Option<InFlight> = None;
         for p in self.slots.iter().flatten() {
-            let base = append(&mut s, p);
+            let base = append(&mut out, p);
+            out.ops.extend(laid(p, base));
             if let Some((ops, bytes, slot)) = &p.in_flight {
                 if let Some(prev) = in_flight.take() {
-                    land(&mut s, prev);
+                    out.ops
+                        .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
                 }
                 let ops = ops.iter().map(|&o| o + base).collect();
                 in_flight = Some((ops, *bytes, *slot));
             }
         }
         if let Some(prev) = in_flight.take() {
-            land(&mut s, prev);
+            out.ops
+                .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
         }
+        out
+    }
+
+    /// The schedule: `s` (empty) followed by the ops of [`Parts::layout`], their op
+    /// dependencies shifted by their base.
+    pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
+        let layout = self.layout();
+        s.ops.reserve(layout.ops.len());
+        s.ops.extend(layout.ops.into_iter().map(|(op, base, _)| {
+            let mut op = op.into_owned();
+            for d in &mut op.deps {
+                if let Dep::Op(i) = d {
+                    *i += base;
+                }
+            }
+            op
+        }));
+        s.momentum_bytes += layout.momentum_bytes;
+        s.adamw_state_bytes += layout.adamw_state_bytes;
         s
     }
-}
 
-/// Appends part `p`'s ops to `s`, shifting their op dependencies, and adds its resident
-/// state; returns the index of its first op in `s`.
-fn append(s: &mut Schedule, p: &Part) -> u32 {
-    let base = s.ops.len() as u32;
-    s.ops.extend(p.s.ops.iter().map(|op| {
-        SOp {
-            name: op.name.clone(),
-            stream: op.stream,
-            category: op.category,
-            work: op.work.clone(),
-            deps: op
-                .deps
-                .iter()
-                .map(|d| match *d {
-                    Dep::Op(i) => Dep::Op(i + base),
-                    other => other,
-                })
-                .collect(),
-            alloc: op.alloc,
-            free: op.free,
-        }
-    }));
-    s.momentum_bytes += p.s.momentum_bytes;
-    s.adamw_state_bytes += p.s.adamw_state_bytes;
-    base
+    /// The op that lands an in-flight batch ([`land`], named when the parts are): its op
+    /// dependencies are schedule-absolute.
+    fn landing(&self, in_flight: InFlight) -> Option<SOp> {
+        let mut s = Schedule {
+            anonymous: self.head.s.anonymous,
+            ..Schedule::default()
+        };
+        land(&mut s, in_flight);
+        s.ops.pop()
+    }
 }
 
 /// Lands an in-flight batch: waits its broadcasts and unpacks what was received.

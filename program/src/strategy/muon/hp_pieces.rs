@@ -1,7 +1,7 @@
 //! Rank-independent pieces of HyperParallel Muon schedules ([`Pieces`]), held by the
 //! optimizer context ([`super::OptCtx`]) and filled by [`super::hyperparallel`]'s builds.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 /// The held parameters of a plan batch that one replica coordinate owns: a function of the
@@ -14,6 +14,54 @@ pub(crate) struct Owned {
     /// Owned members of every NS memory batch of the plan batch (empty when the rank owns
     /// none of it).
     pub(crate) units: Vec<Vec<usize>>,
+    /// Per NS memory batch on the shard path (as `units`; empty on the local path): its
+    /// members' shard owners.
+    pub(crate) owners: Vec<UnitOwners>,
+}
+
+/// The shard owners of one NS memory batch's owned members (shard path), found in the
+/// plan's owner map once per [`Owned`] instead of by every rank's build, member by member.
+#[derive(Debug, Default)]
+pub(crate) struct UnitOwners {
+    /// Every shard-owner coordinate of the members, in lexicographic order, with the bytes
+    /// it relays: the packed bf16 updates of the matrices it owns, 512-byte padded each.
+    pub(crate) sources: Vec<(Vec<usize>, u64)>,
+    /// Per member (in the memory batch's order): its owner's position in `sources`.
+    owner: Vec<Option<u32>>,
+}
+
+/// The owners of a memory batch with none (the local path).
+pub(crate) static NO_OWNERS: UnitOwners = UnitOwners {
+    sources: Vec::new(),
+    owner: Vec::new(),
+};
+
+impl UnitOwners {
+    /// The owners of a memory batch's members: per member, its shard owner's coordinate and
+    /// the bytes it relays for the member, or `None` without an owner.
+    pub(crate) fn new<'a>(members: &[Option<(&'a [usize], u64)>]) -> Self {
+        let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
+        for &(c, n) in members.iter().flatten() {
+            *bytes.entry(c).or_default() += n;
+        }
+        let sources: Vec<(Vec<usize>, u64)> =
+            bytes.into_iter().map(|(c, n)| (c.to_vec(), n)).collect();
+        let owner = members
+            .iter()
+            .map(|m| {
+                let (c, _) = (*m)?;
+                let at = sources.binary_search_by(|(s, _)| s.as_slice().cmp(c));
+                at.ok().map(|j| j as u32)
+            })
+            .collect();
+        Self { sources, owner }
+    }
+
+    /// The shard-owner coordinate of the batch's `k`-th member, when it has one.
+    pub(crate) fn owner_of(&self, k: usize) -> Option<&[usize]> {
+        let j = (*self.owner.get(k)?)?;
+        self.sources.get(j as usize).map(|(c, _)| c.as_slice())
+    }
 }
 
 /// The parameters of a plan batch one EP class holds ([`OptCtx::held`](super::OptCtx::held)).

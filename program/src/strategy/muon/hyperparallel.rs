@@ -76,7 +76,7 @@
 //! doing the same work get identical programs and fold in the simulator.
 
 use super::hp_parts::{Part, PartCache, PartKey, Parts, SlotInputs, UnitInputs};
-use super::hp_pieces::{Held, Owned, SourceBytes, cached};
+use super::hp_pieces::{Held, NO_OWNERS, Owned, SourceBytes, UnitOwners, cached};
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
 use super::{
@@ -88,7 +88,6 @@ use crate::strategy::Ctx;
 use hpfsdp_plan::CollectiveKind;
 use hpfsdp_plan::kernel::KernelWork;
 use hpfsdp_plan::muon::NS_BATCH_NUMEL;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Stream of the replica-domain broadcasts (the replicate process group's stream).
@@ -131,16 +130,44 @@ fn owned_by(ctx: &Ctx, index: usize, held: &[usize], rc: &[usize]) -> Owned {
                 .filter(|i| sorted.binary_search(i).is_ok())
                 .collect::<Vec<_>>()
         })
-        .collect();
-    Owned { params, units }
+        .collect::<Vec<Vec<usize>>>();
+    let owners = if b.shard_path {
+        units
+            .iter()
+            .map(|members| {
+                let owners: Vec<Option<(&[usize], u64)>> = members
+                    .iter()
+                    .map(|i| {
+                        let c = b.shard_owner.get(i)?;
+                        Some((c.as_slice(), pad512_bf16(ctx.opt.params[*i].numel)))
+                    })
+                    .collect();
+                UnitOwners::new(&owners)
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    Owned {
+        params,
+        units,
+        owners,
+    }
 }
 
 /// Whether `view`'s shard coordinate on `p`'s shard axes is `owner` (allocation-free
 /// [`RankView::shard_coord`] comparison).
-fn is_shard_owner(view: &RankView, p: &OptParam, owner: Option<&Vec<usize>>) -> bool {
+fn is_shard_owner(view: &RankView, p: &OptParam, owner: Option<&[usize]>) -> bool {
     owner.is_some_and(|o| {
         o.len() == p.shard.len() && o.iter().zip(&p.shard).all(|(&c, a)| c == view.coord(a))
     })
+}
+
+impl RankBatch {
+    /// The shard owners of the rank's NS memory batch `u` (none on the local path).
+    fn owners(&self, u: usize) -> &UnitOwners {
+        self.owned.owners.get(u).unwrap_or(&NO_OWNERS)
+    }
 }
 
 /// All coordinates of a grid, lexicographic.
@@ -370,17 +397,17 @@ fn slot_inputs(ctx: &Ctx, view: &RankView, b: &RankBatch, slot: usize, named: bo
         .map(|u| {
             let members = b.owned.units.get(u).filter(|m| !m.is_empty())?;
             let (kept, (relay, relay_owners)) = if b.shard_path {
-                let kept = computed_here(ctx, view, b, members);
+                let kept = computed_here(ctx, view, b.owners(u), members);
                 (
                     kept_unpack(ctx, members, &kept),
-                    relays_joined(ctx, view, b, members, named),
+                    relays_joined(ctx, view, b, u, members, named),
                 )
             } else {
                 ((0, 0), (Vec::new(), Vec::new()))
             };
             Some(UnitInputs {
                 kept,
-                calls: unit_ns_calls(ctx, view, b, members),
+                calls: unit_ns_calls(ctx, view, b, u, members),
                 relay,
                 relay_owners,
             })
@@ -532,13 +559,13 @@ fn slice_copies(ctx: &Ctx, members: &[usize]) -> Option<KernelWork> {
 
 /// The members of a shard-path memory batch whose Newton-Schulz this rank computes (its
 /// shard coordinate is the parameter's owner in the batch's shard group).
-fn computed_here(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -> Vec<usize> {
+fn computed_here(ctx: &Ctx, view: &RankView, owners: &UnitOwners, members: &[usize]) -> Vec<usize> {
     let oc = &ctx.opt;
-    let plan_b = &oc.plan.batches[b.index];
     members
         .iter()
-        .copied()
-        .filter(|&i| is_shard_owner(view, &oc.params[i], plan_b.shard_owner.get(&i)))
+        .enumerate()
+        .filter(|&(k, &i)| is_shard_owner(view, &oc.params[i], owners.owner_of(k)))
+        .map(|(_, &i)| i)
         .collect()
 }
 
@@ -546,15 +573,22 @@ fn computed_here(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
 /// the shard group, per core shape, in calls under 2^29 / S whole-matrix elements each
 /// (`_gather_and_compute_shard_updates`); on the local path its local matrices, per core
 /// shape.
-fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -> Vec<NsCall> {
+fn unit_ns_calls(
+    ctx: &Ctx,
+    view: &RankView,
+    b: &RankBatch,
+    u: usize,
+    members: &[usize],
+) -> Vec<NsCall> {
     let oc = &ctx.opt;
     if b.shard_path {
-        let plan_b = &oc.plan.batches[b.index];
+        let owners = b.owners(u);
         let mine: Vec<((u64, u64), u64, u64)> = members
             .iter()
-            .filter_map(|&i| {
+            .enumerate()
+            .filter_map(|(k, &i)| {
                 let p = &oc.params[i];
-                let mine = is_shard_owner(view, p, plan_b.shard_owner.get(&i));
+                let mine = is_shard_owner(view, p, owners.owner_of(k));
                 mine.then_some((p.core?, p.matrices, p.numel))
             })
             .collect();
@@ -568,21 +602,6 @@ fn unit_ns_calls(ctx: &Ctx, view: &RankView, b: &RankBatch, members: &[usize]) -
     }
 }
 
-/// Bytes every compute coordinate relays in NS memory batch `members` of plan batch
-/// `index` (its owned matrices' packed bf16 updates, 512-B padded per matrix), in
-/// lexicographic coordinate order.
-fn relay_sources<'a>(ctx: &'a Ctx, index: usize, members: &[usize]) -> BTreeMap<&'a [usize], u64> {
-    let oc = &ctx.opt;
-    let plan_b = &oc.plan.batches[index];
-    let mut bytes: BTreeMap<&[usize], u64> = BTreeMap::new();
-    for i in members {
-        if let Some(c) = plan_b.shard_owner.get(i) {
-            *bytes.entry(c.as_slice()).or_default() += pad512_bf16(oc.params[*i].numel);
-        }
-    }
-    bytes
-}
-
 /// The relay broadcasts each rank of a shard-path batch joins in NS memory batch `u`
 /// (`members`: its owned parameters), per shard dim but the last: every compute coordinate
 /// that owns a matrix of the sub-batch and is aligned with the rank on later dims
@@ -594,6 +613,7 @@ fn relays_joined(
     ctx: &Ctx,
     view: &RankView,
     b: &RankBatch,
+    u: usize,
     members: &[usize],
     named: bool,
 ) -> Relays {
@@ -602,15 +622,15 @@ fn relays_joined(
     };
     let first = &ctx.opt.params[f];
     let mine = view.shard_coord(first);
-    let bytes = relay_sources(ctx, b.index, members);
+    let bytes = &b.owners(u).sources;
     let dims = first.shard.len().saturating_sub(1);
     let mut sizes = Vec::with_capacity(dims);
     let mut owners = Vec::new();
     for d in 0..dims {
         let joined: Vec<(&[usize], u64)> = bytes
             .iter()
-            .filter(|&(c, &n)| n != 0 && c.get(d + 1..) == mine.get(d + 1..))
-            .map(|(c, &n)| (*c, n))
+            .filter(|&(c, n)| *n != 0 && c.get(d + 1..) == mine.get(d + 1..))
+            .map(|(c, n)| (c.as_slice(), *n))
             .collect();
         sizes.push(joined.iter().map(|&(_, n)| n).collect());
         if named {
@@ -625,9 +645,8 @@ fn relays_joined(
 /// alignment on no later dim: the same for every rank). (bytes, owner coordinates when
 /// `named`.)
 fn relays_of_dim(
-    ctx: &Ctx,
     b: &RankBatch,
-    members: &[usize],
+    u: usize,
     unit: &UnitInputs,
     (d, dims): (usize, usize),
     named: bool,
@@ -642,10 +661,11 @@ fn relays_of_dim(
                 .collect()
         });
     }
-    relay_sources(ctx, b.index, members)
-        .into_iter()
-        .filter(|&(c, n)| n != 0 && c.len() == dims)
-        .map(|(c, n)| (n, named.then(|| c.to_vec())))
+    b.owners(u)
+        .sources
+        .iter()
+        .filter(|(c, n)| *n != 0 && c.len() == dims)
+        .map(|(c, n)| (*n, named.then(|| c.clone())))
         .collect()
 }
 
@@ -673,7 +693,7 @@ fn relay_broadcast(
     let mut prev_dim: Vec<u32> = Vec::new();
     for (d, a) in first.shard.iter().enumerate() {
         let mut this_dim = Vec::new();
-        for (n, c) in relays_of_dim(ctx, b, members, unit, (d, dims), !s.anonymous) {
+        for (n, c) in relays_of_dim(b, u, unit, (d, dims), !s.anonymous) {
             let mut deps = vec![Dep::Issue];
             deps.extend(prev_dim.iter().map(|&o| Dep::Op(o)));
             let name = s.name(|| {

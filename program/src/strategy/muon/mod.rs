@@ -98,16 +98,9 @@ impl OptCtx {
     /// on equal digests meaning schedules equal up to names, and anonymous schedules have
     /// none; so the result does not depend on which rank's digest was computed first (keys
     /// are computed in parallel).
-    pub(crate) fn take_built(&self, ctx: &Ctx, view: &RankView) -> Option<Schedule> {
+    pub(crate) fn take_built(&self, ctx: &Ctx, view: &RankView) -> Option<Built> {
         let d = *self.digests.lock().ok()?.get(&view.key(ctx))?;
-        let built = self.built.lock().ok()?.get(&d).cloned()?;
-        Some(match built {
-            Built::Whole(s) => s,
-            Built::Parts(p) => p.assemble(Schedule {
-                anonymous: true,
-                ..Schedule::default()
-            }),
-        })
+        self.built.lock().ok()?.get(&d).cloned()
     }
 }
 
@@ -128,23 +121,36 @@ fn placement_signature(ctx: &Ctx, view: &RankView) -> Vec<bool> {
 /// optimizer coordinate, if any (one build per coordinate on folded jobs), else, for
 /// HyperParallel Muon, is assembled from the job's cached parts.
 pub(crate) fn schedule(ctx: &Ctx, rank: usize, named: bool) -> Schedule {
+    if named {
+        let view = RankView::new(ctx, rank);
+        return build(ctx, &view, Schedule::default());
+    }
+    match unnamed(ctx, rank) {
+        Built::Whole(s) => s,
+        Built::Parts(p) => p.assemble(Schedule {
+            anonymous: true,
+            ..Schedule::default()
+        }),
+    }
+}
+
+/// The unnamed schedule of `rank` ([`schedule`]) as kept: whole, or as its HyperParallel
+/// parts, which lower without being assembled ([`Built::layout`]).
+pub(crate) fn unnamed(ctx: &Ctx, rank: usize) -> Built {
     let view = RankView::new(ctx, rank);
-    let built = if named {
-        None
-    } else {
-        ctx.opt.take_built(ctx, &view)
-    };
-    let empty = Schedule {
-        anonymous: !named,
-        ..Schedule::default()
-    };
-    match built {
-        Some(s) => s,
+    match ctx.opt.take_built(ctx, &view) {
+        Some(b) => b,
         // Anonymous HyperParallel parts come from the job's part cache.
-        None if !named && ctx.opt.strategy == OptimizerStrategy::HyperParallelMuon => {
-            hyperparallel::parts(ctx, &view, true, Some(&ctx.opt.hp_pieces.parts)).assemble(empty)
+        None if ctx.opt.strategy == OptimizerStrategy::HyperParallelMuon => Built::Parts(
+            hyperparallel::parts(ctx, &view, true, Some(&ctx.opt.hp_pieces.parts)),
+        ),
+        None => {
+            let empty = Schedule {
+                anonymous: true,
+                ..Schedule::default()
+            };
+            Built::Whole(build(ctx, &view, empty))
         }
-        None => build(ctx, &view, empty),
     }
 }
 

@@ -266,6 +266,16 @@ pub(crate) enum Built {
     Parts(super::hp_parts::Parts),
 }
 
+impl Built {
+    /// The schedule laid out for lowering (parts are not assembled).
+    pub(crate) fn layout(&self) -> super::schedule::Layout<'_> {
+        match self {
+            Built::Whole(s) => s.layout(),
+            Built::Parts(p) => p.layout(),
+        }
+    }
+}
+
 /// Schedules kept for reuse at most (a bound on the memory of [`OptCtx`]'s cache on jobs
 /// with very many optimizer coordinates; beyond it the program builds its own).
 pub(crate) const KEPT_SCHEDULES: usize = 4096;

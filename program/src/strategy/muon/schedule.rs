@@ -10,7 +10,7 @@
 use crate::step::{Category, ComputeWork, CopyWork, MemTag, Stream};
 use crate::strategy::parallel::CollSpec;
 use hpfsdp_plan::CollectiveKind;
-use hpfsdp_plan::kernel::KernelWork;
+use hpfsdp_plan::kernel::{KernelWork, MixId};
 use hpfsdp_plan::model::DType;
 
 /// What an op waits for.
@@ -65,6 +65,21 @@ pub(crate) struct SOp {
     pub free: Option<(MemTag, u64)>,
 }
 
+/// A schedule laid out for lowering without copying its ops: each op with the index its
+/// [`Dep::Op`]s count from (0 in a whole [`Schedule`]; where its part starts in one
+/// assembled from parts, [`super::hp_parts::Parts::layout`]) and, when known, the id of its
+/// kernel mix; and the resident state.
+#[derive(Debug, Clone)]
+pub(crate) struct Layout<'a> {
+    /// Ops in issue order, each with its dependency base and its mix id (`None`: unknown,
+    /// or no mix).
+    pub ops: Vec<(std::borrow::Cow<'a, SOp>, u32, Option<MixId>)>,
+    /// Resident Muon momentum bytes.
+    pub momentum_bytes: u64,
+    /// Resident AdamW moment bytes.
+    pub adamw_state_bytes: u64,
+}
+
 /// A rank's optimizer schedule and the optimizer state it keeps resident.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub(crate) struct Schedule {
@@ -96,6 +111,19 @@ impl Schedule {
         }
         self.momentum_bytes.hash(h);
         self.adamw_state_bytes.hash(h);
+    }
+
+    /// The schedule as a [`Layout`] (its ops borrowed, every base 0).
+    pub fn layout(&self) -> Layout<'_> {
+        Layout {
+            ops: self
+                .ops
+                .iter()
+                .map(|op| (std::borrow::Cow::Borrowed(op), 0, None))
+                .collect(),
+            momentum_bytes: self.momentum_bytes,
+            adamw_state_bytes: self.adamw_state_bytes,
+        }
     }
 
     /// An op name: `f()`, or empty for an anonymous schedule (so hot paths do not format
