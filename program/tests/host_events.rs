@@ -256,17 +256,16 @@ fn transformers_grouped_mm_experts_carry_their_module_census() {
         bwd: attention_half.bwd + QWEN3_MOE_ROUTER.bwd + GROUPED_MM_EXPERTS_PER_LAYER.bwd,
     };
     for pass in ["fwd", "bwd"] {
-        let layers: Vec<u32> = p
-            .ops
-            .iter()
-            .filter(|o| {
-                o.name
-                    .as_deref()
-                    .is_some_and(|n| n.starts_with("layers.") && n.ends_with(&format!(".{pass}")))
-                    && matches!(o.payload, Payload::Compute(_))
-            })
-            .map(|o| o.host_cpu_events)
-            .collect();
+        let layers: Vec<u32> =
+            p.ops
+                .iter()
+                .filter(|o| {
+                    o.name.as_deref().is_some_and(|n| {
+                        n.starts_with("layers.") && n.ends_with(&format!(".{pass}"))
+                    }) && matches!(o.payload, Payload::Compute(_))
+                })
+                .map(|o| o.host_cpu_events)
+                .collect();
         let want = if pass == "fwd" { want.fwd } else { want.bwd };
         assert_eq!(layers, vec![want; 4], "{pass}");
     }

@@ -6,7 +6,7 @@
 
 use std::mem::MaybeUninit;
 
-use crate::matmul::Strip;
+use crate::matmul_pack::Strip;
 
 /// Tile height (rows of A per tile).
 pub(crate) const MR: usize = 8;

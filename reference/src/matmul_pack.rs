@@ -5,7 +5,7 @@
 
 use crate::real::Real;
 
-use super::MatRef;
+use crate::mat_ref::MatRef;
 
 /// A tile operand over the reduction: lane `l` of step `p` is `data[p * step + l * lane]`
 /// (a packed piece: `step` is the tile's width and `lane` 1; `B` or `A` stored by columns
