@@ -183,7 +183,7 @@ pub fn matmul_bench_report() -> String {
         out,
         "matmul f32, kernel {}, {} rayon threads (best of several alternate runs; 1T in thread \
          CPU time)",
-        Isa::detect().name(),
+        Isa::active().name(),
         threads
     );
     let _ = writeln!(
