@@ -820,15 +820,7 @@ impl<'a> Engine<'a> {
         let inst = match self.pending.get(&(key, seq)) {
             Some(&i) => i,
             None => {
-                let i = self.instances.push(Instance {
-                    key,
-                    arrivals: Vec::new(),
-                    max_in: 0,
-                    max_out: 0,
-                    aligned: true,
-                    phases: Vec::new(),
-                    phase: 0,
-                });
+                let i = self.instances.push(Instance::new(key));
                 self.pending.insert((key, seq), i);
                 i
             }

@@ -27,6 +27,21 @@ pub(super) struct Instance {
     pub(super) phase: usize,
 }
 
+impl Instance {
+    /// A fresh instance of communicator `key`: no member arrived, no phase planned.
+    pub(super) fn new(key: u32) -> Self {
+        Self {
+            key,
+            arrivals: Vec::new(),
+            max_in: 0,
+            max_out: 0,
+            aligned: true,
+            phases: Vec::new(),
+            phase: 0,
+        }
+    }
+}
+
 /// Slot of an id whose instance is released.
 const GONE: u32 = u32::MAX;
 
@@ -77,16 +92,10 @@ impl Instances {
         let s = *self.slot.get(id as usize).filter(|&&s| s != GONE)?;
         self.slot[id as usize] = GONE;
         self.free.push(s);
-        let gone = Instance {
-            key: 0,
-            arrivals: Vec::new(),
-            max_in: 0,
-            max_out: 0,
-            aligned: true,
-            phases: Vec::new(),
-            phase: 0,
-        };
-        Some(std::mem::replace(&mut self.live[s as usize], gone))
+        Some(std::mem::replace(
+            &mut self.live[s as usize],
+            Instance::new(0),
+        ))
     }
 
     /// Keeps a completed instance's arrival list (emptied) for a later [`Instances::push`].
