@@ -5,9 +5,10 @@
 //! unknown at the root stay on the parameter's own module (and are reported by lint as
 //! uncovered unless every parameter in them is `REPLICATED`).
 
-use super::roles::Role;
+use super::module_tree::{ModuleTree, parent};
+use super::roles::{Role, RoleSet, lowercase};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 /// The kind of module boundary, which selects a template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -82,7 +83,13 @@ const LEAF_GUARD: &[&str] = &[
 /// Infers the type of a module's group from its FQN and the roles inside it, with the rule
 /// that decided it.
 pub fn infer_type(module: &str, roles: &BTreeSet<Role>) -> (BoundaryType, String) {
-    let lower = module.to_lowercase();
+    infer_type_of_set(module, roles.iter().copied().collect())
+}
+
+/// [`infer_type`] on a [`RoleSet`].
+pub fn infer_type_of_set(module: &str, roles: RoleSet) -> (BoundaryType, String) {
+    let lower = lowercase(module);
+    let lower = lower.as_ref();
     let last = lower.rsplit('.').next().unwrap_or("");
     for (pats, ty) in [
         (
@@ -119,10 +126,10 @@ pub fn infer_type(module: &str, roles: &BTreeSet<Role>) -> (BoundaryType, String
     {
         return (
             BoundaryType::Unknown,
-            format!("leaf segment '{last}' never forms a boundary"),
+            ["leaf segment '", last, "' never forms a boundary"].concat(),
         );
     }
-    if roles.contains(&Role::MoeExpert) {
+    if roles.contains(Role::MoeExpert) {
         if ["mlp", "moe", "moe_block", "moe_layer"]
             .iter()
             .any(|p| last.contains(p))
@@ -137,11 +144,11 @@ pub fn infer_type(module: &str, roles: &BTreeSet<Role>) -> (BoundaryType, String
             "routed experts outside an mlp/moe module".into(),
         );
     }
-    if roles.contains(&Role::SharedExpert) {
+    if roles.contains(Role::SharedExpert) {
         return (BoundaryType::Mlp, "shared expert".into());
     }
     let colwise = roles.iter().any(|r| r.is_colwise_like());
-    let rowwise = roles.contains(&Role::Rowwise);
+    let rowwise = roles.contains(Role::Rowwise);
     let is_attn = ["attn", "attention"].iter().any(|p| lower.contains(p));
     let is_mlp = ["mlp", "ffn", "feed_forward"]
         .iter()
@@ -173,7 +180,7 @@ pub fn infer_type(module: &str, roles: &BTreeSet<Role>) -> (BoundaryType, String
     // Extension over HyperParallel: a group made only of one head/embedding/norm role takes
     // that role's type (DeepSeek MTP `shared_head.head`).
     if roles.len() == 1 {
-        let only = *roles.iter().next().unwrap_or(&Role::Skip);
+        let only = roles.iter().next().unwrap_or(Role::Skip);
         let by_role = match only {
             Role::Embed => Some(BoundaryType::Embed),
             Role::LmHead => Some(BoundaryType::LmHead),
@@ -205,124 +212,173 @@ pub struct Grouped {
 pub struct Grouping {
     /// Boundaries in model order of their first parameter.
     pub boundaries: Vec<Grouped>,
-    /// For each parameter index, the grouping steps it went through.
-    pub notes: BTreeMap<usize, Vec<String>>,
+    /// The grouping steps each parameter went through, indexed by the caller's parameter
+    /// index (empty for parameters not passed in).
+    pub notes: Vec<Vec<String>>,
 }
 
-fn parent(module: &str) -> Option<&str> {
-    module.rsplit_once('.').map(|(p, _)| p)
+/// "No member" in the member lists of [`group`].
+const NONE: u32 = u32::MAX;
+
+/// The members of every module as linked lists over input positions, so that handing a
+/// group to its parent is O(1) and nothing is allocated per module.
+struct MemberLists {
+    head: Vec<u32>,
+    tail: Vec<u32>,
+    next: Vec<u32>,
+    roles: Vec<RoleSet>,
+}
+
+impl MemberLists {
+    /// Each input parameter in its owner's list, in input order.
+    fn new(tree: &ModuleTree, params: &[(usize, &str, Role)]) -> Self {
+        let mut lists = MemberLists {
+            head: vec![NONE; tree.len()],
+            tail: vec![NONE; tree.len()],
+            next: vec![NONE; params.len()],
+            roles: vec![RoleSet::default(); tree.len()],
+        };
+        for (pos, &(_, _, role)) in params.iter().enumerate() {
+            let m = tree.owner(pos) as usize;
+            match lists.tail[m] {
+                NONE => lists.head[m] = pos as u32,
+                t => lists.next[t as usize] = pos as u32,
+            }
+            lists.tail[m] = pos as u32;
+            lists.roles[m].insert(role);
+        }
+        lists
+    }
+
+    /// The input positions in module `m`'s list.
+    fn positions(&self, m: u32) -> impl Iterator<Item = usize> + '_ {
+        let mut cur = self.head[m as usize];
+        std::iter::from_fn(move || {
+            (cur != NONE).then(|| {
+                let pos = cur as usize;
+                cur = self.next[pos];
+                pos
+            })
+        })
+    }
+
+    /// Moves module `m`'s members (and roles) to the end of `parent`'s list.
+    fn hand_to(&mut self, m: u32, parent: u32) {
+        let (m, p) = (m as usize, parent as usize);
+        match self.tail[p] {
+            NONE => self.head[p] = self.head[m],
+            t => self.next[t as usize] = self.head[m],
+        }
+        self.tail[p] = self.tail[m];
+        let roles = self.roles[m];
+        self.roles[p].union_with(roles);
+        self.head[m] = NONE;
+        self.tail[m] = NONE;
+    }
+}
+
+/// Pushes `note` onto the notes of every parameter in `members` (moved into the last one).
+fn note_all(notes: &mut [Vec<String>], members: &[usize], note: String) {
+    if let Some((&last, rest)) = members.split_last() {
+        for &i in rest {
+            notes[i].push(note.clone());
+        }
+        notes[last].push(note);
+    }
 }
 
 /// Groups `(fqn, role)` parameters (Skip already removed by the caller: pass only the
 /// parameters to group) by owning module, deepest first.
 pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
-    // module -> param indices; depth ordering with model-order tie-break. Modules are
-    // prefixes of the parameter names, borrowed, not copied: on exp-d's 55k per-expert
-    // parameters this walk was most of planning.
-    let mut groups: HashMap<&str, Vec<usize>> = HashMap::with_capacity(params.len());
-    let mut first_seen: HashMap<&str, usize> = HashMap::with_capacity(params.len());
-    // Parameter indices are positions in the model's list: dense, looked up by position.
     let slots = params.iter().map(|&(i, _, _)| i + 1).max().unwrap_or(0);
-    let mut by_index: Vec<Option<(Role, &str)>> = vec![None; slots];
-    for &(i, n, r) in params {
-        by_index[i] = Some((r, n));
-    }
-    let role_of = |i: usize| by_index[i].map_or(Role::Replicated, |(r, _)| r);
-    let name_of = |i: usize| by_index[i].map_or("", |(_, n)| n);
-    for (order, &(idx, fqn, _)) in params.iter().enumerate() {
-        let owner = parent(fqn).unwrap_or("");
-        groups.entry(owner).or_default().push(idx);
-        let mut m = Some(owner);
-        while let Some(cur) = m {
-            if first_seen.contains_key(cur) {
-                break; // its ancestors were seen no later
-            }
-            first_seen.insert(cur, order);
-            m = parent(cur);
-        }
-    }
-    // (depth, first parameter) is distinct per module: a parameter has one ancestor per
-    // depth, so the order does not depend on the maps' order.
-    let mut modules: Vec<(std::cmp::Reverse<usize>, usize, &str)> = first_seen
-        .iter()
-        .map(|(&m, &first)| {
-            let depth = m.matches('.').count() + usize::from(!m.is_empty());
-            (std::cmp::Reverse(depth), first, m)
-        })
-        .collect();
-    modules.sort_unstable();
-
-    let mut out = Grouping::default();
-    for (_, _, name) in modules {
-        let Some(mut members) = groups.remove(name) else {
+    let tree = ModuleTree::build(params.iter().map(|&(_, n, _)| n));
+    let mut lists = MemberLists::new(&tree, params);
+    let mut out = Grouping {
+        boundaries: Vec::new(),
+        notes: vec![Vec::new(); slots],
+    };
+    let mut members: Vec<usize> = Vec::new();
+    for m in tree.deepest_first() {
+        if lists.head[m as usize] == NONE {
             continue;
-        };
-        let module = name.to_string();
+        }
+        let module = tree.name(m);
+        members.clear();
+        members.extend(lists.positions(m).map(|pos| params[pos].0));
         members.sort_unstable();
-        let roles: BTreeSet<Role> = members.iter().map(|&i| role_of(i)).collect();
-        let (ty, reason) = infer_type(&module, &roles);
+        let (ty, reason) = infer_type_of_set(module, lists.roles[m as usize]);
         if ty != BoundaryType::Unknown {
-            for &i in &members {
-                out.notes
-                    .entry(i)
-                    .or_default()
-                    .push(format!("boundary '{module}' is {}: {reason}", ty.name()));
-            }
+            let note = ["boundary '", module, "' is ", ty.name(), ": ", &reason].concat();
+            note_all(&mut out.notes, &members, note);
             out.boundaries.push(Grouped {
-                module,
+                module: module.to_string(),
                 ty,
                 reason,
-                params: members,
+                params: members.clone(),
             });
             continue;
         }
-        match parent(name) {
+        match tree.parent(m) {
             Some(p) if !module.is_empty() => {
-                for &i in &members {
-                    out.notes
-                        .entry(i)
-                        .or_default()
-                        .push(format!("'{module}': {reason}; merged into '{p}'"));
-                }
-                groups.entry(p).or_default().extend(members);
+                let note = [
+                    "'",
+                    module,
+                    "': ",
+                    &reason,
+                    "; merged into '",
+                    tree.name(p),
+                    "'",
+                ]
+                .concat();
+                note_all(&mut out.notes, &members, note);
+                lists.hand_to(m, p);
             }
-            _ => {
-                // Unknown at the root: attribute every parameter to its own module.
-                for &i in &members {
-                    let own = parent(name_of(i)).unwrap_or("").to_string();
-                    let r = role_of(i);
-                    let (ty, why) = if r == Role::Replicated {
-                        (
-                            BoundaryType::Replicated,
-                            "only REPLICATED parameters: layout only, no contract".to_string(),
-                        )
-                    } else {
-                        (
-                            BoundaryType::Unknown,
-                            format!("still unknown at the root ({reason})"),
-                        )
-                    };
-                    out.notes
-                        .entry(i)
-                        .or_default()
-                        .push(format!("'{own}': {why}"));
-                    out.boundaries.push(Grouped {
-                        module: own,
-                        ty,
-                        reason: why,
-                        params: vec![i],
-                    });
-                }
-            }
+            _ => root_unknowns(params, &mut lists, m, &reason, &mut out),
         }
     }
     out.boundaries.sort_by_key(|b| b.params[0]);
     out
 }
 
+/// A group still unknown at the root: every parameter of module `m` is attributed to its
+/// own module, a replicated boundary when its role is `REPLICATED`, an unknown one otherwise.
+fn root_unknowns(
+    params: &[(usize, &str, Role)],
+    lists: &mut MemberLists,
+    m: u32,
+    reason: &str,
+    out: &mut Grouping,
+) {
+    let mut members: Vec<(usize, &str, Role)> = lists.positions(m).map(|pos| params[pos]).collect();
+    members.sort_unstable_by_key(|&(i, _, _)| i);
+    lists.head[m as usize] = NONE;
+    for (i, name, r) in members {
+        let own = parent(name).unwrap_or("").to_string();
+        let (ty, why) = if r == Role::Replicated {
+            (
+                BoundaryType::Replicated,
+                "only REPLICATED parameters: layout only, no contract".to_string(),
+            )
+        } else {
+            (
+                BoundaryType::Unknown,
+                format!("still unknown at the root ({reason})"),
+            )
+        };
+        out.notes[i].push(format!("'{own}': {why}"));
+        out.boundaries.push(Grouped {
+            module: own,
+            ty,
+            reason: why,
+            params: vec![i],
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeMap;
 
     #[test]
     fn qwen3_moe_layer_groups() {
@@ -363,7 +419,7 @@ mod tests {
             by_module["model.layers.0.input_layernorm"].0,
             BoundaryType::Norm
         );
-        assert!(g.notes[&5][0].contains("merged into 'model.layers.0.mlp'"));
+        assert!(g.notes[5][0].contains("merged into 'model.layers.0.mlp'"));
     }
 
     #[test]

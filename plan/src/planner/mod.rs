@@ -8,7 +8,9 @@
 //! 6. static lint ([`lint`]).
 
 pub mod boundary;
+pub mod classifier;
 pub mod lint;
+pub mod module_tree;
 pub mod overrides;
 pub mod roles;
 pub mod templates;
@@ -204,9 +206,13 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
         .filter(|(_, p)| p.role != Role::Skip)
         .map(|(i, p)| (i, p.name.as_str(), p.role))
         .collect();
-    let grouping = boundary::group(&to_group);
-    for (i, notes) in &grouping.notes {
-        params[*i].notes.extend(notes.iter().cloned());
+    let mut grouping = boundary::group(&to_group);
+    for (p, notes) in params.iter_mut().zip(std::mem::take(&mut grouping.notes)) {
+        if p.notes.is_empty() {
+            p.notes = notes; // moved, not copied
+        } else {
+            p.notes.extend(notes);
+        }
     }
     // Pass 4: templates.
     let mut boundaries = apply_templates(&grouping, &mut params, axes);
@@ -229,13 +235,12 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
 
 /// Pass 1: every parameter's role (family rules first, then the defaults), with the reason.
 fn classify_roles(model: &ModelIr) -> Vec<ParamPlan> {
-    let fam_rules = roles::family_rules(model.config.family);
-    let defaults = roles::default_rules();
+    let mut classifier = classifier::RoleClassifier::new(model.config.family);
     model
         .params
         .iter()
         .map(|p| {
-            let (role, role_reason) = roles::classify(&p.name, p.trainable, &fam_rules, &defaults);
+            let (role, role_reason) = classifier.classify(&p.name, p.trainable);
             ParamPlan {
                 name: p.name.clone(),
                 shape: p.shape.clone(),

@@ -7,6 +7,7 @@
 
 use crate::model::ModelFamily;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 
 /// What a parameter is, for sharding purposes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -66,6 +67,80 @@ impl Role {
     /// Roles that split the output dim of a linear (the "colwise" family of boundary inference).
     pub fn is_colwise_like(self) -> bool {
         matches!(self, Role::Colwise | Role::FusedQkv | Role::FusedGateUp)
+    }
+}
+
+/// A set of roles as a bit mask (one bit per [`Role`] variant, iteration in `Role` order, as
+/// a `BTreeSet<Role>` would give).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RoleSet(u16);
+
+impl RoleSet {
+    const ALL: [Role; 14] = [
+        Role::Colwise,
+        Role::Rowwise,
+        Role::Norm,
+        Role::Embed,
+        Role::LmHead,
+        Role::MoeGate,
+        Role::MoeExpert,
+        Role::SharedExpert,
+        Role::FusedQkv,
+        Role::FusedGateUp,
+        Role::Bias,
+        Role::Replicated,
+        Role::Special,
+        Role::Skip,
+    ];
+
+    /// Adds `role`.
+    pub fn insert(&mut self, role: Role) {
+        self.0 |= 1 << role as u16;
+    }
+
+    /// Adds every role of `other`.
+    pub fn union_with(&mut self, other: RoleSet) {
+        self.0 |= other.0;
+    }
+
+    /// Whether `role` is in the set.
+    pub fn contains(self, role: Role) -> bool {
+        self.0 & (1 << role as u16) != 0
+    }
+
+    /// Number of roles in the set.
+    pub fn len(self) -> usize {
+        self.0.count_ones() as usize
+    }
+
+    /// True for the empty set.
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The roles in `Role` order.
+    pub fn iter(self) -> impl Iterator<Item = Role> {
+        Self::ALL.into_iter().filter(move |&r| self.contains(r))
+    }
+}
+
+impl FromIterator<Role> for RoleSet {
+    fn from_iter<I: IntoIterator<Item = Role>>(iter: I) -> Self {
+        let mut set = RoleSet::default();
+        for r in iter {
+            set.insert(r);
+        }
+        set
+    }
+}
+
+/// `s` lower-cased (`str::to_lowercase`), borrowed when it has no upper-case letter and is
+/// ASCII (parameter and module names nearly always are).
+pub fn lowercase(s: &str) -> Cow<'_, str> {
+    if s.bytes().all(|b| b.is_ascii() && !b.is_ascii_uppercase()) {
+        Cow::Borrowed(s)
+    } else {
+        Cow::Owned(s.to_lowercase())
     }
 }
 
@@ -254,7 +329,7 @@ pub fn classify(
             },
         );
     }
-    let lower = fqn.to_lowercase();
+    let lower = lowercase(fqn);
     for (source, rules) in [("family rule", family_rules), ("default rule", defaults)] {
         for (i, rule) in rules.iter().enumerate() {
             if let Some(p) = rule.matching_pattern(&lower) {
@@ -385,6 +460,37 @@ mod tests {
             .0,
             Role::Skip
         );
+    }
+
+    #[test]
+    fn role_set_iterates_in_role_order() {
+        let all: RoleSet = RoleSet::ALL.into_iter().collect();
+        assert_eq!(all.len(), RoleSet::ALL.len());
+        let mut sorted = RoleSet::ALL.to_vec();
+        sorted.sort();
+        assert_eq!(
+            sorted,
+            RoleSet::ALL,
+            "ALL lists the roles in their Ord order"
+        );
+        let set: RoleSet = [Role::Skip, Role::Colwise, Role::Norm]
+            .into_iter()
+            .collect();
+        let v: Vec<Role> = set.iter().collect();
+        assert_eq!(v, [Role::Colwise, Role::Norm, Role::Skip]);
+        assert!(set.contains(Role::Norm) && !set.contains(Role::Bias));
+        assert!(RoleSet::default().is_empty());
+    }
+
+    #[test]
+    fn lowercase_borrows_plain_names() {
+        assert!(matches!(
+            lowercase("model.layers.0.q_proj"),
+            Cow::Borrowed(_)
+        ));
+        assert_eq!(lowercase("Model.LM_Head"), "model.lm_head");
+        // Non-ASCII goes through `to_lowercase` (the Kelvin sign lower-cases to ASCII 'k').
+        assert_eq!(lowercase("\u{212A}_proj"), "k_proj");
     }
 
     #[test]
