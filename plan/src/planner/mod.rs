@@ -22,6 +22,7 @@ use indexmap::IndexMap;
 use lint::{LintIssue, Severity};
 use overrides::{FieldOverride, PlanOverride, WhenGate};
 use roles::{Role, RoleReason};
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use templates::{AxisPlacements, BoundaryFlags, Contract, PlanAxes};
@@ -163,34 +164,11 @@ impl ShardingPlan {
     }
 }
 
-fn parent(module: &str) -> Option<&str> {
-    module.rsplit_once('.').map(|(p, _)| p)
-}
-
-fn all_modules(model: &ModelIr) -> Vec<String> {
-    let mut seen = BTreeSet::new();
-    let mut out = Vec::new();
-    for p in &model.params {
-        let mut chain = Vec::new();
-        let mut m = parent(&p.name);
-        while let Some(cur) = m {
-            chain.push(cur.to_string());
-            m = parent(cur);
-        }
-        for c in chain.into_iter().rev() {
-            if seen.insert(c.clone()) {
-                out.push(c);
-            }
-        }
-    }
-    out
-}
-
+/// The expert index of a per-expert parameter: the segment after the first `experts` segment.
 fn expert_index(fqn: &str) -> Option<usize> {
-    let segs: Vec<&str> = fqn.split('.').collect();
-    segs.windows(2)
-        .find(|w| w[0] == "experts")
-        .and_then(|w| w[1].parse().ok())
+    let mut segs = fqn.split('.');
+    segs.find(|s| *s == "experts")?;
+    segs.next()?.parse().ok()
 }
 
 /// Runs the six passes.
@@ -217,11 +195,30 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
     // Pass 4: templates.
     let mut boundaries = apply_templates(&grouping, &mut params, axes);
     // Pass 5: overrides, then claims resolved and placements assigned.
-    let modules = all_modules(model);
-    let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
-    let explicit = merge_overrides(&mut boundaries, &modules, &param_names, input, &mut lints);
+    let overrides = active_overrides(input);
+    let explicit = if overrides.is_empty() {
+        BTreeSet::new()
+    } else {
+        let modules = model.modules();
+        let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
+        merge_overrides(
+            &mut boundaries,
+            &overrides,
+            &modules,
+            &param_names,
+            &mut lints,
+        )
+    };
     resolve_claims(&mut boundaries, &mut params, &explicit, &mut lints);
-    assign_placements(model, &boundaries, &mut params, axes);
+    // `params` is `model.params` in order. Names are unique in a model built from a config;
+    // in any other the last of a repeated name wins, as it always has.
+    let index_of: FxHashMap<&str, usize> = model
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.name.as_str(), i))
+        .collect();
+    assign_placements(model, &boundaries, &mut params, &index_of, axes);
     // Pass 6: lint.
     lint_params(model, &params, input, &mut lints);
     ShardingPlan {
@@ -310,17 +307,9 @@ fn resolve_claims(
     explicit: &BTreeSet<(usize, String)>,
     lints: &mut Vec<LintIssue>,
 ) {
-    let mut claims: BTreeMap<String, Vec<usize>> = BTreeMap::new();
-    for (bi, b) in boundaries.iter().enumerate() {
-        for name in b.params.keys() {
-            claims.entry(name.clone()).or_default().push(bi);
-        }
-    }
+    let claimed_twice = claimed_twice(boundaries);
     let mut drop: Vec<(usize, String)> = Vec::new();
-    for (name, owners) in &claims {
-        if owners.len() < 2 {
-            continue;
-        }
+    for (name, owners) in &claimed_twice {
         let explicit_owners: Vec<usize> = owners
             .iter()
             .copied()
@@ -357,12 +346,36 @@ fn resolve_claims(
     }
 }
 
+/// The parameters that several boundaries claim, by name, with the claiming boundaries in
+/// boundary order.
+fn claimed_twice(boundaries: &[BoundarySpec]) -> BTreeMap<String, Vec<usize>> {
+    let mut first: FxHashMap<&str, usize> = FxHashMap::default();
+    first.reserve(boundaries.iter().map(|b| b.params.len()).sum());
+    let mut twice: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (bi, b) in boundaries.iter().enumerate() {
+        for name in b.params.keys() {
+            match first.entry(name.as_str()) {
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    e.insert(bi);
+                }
+                std::collections::hash_map::Entry::Occupied(e) => twice
+                    .entry(name.clone())
+                    .or_insert_with(|| vec![*e.get()])
+                    .push(bi),
+            }
+        }
+    }
+    twice
+}
+
 /// Gives every parameter its boundary's placements, and per-expert weights under expert
-/// parallelism their owning EP rank (experts split in contiguous chunks).
+/// parallelism their owning EP rank (experts split in contiguous chunks). `index_of` maps
+/// parameter names to their index in `params`.
 fn assign_placements(
     model: &ModelIr,
     boundaries: &[BoundarySpec],
     params: &mut [ParamPlan],
+    index_of: &FxHashMap<&str, usize>,
     axes: &PlanAxes,
 ) {
     let num_experts = model
@@ -370,14 +383,9 @@ fn assign_placements(
         .moe
         .as_ref()
         .map_or(0, |m| m.num_experts as usize);
-    let index_of: BTreeMap<String, usize> = params
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.name.clone(), i))
-        .collect();
     for b in boundaries {
         for (name, pl) in &b.params {
-            if let Some(p) = index_of.get(name).map(|&i| &mut params[i]) {
+            if let Some(p) = index_of.get(name.as_str()).map(|&i| &mut params[i]) {
                 p.boundary = Some(b.module.clone());
                 p.placements = pl.clone();
                 if p.role == Role::MoeExpert
@@ -402,16 +410,16 @@ fn gate_active(gate: Option<WhenGate>, input: &PlannerInput) -> bool {
     }
 }
 
-/// Applies overrides; returns the explicit (boundary index, param) claims.
+/// Applies the active `overrides`; returns the explicit (boundary index, param) claims.
 fn merge_overrides(
     boundaries: &mut Vec<BoundarySpec>,
+    overrides: &[PlanOverride],
     modules: &[String],
     param_names: &BTreeSet<&str>,
-    input: &PlannerInput,
     lints: &mut Vec<LintIssue>,
 ) -> BTreeSet<(usize, String)> {
     let mut explicit = BTreeSet::new();
-    for ov in &active_overrides(input) {
+    for ov in overrides {
         let (hits, unbound) = override_targets(ov, boundaries, modules);
         if hits.is_empty() && unbound.is_empty() {
             lints.push(matches_nothing(ov, param_names));
