@@ -49,26 +49,51 @@ fn cpu_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
-/// Loads, plans and FSDP-plans `path` `reps` times; prints the least CPU time of each stage
-/// (ms) and the digests of the last plans.
+/// Loads, plans and FSDP-plans `path` `reps` times; prints the CPU time of each stage (ms) in
+/// the first repetition (a fresh heap, as in `hpfsdp bench-case`) and the least over all, and
+/// the digests of the last plans.
 fn time_one(path: &Path, reps: usize) -> Result<(), String> {
-    let (mut load_ms, mut plan_ms, mut fsdp_ms) = (f64::MAX, f64::MAX, f64::MAX);
+    let mut first = [0.0; 3];
+    let mut best = [f64::MAX; 3];
     let mut digests = (String::new(), String::new());
-    for _ in 0..reps {
-        let t = cpu_s();
+    for rep in 0..reps {
+        let t0 = cpu_s();
         let scenario = Scenario::load(path).map_err(|e| e.to_string())?;
-        load_ms = load_ms.min((cpu_s() - t) * 1e3);
-        let t = cpu_s();
+        let t1 = cpu_s();
+        if std::env::var_os("PLAN_RSS").is_some() {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            eprintln!("rss pages after load: {statm}");
+        }
         let sharding = plan(&scenario.model, &scenario.planner_input());
-        plan_ms = plan_ms.min((cpu_s() - t) * 1e3);
-        let t = cpu_s();
+        let t2 = cpu_s();
+        if std::env::var_os("PLAN_RSS").is_some() {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            eprintln!("rss pages after sharding: {statm}");
+        }
         let fsdp = build_fsdp_plan(&scenario, &sharding);
-        fsdp_ms = fsdp_ms.min((cpu_s() - t) * 1e3);
+        let t3 = cpu_s();
+        if std::env::var_os("PLAN_RSS").is_some() {
+            let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+            eprintln!("rss pages after plans: {statm}");
+        }
+        let ms = [(t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3];
+        if rep == 0 {
+            first = ms;
+        }
+        for (b, m) in best.iter_mut().zip(ms) {
+            *b = b.min(m);
+        }
         digests = (sharding.digest(), hpfsdp_plan::digest::digest_json(&fsdp));
     }
     println!(
-        "{}: CPU load {load_ms:.1} ms, plan {plan_ms:.1} ms, fsdp {fsdp_ms:.1} ms; sharding {} fsdp {}",
+        "{}: CPU ms load/plan/fsdp first {:.1}/{:.1}/{:.1} best {:.1}/{:.1}/{:.1}; sharding {} fsdp {}",
         path.display(),
+        first[0],
+        first[1],
+        first[2],
+        best[0],
+        best[1],
+        best[2],
         &digests.0[..16],
         &digests.1[..16]
     );

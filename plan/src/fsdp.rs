@@ -185,33 +185,39 @@ pub fn round_up_512(bytes: u64) -> u64 {
 /// The unit a parameter belongs to: `model.layers.{i}`, `model.embed_tokens`, or the final
 /// `model.norm+lm_head` unit.
 pub fn unit_name(param: &str) -> String {
-    if let Some(rest) = param.strip_prefix("model.layers.")
-        && let Some(idx) = rest.split('.').next()
-    {
-        return format!("model.layers.{idx}");
+    unit_name_of(param).to_string()
+}
+
+/// [`unit_name`] without a copy: a layer's unit name is a prefix of its parameters' names.
+fn unit_name_of(param: &str) -> &str {
+    const LAYERS: &str = "model.layers.";
+    if let Some(rest) = param.strip_prefix(LAYERS) {
+        let idx = rest.split('.').next().unwrap_or(rest);
+        return &param[..LAYERS.len() + idx.len()];
     }
     if param.starts_with("model.embed_tokens") {
-        return "model.embed_tokens".into();
+        return "model.embed_tokens";
     }
-    "model.norm+lm_head".into()
+    "model.norm+lm_head"
 }
 
 /// Builds the FSDP plan of a scenario from its sharding plan.
 pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
     let groups = fsdp_groups(scenario);
     let expert_parallel = scenario.file.mesh.ep > 1;
+    let shard_size = |domain| groups[&format!("{}.shard", domain_key(domain))].size as u64;
+    let dense_shard = shard_size(DataDomain::Dense);
+    let expert_shard = expert_parallel.then(|| shard_size(DataDomain::Expert));
     let mut units: Vec<FsdpUnit> = Vec::new();
     let mut params = Vec::new();
     for p in plan.params.iter().filter(|p| p.trainable) {
-        let unit = unit_index(&mut units, &unit_name(&p.name));
+        let unit = unit_index(&mut units, unit_name_of(&p.name));
         units[unit].params.push(p.name.clone());
-        let domain = if expert_parallel && p.role == Role::MoeExpert {
-            DataDomain::Expert
-        } else {
-            DataDomain::Dense
+        let (domain, shard) = match expert_shard {
+            Some(s) if p.role == Role::MoeExpert => (DataDomain::Expert, s),
+            _ => (DataDomain::Dense, dense_shard),
         };
-        let shard_size = groups[&format!("{}.shard", domain_key(domain))].size as u64;
-        params.push(param_fsdp(scenario, plan, p, unit, domain, shard_size));
+        params.push(param_fsdp(scenario, plan, p, unit, domain, shard));
     }
     let all_reduces = fused_all_reduces(&units, &mut params, &groups, scenario.reduce_dtype);
     let f = &scenario.file.fsdp;
@@ -262,8 +268,12 @@ fn fsdp_groups(scenario: &Scenario) -> BTreeMap<String, GroupSpec> {
     groups
 }
 
-/// The index of the unit named `name`, appended (with its layer index) when new.
+/// The index of the unit named `name`, appended (with its layer index) when new. Parameters
+/// come unit by unit, so the last unit is tried first.
 fn unit_index(units: &mut Vec<FsdpUnit>, name: &str) -> usize {
+    if let Some(i) = units.len().checked_sub(1).filter(|&i| units[i].name == name) {
+        return i;
+    }
     if let Some(i) = units.iter().position(|u| u.name == name) {
         return i;
     }
@@ -292,8 +302,8 @@ fn param_fsdp(
     // Per-expert weights: size the collectives by the owning EP rank's matrix (whole on
     // `ep`, still split by expert TP), not by rank 0's empty share.
     let plan_local = match p.ep_owner {
-        Some(owner) => plan.local_shape(p, &BTreeMap::from([("ep".to_string(), owner)])),
-        None => plan.local_shape(p, &BTreeMap::new()),
+        Some(owner) => plan.local_shape_at(p, |axis| if axis == "ep" { owner } else { 0 }),
+        None => plan.local_shape_at(p, |_| 0),
     };
     let shard_dim = if plan_local.len() > 1 && plan_local[0] < s && plan_local[1].is_multiple_of(s)
     {

@@ -139,9 +139,14 @@ impl ShardingPlan {
     /// The plan-local shape of a parameter on the plan coordinates `coord` (axis → index):
     /// shape after TP/CP/EP sharding, before FSDP.
     pub fn local_shape(&self, p: &ParamPlan, coord: &BTreeMap<String, usize>) -> Vec<u64> {
+        self.local_shape_at(p, |axis| coord.get(axis).copied().unwrap_or(0))
+    }
+
+    /// [`Self::local_shape`] with the coordinates as a function (axis → index).
+    pub fn local_shape_at(&self, p: &ParamPlan, coord: impl Fn(&str) -> usize) -> Vec<u64> {
         let mut shape = p.shape.clone();
         if let Some(owner) = p.ep_owner
-            && coord.get("ep").copied().unwrap_or(0) != owner
+            && coord("ep") != owner
         {
             if let Some(first) = shape.first_mut() {
                 *first = 0;
@@ -150,7 +155,7 @@ impl ShardingPlan {
         }
         for (axis, pl) in &p.placements {
             let size = self.axes.size(axis) as u64;
-            let idx = coord.get(axis).copied().unwrap_or(0) as u64;
+            let idx = coord(axis) as u64;
             if let Some(d) = pl.shard_dim()
                 && d < shape.len()
             {
@@ -261,6 +266,7 @@ fn apply_templates(
     axes: &PlanAxes,
 ) -> Vec<BoundarySpec> {
     let mut boundaries: Vec<BoundarySpec> = Vec::new();
+    let mut placements = templates::PlacementCache::new(axes);
     for g in &grouping.boundaries {
         if g.ty == BoundaryType::Unknown {
             for &i in &g.params {
@@ -272,13 +278,10 @@ fn apply_templates(
             continue;
         }
         let (contracts, flags) = templates::template(g.ty, axes);
-        let mut bparams = IndexMap::new();
+        let mut bparams = IndexMap::with_capacity(g.params.len());
         for &i in &g.params {
             let p = &params[i];
-            bparams.insert(
-                p.name.clone(),
-                templates::placement_for_role(p.role, &p.name, p.shape.len(), axes),
-            );
+            bparams.insert(p.name.clone(), placements.get(p.role, &p.name, p.shape.len()));
         }
         let has_contract = g.ty != BoundaryType::Replicated;
         boundaries.push(BoundarySpec {

@@ -6,9 +6,10 @@
 //! mean `Replicate`. Activations are `[batch, seq, hidden]`: `S(1)` is the sequence dim.
 
 use super::boundary::BoundaryType;
-use super::roles::Role;
+use super::roles::{Role, lowercase};
 use crate::placement::Placement;
 use indexmap::IndexMap;
+use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
 /// Placement per plan axis (axis name → placement); absent axes are `Replicate`.
@@ -68,10 +69,40 @@ impl PlanAxes {
 
 /// True for expert/shared-expert weights that are row-parallel (down projections).
 pub fn is_rowwise_expert_name(fqn: &str) -> bool {
-    let lower = fqn.to_lowercase();
+    let lower = lowercase(fqn);
     ["w2", "down_proj", "down."]
         .iter()
         .any(|p| lower.contains(p))
+}
+
+/// [`placement_for_role`] remembered per (role, ndim, row-wise expert name): the only things
+/// of a parameter it reads. A planner of 55k per-expert weights builds a handful of maps and
+/// clones them (exact-sized) instead of building 55k.
+#[derive(Debug, Clone)]
+pub struct PlacementCache<'a> {
+    axes: &'a PlanAxes,
+    memo: FxHashMap<(Role, usize, bool), AxisPlacements>,
+}
+
+impl<'a> PlacementCache<'a> {
+    /// An empty cache over `axes`.
+    pub fn new(axes: &'a PlanAxes) -> Self {
+        Self {
+            axes,
+            memo: FxHashMap::default(),
+        }
+    }
+
+    /// What `placement_for_role(role, fqn, ndim, axes)` gives.
+    pub fn get(&mut self, role: Role, fqn: &str, ndim: usize) -> AxisPlacements {
+        let rowwise =
+            matches!(role, Role::SharedExpert | Role::MoeExpert) && is_rowwise_expert_name(fqn);
+        let axes = self.axes;
+        self.memo
+            .entry((role, ndim, rowwise))
+            .or_insert_with(|| placement_for_role(role, fqn, ndim, axes))
+            .clone()
+    }
 }
 
 /// The placement of a parameter with `role` and `ndim` dims, per plan axis.
