@@ -271,7 +271,11 @@ fn fsdp_groups(scenario: &Scenario) -> BTreeMap<String, GroupSpec> {
 /// The index of the unit named `name`, appended (with its layer index) when new. Parameters
 /// come unit by unit, so the last unit is tried first.
 fn unit_index(units: &mut Vec<FsdpUnit>, name: &str) -> usize {
-    if let Some(i) = units.len().checked_sub(1).filter(|&i| units[i].name == name) {
+    if let Some(i) = units
+        .len()
+        .checked_sub(1)
+        .filter(|&i| units[i].name == name)
+    {
         return i;
     }
     if let Some(i) = units.iter().position(|u| u.name == name) {

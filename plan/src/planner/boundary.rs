@@ -6,6 +6,7 @@
 //! uncovered unless every parameter in them is `REPLICATED`).
 
 use super::module_tree::{ModuleTree, parent};
+use super::note::Note;
 use super::roles::{Role, RoleSet, lowercase};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
@@ -214,7 +215,7 @@ pub struct Grouping {
     pub boundaries: Vec<Grouped>,
     /// The grouping steps each parameter went through, indexed by the caller's parameter
     /// index (empty for parameters not passed in).
-    pub notes: Vec<Vec<String>>,
+    pub notes: Vec<Vec<Note>>,
 }
 
 /// "No member" in the member lists of [`group`].
@@ -277,8 +278,8 @@ impl MemberLists {
     }
 }
 
-/// Pushes `note` onto the notes of every parameter in `members` (moved into the last one).
-fn note_all(notes: &mut [Vec<String>], members: &[usize], note: String) {
+/// Pushes `note` onto the notes of every parameter in `members` (one shared text).
+fn note_all(notes: &mut [Vec<Note>], members: &[usize], note: Note) {
     if let Some((&last, rest)) = members.split_last() {
         for &i in rest {
             notes[i].push(note.clone());
@@ -308,7 +309,8 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
         members.sort_unstable();
         let (ty, reason) = infer_type_of_set(module, lists.roles[m as usize]);
         if ty != BoundaryType::Unknown {
-            let note = ["boundary '", module, "' is ", ty.name(), ": ", &reason].concat();
+            let note =
+                Note::from(["boundary '", module, "' is ", ty.name(), ": ", &reason].concat());
             note_all(&mut out.notes, &members, note);
             out.boundaries.push(Grouped {
                 module: module.to_string(),
@@ -330,7 +332,7 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
                     "'",
                 ]
                 .concat();
-                note_all(&mut out.notes, &members, note);
+                note_all(&mut out.notes, &members, Note::from(note));
                 lists.hand_to(m, p);
             }
             _ => root_unknowns(params, &mut lists, m, &reason, &mut out),
@@ -365,7 +367,7 @@ fn root_unknowns(
                 format!("still unknown at the root ({reason})"),
             )
         };
-        out.notes[i].push(format!("'{own}': {why}"));
+        out.notes[i].push(Note::from(format!("'{own}': {why}")));
         out.boundaries.push(Grouped {
             module: own,
             ty,

@@ -11,6 +11,7 @@ pub mod boundary;
 pub mod classifier;
 pub mod lint;
 pub mod module_tree;
+pub mod note;
 pub mod overrides;
 pub mod roles;
 pub mod templates;
@@ -20,6 +21,7 @@ use crate::model::ModelIr;
 use boundary::BoundaryType;
 use indexmap::IndexMap;
 use lint::{LintIssue, Severity};
+use note::Note;
 use overrides::{FieldOverride, PlanOverride, WhenGate};
 use roles::{Role, RoleReason};
 use rustc_hash::FxHashMap;
@@ -102,7 +104,7 @@ pub struct ParamPlan {
     /// whole matrix (other EP ranks hold nothing).
     pub ep_owner: Option<usize>,
     /// Grouping and override steps, for `--explain`.
-    pub notes: Vec<String>,
+    pub notes: Vec<Note>,
 }
 
 /// The sharding plan: pure data, serializable, with a stable digest.
@@ -270,10 +272,10 @@ fn apply_templates(
     for g in &grouping.boundaries {
         if g.ty == BoundaryType::Unknown {
             for &i in &g.params {
-                params[i].notes.push(format!(
+                params[i].notes.push(Note::from(format!(
                     "no template for '{}': not sharded by any boundary",
                     g.module
-                ));
+                )));
             }
             continue;
         }
@@ -281,7 +283,10 @@ fn apply_templates(
         let mut bparams = IndexMap::with_capacity(g.params.len());
         for &i in &g.params {
             let p = &params[i];
-            bparams.insert(p.name.clone(), placements.get(p.role, &p.name, p.shape.len()));
+            bparams.insert(
+                p.name.clone(),
+                placements.get(p.role, &p.name, p.shape.len()),
+            );
         }
         let has_contract = g.ty != BoundaryType::Replicated;
         boundaries.push(BoundarySpec {
@@ -341,10 +346,10 @@ fn resolve_claims(
     for (b, name) in drop {
         boundaries[b].params.shift_remove(&name);
         if let Some(p) = params.iter_mut().find(|p| p.name == name) {
-            p.notes.push(format!(
+            p.notes.push(Note::from(format!(
                 "claimed by a nested override; dropped from derived boundary '{}'",
                 boundaries[b].module
-            ));
+            )));
         }
     }
 }
@@ -660,8 +665,7 @@ fn lint_coverage(params: &[ParamPlan], input: &PlannerInput, lints: &mut Vec<Lin
         let why = p
             .notes
             .last()
-            .cloned()
-            .unwrap_or_else(|| p.role_reason.source.clone());
+            .map_or_else(|| p.role_reason.source.clone(), Note::to_string);
         let issue = if input.allow_uncovered {
             LintIssue::warning
         } else {
