@@ -9,7 +9,9 @@ use super::module_tree::{ModuleTree, parent};
 use super::note::Note;
 use super::roles::{Role, RoleSet, lowercase};
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::BTreeSet;
+use std::fmt;
 
 /// The kind of module boundary, which selects a template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -84,14 +86,59 @@ const LEAF_GUARD: &[&str] = &[
 /// Infers the type of a module's group from its FQN and the roles inside it, with the rule
 /// that decided it.
 pub fn infer_type(module: &str, roles: &BTreeSet<Role>) -> (BoundaryType, String) {
-    infer_type_of_set(module, roles.iter().copied().collect())
+    let (ty, reason) = infer_type_of_set(module, roles.iter().copied().collect());
+    (ty, reason.to_string())
 }
 
-/// [`infer_type`] on a [`RoleSet`].
-pub fn infer_type_of_set(module: &str, roles: RoleSet) -> (BoundaryType, String) {
+/// Why a group got its type ([`infer_type`]'s text), kept unwritten: grouping writes it
+/// straight into the parameters' notes, without a string of its own per module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TypeReason<'a> {
+    /// Fixed text.
+    Text(&'static str),
+    /// `module name contains '{pattern}'`.
+    NameContains(&'static str),
+    /// `leaf segment '{segment}' never forms a boundary`.
+    LeafSegment(Cow<'a, str>),
+    /// `routed experts under '{segment}'`.
+    RoutedUnder(Cow<'a, str>),
+    /// `only {ROLE} parameters`.
+    OnlyRole(Role),
+}
+
+impl TypeReason<'_> {
+    /// Appends the text to `out`.
+    pub fn write_to(&self, out: &mut String) {
+        match self {
+            TypeReason::Text(t) => out.push_str(t),
+            TypeReason::NameContains(p) => out.extend(["module name contains '", p, "'"]),
+            TypeReason::LeafSegment(s) => {
+                out.extend(["leaf segment '", s, "' never forms a boundary"]);
+            }
+            TypeReason::RoutedUnder(s) => out.extend(["routed experts under '", s, "'"]),
+            TypeReason::OnlyRole(r) => out.extend(["only ", r.name(), " parameters"]),
+        }
+    }
+}
+
+impl fmt::Display for TypeReason<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::new();
+        self.write_to(&mut s);
+        f.write_str(&s)
+    }
+}
+
+/// [`infer_type`] on a [`RoleSet`], the reason unwritten.
+pub fn infer_type_of_set(module: &str, roles: RoleSet) -> (BoundaryType, TypeReason<'_>) {
     let lower = lowercase(module);
+    // The last segment as the reasons name it: borrowed from `module` when lower-casing
+    // changed nothing.
+    let last: Cow<'_, str> = match &lower {
+        Cow::Borrowed(l) => Cow::Borrowed(l.rsplit('.').next().unwrap_or("")),
+        Cow::Owned(l) => Cow::Owned(l.rsplit('.').next().unwrap_or("").to_string()),
+    };
     let lower = lower.as_ref();
-    let last = lower.rsplit('.').next().unwrap_or("");
     for (pats, ty) in [
         (
             &[
@@ -114,39 +161,34 @@ pub fn infer_type_of_set(module: &str, roles: RoleSet) -> (BoundaryType, String)
         ),
     ] {
         if let Some(p) = pats.iter().find(|p| lower.contains(*p)) {
-            return (ty, format!("module name contains '{p}'"));
+            return (ty, TypeReason::NameContains(p));
         }
     }
     if last.contains("router") {
         return (
             BoundaryType::MoeGate,
-            "last segment contains 'router'".into(),
+            TypeReason::Text("last segment contains 'router'"),
         );
     }
-    if LEAF_GUARD.contains(&last) || (!last.is_empty() && last.chars().all(|c| c.is_ascii_digit()))
+    if LEAF_GUARD.contains(&last.as_ref())
+        || (!last.is_empty() && last.chars().all(|c| c.is_ascii_digit()))
     {
-        return (
-            BoundaryType::Unknown,
-            ["leaf segment '", last, "' never forms a boundary"].concat(),
-        );
+        return (BoundaryType::Unknown, TypeReason::LeafSegment(last));
     }
     if roles.contains(Role::MoeExpert) {
         if ["mlp", "moe", "moe_block", "moe_layer"]
             .iter()
             .any(|p| last.contains(p))
         {
-            return (
-                BoundaryType::MoeMlp,
-                format!("routed experts under '{last}'"),
-            );
+            return (BoundaryType::MoeMlp, TypeReason::RoutedUnder(last));
         }
         return (
             BoundaryType::Unknown,
-            "routed experts outside an mlp/moe module".into(),
+            TypeReason::Text("routed experts outside an mlp/moe module"),
         );
     }
     if roles.contains(Role::SharedExpert) {
-        return (BoundaryType::Mlp, "shared expert".into());
+        return (BoundaryType::Mlp, TypeReason::Text("shared expert"));
     }
     let colwise = roles.iter().any(|r| r.is_colwise_like());
     let rowwise = roles.contains(Role::Rowwise);
@@ -155,27 +197,24 @@ pub fn infer_type_of_set(module: &str, roles: RoleSet) -> (BoundaryType, String)
         .iter()
         .any(|p| lower.contains(p));
     if colwise && rowwise {
-        return if is_attn {
-            (
-                BoundaryType::Attention,
-                "column- and row-parallel linears in an attention module".into(),
-            )
+        let text = if is_attn {
+            "column- and row-parallel linears in an attention module"
         } else if is_mlp {
-            (
-                BoundaryType::Mlp,
-                "column- and row-parallel linears in an mlp module".into(),
-            )
+            "column- and row-parallel linears in an mlp module"
         } else {
-            (
-                BoundaryType::Attention,
-                "column- and row-parallel linears (default: attention)".into(),
-            )
+            "column- and row-parallel linears (default: attention)"
         };
+        let ty = if !is_attn && is_mlp {
+            BoundaryType::Mlp
+        } else {
+            BoundaryType::Attention
+        };
+        return (ty, TypeReason::Text(text));
     }
     if colwise && is_mlp {
         return (
             BoundaryType::Mlp,
-            "column-parallel linears in an mlp module".into(),
+            TypeReason::Text("column-parallel linears in an mlp module"),
         );
     }
     // Extension over HyperParallel: a group made only of one head/embedding/norm role takes
@@ -189,10 +228,13 @@ pub fn infer_type_of_set(module: &str, roles: RoleSet) -> (BoundaryType, String)
             _ => None,
         };
         if let Some(ty) = by_role {
-            return (ty, format!("only {} parameters", only.name()));
+            return (ty, TypeReason::OnlyRole(only));
         }
     }
-    (BoundaryType::Unknown, "no boundary pattern matches".into())
+    (
+        BoundaryType::Unknown,
+        TypeReason::Text("no boundary pattern matches"),
+    )
 }
 
 /// A grouped boundary: a module, its type and the parameters it owns.
@@ -299,6 +341,7 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
         notes: vec![Vec::new(); slots],
     };
     let mut members: Vec<usize> = Vec::new();
+    let mut text = String::new();
     for m in tree.deepest_first() {
         if lists.head[m as usize] == NONE {
             continue;
@@ -308,34 +351,29 @@ pub fn group(params: &[(usize, &str, Role)]) -> Grouping {
         members.extend(lists.positions(m).map(|pos| params[pos].0));
         members.sort_unstable();
         let (ty, reason) = infer_type_of_set(module, lists.roles[m as usize]);
+        // Each note is written into `text` and copied once into its shared allocation.
+        text.clear();
         if ty != BoundaryType::Unknown {
-            let note =
-                Note::from(["boundary '", module, "' is ", ty.name(), ": ", &reason].concat());
-            note_all(&mut out.notes, &members, note);
+            text.extend(["boundary '", module, "' is ", ty.name(), ": "]);
+            reason.write_to(&mut text);
+            note_all(&mut out.notes, &members, Note::from(text.as_str()));
             out.boundaries.push(Grouped {
                 module: module.to_string(),
                 ty,
-                reason,
+                reason: reason.to_string(),
                 params: members.clone(),
             });
             continue;
         }
         match tree.parent(m) {
             Some(p) if !module.is_empty() => {
-                let note = [
-                    "'",
-                    module,
-                    "': ",
-                    &reason,
-                    "; merged into '",
-                    tree.name(p),
-                    "'",
-                ]
-                .concat();
-                note_all(&mut out.notes, &members, Note::from(note));
+                text.extend(["'", module, "': "]);
+                reason.write_to(&mut text);
+                text.extend(["; merged into '", tree.name(p), "'"]);
+                note_all(&mut out.notes, &members, Note::from(text.as_str()));
                 lists.hand_to(m, p);
             }
-            _ => root_unknowns(params, &mut lists, m, &reason, &mut out),
+            _ => root_unknowns(params, &mut lists, m, &reason.to_string(), &mut out),
         }
     }
     out.boundaries.sort_by_key(|b| b.params[0]);
