@@ -216,7 +216,12 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
             &mut lints,
         )
     };
-    resolve_claims(&mut boundaries, &mut params, &explicit, &mut lints);
+    // Derived boundaries hold disjoint parameters (grouping hands each parameter to exactly
+    // one group): only overrides can make a second claim.
+    if !overrides.is_empty() {
+        resolve_claims(&mut boundaries, &mut params, &explicit, &mut lints);
+    }
+    debug_assert!(!overrides.is_empty() || claimed_twice(&boundaries).is_empty());
     // `params` is `model.params` in order. Names are unique in a model built from a config;
     // in any other the last of a repeated name wins, as it always has.
     let index_of: FxHashMap<&str, usize> = model
