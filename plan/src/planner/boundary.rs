@@ -473,4 +473,166 @@ mod tests {
         assert_eq!(g.boundaries[0].module, "model.layers.61.eh_proj");
         assert_eq!(g.boundaries[1].ty, BoundaryType::Unknown);
     }
+
+    /// The grouping as first written (string-keyed maps, one note string per parameter), kept
+    /// as the reference the interned version must reproduce exactly.
+    fn reference_group(
+        params: &[(usize, &str, Role)],
+    ) -> (Vec<Grouped>, BTreeMap<usize, Vec<String>>) {
+        use std::collections::HashMap;
+        let mut groups: HashMap<&str, Vec<usize>> = HashMap::new();
+        let mut first_seen: HashMap<&str, usize> = HashMap::new();
+        let by_index: BTreeMap<usize, (Role, &str)> =
+            params.iter().map(|&(i, n, r)| (i, (r, n))).collect();
+        for (order, &(idx, fqn, _)) in params.iter().enumerate() {
+            let owner = parent(fqn).unwrap_or("");
+            groups.entry(owner).or_default().push(idx);
+            let mut m = Some(owner);
+            while let Some(cur) = m {
+                if first_seen.contains_key(cur) {
+                    break;
+                }
+                first_seen.insert(cur, order);
+                m = parent(cur);
+            }
+        }
+        let mut modules: Vec<(std::cmp::Reverse<usize>, usize, &str)> = first_seen
+            .iter()
+            .map(|(&m, &first)| {
+                let depth = m.matches('.').count() + usize::from(!m.is_empty());
+                (std::cmp::Reverse(depth), first, m)
+            })
+            .collect();
+        modules.sort_unstable();
+        let (mut out, mut notes) = (Vec::new(), BTreeMap::<usize, Vec<String>>::new());
+        for (_, _, name) in modules {
+            let Some(mut members) = groups.remove(name) else {
+                continue;
+            };
+            members.sort_unstable();
+            let roles: BTreeSet<Role> = members.iter().map(|i| by_index[i].0).collect();
+            let (ty, reason) = infer_type(name, &roles);
+            if ty != BoundaryType::Unknown {
+                for &i in &members {
+                    let note = format!("boundary '{name}' is {}: {reason}", ty.name());
+                    notes.entry(i).or_default().push(note);
+                }
+                out.push(Grouped {
+                    module: name.to_string(),
+                    ty,
+                    reason,
+                    params: members,
+                });
+                continue;
+            }
+            match parent(name) {
+                Some(p) if !name.is_empty() => {
+                    for &i in &members {
+                        let note = format!("'{name}': {reason}; merged into '{p}'");
+                        notes.entry(i).or_default().push(note);
+                    }
+                    groups.entry(p).or_default().extend(members);
+                }
+                _ => {
+                    for &i in &members {
+                        let (r, n) = by_index[&i];
+                        let own = parent(n).unwrap_or("").to_string();
+                        let (ty, why) = if r == Role::Replicated {
+                            (
+                                BoundaryType::Replicated,
+                                "only REPLICATED parameters: layout only, no contract".to_string(),
+                            )
+                        } else {
+                            (
+                                BoundaryType::Unknown,
+                                format!("still unknown at the root ({reason})"),
+                            )
+                        };
+                        notes.entry(i).or_default().push(format!("'{own}': {why}"));
+                        out.push(Grouped {
+                            module: own,
+                            ty,
+                            reason: why,
+                            params: vec![i],
+                        });
+                    }
+                }
+            }
+        }
+        out.sort_by_key(|b| b.params[0]);
+        (out, notes)
+    }
+
+    fn assert_same_as_reference(params: &[(usize, &str, Role)]) {
+        let g = group(params);
+        let (boundaries, notes) = reference_group(params);
+        assert_eq!(g.boundaries, boundaries);
+        for (i, got) in g.notes.iter().enumerate() {
+            let want = notes.get(&i).cloned().unwrap_or_default();
+            let got: Vec<String> = got.iter().map(|n| n.to_string()).collect();
+            assert_eq!(got, want, "notes of parameter {i}");
+        }
+    }
+
+    #[test]
+    fn interned_grouping_matches_the_reference() {
+        // Per-expert MoE layers, attention, norms, router and a shared expert, with gaps in
+        // the indices (skipped parameters), as the planner passes them.
+        let mut names: Vec<(String, Role)> =
+            vec![("model.embed_tokens.weight".into(), Role::Embed)];
+        for l in 0..3 {
+            let layer = format!("model.layers.{l}");
+            for (n, r) in [
+                ("self_attn.q_proj.weight", Role::Colwise),
+                ("self_attn.kv_a_proj_with_mqa.weight", Role::Replicated),
+                ("self_attn.o_proj.weight", Role::Rowwise),
+                ("self_attn.q_a_layernorm.weight", Role::Norm),
+                ("input_layernorm.weight", Role::Norm),
+                ("mlp.gate.weight", Role::MoeGate),
+                ("mlp.shared_experts.up_proj.weight", Role::SharedExpert),
+                ("mlp.shared_experts.down_proj.weight", Role::SharedExpert),
+            ] {
+                names.push((format!("{layer}.{n}"), r));
+            }
+            for e in 0..5 {
+                for proj in ["gate_proj", "up_proj", "down_proj"] {
+                    names.push((
+                        format!("{layer}.mlp.experts.{e}.{proj}.weight"),
+                        Role::MoeExpert,
+                    ));
+                }
+            }
+        }
+        names.push(("model.norm.weight".into(), Role::Norm));
+        names.push(("lm_head.weight".into(), Role::LmHead));
+        let params: Vec<(usize, &str, Role)> = names
+            .iter()
+            .enumerate()
+            .map(|(i, (n, r))| (2 * i + 1, n.as_str(), *r))
+            .collect();
+        assert_same_as_reference(&params);
+    }
+
+    #[test]
+    fn interned_grouping_matches_the_reference_on_odd_trees() {
+        // Modules revisited after others, dot-less names, upper case, unknowns and
+        // replicated parameters at the root, digit leaves.
+        let params = [
+            (0, "a.mlp.up_proj.weight", Role::Colwise),
+            (1, "a.attn.q_proj.weight", Role::Colwise),
+            (2, "a.mlp.down_proj.weight", Role::Rowwise),
+            (3, "a.attn.o_proj.weight", Role::Rowwise),
+            (4, "toplevel", Role::Bias),
+            (5, "Model.Layers.7.MLP.Experts.3.W1.weight", Role::MoeExpert),
+            (6, "weird.x", Role::Replicated),
+            (7, "eh_proj.weight", Role::Replicated),
+            (8, "model.layers.9.router.weight", Role::MoeGate),
+            (9, "model.blocks.2.fc1.weight", Role::Colwise),
+            (10, "a.mlp.gate.weight", Role::MoeGate),
+            (11, "loose", Role::Replicated),
+        ];
+        assert_same_as_reference(&params);
+        assert_same_as_reference(&params[..0]);
+        assert_same_as_reference(&params[4..5]);
+    }
 }
