@@ -209,7 +209,7 @@ pub fn build_fsdp_plan(scenario: &Scenario, plan: &ShardingPlan) -> FsdpPlan {
     let dense_shard = shard_size(DataDomain::Dense);
     let expert_shard = expert_parallel.then(|| shard_size(DataDomain::Expert));
     let mut units: Vec<FsdpUnit> = Vec::new();
-    let mut params = Vec::new();
+    let mut params = Vec::with_capacity(plan.params.iter().filter(|p| p.trainable).count());
     for p in plan.params.iter().filter(|p| p.trainable) {
         let unit = unit_index(&mut units, unit_name_of(&p.name));
         units[unit].params.push(p.name.clone());

@@ -185,12 +185,14 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
     // Pass 1: roles.
     let mut params = classify_roles(model);
     // Passes 2-3: grouping.
-    let to_group: Vec<(usize, &str, Role)> = params
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.role != Role::Skip)
-        .map(|(i, p)| (i, p.name.as_str(), p.role))
-        .collect();
+    let mut to_group: Vec<(usize, &str, Role)> = Vec::with_capacity(params.len());
+    to_group.extend(
+        params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.role != Role::Skip)
+            .map(|(i, p)| (i, p.name.as_str(), p.role)),
+    );
     let mut grouping = boundary::group(&to_group);
     for (p, notes) in params.iter_mut().zip(std::mem::take(&mut grouping.notes)) {
         if p.notes.is_empty() {

@@ -32,11 +32,18 @@ impl<'a> ModuleTree<'a> {
     /// Interns the owners of `names` (parameter FQNs in list order) and all their ancestors.
     pub fn build<I: IntoIterator<Item = &'a str>>(names: I) -> Self {
         let names = names.into_iter();
-        let mut tree = ModuleTree::default();
+        let n = names.size_hint().0;
+        let mut tree = ModuleTree {
+            names: Vec::with_capacity(2 * n),
+            parents: Vec::with_capacity(2 * n),
+            depths: Vec::with_capacity(2 * n),
+            firsts: Vec::with_capacity(2 * n),
+            owners: Vec::with_capacity(n),
+        };
         let mut ids: FxHashMap<&'a str, u32> = FxHashMap::default();
         // Most parameters own a module of their own (a per-expert weight) plus a share of
         // one more: about 1.3 modules per parameter on exp-d, so this rarely grows.
-        ids.reserve(2 * names.size_hint().0);
+        ids.reserve(2 * n);
         // Consecutive parameters mostly share their owner: compare with the last one before
         // hashing.
         let mut last: Option<(&'a str, u32)> = None;
