@@ -204,26 +204,7 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
     // Pass 4: templates.
     let mut boundaries = apply_templates(&grouping, &mut params, axes);
     // Pass 5: overrides, then claims resolved and placements assigned.
-    let overrides = active_overrides(input);
-    let explicit = if overrides.is_empty() {
-        BTreeSet::new()
-    } else {
-        let modules = model.modules();
-        let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
-        merge_overrides(
-            &mut boundaries,
-            &overrides,
-            &modules,
-            &param_names,
-            &mut lints,
-        )
-    };
-    // Derived boundaries hold disjoint parameters (grouping hands each parameter to exactly
-    // one group): only overrides can make a second claim.
-    if !overrides.is_empty() {
-        resolve_claims(&mut boundaries, &mut params, &explicit, &mut lints);
-    }
-    debug_assert!(!overrides.is_empty() || claimed_twice(&boundaries).is_empty());
+    override_pass(model, input, &mut boundaries, &mut params, &mut lints);
     // `params` is `model.params` in order. Names are unique in a model built from a config;
     // in any other the last of a repeated name wins, as it always has.
     let index_of: FxHashMap<&str, usize> = model
@@ -242,6 +223,27 @@ pub fn plan(model: &ModelIr, input: &PlannerInput) -> ShardingPlan {
         params,
         lints,
     }
+}
+
+/// Pass 5 up to placements: applies the active overrides and resolves the parameters they
+/// make several boundaries claim. Without overrides nothing is built: derived boundaries hold
+/// disjoint parameters (grouping hands each parameter to exactly one group).
+fn override_pass(
+    model: &ModelIr,
+    input: &PlannerInput,
+    boundaries: &mut Vec<BoundarySpec>,
+    params: &mut [ParamPlan],
+    lints: &mut Vec<LintIssue>,
+) {
+    let overrides = active_overrides(input);
+    if overrides.is_empty() {
+        debug_assert!(claimed_twice(boundaries).is_empty());
+        return;
+    }
+    let modules = model.modules();
+    let param_names: BTreeSet<&str> = model.params.iter().map(|p| p.name.as_str()).collect();
+    let explicit = merge_overrides(boundaries, &overrides, &modules, &param_names, lints);
+    resolve_claims(boundaries, params, &explicit, lints);
 }
 
 /// Pass 1: every parameter's role (family rules first, then the defaults), with the reason.
