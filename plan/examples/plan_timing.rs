@@ -39,6 +39,7 @@ fn main() {
 }
 
 /// CPU seconds this process has used (user + system, every thread).
+#[cfg(unix)]
 fn cpu_s() -> f64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -47,6 +48,16 @@ fn cpu_s() -> f64 {
     // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
     unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut ts) };
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+}
+
+/// Wall seconds since the first call, where the process CPU clock is not available.
+#[cfg(not(unix))]
+fn cpu_s() -> f64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }
 
 /// Loads, plans and FSDP-plans `path` `reps` times; prints the CPU time of each stage (ms) in
