@@ -51,12 +51,14 @@ mod cores;
 mod entry;
 mod fork;
 mod instances;
+mod launches;
 mod pending;
 mod queue;
 mod statics;
 
 use compute_memo::ComputeMemo;
 use instances::{Instance, Instances};
+use launches::{HostRt, Launch};
 use pending::Pending;
 use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
@@ -86,15 +88,15 @@ pub fn simulate_unshared(
     engine.drain()?;
     engine.check_finished()?;
     let events = engine.events;
-    let ends: Vec<u64> = engine.units.iter().map(|u| last_end(&u.spans)).collect();
+    let ends: Vec<u64> = engine.units.iter().map(|u| last_end(&u.ops)).collect();
     let keep = kept_units(workload, &ends, options);
     let outcomes = engine.outcomes(&ends, &keep);
     Ok(assemble(workload, profile, options, outcomes, events))
 }
 
-/// Latest end over `spans` (0 when empty).
-fn last_end(spans: &[SpanRt]) -> u64 {
-    spans.iter().map(|s| s.end_ns).max().unwrap_or(0)
+/// Latest end over the spans of `ops` (0 when empty).
+fn last_end(ops: &[OpRt]) -> u64 {
+    ops.iter().map(|o| o.span.end_ns).max().unwrap_or(0)
 }
 
 /// A time of a [`SpanRt`] not known (yet): `None` in the [`OpSpan`] it becomes.
@@ -102,7 +104,7 @@ const UNSET: u64 = u64::MAX;
 
 /// An op's times while the run lasts: an [`OpSpan`] without its op id (the program's op at
 /// the unit's `base` plus the index) and with [`UNSET`] for an unknown time, 32 bytes per op
-/// instead of 56 (every op of every simulated unit has one).
+/// instead of 56 (every op of every simulated unit has one, in its [`OpRt`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SpanRt {
     start_ns: u64,
@@ -133,13 +135,13 @@ impl SpanRt {
     }
 }
 
-/// The [`OpSpan`]s of `spans`, the times of `program`'s ops from `base` on.
-fn op_spans(program: &StepProgram, base: usize, spans: &[SpanRt]) -> Vec<OpSpan> {
+/// The [`OpSpan`]s of `ops`, the times of `program`'s ops from `base` on.
+fn op_spans(program: &StepProgram, base: usize, ops: &[OpRt]) -> Vec<OpSpan> {
     program
         .ops
         .iter_from(base)
-        .zip(spans)
-        .map(|(op, s)| s.span(op.id))
+        .zip(ops)
+        .map(|(op, o)| o.span.span(op.id))
         .collect()
 }
 
@@ -182,27 +184,41 @@ enum Exec {
         uses_cube: bool,
     },
     /// `coll`: index into the unit's [`UnitStatics::collective`] table (kept out of the
-    /// per-op state so that it stays small).
-    Collective {
-        slot: u32,
-        coll: u32,
-    },
-    Host {
-        duration_ns: u64,
-    },
+    /// per-op state so that it stays small); `slot`: the launch-order counter of its
+    /// communicator; `seq`: its launch-order index there, set when the host launches it.
+    Collective { slot: u32, coll: u32, seq: u32 },
+    /// A host op: it keeps the host busy for its launch's host cost ([`Launch::host_ns`]).
+    Host,
 }
 
-/// Everything the engine touches per op, in one place for cache locality.
+/// Everything the engine touches per op, in one place and one cache line: the engine
+/// interleaves hundreds of units in time, so an event finds its unit's state out of cache,
+/// and one line per op (its times included) is one miss instead of two.
 #[derive(Debug, Clone, Copy)]
+#[repr(align(64))]
 struct OpRt {
-    host_ns: u64,
+    span: SpanRt,
     exec: Exec,
     deps_left: u32,
-    /// Launch-order index of a collective on its communicator.
-    seq: u32,
     stream: u16,
-    launched: bool,
     done: bool,
+}
+
+impl OpRt {
+    /// Launch-order index of a collective on its communicator (0 for other ops).
+    fn seq(&self) -> u32 {
+        match self.exec {
+            Exec::Collective { seq, .. } => seq,
+            _ => 0,
+        }
+    }
+
+    /// Sets the launch-order index of a collective (nothing for other ops).
+    fn set_seq(&mut self, to: u32) {
+        if let Exec::Collective { seq, .. } = &mut self.exec {
+            *seq = to;
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -230,16 +246,14 @@ struct UnitRt<'a> {
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
-    spans: Vec<SpanRt>,
+    /// Per local op: what its launch costs the host and where it goes ([`launches`]).
+    launches: Vec<Launch>,
     stream_ids: Vec<Stream>,
     streams: Vec<StreamRt>,
     /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
     compute_stream: u16,
-    host_next: usize,
-    host_busy: bool,
-    host_busy_ns: u64,
-    /// When the host had issued every op of the unit and was free (`None` while it has not).
-    host_stop_ns: Option<u64>,
+    /// The host thread: issue position, busy time, pending launches.
+    host: HostRt,
     /// Per local group: communicator key.
     group_key: Vec<u32>,
     /// Per local group: shape on the topology.
@@ -290,12 +304,12 @@ impl UnitRt<'_> {
             }
             _ => u64::from(side_wait_ns),
         };
-        cores::core_wait_ns(now, self.spans[op].start_ns, duration_ns, wait_ns)
+        cores::core_wait_ns(now, self.ops[op].span.start_ns, duration_ns, wait_ns)
     }
 }
 
-/// The per-op runtime state stays small: it is touched on every event.
-const _: () = assert!(std::mem::size_of::<OpRt>() <= 40);
+/// The per-op runtime state stays one cache line: it is touched on every event.
+const _: () = assert!(std::mem::size_of::<OpRt>() == 64);
 
 struct CommKey {
     label: String,
@@ -455,12 +469,11 @@ fn op_exec(
             Exec::Collective {
                 slot: place.group_slot[c.group.index()],
                 coll: *place.collectives - 1,
+                seq: 0,
             }
         }
         // The host is busy for the whole host cost (duration, sync call, validation events).
-        Payload::Host { .. } => Exec::Host {
-            duration_ns: host_ns,
-        },
+        Payload::Host { .. } => Exec::Host,
     };
     (host_ns, exec)
 }
@@ -536,6 +549,7 @@ impl<'a> Engine<'a> {
         let mut stream_ids: Vec<Stream> = Vec::new();
         let mut queues: Vec<Vec<u32>> = Vec::new();
         let mut ops = Vec::with_capacity(ops_of.len());
+        let mut launches = Vec::with_capacity(ops_of.len());
         let mut collectives = 0u32;
         for (i, op) in ops_of.iter().enumerate() {
             let stream = if op.stream == Stream::Host {
@@ -566,14 +580,13 @@ impl<'a> Engine<'a> {
                 costs,
             );
             ops.push(OpRt {
-                host_ns,
+                span: SpanRt::NEW,
                 exec,
                 deps_left: op.deps.iter().filter(|d| d.index() >= base).count() as u32,
-                seq: 0,
                 stream,
-                launched: false,
                 done: false,
             });
+            launches.push(Launch { host_ns, stream });
         }
         if queues.len() >= HOST as usize {
             return Err(SimError::Workload(format!(
@@ -598,17 +611,14 @@ impl<'a> Engine<'a> {
             base,
             ops,
             statics,
-            spans: vec![SpanRt::NEW; ops_of.len()],
+            launches,
             compute_stream: stream_ids
                 .iter()
                 .position(|&s| s == Stream::Compute)
                 .map_or(HOST, |s| s as u16),
             stream_ids,
             streams,
-            host_next: 0,
-            host_busy: false,
-            host_busy_ns: 0,
-            host_stop_ns: None,
+            host: HostRt::default(),
             group_key,
             group_shape,
             group_slot,
@@ -662,38 +672,39 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        for unit in &mut self.units {
+            unit.apply_all_launches();
+        }
         Ok(())
     }
 
     fn host_advance(&mut self, u: usize, now: u64) {
         let unit = &mut self.units[u];
-        if unit.host_busy {
+        if unit.host.busy {
             return;
         }
-        if unit.host_next >= unit.ops.len() {
-            if unit.host_stop_ns.is_none() {
-                unit.host_stop_ns = Some(now);
+        if unit.host.next >= unit.ops.len() {
+            if unit.host.stop_ns.is_none() {
+                unit.host.stop_ns = Some(now);
                 if self.gates.as_ref().is_some_and(|g| g.free_root[u]) {
                     self.fork = true;
                 }
             }
             return;
         }
-        let op = unit.host_next;
-        let st = unit.ops[op];
-        let end = match st.exec {
-            Exec::Host { duration_ns } => {
-                if unit.ops[op].deps_left > 0 {
-                    return; // resumed by finish_op when the last dependency ends
-                }
-                unit.spans[op].start_ns = now;
-                unit.mem.alloc(now, unit.statics.allocs(op));
-                now + duration_ns
+        let op = unit.host.next;
+        let launch = unit.launches[op];
+        if launch.stream == HOST {
+            // A host op runs for its whole host cost once its dependencies are done.
+            if unit.ops[op].deps_left > 0 {
+                return; // resumed by finish_op when the last dependency ends
             }
-            _ => now + st.host_ns,
-        };
-        unit.host_busy = true;
-        unit.host_busy_ns += end - now;
+            unit.ops[op].span.start_ns = now;
+            unit.mem.alloc(now, unit.statics.allocs(op));
+        }
+        let end = now + launch.host_ns;
+        unit.host.busy = true;
+        unit.host.busy_ns += launch.host_ns;
         self.push(
             end,
             Event::HostDone {
@@ -703,24 +714,26 @@ impl<'a> Engine<'a> {
         );
     }
 
+    /// The host finished launching op `op` (or running host op `op`). A launch that starts
+    /// nothing is left pending ([`launches`]).
     fn host_done(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
-        unit.host_busy = false;
-        unit.host_next += 1;
-        unit.spans[op].launched_ns = now;
-        let st = unit.ops[op];
-        if let Exec::Host { .. } = st.exec {
-            unit.spans[op].end_ns = now;
+        unit.host.busy = false;
+        unit.host.next += 1;
+        let stream = unit.launches[op].stream;
+        if stream == HOST {
+            unit.apply_launches(op);
+            unit.launch(op, now);
+            unit.ops[op].span.end_ns = now;
             self.finish_op(u, op, now)?;
-        } else {
+        } else if unit.launch_starts(op, stream) {
             // A collective's place on its communicator is fixed by launch order, as in
             // NCCL/HCCL, not by when its stream reaches it.
-            if let Exec::Collective { slot, .. } = st.exec {
-                unit.ops[op].seq = unit.seq[slot as usize];
-                unit.seq[slot as usize] += 1;
-            }
-            unit.ops[op].launched = true;
-            self.try_start(u, st.stream, now)?;
+            unit.apply_launches(op);
+            unit.launch(op, now);
+            self.try_start(u, stream, now)?;
+        } else {
+            unit.defer_launch(op, now);
         }
         self.host_advance(u, now);
         Ok(())
@@ -733,11 +746,11 @@ impl<'a> Engine<'a> {
             return Ok(());
         }
         let op = s.queue[s.head] as usize;
-        if !unit.ops[op].launched || unit.ops[op].deps_left > 0 {
+        if op >= unit.host.next || unit.ops[op].deps_left > 0 {
             return Ok(());
         }
         s.busy = true;
-        unit.spans[op].start_ns = now;
+        unit.ops[op].span.start_ns = now;
         unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
             Exec::Device {
@@ -760,16 +773,18 @@ impl<'a> Engine<'a> {
                 Ok(())
             }
             Exec::Collective { coll, .. } => {
+                // Its launch-order index is read on arrival.
+                unit.apply_launches(op + 1);
                 let c = *unit.statics.collective(coll);
                 self.arrive(u, op, c, now)
             }
-            Exec::Host { .. } => Ok(()),
+            Exec::Host => Ok(()),
         }
     }
 
     fn op_done(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
-        unit.spans[op].end_ns = now;
+        unit.ops[op].span.end_ns = now;
         let stream = unit.ops[op].stream;
         let s = &mut unit.streams[stream as usize];
         s.busy = false;
@@ -795,7 +810,7 @@ impl<'a> Engine<'a> {
             if unit.ops[d].deps_left == 0 {
                 let stream = unit.ops[d].stream;
                 if stream == HOST {
-                    if unit.host_next == d {
+                    if unit.host.next == d {
                         self.host_advance(u, now);
                     }
                 } else {
@@ -816,7 +831,7 @@ impl<'a> Engine<'a> {
     fn arrive(&mut self, u: usize, op: usize, c: CollectiveOp, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         let key = unit.group_key[c.group.index()];
-        let seq = unit.ops[op].seq;
+        let seq = unit.ops[op].seq();
         let inst = match self.pending.get(&(key, seq)) {
             Some(&i) => i,
             None => {
@@ -876,7 +891,9 @@ impl<'a> Engine<'a> {
             self.instances[inst as usize].phases = phases;
             let instance = &mut self.instances[inst as usize];
             for &(pu, pop) in &instance.arrivals {
-                self.units[pu as usize].spans[pop as usize].transfer_start_ns = now;
+                self.units[pu as usize].ops[pop as usize]
+                    .span
+                    .transfer_start_ns = now;
             }
             self.begin_phase(inst, now)?;
         }
@@ -950,8 +967,8 @@ impl<'a> Engine<'a> {
             }
             let rank = unit.program.rank;
             let mut why = Vec::new();
-            if unit.host_next < unit.ops.len() {
-                let op = unit.host_next;
+            if unit.host.next < unit.ops.len() {
+                let op = unit.host.next;
                 why.push(format!(
                     "host waits at {} for {}",
                     unit.program.ops[unit.base + op].id,
@@ -978,7 +995,7 @@ impl<'a> Engine<'a> {
     /// Why local op `op`, at the head of its stream, never ran.
     fn stream_stuck(&self, unit: &UnitRt<'_>, op: usize) -> String {
         let o = &unit.program.ops[unit.base + op];
-        let reason = if !unit.ops[op].launched {
+        let reason = if op >= unit.host.next {
             "not launched yet".to_string()
         } else if unit.ops[op].deps_left > 0 {
             format!("waiting for {}", self.waiting_deps(unit, op))
@@ -1016,12 +1033,12 @@ impl<'a> Engine<'a> {
             .zip(ends.iter().zip(keep))
             .map(|(u, (&end_ns, &keep))| UnitOutcome {
                 spans: if keep {
-                    op_spans(u.program, u.base, &u.spans)
+                    op_spans(u.program, u.base, &u.ops)
                 } else {
                     Vec::new()
                 },
                 end_ns,
-                host_busy_ns: u.host_busy_ns,
+                host_busy_ns: u.host.busy_ns,
                 memory: u.mem.report(),
             })
             .collect()
