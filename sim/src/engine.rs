@@ -821,13 +821,6 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn collective_of(&self, u: usize, op: usize) -> Option<CollectiveOp> {
-        match self.units[u].ops[op].exec {
-            Exec::Collective { coll, .. } => Some(*self.units[u].statics.collective(coll)),
-            _ => None,
-        }
-    }
-
     fn arrive(&mut self, u: usize, op: usize, c: CollectiveOp, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         let key = unit.group_key[c.group.index()];
@@ -840,9 +833,8 @@ impl<'a> Engine<'a> {
                 i
             }
         };
-        let first_arrival = self.instances[inst as usize].arrivals.first().copied();
-        if let Some((fu, fop)) = first_arrival
-            && let Some(first) = self.collective_of(fu as usize, fop as usize)
+        let instance = &self.instances[inst as usize];
+        if let (Some(first), Some(&(fu, _))) = (instance.first, instance.arrivals.first())
             && (first.kind, first.dtype, first.tier) != (c.kind, c.dtype, c.tier)
         {
             let describe = |x: &CollectiveOp| format!("{} of {:?} on {}", x.kind, x.dtype, x.tier);
@@ -857,6 +849,7 @@ impl<'a> Engine<'a> {
             });
         }
         let instance = &mut self.instances[inst as usize];
+        instance.first.get_or_insert(c);
         instance.arrivals.push((u as u32, op as u32));
         instance.max_in = instance.max_in.max(c.input_bytes);
         instance.max_out = instance.max_out.max(c.output_bytes);
@@ -864,8 +857,8 @@ impl<'a> Engine<'a> {
         if instance.arrivals.len() == self.keys[key as usize].units.len() {
             self.pending.remove(&(key, seq));
             // The first arrival's view of the group decides the shape (peers are symmetric).
-            let (fu, fop) = instance.arrivals[0];
-            let first = self.collective_of(fu as usize, fop as usize).unwrap_or(c);
+            let fu = instance.arrivals[0].0;
+            let first = instance.first.unwrap_or(c);
             let shape = self.units[fu as usize].group_shape[first.group.index()];
             let phases = collective_phases(
                 c.kind,
@@ -888,13 +881,10 @@ impl<'a> Engine<'a> {
                     )
                 })
                 .collect();
-            self.instances[inst as usize].phases = phases;
             let instance = &mut self.instances[inst as usize];
-            for &(pu, pop) in &instance.arrivals {
-                self.units[pu as usize].ops[pop as usize]
-                    .span
-                    .transfer_start_ns = now;
-            }
+            instance.phases = phases;
+            // Written into the members' spans when the collective completes.
+            instance.transfer_start_ns = now;
             self.begin_phase(inst, now)?;
         }
         Ok(())
@@ -946,14 +936,16 @@ impl<'a> Engine<'a> {
     fn complete(&mut self, inst: u32, now: u64) -> Result<(), SimError> {
         // Nothing refers to a completed instance any more but stale transfer finishes,
         // which the network no longer knows: both are released.
-        let arrivals = self
+        let (arrivals, transfer_start_ns) = self
             .instances
             .release(inst)
-            .map(|i| i.arrivals)
+            .map(|i| (i.arrivals, i.transfer_start_ns))
             .unwrap_or_default();
         self.net.release(inst);
         for &(u, op) in &arrivals {
-            self.op_done(u as usize, op as usize, now)?;
+            let (u, op) = (u as usize, op as usize);
+            self.units[u].ops[op].span.transfer_start_ns = transfer_start_ns;
+            self.op_done(u, op, now)?;
         }
         self.instances.recycle(arrivals);
         Ok(())

@@ -204,9 +204,9 @@ fn copy_instances(
         let Some(&(fb, fop)) = inst.arrivals.first() else {
             continue;
         };
-        let Some(c) = m.collective_of(fb as usize, fop as usize) else {
+        let Some(c) = inst.first else {
             return Err(SimError::Workload(
-                "internal: a collective instance whose first arrival is no collective".into(),
+                "internal: a collective instance with arrivals but no first collective".into(),
             ));
         };
         let g = c.group.index();
@@ -229,6 +229,8 @@ fn copy_instances(
                             max_in: inst.max_in,
                             max_out: inst.max_out,
                             aligned: inst.aligned,
+                            first: inst.first,
+                            transfer_start_ns: inst.transfer_start_ns,
                             phases: inst.phases.clone(),
                             phase: inst.phase,
                         });

@@ -7,6 +7,7 @@
 //! four bytes.
 
 use hpfsdp_plan::Tier;
+use hpfsdp_program::step::CollectiveOp;
 
 /// One collective call on a communicator: who arrived, the largest buffers, and, once every
 /// member arrived, its phases (latency and transfer per tier) and the one in progress.
@@ -21,6 +22,12 @@ pub(super) struct Instance {
     pub(super) max_out: u64,
     /// Every buffer a multiple of 512 bytes.
     pub(super) aligned: bool,
+    /// The first member's collective (its view of the group decides the shape; later
+    /// members are checked against it), kept here so that no member reads another's state.
+    pub(super) first: Option<CollectiveOp>,
+    /// When every member had arrived ([`crate::engine`]'s `UNSET` before): written into the
+    /// members' spans when the collective completes, with their end times.
+    pub(super) transfer_start_ns: u64,
     /// (tier, latency ns, transfer ns) per phase.
     pub(super) phases: Vec<(Tier, u64, u64)>,
     /// The phase in progress.
@@ -36,6 +43,8 @@ impl Instance {
             max_in: 0,
             max_out: 0,
             aligned: true,
+            first: None,
+            transfer_start_ns: super::UNSET,
             phases: Vec::new(),
             phase: 0,
         }
@@ -149,13 +158,8 @@ mod tests {
 
     fn instance(key: u32) -> Instance {
         Instance {
-            key,
             arrivals: vec![(key, 0)],
-            max_in: 0,
-            max_out: 0,
-            aligned: true,
-            phases: Vec::new(),
-            phase: 0,
+            ..Instance::new(key)
         }
     }
 
