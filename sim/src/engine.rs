@@ -46,7 +46,6 @@ use hpfsdp_program::step::{CollectiveOp, Op, OpId, OpSpan, Payload, StepProgram,
 use std::cmp::Reverse;
 use std::collections::HashMap;
 
-mod arena;
 mod compute_memo;
 mod cores;
 mod entry;
@@ -57,7 +56,6 @@ mod pending;
 mod queue;
 mod statics;
 
-use arena::OpArena;
 use compute_memo::ComputeMemo;
 use instances::{Instance, Instances};
 use launches::{HostRt, Launch};
@@ -85,14 +83,7 @@ pub fn simulate_unshared(
             end: u.program.ops.len(),
         })
         .collect();
-    let mut arena = OpArena::new(specs.iter().map(|s| s.end - s.base).sum());
-    let mut engine = Engine::new(
-        &specs,
-        &mut arena,
-        &workload.rank_unit,
-        (workload, profile),
-        options,
-    )?;
+    let mut engine = Engine::new(&specs, &workload.rank_unit, workload, profile, options)?;
     engine.start();
     engine.drain()?;
     engine.check_finished()?;
@@ -214,15 +205,6 @@ struct OpRt {
 }
 
 impl OpRt {
-    /// Placeholder state of an arena slot before its unit is set up.
-    const EMPTY: OpRt = OpRt {
-        span: SpanRt::NEW,
-        exec: Exec::Host,
-        deps_left: 0,
-        stream: HOST,
-        done: false,
-    };
-
     /// Launch-order index of a collective on its communicator (0 for other ops).
     fn seq(&self) -> u32 {
         match self.exec {
@@ -260,8 +242,7 @@ struct UnitSpec<'a> {
 struct UnitRt<'a> {
     program: &'a StepProgram,
     base: usize,
-    /// Per local op: runtime state (a slice of the engine's [`OpArena`]).
-    ops: &'a mut [OpRt],
+    ops: Vec<OpRt>,
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
@@ -498,13 +479,11 @@ fn op_exec(
 }
 
 impl<'a> Engine<'a> {
-    /// An engine for the units `specs` (their per-op state in `arena`, which must hold
-    /// every spec's ops), whose ranks belong to units `rank_unit`.
     fn new(
         specs: &[UnitSpec<'a>],
-        arena: &'a mut OpArena,
         rank_unit: &[u32],
-        (workload, profile): (&'a Workload, &'a HardwareProfile),
+        workload: &'a Workload,
+        profile: &'a HardwareProfile,
         options: &SimOptions,
     ) -> Result<Self, SimError> {
         let costs = HostCosts::of(profile, options.validation_mode);
@@ -514,13 +493,11 @@ impl<'a> Engine<'a> {
         };
         let mut interner = StaticsInterner::default();
         let mut memo = ComputeMemo::default();
-        let slots = arena.split(specs.iter().map(|s| s.end - s.base));
         let units = specs
             .iter()
-            .zip(slots)
-            .map(|(spec, ops)| {
+            .map(|spec| {
                 Self::unit(
-                    (*spec, ops),
+                    *spec,
                     rank_unit,
                     workload,
                     (&mut table, &mut interner, &mut memo),
@@ -551,7 +528,7 @@ impl<'a> Engine<'a> {
 
     /// The runtime state of one unit at the start of the step.
     fn unit(
-        (spec, ops): (UnitSpec<'a>, &'a mut [OpRt]),
+        spec: UnitSpec<'a>,
         rank_unit: &[u32],
         workload: &Workload,
         (table, interner, memo): (&mut KeyTable, &mut StaticsInterner, &mut ComputeMemo),
@@ -571,6 +548,7 @@ impl<'a> Engine<'a> {
         // Streams, in order of first use.
         let mut stream_ids: Vec<Stream> = Vec::new();
         let mut queues: Vec<Vec<u32>> = Vec::new();
+        let mut ops = Vec::with_capacity(ops_of.len());
         let mut launches = Vec::with_capacity(ops_of.len());
         let mut collectives = 0u32;
         for (i, op) in ops_of.iter().enumerate() {
@@ -601,13 +579,13 @@ impl<'a> Engine<'a> {
                 profile,
                 costs,
             );
-            ops[i] = OpRt {
+            ops.push(OpRt {
                 span: SpanRt::NEW,
                 exec,
                 deps_left: op.deps.iter().filter(|d| d.index() >= base).count() as u32,
                 stream,
                 done: false,
-            };
+            });
             launches.push(Launch { host_ns, stream });
         }
         if queues.len() >= HOST as usize {

@@ -23,7 +23,6 @@ use crate::workload::Workload;
 use std::cmp::Reverse;
 
 use super::SimOptions;
-use super::arena::OpArena;
 
 /// [`super::simulate`] with the prefix of `plan` simulated once per block.
 pub(super) fn simulate_shared(
@@ -47,14 +46,7 @@ pub(super) fn simulate_shared(
             end: prefix,
         })
         .collect();
-    let mut merged_ops = OpArena::new(specs.iter().map(|s| s.end - s.base).sum());
-    let mut merged = Engine::new(
-        &specs,
-        &mut merged_ops,
-        &block_rank,
-        (workload, profile),
-        options,
-    )?;
+    let mut merged = Engine::new(&specs, &block_rank, workload, profile, options)?;
     merged.gates = Some(Gates {
         gates: &plan.gates,
         free_root: &plan.free_root,
@@ -79,14 +71,7 @@ pub(super) fn simulate_shared(
             end: unit.program.ops.len(),
         })
         .collect();
-    let mut tail_ops = OpArena::new(specs.iter().map(|s| s.end - s.base).sum());
-    let mut engine = Engine::new(
-        &specs,
-        &mut tail_ops,
-        &workload.rank_unit,
-        (workload, profile),
-        options,
-    )?;
+    let mut engine = Engine::new(&specs, &workload.rank_unit, workload, profile, options)?;
     transplant(&merged, &mut engine, plan, fork_ns)?;
     engine.drain()?;
     engine.check_finished()?;
