@@ -55,6 +55,7 @@ mod launches;
 mod pending;
 mod queue;
 mod statics;
+mod twins;
 
 use compute_memo::ComputeMemo;
 use instances::{Instance, Instances};
@@ -308,6 +309,14 @@ impl UnitRt<'_> {
     }
 }
 
+/// What a unit's set-up computes per op (the part [`twins`] copy).
+struct OpTables {
+    ops: Vec<OpRt>,
+    launches: Vec<Launch>,
+    statics: Arc<UnitStatics>,
+    stream_ids: Vec<Stream>,
+}
+
 /// The per-op runtime state stays one cache line: it is touched on every event.
 const _: () = assert!(std::mem::size_of::<OpRt>() == 64);
 
@@ -493,20 +502,27 @@ impl<'a> Engine<'a> {
         };
         let mut interner = StaticsInterner::default();
         let mut memo = ComputeMemo::default();
-        let units = specs
-            .iter()
-            .map(|spec| {
-                Self::unit(
-                    *spec,
-                    rank_unit,
-                    workload,
-                    (&mut table, &mut interner, &mut memo),
-                    profile,
-                    &costs,
-                    options,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // Units set up so far by the identity of their ops ([`twins`]).
+        let mut seen: HashMap<twins::OpsIdentity, usize> = HashMap::new();
+        let mut units: Vec<UnitRt<'a>> = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let id = twins::OpsIdentity::of(spec);
+            let twin = match workload.whatif {
+                None => seen.get(&id).map(|&u| &units[u]),
+                Some(_) => None,
+            };
+            let unit = Self::unit(
+                (*spec, twin),
+                rank_unit,
+                workload,
+                (&mut table, &mut interner, &mut memo),
+                profile,
+                &costs,
+                options,
+            )?;
+            seen.entry(id).or_insert(units.len());
+            units.push(unit);
+        }
         let keys_len = table.keys.len();
         Ok(Self {
             profile,
@@ -526,9 +542,11 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// The runtime state of one unit at the start of the step.
+    /// The runtime state of one unit at the start of the step; its per-op tables are copied
+    /// from `twin`, an earlier unit with the same ops ([`twins`]), when its groups map to
+    /// the same launch-order slots.
     fn unit(
-        spec: UnitSpec<'a>,
+        (spec, twin): (UnitSpec<'a>, Option<&UnitRt<'a>>),
         rank_unit: &[u32],
         workload: &Workload,
         (table, interner, memo): (&mut KeyTable, &mut StaticsInterner, &mut ComputeMemo),
@@ -536,67 +554,35 @@ impl<'a> Engine<'a> {
         costs: &HostCosts,
         options: &SimOptions,
     ) -> Result<UnitRt<'a>, SimError> {
-        let program = spec.program;
-        let (base, end) = (spec.base, spec.end);
-        let ops_of = program.ops.slice(base..end);
+        let (program, base) = (spec.program, spec.base);
         let UnitGroups {
             key: group_key,
             shape: group_shape,
             slot: group_slot,
             slots,
         } = unit_groups(program, rank_unit, workload, table);
-        // Streams, in order of first use.
-        let mut stream_ids: Vec<Stream> = Vec::new();
-        let mut queues: Vec<Vec<u32>> = Vec::new();
-        let mut ops = Vec::with_capacity(ops_of.len());
-        let mut launches = Vec::with_capacity(ops_of.len());
-        let mut collectives = 0u32;
-        for (i, op) in ops_of.iter().enumerate() {
-            let stream = if op.stream == Stream::Host {
-                HOST
-            } else {
-                let s = match stream_ids.iter().position(|&s| s == op.stream) {
-                    Some(s) => s,
-                    None => {
-                        stream_ids.push(op.stream);
-                        queues.push(Vec::new());
-                        stream_ids.len() - 1
-                    }
-                };
-                queues[s].push(i as u32);
-                s as u16
-            };
-            let (host_ns, exec) = op_exec(
-                op,
-                OpPlace {
-                    program,
-                    index: base + i,
-                    group_slot: &group_slot,
-                    collectives: &mut collectives,
-                    memo,
-                },
+        let tables = match twin.filter(|t| t.group_slot == group_slot) {
+            Some(t) => OpTables {
+                ops: t.ops.clone(),
+                launches: t.launches.clone(),
+                statics: Arc::clone(&t.statics),
+                stream_ids: t.stream_ids.clone(),
+            },
+            None => Self::op_tables(
+                spec,
+                &group_slot,
+                (interner, memo),
                 workload,
                 profile,
                 costs,
-            );
-            ops.push(OpRt {
-                span: SpanRt::NEW,
-                exec,
-                deps_left: op.deps.iter().filter(|d| d.index() >= base).count() as u32,
-                stream,
-                done: false,
-            });
-            launches.push(Launch { host_ns, stream });
-        }
-        if queues.len() >= HOST as usize {
-            return Err(SimError::Workload(format!(
-                "rank {} uses {} streams; at most {} are supported",
-                program.rank,
-                queues.len(),
-                HOST
-            )));
-        }
-        let statics = interner.intern(UnitStatics::of(ops_of, base, queues));
+            )?,
+        };
+        let OpTables {
+            ops,
+            launches,
+            statics,
+            stream_ids,
+        } = tables;
         let streams = statics
             .queues()
             .iter()
@@ -624,6 +610,78 @@ impl<'a> Engine<'a> {
             group_slot,
             seq: vec![0; slots],
             mem: MemoryTracker::new(&program.resident, options.record_memory_series),
+        })
+    }
+
+    /// The per-op tables of unit `spec` whose groups use launch-order slots `group_slot`.
+    fn op_tables(
+        spec: UnitSpec<'a>,
+        group_slot: &[u32],
+        (interner, memo): (&mut StaticsInterner, &mut ComputeMemo),
+        workload: &Workload,
+        profile: &HardwareProfile,
+        costs: &HostCosts,
+    ) -> Result<OpTables, SimError> {
+        let program = spec.program;
+        let (base, end) = (spec.base, spec.end);
+        let ops_of = program.ops.slice(base..end);
+        // Streams, in order of first use.
+        let mut stream_ids: Vec<Stream> = Vec::new();
+        let mut queues: Vec<Vec<u32>> = Vec::new();
+        let mut ops = Vec::with_capacity(ops_of.len());
+        let mut launches = Vec::with_capacity(ops_of.len());
+        let mut collectives = 0u32;
+        for (i, op) in ops_of.iter().enumerate() {
+            let stream = if op.stream == Stream::Host {
+                HOST
+            } else {
+                let s = match stream_ids.iter().position(|&s| s == op.stream) {
+                    Some(s) => s,
+                    None => {
+                        stream_ids.push(op.stream);
+                        queues.push(Vec::new());
+                        stream_ids.len() - 1
+                    }
+                };
+                queues[s].push(i as u32);
+                s as u16
+            };
+            let (host_ns, exec) = op_exec(
+                op,
+                OpPlace {
+                    program,
+                    index: base + i,
+                    group_slot,
+                    collectives: &mut collectives,
+                    memo,
+                },
+                workload,
+                profile,
+                costs,
+            );
+            ops.push(OpRt {
+                span: SpanRt::NEW,
+                exec,
+                deps_left: op.deps.iter().filter(|d| d.index() >= base).count() as u32,
+                stream,
+                done: false,
+            });
+            launches.push(Launch { host_ns, stream });
+        }
+        if queues.len() >= HOST as usize {
+            return Err(SimError::Workload(format!(
+                "rank {} uses {} streams; at most {} are supported",
+                program.rank,
+                queues.len(),
+                HOST
+            )));
+        }
+        let statics = interner.intern(UnitStatics::of(ops_of, base, queues));
+        Ok(OpTables {
+            ops,
+            launches,
+            statics,
+            stream_ids,
         })
     }
 
