@@ -337,6 +337,8 @@ struct Engine<'a> {
     whatif: Option<&'a crate::whatif::WhatIfModel>,
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
+    /// Per communicator: its number of units (dense, read on every arrival).
+    key_members: Vec<u32>,
     pending: Pending,
     instances: Instances,
     /// Reused buffer of new transfer finish times ([`Network::start_into`]).
@@ -529,6 +531,7 @@ impl<'a> Engine<'a> {
             whatif: workload.whatif.as_ref(),
             net: Network::new(units.len()),
             units,
+            key_members: table.keys.iter().map(|k| k.units.len() as u32).collect(),
             keys: table.keys,
             pending: Pending::new(keys_len),
             instances: Instances::default(),
@@ -912,7 +915,7 @@ impl<'a> Engine<'a> {
         instance.max_in = instance.max_in.max(c.input_bytes);
         instance.max_out = instance.max_out.max(c.output_bytes);
         instance.aligned &= c.aligned_512;
-        if instance.arrivals.len() == self.keys[key as usize].units.len() {
+        if instance.arrivals.len() == self.key_members[key as usize] as usize {
             self.pending.remove(&(key, seq));
             // The first arrival's view of the group decides the shape (peers are symmetric).
             let fu = instance.arrivals[0].0;
@@ -929,7 +932,7 @@ impl<'a> Engine<'a> {
             // what-if hook: degraded links slow the phase to its slowest member link.
             let ranks = &self.units[fu as usize].program.groups[first.group.index()].ranks;
             let slow = |t| self.whatif.map_or(1.0, |m| m.transfer_scale(t, ranks));
-            let phases: Vec<_> = phases
+            let phases: instances::Phases = phases
                 .iter()
                 .map(|p| {
                     (
@@ -1005,7 +1008,6 @@ impl<'a> Engine<'a> {
             self.units[u].ops[op].span.transfer_start_ns = transfer_start_ns;
             self.op_done(u, op, now)?;
         }
-        self.instances.recycle(arrivals);
         Ok(())
     }
 

@@ -225,7 +225,7 @@ fn copy_instances(
                     None => {
                         let ci = e.instances.push(Instance {
                             key,
-                            arrivals: Vec::new(),
+                            arrivals: Default::default(),
                             max_in: inst.max_in,
                             max_out: inst.max_out,
                             aligned: inst.aligned,
