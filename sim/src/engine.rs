@@ -55,6 +55,7 @@ mod launches;
 mod pending;
 mod queue;
 mod statics;
+mod streams;
 mod twins;
 
 use compute_memo::ComputeMemo;
@@ -64,6 +65,7 @@ use pending::Pending;
 use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
 use std::sync::Arc;
+use streams::{Positions, StreamPos};
 
 pub use crate::sim_options::SimOptions;
 pub use entry::{simulate, simulate_programs};
@@ -222,14 +224,6 @@ impl OpRt {
     }
 }
 
-#[derive(Debug, Clone)]
-struct StreamRt {
-    /// The stream's local ops in issue order (shared by units of the same shape).
-    queue: Arc<[u32]>,
-    head: usize,
-    busy: bool,
-}
-
 /// Which ops of a program a unit simulates: `base..end` (all of them, except while a shared
 /// prefix is simulated, or after a fork, when the ops before `base` are done).
 #[derive(Debug, Clone, Copy)]
@@ -240,21 +234,26 @@ struct UnitSpec<'a> {
 }
 
 /// One simulated unit. Op indices are local: local op `i` is program op `base + i`.
+///
+/// Laid out in declaration order from a cache-line boundary: the fields every event reads
+/// (op state, stream positions, launch table, host) share the first three lines.
+#[repr(C, align(64))]
 struct UnitRt<'a> {
-    program: &'a StepProgram,
-    base: usize,
     ops: Vec<OpRt>,
+    /// Device streams' positions (local stream index order).
+    streams: Positions,
+    /// Per local op: what its launch costs the host and where it goes ([`launches`]).
+    launches: Vec<Launch>,
+    /// The host thread: issue position, busy time, pending launches.
+    host: HostRt,
+    /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
+    compute_stream: u16,
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
-    /// Per local op: what its launch costs the host and where it goes ([`launches`]).
-    launches: Vec<Launch>,
+    program: &'a StepProgram,
+    base: usize,
     stream_ids: Vec<Stream>,
-    streams: Vec<StreamRt>,
-    /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
-    compute_stream: u16,
-    /// The host thread: issue position, busy time, pending launches.
-    host: HostRt,
     /// Per local group: communicator key.
     group_key: Vec<u32>,
     /// Per local group: shape on the topology.
@@ -266,6 +265,12 @@ struct UnitRt<'a> {
 }
 
 impl UnitRt<'_> {
+    /// Local ops of device stream `s`, in issue order.
+    #[inline]
+    fn queue(&self, s: u16) -> &[u32] {
+        &self.statics.queues()[s as usize]
+    }
+
     /// How long a side-stream kernel that becomes ready at `now` waits for the cores the
     /// compute stream's running device op holds ([`cores::core_wait_ns`]); 0 when the
     /// compute stream is idle or runs a collective. `side_uses_cube`: the side op has cube
@@ -278,13 +283,14 @@ impl UnitRt<'_> {
         profile: &HardwareProfile,
         whatif: Option<&crate::whatif::WhatIfModel>,
     ) -> u64 {
-        let Some(s) = self.streams.get(self.compute_stream as usize) else {
-            return 0;
-        };
-        if !s.busy || profile.device.side_stream_kernels == SideStreamKernels::Concurrent {
+        if self.compute_stream as usize >= self.streams.len() {
             return 0;
         }
-        let op = s.queue[s.head] as usize;
+        let s = self.streams.get(self.compute_stream);
+        if !s.busy() || profile.device.side_stream_kernels == SideStreamKernels::Concurrent {
+            return 0;
+        }
+        let op = self.queue(self.compute_stream)[s.head()] as usize;
         let Exec::Device {
             duration_ns,
             side_wait_ns,
@@ -586,15 +592,7 @@ impl<'a> Engine<'a> {
             statics,
             stream_ids,
         } = tables;
-        let streams = statics
-            .queues()
-            .iter()
-            .map(|q| StreamRt {
-                queue: Arc::clone(q),
-                head: 0,
-                busy: false,
-            })
-            .collect();
+        let streams = Positions::new(statics.queues().len());
         Ok(UnitRt {
             program,
             base,
@@ -802,15 +800,15 @@ impl<'a> Engine<'a> {
 
     fn try_start(&mut self, u: usize, stream: u16, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
-        let s = &mut unit.streams[stream as usize];
-        if s.busy || s.head >= s.queue.len() {
+        let s = unit.streams.get(stream);
+        let Some(&op) = unit.queue(stream).get(s.head()).filter(|_| !s.busy()) else {
             return Ok(());
-        }
-        let op = s.queue[s.head] as usize;
+        };
+        let op = op as usize;
         if op >= unit.host.next || unit.ops[op].deps_left > 0 {
             return Ok(());
         }
-        s.busy = true;
+        unit.streams.set(stream, StreamPos::new(s.head(), true));
         unit.ops[op].span.start_ns = now;
         unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
@@ -847,9 +845,8 @@ impl<'a> Engine<'a> {
         let unit = &mut self.units[u];
         unit.ops[op].span.end_ns = now;
         let stream = unit.ops[op].stream;
-        let s = &mut unit.streams[stream as usize];
-        s.busy = false;
-        s.head += 1;
+        let head = unit.streams.get(stream).head();
+        unit.streams.set(stream, StreamPos::new(head + 1, false));
         self.finish_op(u, op, now)?;
         self.try_start(u, stream, now)
     }
@@ -1027,8 +1024,8 @@ impl<'a> Engine<'a> {
                     self.waiting_deps(unit, op)
                 ));
             }
-            for s in &unit.streams {
-                if let Some(&op) = s.queue.get(s.head) {
+            for s in 0..unit.streams.len() as u16 {
+                if let Some(&op) = unit.queue(s).get(unit.streams.get(s).head()) {
                     why.push(self.stream_stuck(unit, op as usize));
                 }
             }

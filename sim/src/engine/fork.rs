@@ -23,6 +23,7 @@ use crate::workload::Workload;
 use std::cmp::Reverse;
 
 use super::SimOptions;
+use super::streams::StreamPos;
 
 /// [`super::simulate`] with the prefix of `plan` simulated once per block.
 pub(super) fn simulate_shared(
@@ -168,10 +169,11 @@ fn copy_unit(mu: &UnitRt<'_>, cu: &mut UnitRt<'_>, prefix: usize) -> Result<(), 
     }
     for (s, sid) in cu.stream_ids.iter().enumerate() {
         if let Some(ms) = mu.stream_ids.iter().position(|x| x == sid) {
-            let src = &mu.streams[ms];
-            let before = src.queue.iter().filter(|&&o| (o as usize) < base).count();
-            cu.streams[s].head = src.head - before;
-            cu.streams[s].busy = src.busy;
+            let src = mu.streams.get(ms as u16);
+            let queue = mu.queue(ms as u16);
+            let before = queue.iter().filter(|&&o| (o as usize) < base).count();
+            cu.streams
+                .set(s as u16, StreamPos::new(src.head() - before, src.busy()));
         }
     }
     cu.host.next = mu.host.next.checked_sub(base).ok_or_else(|| {

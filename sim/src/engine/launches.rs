@@ -65,11 +65,11 @@ impl UnitRt<'_> {
     /// launched: the stream is free and its head is launched with every dependency done.
     #[inline]
     pub(super) fn launch_starts(&self, op: usize, stream: u16) -> bool {
-        let s = &self.streams[stream as usize];
-        if s.busy {
+        let s = self.streams.get(stream);
+        if s.busy() {
             return false;
         }
-        match s.queue.get(s.head) {
+        match self.queue(stream).get(s.head()) {
             Some(&head) if head as usize == op => self.ops[op].deps_left == 0,
             Some(&head) => {
                 (head as usize) < self.host.next && self.ops[head as usize].deps_left == 0
