@@ -248,6 +248,8 @@ struct UnitRt<'a> {
     host: HostRt,
     /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
     compute_stream: u16,
+    /// Ops finished (the unit is done when this reaches `ops.len()`).
+    finished: usize,
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
@@ -606,6 +608,7 @@ impl<'a> Engine<'a> {
             stream_ids,
             streams,
             host: HostRt::default(),
+            finished: 0,
             group_key,
             group_shape,
             group_slot,
@@ -854,6 +857,7 @@ impl<'a> Engine<'a> {
     fn finish_op(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         unit.ops[op].done = true;
+        unit.finished += 1;
         unit.mem.free(now, unit.statics.frees(op));
         if let Some(g) = &self.gates
             && g.gates[u][unit.base + op]
@@ -1011,7 +1015,7 @@ impl<'a> Engine<'a> {
     fn check_finished(&self) -> Result<(), SimError> {
         let mut stuck = Vec::new();
         for unit in &self.units {
-            if unit.ops.iter().all(|o| o.done) {
+            if unit.finished == unit.ops.len() {
                 continue;
             }
             let rank = unit.program.rank;

@@ -157,6 +157,7 @@ fn copy_unit(mu: &UnitRt<'_>, cu: &mut UnitRt<'_>, prefix: usize) -> Result<(), 
         dst.deps_left = src.deps_left;
         dst.set_seq(src.seq());
         dst.done = src.done;
+        cu.finished += usize::from(src.done);
         dst.span = src.span;
     }
     for i in prefix..base + cu.ops.len() {
