@@ -43,8 +43,8 @@ use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::workload::Workload;
 use hpfsdp_program::step::{CollectiveOp, Op, OpId, OpSpan, Payload, StepProgram, Stream};
+use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
-use std::collections::HashMap;
 
 mod compute_memo;
 mod cores;
@@ -507,13 +507,13 @@ impl<'a> Engine<'a> {
     ) -> Result<Self, SimError> {
         let costs = HostCosts::of(profile, options.validation_mode);
         let mut table = KeyTable {
-            ids: HashMap::new(),
+            ids: HashMap::default(),
             keys: Vec::new(),
         };
         let mut interner = StaticsInterner::default();
         let mut memo = ComputeMemo::default();
         // Units set up so far by the identity of their ops ([`twins`]).
-        let mut seen: HashMap<twins::OpsIdentity, usize> = HashMap::new();
+        let mut seen: HashMap<twins::OpsIdentity, usize> = HashMap::default();
         let mut units: Vec<UnitRt<'a>> = Vec::with_capacity(specs.len());
         for spec in specs {
             let id = twins::OpsIdentity::of(spec);

@@ -9,7 +9,7 @@
 
 use crate::memory::TagDelta;
 use hpfsdp_program::step::{CollectiveOp, OpSlice, Payload};
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
