@@ -325,6 +325,63 @@ struct OpTables {
     stream_ids: Vec<Stream>,
 }
 
+impl UnitRt<'_> {
+    /// Whether `try_start` on `stream` starts an op right after op `op` (on that stream) was
+    /// launched: the stream is free and its head is launched with every dependency done
+    /// (a launch that starts nothing is left pending, [`launches`]).
+    #[inline]
+    fn launch_starts(&self, op: usize, stream: u16) -> bool {
+        let s = self.streams.get(stream);
+        if s.busy() {
+            return false;
+        }
+        match self.queue(stream).get(s.head()) {
+            Some(&head) if head as usize == op => self.ops[op].deps_left == 0,
+            Some(&head) => {
+                (head as usize) < self.host.next && self.ops[head as usize].deps_left == 0
+            }
+            None => false,
+        }
+    }
+
+    /// Records the launch of op `op` at `at_ns` as pending ([`launches`]).
+    #[inline]
+    fn defer_launch(&mut self, op: usize, at_ns: u64) {
+        self.host.defer(op, at_ns, self.launches[op].host_ns);
+    }
+
+    /// Writes the pending launches before op `upto` into their ops, in launch order.
+    fn apply_launches(&mut self, upto: usize) {
+        while let Some((op, t)) = self.host.next_pending(upto, &self.launches) {
+            self.write_launch(op, t);
+        }
+    }
+
+    /// Applies the launch of op `op` (the first not applied) at `at_ns`.
+    #[inline]
+    fn launch(&mut self, op: usize, at_ns: u64) {
+        self.host.applied(op);
+        self.write_launch(op, at_ns);
+    }
+
+    /// Writes a launch into op `op`'s state: its launch time and, for a collective, its
+    /// launch-order index on its communicator.
+    #[inline]
+    fn write_launch(&mut self, op: usize, at_ns: u64) {
+        let o = &mut self.ops[op];
+        o.span.launched_ns = at_ns;
+        if let Exec::Collective { slot, seq, .. } = &mut o.exec {
+            *seq = self.seq[*slot as usize];
+            self.seq[*slot as usize] += 1;
+        }
+    }
+
+    /// Applies every pending launch.
+    fn apply_all_launches(&mut self) {
+        self.apply_launches(self.host.next);
+    }
+}
+
 /// The per-op runtime state stays one cache line: it is touched on every event.
 const _: () = assert!(std::mem::size_of::<OpRt>() == 64);
 
@@ -516,7 +573,7 @@ impl<'a> Engine<'a> {
         let mut seen: HashMap<twins::OpsIdentity, usize> = HashMap::default();
         let mut units: Vec<UnitRt<'a>> = Vec::with_capacity(specs.len());
         for spec in specs {
-            let id = twins::OpsIdentity::of(spec);
+            let id = twins::OpsIdentity::of(spec.program, spec.base, spec.end);
             let twin = match workload.whatif {
                 None => seen.get(&id).map(|&u| &units[u]),
                 Some(_) => None,
@@ -946,7 +1003,7 @@ impl<'a> Engine<'a> {
             let instance = &mut self.instances[inst as usize];
             instance.phases = phases;
             // Written into the members' spans when the collective completes.
-            instance.transfer_start_ns = now;
+            instance.transfer_start_ns = Some(now);
             self.begin_phase(inst, now)?;
         }
         Ok(())
@@ -1006,7 +1063,9 @@ impl<'a> Engine<'a> {
         self.net.release(inst);
         for &(u, op) in &arrivals {
             let (u, op) = (u as usize, op as usize);
-            self.units[u].ops[op].span.transfer_start_ns = transfer_start_ns;
+            if let Some(t) = transfer_start_ns {
+                self.units[u].ops[op].span.transfer_start_ns = t;
+            }
             self.op_done(u, op, now)?;
         }
         Ok(())

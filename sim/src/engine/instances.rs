@@ -34,9 +34,9 @@ pub(super) struct Instance {
     /// The first member's collective (its view of the group decides the shape; later
     /// members are checked against it), kept here so that no member reads another's state.
     pub(super) first: Option<CollectiveOp>,
-    /// When every member had arrived ([`crate::engine`]'s `UNSET` before): written into the
-    /// members' spans when the collective completes, with their end times.
-    pub(super) transfer_start_ns: u64,
+    /// When every member had arrived (`None` before): written into the members' spans when
+    /// the collective completes, with their end times.
+    pub(super) transfer_start_ns: Option<u64>,
     /// (tier, latency ns, transfer ns) per phase.
     pub(super) phases: Phases,
     /// The phase in progress.
@@ -53,7 +53,7 @@ impl Instance {
             max_out: 0,
             aligned: true,
             first: None,
-            transfer_start_ns: super::UNSET,
+            transfer_start_ns: None,
             phases: Phases::new(),
             phase: 0,
         }

@@ -8,16 +8,16 @@
 //! ties), but what it writes into the launched op (its `launched_ns`, a collective's
 //! launch-order index on its communicator) is read by nobody until the op can start. The
 //! engine therefore keeps the unit's launches `applied..next` **pending** and writes them in
-//! one pass ([`UnitRt::apply_launches`]) when they are needed: before a launch that starts
+//! one pass (`UnitRt::apply_launches`) when they are needed: before a launch that starts
 //! something, before a collective at a stream's head arrives (its launch-order index), and
-//! when [`super::Engine::drain`] returns. The event itself touches only the unit's host state
+//! when `Engine::drain` returns. The event itself touches only the unit's host state
 //! and its small launch table ([`Launch`]), not the op's cache line.
 //!
 //! Why the result is the same, bit for bit:
 //! - every event is still queued, popped and counted in the same order with the same
 //!   sequence numbers: only what a launch event writes moves, never an event;
 //! - a launch is deferred only when `try_start` on its stream would do nothing at that moment
-//!   ([`UnitRt::launch_starts`] is that test, evaluated after the launch), so nothing else
+//!   (`UnitRt::launch_starts` is that test, evaluated after the launch), so nothing else
 //!   happens on its event;
 //! - whether an op is launched is `op < next` (the host launches in op order), so `try_start`
 //!   sees a pending launch as launched, as before;
@@ -28,8 +28,6 @@
 //! - collective launch-order indices are per-communicator counters advanced in launch order,
 //!   and pending launches are applied in launch order, always before any index is read.
 
-use super::UnitRt;
-
 /// What the host needs of an op to launch it, apart from the op's runtime state: read on
 /// every launch event, kept apart so that a launch touches 16 bytes, not the op's line.
 #[derive(Debug, Clone, Copy)]
@@ -37,7 +35,7 @@ pub(super) struct Launch {
     /// Host cost of the launch ([`crate::host_cost::HostCosts::op_ns`]); for a host op, its
     /// whole duration.
     pub(super) host_ns: u64,
-    /// Local stream index ([`super::HOST`] for a host op).
+    /// Local stream index (`HOST` for a host op).
     pub(super) stream: u16,
 }
 
@@ -60,67 +58,46 @@ pub(super) struct HostRt {
     pub(super) last_ns: u64,
 }
 
-impl UnitRt<'_> {
-    /// Whether `try_start` on `stream` starts an op right after op `op` (on that stream) was
-    /// launched: the stream is free and its head is launched with every dependency done.
+impl HostRt {
+    /// Records the launch of op `op` at `at_ns` as pending (see the module documentation);
+    /// `host_ns`: its launch cost (checks the chain).
     #[inline]
-    pub(super) fn launch_starts(&self, op: usize, stream: u16) -> bool {
-        let s = self.streams.get(stream);
-        if s.busy() {
-            return false;
-        }
-        match self.queue(stream).get(s.head()) {
-            Some(&head) if head as usize == op => self.ops[op].deps_left == 0,
-            Some(&head) => {
-                (head as usize) < self.host.next && self.ops[head as usize].deps_left == 0
-            }
-            None => false,
-        }
-    }
-
-    /// Records the launch of op `op` at `at_ns` as pending (see the module documentation).
-    #[inline]
-    pub(super) fn defer_launch(&mut self, op: usize, at_ns: u64) {
-        if self.host.applied == op {
-            self.host.applied_ns = at_ns;
+    pub(super) fn defer(&mut self, op: usize, at_ns: u64, host_ns: u64) {
+        if self.applied == op {
+            self.applied_ns = at_ns;
         } else {
             debug_assert_eq!(
-                self.host.last_ns + self.launches[op].host_ns,
+                self.last_ns + host_ns,
                 at_ns,
                 "pending launches form one chain"
             );
         }
-        self.host.last_ns = at_ns;
+        self.last_ns = at_ns;
     }
 
-    /// Writes the pending launches before op `upto` into their ops, in launch order.
-    pub(super) fn apply_launches(&mut self, upto: usize) {
-        let upto = upto.min(self.host.next);
-        while self.host.applied < upto {
-            let (op, t) = (self.host.applied, self.host.applied_ns);
-            self.launch(op, t);
-            if op + 1 < self.host.next {
-                self.host.applied_ns = t + self.launches[op + 1].host_ns;
-            }
-        }
-    }
-
-    /// Writes the launch of op `op` (the first not applied) at `at_ns` into its state: its
-    /// launch time and, for a collective, its launch-order index on its communicator.
+    /// The first pending launch before op `upto` and its time, now applied; `None` when
+    /// there is none. `launches`: the unit's launch table (the chain's costs).
     #[inline]
-    pub(super) fn launch(&mut self, op: usize, at_ns: u64) {
-        debug_assert_eq!(self.host.applied, op, "launches are applied in order");
-        self.host.applied = op + 1;
-        let o = &mut self.ops[op];
-        o.span.launched_ns = at_ns;
-        if let super::Exec::Collective { slot, seq, .. } = &mut o.exec {
-            *seq = self.seq[*slot as usize];
-            self.seq[*slot as usize] += 1;
+    pub(super) fn next_pending(
+        &mut self,
+        upto: usize,
+        launches: &[Launch],
+    ) -> Option<(usize, u64)> {
+        if self.applied >= upto.min(self.next) {
+            return None;
         }
+        let (op, t) = (self.applied, self.applied_ns);
+        self.applied = op + 1;
+        if op + 1 < self.next {
+            self.applied_ns = t + launches[op + 1].host_ns;
+        }
+        Some((op, t))
     }
 
-    /// Applies every pending launch.
-    pub(super) fn apply_all_launches(&mut self) {
-        self.apply_launches(self.host.next);
+    /// Marks op `op`, the first launch not applied, as applied (written by the caller).
+    #[inline]
+    pub(super) fn applied(&mut self, op: usize) {
+        debug_assert_eq!(self.applied, op, "launches are applied in order");
+        self.applied = op + 1;
     }
 }

@@ -10,7 +10,7 @@
 //! communicators, group shapes, resident memory. What-if runs scale compute by rank and are
 //! never copied.
 
-use super::UnitSpec;
+use hpfsdp_program::step::StepProgram;
 
 /// The identity of a unit's ops: the storage of its program's shared prefix and own tail,
 /// and the simulated range. Equal identities mean equal ops.
@@ -24,17 +24,17 @@ pub(super) struct OpsIdentity {
 }
 
 impl OpsIdentity {
-    /// The identity of `spec`'s ops.
-    pub(super) fn of(spec: &UnitSpec<'_>) -> Self {
-        let ops = &spec.program.ops;
+    /// The identity of `program`'s ops `base..end`.
+    pub(super) fn of(program: &StepProgram, base: usize, end: usize) -> Self {
+        let ops = &program.ops;
         Self {
             prefix: ops
                 .shared()
                 .map_or(0, |p| std::sync::Arc::as_ptr(p) as usize),
             tail: ops.tail().as_ptr() as usize,
             tail_len: ops.tail().len(),
-            base: spec.base,
-            end: spec.end,
+            base,
+            end,
         }
     }
 }
