@@ -43,24 +43,29 @@ use crate::result::{SimResult, UnitOutcome, assemble, critical_unit};
 use crate::shape::GroupShape;
 use crate::workload::Workload;
 use hpfsdp_program::step::{CollectiveOp, Op, OpId, OpSpan, Payload, StepProgram, Stream};
+use rustc_hash::FxHashMap as HashMap;
 use std::cmp::Reverse;
-use std::collections::HashMap;
 
 mod compute_memo;
 mod cores;
 mod entry;
 mod fork;
 mod instances;
+mod launches;
 mod pending;
 mod queue;
 mod statics;
+mod streams;
+mod twins;
 
 use compute_memo::ComputeMemo;
 use instances::{Instance, Instances};
+use launches::{HostRt, Launch};
 use pending::Pending;
 use queue::EventQueue;
 use statics::{StaticsInterner, UnitStatics};
 use std::sync::Arc;
+use streams::{Positions, StreamPos};
 
 pub use crate::sim_options::SimOptions;
 pub use entry::{simulate, simulate_programs};
@@ -86,15 +91,15 @@ pub fn simulate_unshared(
     engine.drain()?;
     engine.check_finished()?;
     let events = engine.events;
-    let ends: Vec<u64> = engine.units.iter().map(|u| last_end(&u.spans)).collect();
+    let ends: Vec<u64> = engine.units.iter().map(|u| last_end(&u.ops)).collect();
     let keep = kept_units(workload, &ends, options);
     let outcomes = engine.outcomes(&ends, &keep);
     Ok(assemble(workload, profile, options, outcomes, events))
 }
 
-/// Latest end over `spans` (0 when empty).
-fn last_end(spans: &[SpanRt]) -> u64 {
-    spans.iter().map(|s| s.end_ns).max().unwrap_or(0)
+/// Latest end over the spans of `ops` (0 when empty).
+fn last_end(ops: &[OpRt]) -> u64 {
+    ops.iter().map(|o| o.span.end_ns).max().unwrap_or(0)
 }
 
 /// A time of a [`SpanRt`] not known (yet): `None` in the [`OpSpan`] it becomes.
@@ -102,7 +107,7 @@ const UNSET: u64 = u64::MAX;
 
 /// An op's times while the run lasts: an [`OpSpan`] without its op id (the program's op at
 /// the unit's `base` plus the index) and with [`UNSET`] for an unknown time, 32 bytes per op
-/// instead of 56 (every op of every simulated unit has one).
+/// instead of 56 (every op of every simulated unit has one, in its [`OpRt`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct SpanRt {
     start_ns: u64,
@@ -133,13 +138,13 @@ impl SpanRt {
     }
 }
 
-/// The [`OpSpan`]s of `spans`, the times of `program`'s ops from `base` on.
-fn op_spans(program: &StepProgram, base: usize, spans: &[SpanRt]) -> Vec<OpSpan> {
+/// The [`OpSpan`]s of `ops`, the times of `program`'s ops from `base` on.
+fn op_spans(program: &StepProgram, base: usize, ops: &[OpRt]) -> Vec<OpSpan> {
     program
         .ops
         .iter_from(base)
-        .zip(spans)
-        .map(|(op, s)| s.span(op.id))
+        .zip(ops)
+        .map(|(op, o)| o.span.span(op.id))
         .collect()
 }
 
@@ -182,35 +187,41 @@ enum Exec {
         uses_cube: bool,
     },
     /// `coll`: index into the unit's [`UnitStatics::collective`] table (kept out of the
-    /// per-op state so that it stays small).
-    Collective {
-        slot: u32,
-        coll: u32,
-    },
-    Host {
-        duration_ns: u64,
-    },
+    /// per-op state so that it stays small); `slot`: the launch-order counter of its
+    /// communicator; `seq`: its launch-order index there, set when the host launches it.
+    Collective { slot: u32, coll: u32, seq: u32 },
+    /// A host op: it keeps the host busy for its launch's host cost ([`Launch::host_ns`]).
+    Host,
 }
 
-/// Everything the engine touches per op, in one place for cache locality.
+/// Everything the engine touches per op, in one place and one cache line: the engine
+/// interleaves hundreds of units in time, so an event finds its unit's state out of cache,
+/// and one line per op (its times included) is one miss instead of two.
 #[derive(Debug, Clone, Copy)]
+#[repr(align(64))]
 struct OpRt {
-    host_ns: u64,
+    span: SpanRt,
     exec: Exec,
     deps_left: u32,
-    /// Launch-order index of a collective on its communicator.
-    seq: u32,
     stream: u16,
-    launched: bool,
     done: bool,
 }
 
-#[derive(Debug, Clone)]
-struct StreamRt {
-    /// The stream's local ops in issue order (shared by units of the same shape).
-    queue: Arc<[u32]>,
-    head: usize,
-    busy: bool,
+impl OpRt {
+    /// Launch-order index of a collective on its communicator (0 for other ops).
+    fn seq(&self) -> u32 {
+        match self.exec {
+            Exec::Collective { seq, .. } => seq,
+            _ => 0,
+        }
+    }
+
+    /// Sets the launch-order index of a collective (nothing for other ops).
+    fn set_seq(&mut self, to: u32) {
+        if let Exec::Collective { seq, .. } = &mut self.exec {
+            *seq = to;
+        }
+    }
 }
 
 /// Which ops of a program a unit simulates: `base..end` (all of them, except while a shared
@@ -223,23 +234,28 @@ struct UnitSpec<'a> {
 }
 
 /// One simulated unit. Op indices are local: local op `i` is program op `base + i`.
+///
+/// Laid out in declaration order from a cache-line boundary: the fields every event reads
+/// (op state, stream positions, launch table, host) share the first three lines.
+#[repr(C, align(64))]
 struct UnitRt<'a> {
-    program: &'a StepProgram,
-    base: usize,
     ops: Vec<OpRt>,
+    /// Device streams' positions (local stream index order).
+    streams: Positions,
+    /// Per local op: what its launch costs the host and where it goes ([`launches`]).
+    launches: Vec<Launch>,
+    /// The host thread: issue position, busy time, pending launches.
+    host: HostRt,
+    /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
+    compute_stream: u16,
+    /// Ops finished (the unit is done when this reaches `ops.len()`).
+    finished: usize,
     /// Reverse dependencies, memory effects, collectives and stream queues, shared by units
     /// of the same shape.
     statics: Arc<UnitStatics>,
-    spans: Vec<SpanRt>,
+    program: &'a StepProgram,
+    base: usize,
     stream_ids: Vec<Stream>,
-    streams: Vec<StreamRt>,
-    /// Local index of [`Stream::Compute`] in `streams` ([`HOST`] when the unit has none).
-    compute_stream: u16,
-    host_next: usize,
-    host_busy: bool,
-    host_busy_ns: u64,
-    /// When the host had issued every op of the unit and was free (`None` while it has not).
-    host_stop_ns: Option<u64>,
     /// Per local group: communicator key.
     group_key: Vec<u32>,
     /// Per local group: shape on the topology.
@@ -251,6 +267,12 @@ struct UnitRt<'a> {
 }
 
 impl UnitRt<'_> {
+    /// Local ops of device stream `s`, in issue order.
+    #[inline]
+    fn queue(&self, s: u16) -> &[u32] {
+        &self.statics.queues()[s as usize]
+    }
+
     /// How long a side-stream kernel that becomes ready at `now` waits for the cores the
     /// compute stream's running device op holds ([`cores::core_wait_ns`]); 0 when the
     /// compute stream is idle or runs a collective. `side_uses_cube`: the side op has cube
@@ -263,13 +285,14 @@ impl UnitRt<'_> {
         profile: &HardwareProfile,
         whatif: Option<&crate::whatif::WhatIfModel>,
     ) -> u64 {
-        let Some(s) = self.streams.get(self.compute_stream as usize) else {
-            return 0;
-        };
-        if !s.busy || profile.device.side_stream_kernels == SideStreamKernels::Concurrent {
+        if self.compute_stream as usize >= self.streams.len() {
             return 0;
         }
-        let op = s.queue[s.head] as usize;
+        let s = self.streams.get(self.compute_stream);
+        if !s.busy() || profile.device.side_stream_kernels == SideStreamKernels::Concurrent {
+            return 0;
+        }
+        let op = self.queue(self.compute_stream)[s.head()] as usize;
         let Exec::Device {
             duration_ns,
             side_wait_ns,
@@ -290,12 +313,77 @@ impl UnitRt<'_> {
             }
             _ => u64::from(side_wait_ns),
         };
-        cores::core_wait_ns(now, self.spans[op].start_ns, duration_ns, wait_ns)
+        cores::core_wait_ns(now, self.ops[op].span.start_ns, duration_ns, wait_ns)
     }
 }
 
-/// The per-op runtime state stays small: it is touched on every event.
-const _: () = assert!(std::mem::size_of::<OpRt>() <= 40);
+/// What a unit's set-up computes per op (the part [`twins`] copy).
+struct OpTables {
+    ops: Vec<OpRt>,
+    launches: Vec<Launch>,
+    statics: Arc<UnitStatics>,
+    stream_ids: Vec<Stream>,
+}
+
+impl UnitRt<'_> {
+    /// Whether `try_start` on `stream` starts an op right after op `op` (on that stream) was
+    /// launched: the stream is free and its head is launched with every dependency done
+    /// (a launch that starts nothing is left pending, [`launches`]).
+    #[inline]
+    fn launch_starts(&self, op: usize, stream: u16) -> bool {
+        let s = self.streams.get(stream);
+        if s.busy() {
+            return false;
+        }
+        match self.queue(stream).get(s.head()) {
+            Some(&head) if head as usize == op => self.ops[op].deps_left == 0,
+            Some(&head) => {
+                (head as usize) < self.host.next && self.ops[head as usize].deps_left == 0
+            }
+            None => false,
+        }
+    }
+
+    /// Records the launch of op `op` at `at_ns` as pending ([`launches`]).
+    #[inline]
+    fn defer_launch(&mut self, op: usize, at_ns: u64) {
+        self.host.defer(op, at_ns, self.launches[op].host_ns);
+    }
+
+    /// Writes the pending launches before op `upto` into their ops, in launch order.
+    fn apply_launches(&mut self, upto: usize) {
+        while let Some((op, t)) = self.host.next_pending(upto, &self.launches) {
+            self.write_launch(op, t);
+        }
+    }
+
+    /// Applies the launch of op `op` (the first not applied) at `at_ns`.
+    #[inline]
+    fn launch(&mut self, op: usize, at_ns: u64) {
+        self.host.applied(op);
+        self.write_launch(op, at_ns);
+    }
+
+    /// Writes a launch into op `op`'s state: its launch time and, for a collective, its
+    /// launch-order index on its communicator.
+    #[inline]
+    fn write_launch(&mut self, op: usize, at_ns: u64) {
+        let o = &mut self.ops[op];
+        o.span.launched_ns = at_ns;
+        if let Exec::Collective { slot, seq, .. } = &mut o.exec {
+            *seq = self.seq[*slot as usize];
+            self.seq[*slot as usize] += 1;
+        }
+    }
+
+    /// Applies every pending launch.
+    fn apply_all_launches(&mut self) {
+        self.apply_launches(self.host.next);
+    }
+}
+
+/// The per-op runtime state stays one cache line: it is touched on every event.
+const _: () = assert!(std::mem::size_of::<OpRt>() == 64);
 
 struct CommKey {
     label: String,
@@ -314,6 +402,8 @@ struct Engine<'a> {
     whatif: Option<&'a crate::whatif::WhatIfModel>,
     units: Vec<UnitRt<'a>>,
     keys: Vec<CommKey>,
+    /// Per communicator: its number of units (dense, read on every arrival).
+    key_members: Vec<u32>,
     pending: Pending,
     instances: Instances,
     /// Reused buffer of new transfer finish times ([`Network::start_into`]).
@@ -455,12 +545,11 @@ fn op_exec(
             Exec::Collective {
                 slot: place.group_slot[c.group.index()],
                 coll: *place.collectives - 1,
+                seq: 0,
             }
         }
         // The host is busy for the whole host cost (duration, sync call, validation events).
-        Payload::Host { .. } => Exec::Host {
-            duration_ns: host_ns,
-        },
+        Payload::Host { .. } => Exec::Host,
     };
     (host_ns, exec)
 }
@@ -475,31 +564,39 @@ impl<'a> Engine<'a> {
     ) -> Result<Self, SimError> {
         let costs = HostCosts::of(profile, options.validation_mode);
         let mut table = KeyTable {
-            ids: HashMap::new(),
+            ids: HashMap::default(),
             keys: Vec::new(),
         };
         let mut interner = StaticsInterner::default();
         let mut memo = ComputeMemo::default();
-        let units = specs
-            .iter()
-            .map(|spec| {
-                Self::unit(
-                    *spec,
-                    rank_unit,
-                    workload,
-                    (&mut table, &mut interner, &mut memo),
-                    profile,
-                    &costs,
-                    options,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        // Units set up so far by the identity of their ops ([`twins`]).
+        let mut seen: HashMap<twins::OpsIdentity, usize> = HashMap::default();
+        let mut units: Vec<UnitRt<'a>> = Vec::with_capacity(specs.len());
+        for spec in specs {
+            let id = twins::OpsIdentity::of(spec.program, spec.base, spec.end);
+            let twin = match workload.whatif {
+                None => seen.get(&id).map(|&u| &units[u]),
+                Some(_) => None,
+            };
+            let unit = Self::unit(
+                (*spec, twin),
+                rank_unit,
+                workload,
+                (&mut table, &mut interner, &mut memo),
+                profile,
+                &costs,
+                options,
+            )?;
+            seen.entry(id).or_insert(units.len());
+            units.push(unit);
+        }
         let keys_len = table.keys.len();
         Ok(Self {
             profile,
             whatif: workload.whatif.as_ref(),
             net: Network::new(units.len()),
             units,
+            key_members: table.keys.iter().map(|k| k.units.len() as u32).collect(),
             keys: table.keys,
             pending: Pending::new(keys_len),
             instances: Instances::default(),
@@ -513,9 +610,11 @@ impl<'a> Engine<'a> {
         })
     }
 
-    /// The runtime state of one unit at the start of the step.
+    /// The runtime state of one unit at the start of the step; its per-op tables are copied
+    /// from `twin`, an earlier unit with the same ops ([`twins`]), when its groups map to
+    /// the same launch-order slots.
     fn unit(
-        spec: UnitSpec<'a>,
+        (spec, twin): (UnitSpec<'a>, Option<&UnitRt<'a>>),
         rank_unit: &[u32],
         workload: &Workload,
         (table, interner, memo): (&mut KeyTable, &mut StaticsInterner, &mut ComputeMemo),
@@ -523,19 +622,75 @@ impl<'a> Engine<'a> {
         costs: &HostCosts,
         options: &SimOptions,
     ) -> Result<UnitRt<'a>, SimError> {
-        let program = spec.program;
-        let (base, end) = (spec.base, spec.end);
-        let ops_of = program.ops.slice(base..end);
+        let (program, base) = (spec.program, spec.base);
         let UnitGroups {
             key: group_key,
             shape: group_shape,
             slot: group_slot,
             slots,
         } = unit_groups(program, rank_unit, workload, table);
+        let tables = match twin.filter(|t| t.group_slot == group_slot) {
+            Some(t) => OpTables {
+                ops: t.ops.clone(),
+                launches: t.launches.clone(),
+                statics: Arc::clone(&t.statics),
+                stream_ids: t.stream_ids.clone(),
+            },
+            None => Self::op_tables(
+                spec,
+                &group_slot,
+                (interner, memo),
+                workload,
+                profile,
+                costs,
+            )?,
+        };
+        let OpTables {
+            ops,
+            launches,
+            statics,
+            stream_ids,
+        } = tables;
+        let streams = Positions::new(statics.queues().len());
+        Ok(UnitRt {
+            program,
+            base,
+            ops,
+            statics,
+            launches,
+            compute_stream: stream_ids
+                .iter()
+                .position(|&s| s == Stream::Compute)
+                .map_or(HOST, |s| s as u16),
+            stream_ids,
+            streams,
+            host: HostRt::default(),
+            finished: 0,
+            group_key,
+            group_shape,
+            group_slot,
+            seq: vec![0; slots],
+            mem: MemoryTracker::new(&program.resident, options.record_memory_series),
+        })
+    }
+
+    /// The per-op tables of unit `spec` whose groups use launch-order slots `group_slot`.
+    fn op_tables(
+        spec: UnitSpec<'a>,
+        group_slot: &[u32],
+        (interner, memo): (&mut StaticsInterner, &mut ComputeMemo),
+        workload: &Workload,
+        profile: &HardwareProfile,
+        costs: &HostCosts,
+    ) -> Result<OpTables, SimError> {
+        let program = spec.program;
+        let (base, end) = (spec.base, spec.end);
+        let ops_of = program.ops.slice(base..end);
         // Streams, in order of first use.
         let mut stream_ids: Vec<Stream> = Vec::new();
         let mut queues: Vec<Vec<u32>> = Vec::new();
         let mut ops = Vec::with_capacity(ops_of.len());
+        let mut launches = Vec::with_capacity(ops_of.len());
         let mut collectives = 0u32;
         for (i, op) in ops_of.iter().enumerate() {
             let stream = if op.stream == Stream::Host {
@@ -557,7 +712,7 @@ impl<'a> Engine<'a> {
                 OpPlace {
                     program,
                     index: base + i,
-                    group_slot: &group_slot,
+                    group_slot,
                     collectives: &mut collectives,
                     memo,
                 },
@@ -566,14 +721,13 @@ impl<'a> Engine<'a> {
                 costs,
             );
             ops.push(OpRt {
-                host_ns,
+                span: SpanRt::NEW,
                 exec,
                 deps_left: op.deps.iter().filter(|d| d.index() >= base).count() as u32,
-                seq: 0,
                 stream,
-                launched: false,
                 done: false,
             });
+            launches.push(Launch { host_ns, stream });
         }
         if queues.len() >= HOST as usize {
             return Err(SimError::Workload(format!(
@@ -584,36 +738,11 @@ impl<'a> Engine<'a> {
             )));
         }
         let statics = interner.intern(UnitStatics::of(ops_of, base, queues));
-        let streams = statics
-            .queues()
-            .iter()
-            .map(|q| StreamRt {
-                queue: Arc::clone(q),
-                head: 0,
-                busy: false,
-            })
-            .collect();
-        Ok(UnitRt {
-            program,
-            base,
+        Ok(OpTables {
             ops,
+            launches,
             statics,
-            spans: vec![SpanRt::NEW; ops_of.len()],
-            compute_stream: stream_ids
-                .iter()
-                .position(|&s| s == Stream::Compute)
-                .map_or(HOST, |s| s as u16),
             stream_ids,
-            streams,
-            host_next: 0,
-            host_busy: false,
-            host_busy_ns: 0,
-            host_stop_ns: None,
-            group_key,
-            group_shape,
-            group_slot,
-            seq: vec![0; slots],
-            mem: MemoryTracker::new(&program.resident, options.record_memory_series),
         })
     }
 
@@ -662,38 +791,39 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        for unit in &mut self.units {
+            unit.apply_all_launches();
+        }
         Ok(())
     }
 
     fn host_advance(&mut self, u: usize, now: u64) {
         let unit = &mut self.units[u];
-        if unit.host_busy {
+        if unit.host.busy {
             return;
         }
-        if unit.host_next >= unit.ops.len() {
-            if unit.host_stop_ns.is_none() {
-                unit.host_stop_ns = Some(now);
+        if unit.host.next >= unit.ops.len() {
+            if unit.host.stop_ns.is_none() {
+                unit.host.stop_ns = Some(now);
                 if self.gates.as_ref().is_some_and(|g| g.free_root[u]) {
                     self.fork = true;
                 }
             }
             return;
         }
-        let op = unit.host_next;
-        let st = unit.ops[op];
-        let end = match st.exec {
-            Exec::Host { duration_ns } => {
-                if unit.ops[op].deps_left > 0 {
-                    return; // resumed by finish_op when the last dependency ends
-                }
-                unit.spans[op].start_ns = now;
-                unit.mem.alloc(now, unit.statics.allocs(op));
-                now + duration_ns
+        let op = unit.host.next;
+        let launch = unit.launches[op];
+        if launch.stream == HOST {
+            // A host op runs for its whole host cost once its dependencies are done.
+            if unit.ops[op].deps_left > 0 {
+                return; // resumed by finish_op when the last dependency ends
             }
-            _ => now + st.host_ns,
-        };
-        unit.host_busy = true;
-        unit.host_busy_ns += end - now;
+            unit.ops[op].span.start_ns = now;
+            unit.mem.alloc(now, unit.statics.allocs(op));
+        }
+        let end = now + launch.host_ns;
+        unit.host.busy = true;
+        unit.host.busy_ns += launch.host_ns;
         self.push(
             end,
             Event::HostDone {
@@ -703,24 +833,26 @@ impl<'a> Engine<'a> {
         );
     }
 
+    /// The host finished launching op `op` (or running host op `op`). A launch that starts
+    /// nothing is left pending ([`launches`]).
     fn host_done(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
-        unit.host_busy = false;
-        unit.host_next += 1;
-        unit.spans[op].launched_ns = now;
-        let st = unit.ops[op];
-        if let Exec::Host { .. } = st.exec {
-            unit.spans[op].end_ns = now;
+        unit.host.busy = false;
+        unit.host.next += 1;
+        let stream = unit.launches[op].stream;
+        if stream == HOST {
+            unit.apply_launches(op);
+            unit.launch(op, now);
+            unit.ops[op].span.end_ns = now;
             self.finish_op(u, op, now)?;
-        } else {
+        } else if unit.launch_starts(op, stream) {
             // A collective's place on its communicator is fixed by launch order, as in
             // NCCL/HCCL, not by when its stream reaches it.
-            if let Exec::Collective { slot, .. } = st.exec {
-                unit.ops[op].seq = unit.seq[slot as usize];
-                unit.seq[slot as usize] += 1;
-            }
-            unit.ops[op].launched = true;
-            self.try_start(u, st.stream, now)?;
+            unit.apply_launches(op);
+            unit.launch(op, now);
+            self.try_start(u, stream, now)?;
+        } else {
+            unit.defer_launch(op, now);
         }
         self.host_advance(u, now);
         Ok(())
@@ -728,16 +860,16 @@ impl<'a> Engine<'a> {
 
     fn try_start(&mut self, u: usize, stream: u16, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
-        let s = &mut unit.streams[stream as usize];
-        if s.busy || s.head >= s.queue.len() {
+        let s = unit.streams.get(stream);
+        let Some(&op) = unit.queue(stream).get(s.head()).filter(|_| !s.busy()) else {
+            return Ok(());
+        };
+        let op = op as usize;
+        if op >= unit.host.next || unit.ops[op].deps_left > 0 {
             return Ok(());
         }
-        let op = s.queue[s.head] as usize;
-        if !unit.ops[op].launched || unit.ops[op].deps_left > 0 {
-            return Ok(());
-        }
-        s.busy = true;
-        unit.spans[op].start_ns = now;
+        unit.streams.set(stream, StreamPos::new(s.head(), true));
+        unit.ops[op].span.start_ns = now;
         unit.mem.alloc(now, unit.statics.allocs(op));
         match unit.ops[op].exec {
             Exec::Device {
@@ -760,20 +892,21 @@ impl<'a> Engine<'a> {
                 Ok(())
             }
             Exec::Collective { coll, .. } => {
+                // Its launch-order index is read on arrival.
+                unit.apply_launches(op + 1);
                 let c = *unit.statics.collective(coll);
                 self.arrive(u, op, c, now)
             }
-            Exec::Host { .. } => Ok(()),
+            Exec::Host => Ok(()),
         }
     }
 
     fn op_done(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
-        unit.spans[op].end_ns = now;
+        unit.ops[op].span.end_ns = now;
         let stream = unit.ops[op].stream;
-        let s = &mut unit.streams[stream as usize];
-        s.busy = false;
-        s.head += 1;
+        let head = unit.streams.get(stream).head();
+        unit.streams.set(stream, StreamPos::new(head + 1, false));
         self.finish_op(u, op, now)?;
         self.try_start(u, stream, now)
     }
@@ -781,6 +914,7 @@ impl<'a> Engine<'a> {
     fn finish_op(&mut self, u: usize, op: usize, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         unit.ops[op].done = true;
+        unit.finished += 1;
         unit.mem.free(now, unit.statics.frees(op));
         if let Some(g) = &self.gates
             && g.gates[u][unit.base + op]
@@ -795,7 +929,7 @@ impl<'a> Engine<'a> {
             if unit.ops[d].deps_left == 0 {
                 let stream = unit.ops[d].stream;
                 if stream == HOST {
-                    if unit.host_next == d {
+                    if unit.host.next == d {
                         self.host_advance(u, now);
                     }
                 } else {
@@ -806,17 +940,10 @@ impl<'a> Engine<'a> {
         Ok(())
     }
 
-    fn collective_of(&self, u: usize, op: usize) -> Option<CollectiveOp> {
-        match self.units[u].ops[op].exec {
-            Exec::Collective { coll, .. } => Some(*self.units[u].statics.collective(coll)),
-            _ => None,
-        }
-    }
-
     fn arrive(&mut self, u: usize, op: usize, c: CollectiveOp, now: u64) -> Result<(), SimError> {
         let unit = &mut self.units[u];
         let key = unit.group_key[c.group.index()];
-        let seq = unit.ops[op].seq;
+        let seq = unit.ops[op].seq();
         let inst = match self.pending.get(&(key, seq)) {
             Some(&i) => i,
             None => {
@@ -825,9 +952,8 @@ impl<'a> Engine<'a> {
                 i
             }
         };
-        let first_arrival = self.instances[inst as usize].arrivals.first().copied();
-        if let Some((fu, fop)) = first_arrival
-            && let Some(first) = self.collective_of(fu as usize, fop as usize)
+        let instance = &self.instances[inst as usize];
+        if let (Some(first), Some(&(fu, _))) = (instance.first, instance.arrivals.first())
             && (first.kind, first.dtype, first.tier) != (c.kind, c.dtype, c.tier)
         {
             let describe = |x: &CollectiveOp| format!("{} of {:?} on {}", x.kind, x.dtype, x.tier);
@@ -842,15 +968,16 @@ impl<'a> Engine<'a> {
             });
         }
         let instance = &mut self.instances[inst as usize];
+        instance.first.get_or_insert(c);
         instance.arrivals.push((u as u32, op as u32));
         instance.max_in = instance.max_in.max(c.input_bytes);
         instance.max_out = instance.max_out.max(c.output_bytes);
         instance.aligned &= c.aligned_512;
-        if instance.arrivals.len() == self.keys[key as usize].units.len() {
+        if instance.arrivals.len() == self.key_members[key as usize] as usize {
             self.pending.remove(&(key, seq));
             // The first arrival's view of the group decides the shape (peers are symmetric).
-            let (fu, fop) = instance.arrivals[0];
-            let first = self.collective_of(fu as usize, fop as usize).unwrap_or(c);
+            let fu = instance.arrivals[0].0;
+            let first = instance.first.unwrap_or(c);
             let shape = self.units[fu as usize].group_shape[first.group.index()];
             let phases = collective_phases(
                 c.kind,
@@ -863,7 +990,7 @@ impl<'a> Engine<'a> {
             // what-if hook: degraded links slow the phase to its slowest member link.
             let ranks = &self.units[fu as usize].program.groups[first.group.index()].ranks;
             let slow = |t| self.whatif.map_or(1.0, |m| m.transfer_scale(t, ranks));
-            let phases: Vec<_> = phases
+            let phases: instances::Phases = phases
                 .iter()
                 .map(|p| {
                     (
@@ -873,11 +1000,10 @@ impl<'a> Engine<'a> {
                     )
                 })
                 .collect();
-            self.instances[inst as usize].phases = phases;
             let instance = &mut self.instances[inst as usize];
-            for &(pu, pop) in &instance.arrivals {
-                self.units[pu as usize].spans[pop as usize].transfer_start_ns = now;
-            }
+            instance.phases = phases;
+            // Written into the members' spans when the collective completes.
+            instance.transfer_start_ns = Some(now);
             self.begin_phase(inst, now)?;
         }
         Ok(())
@@ -929,37 +1055,40 @@ impl<'a> Engine<'a> {
     fn complete(&mut self, inst: u32, now: u64) -> Result<(), SimError> {
         // Nothing refers to a completed instance any more but stale transfer finishes,
         // which the network no longer knows: both are released.
-        let arrivals = self
+        let (arrivals, transfer_start_ns) = self
             .instances
             .release(inst)
-            .map(|i| i.arrivals)
+            .map(|i| (i.arrivals, i.transfer_start_ns))
             .unwrap_or_default();
         self.net.release(inst);
         for &(u, op) in &arrivals {
-            self.op_done(u as usize, op as usize, now)?;
+            let (u, op) = (u as usize, op as usize);
+            if let Some(t) = transfer_start_ns {
+                self.units[u].ops[op].span.transfer_start_ns = t;
+            }
+            self.op_done(u, op, now)?;
         }
-        self.instances.recycle(arrivals);
         Ok(())
     }
 
     fn check_finished(&self) -> Result<(), SimError> {
         let mut stuck = Vec::new();
         for unit in &self.units {
-            if unit.ops.iter().all(|o| o.done) {
+            if unit.finished == unit.ops.len() {
                 continue;
             }
             let rank = unit.program.rank;
             let mut why = Vec::new();
-            if unit.host_next < unit.ops.len() {
-                let op = unit.host_next;
+            if unit.host.next < unit.ops.len() {
+                let op = unit.host.next;
                 why.push(format!(
                     "host waits at {} for {}",
                     unit.program.ops[unit.base + op].id,
                     self.waiting_deps(unit, op)
                 ));
             }
-            for s in &unit.streams {
-                if let Some(&op) = s.queue.get(s.head) {
+            for s in 0..unit.streams.len() as u16 {
+                if let Some(&op) = unit.queue(s).get(unit.streams.get(s).head()) {
                     why.push(self.stream_stuck(unit, op as usize));
                 }
             }
@@ -978,7 +1107,7 @@ impl<'a> Engine<'a> {
     /// Why local op `op`, at the head of its stream, never ran.
     fn stream_stuck(&self, unit: &UnitRt<'_>, op: usize) -> String {
         let o = &unit.program.ops[unit.base + op];
-        let reason = if !unit.ops[op].launched {
+        let reason = if op >= unit.host.next {
             "not launched yet".to_string()
         } else if unit.ops[op].deps_left > 0 {
             format!("waiting for {}", self.waiting_deps(unit, op))
@@ -1016,12 +1145,12 @@ impl<'a> Engine<'a> {
             .zip(ends.iter().zip(keep))
             .map(|(u, (&end_ns, &keep))| UnitOutcome {
                 spans: if keep {
-                    op_spans(u.program, u.base, &u.spans)
+                    op_spans(u.program, u.base, &u.ops)
                 } else {
                     Vec::new()
                 },
                 end_ns,
-                host_busy_ns: u.host_busy_ns,
+                host_busy_ns: u.host.busy_ns,
                 memory: u.mem.report(),
             })
             .collect()

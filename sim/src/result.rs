@@ -109,33 +109,57 @@ struct Tally {
 }
 
 impl Tally {
+    /// Adds `ops`. Consecutive collectives of one (category, kind, tier) are summed before
+    /// they go into the map (a Muon tail is thousands of relay collectives in a row); the
+    /// totals are sums, so the grouping changes nothing.
     fn add<'a>(&mut self, ops: impl Iterator<Item = &'a Op>) {
+        type Run = ((usize, CollectiveKind, Tier), (u64, u64, u64));
+        let mut run: Option<Run> = None;
+        let flush = |map: &mut CollTotals, run: Option<Run>| {
+            if let Some((key, (n, input, output))) = run {
+                let e = map.entry(key).or_default();
+                e.0 += n;
+                e.1 += input;
+                e.2 += output;
+            }
+        };
         for op in ops {
             if let Payload::Collective(c) = &op.payload {
                 let category = Category::ALL
                     .iter()
                     .position(|&x| x == op.category)
                     .unwrap_or(0);
-                let e = self
-                    .collectives
-                    .entry((category, c.kind, c.tier))
-                    .or_default();
-                e.0 += 1;
-                e.1 += c.input_bytes;
-                e.2 += c.output_bytes;
+                let key = (category, c.kind, c.tier);
+                match &mut run {
+                    Some((k, t)) if *k == key => {
+                        t.0 += 1;
+                        t.1 += c.input_bytes;
+                        t.2 += c.output_bytes;
+                    }
+                    _ => {
+                        flush(&mut self.collectives, run.take());
+                        run = Some((key, (1, c.input_bytes, c.output_bytes)));
+                    }
+                }
             }
             self.launches.add(op);
         }
+        flush(&mut self.collectives, run);
     }
 }
 
 /// Tallies of programs, the shared op prefix of each counted once ([`OpSeq`]): the sums are
 /// the same whatever the split, and on a folded Muon job hundreds of units share a prefix of
-/// tens of thousands of ops.
+/// tens of thousands of ops. A program whose ops are the very storage of an earlier one's
+/// (a relabelled copy, `OpSeq::share_tail`) gets that program's tally.
 #[derive(Default)]
 struct Tallies {
     /// By prefix address (the prefix kept alive, so an address is never reused).
     prefixes: HashMap<usize, (Arc<SharedOps>, Tally)>,
+    /// By (prefix address, tail address, tail length): equal keys are the same op storage
+    /// (the programs outlive the tallies, so an address is not reused meanwhile; an empty
+    /// tail adds nothing).
+    programs: HashMap<(usize, usize, usize), Tally>,
 }
 
 impl Tallies {
@@ -145,6 +169,15 @@ impl Tallies {
             t.add(program.ops.iter());
             return t;
         };
+        let tail = program.ops.tail();
+        let id = (
+            Arc::as_ptr(shared) as usize,
+            tail.as_ptr() as usize,
+            tail.len(),
+        );
+        if let Some(t) = self.programs.get(&id) {
+            return t.clone();
+        }
         let (_, base) = self
             .prefixes
             .entry(Arc::as_ptr(shared) as usize)
@@ -155,6 +188,7 @@ impl Tallies {
             });
         let mut t = base.clone();
         t.add(program.ops.iter_from(program.ops.prefix_len()));
+        self.programs.insert(id, t.clone());
         t
     }
 }

@@ -76,27 +76,58 @@ fn common_prefixes<'a>(
     programs: impl Iterator<Item = &'a StepProgram>,
 ) -> Vec<usize> {
     let mut by_prefix: HashMap<*const SharedOps, usize> = HashMap::new();
+    // Programs with the very same op storage have the same common prefix.
+    let mut by_ops: HashMap<(usize, usize, usize), usize> = HashMap::new();
     programs
-        .map(|p| match p.ops.shared() {
-            Some(shared) => {
-                let len = shared.ops.len();
-                let known = *by_prefix.entry(Arc::as_ptr(shared)).or_insert_with(|| {
-                    first
-                        .ops
-                        .iter()
-                        .zip(&shared.ops)
-                        .take_while(|(x, y)| same_op(x, y))
-                        .count()
-                });
-                if known < len {
-                    known
-                } else {
-                    common_from(first, p, len)
-                }
+        .map(|p| {
+            let id = ops_identity(p);
+            if let Some(&n) = by_ops.get(&id) {
+                return n;
             }
-            None => common_from(first, p, 0),
+            let n = common_prefix(first, p, &mut by_prefix);
+            by_ops.insert(id, n);
+            n
         })
         .collect()
+}
+
+/// Common-prefix length of `first` with `p`, the comparison of `p`'s shared prefix with
+/// `first` looked up in (or added to) `by_prefix`.
+fn common_prefix(
+    first: &StepProgram,
+    p: &StepProgram,
+    by_prefix: &mut HashMap<*const SharedOps, usize>,
+) -> usize {
+    match p.ops.shared() {
+        Some(shared) => {
+            let len = shared.ops.len();
+            let known = *by_prefix.entry(Arc::as_ptr(shared)).or_insert_with(|| {
+                first
+                    .ops
+                    .iter()
+                    .zip(&shared.ops)
+                    .take_while(|(x, y)| same_op(x, y))
+                    .count()
+            });
+            if known < len {
+                known
+            } else {
+                common_from(first, p, len)
+            }
+        }
+        None => common_from(first, p, 0),
+    }
+}
+
+/// The storage of a program's ops: (shared prefix address, own tail address, tail length).
+/// Programs alive at once with equal identities have equal ops (an empty tail adds none).
+fn ops_identity(program: &StepProgram) -> (usize, usize, usize) {
+    let tail = program.ops.tail();
+    (
+        program.ops.shared().map_or(0, |s| Arc::as_ptr(s) as usize),
+        tail.as_ptr() as usize,
+        tail.len(),
+    )
 }
 
 /// Dense ids for keys, in order of first appearance.
@@ -148,8 +179,14 @@ impl SharePlan {
         }
         let mut gates = vec![vec![false; prefix_len]; nblocks];
         let mut free_root = vec![false; nblocks];
+        // A program whose ops are the same storage as an earlier one's in the same block
+        // (a relabelled copy) adds no gate of its own.
+        let mut seen = std::collections::HashSet::new();
         for (u, unit) in units.iter().enumerate() {
             let b = colour[u] as usize;
+            if !seen.insert((b, ops_identity(&unit.program))) {
+                continue;
+            }
             for op in unit.program.ops.iter_from(prefix_len) {
                 if op.deps.is_empty() {
                     free_root[b] = true;

@@ -524,3 +524,54 @@ fn spans_of(r: &hpfsdp_sim::SimResult) -> Vec<Vec<hpfsdp_program::step::OpSpan>>
         .map(|rank| t.rank(rank).unwrap().spans.clone())
         .collect()
 }
+
+/// Launches that start nothing (the host runs ahead of a stream whose head waits) are
+/// recorded later in one pass (`engine/launches.rs`): their launch times must still be the
+/// host's chain of launch costs, and every collective must match its peers' in launch order.
+#[test]
+fn launches_queued_behind_a_waiting_stream_keep_their_times() {
+    let p = a3();
+    let flops = 376_000_000_000;
+    let mut programs = Vec::new();
+    for rank in 0..2 {
+        let mut b = ProgramBuilder::new(rank);
+        let g = b.group(Group::new("dp_shard", vec![0, 1]).unwrap());
+        let c = b.compute(work(flops), &[]);
+        let gathers: Vec<_> = (0..6)
+            .map(|_| b.collective(Stream::AllGather, Category::FsdpAg, ag(g, 2, 1 << 20), &[c]))
+            .collect();
+        b.compute(work(1), &gathers);
+        programs.push(b.build().unwrap());
+    }
+    let r = simulate_programs(programs, &p, false, &SimOptions::default()).unwrap();
+    let launch_k = one_kernel_host_ns(&p);
+    let launch_c = ns(p.calibration.host_launch_us_per_collective * 1e-6);
+    let compute_end = launch_k + ns(compute_s(flops, 0, 1, &p));
+    let shape = GroupShape::of(&[0, 1], &p.topology_for(2));
+    let ph = collective_phases(
+        CollectiveKind::AllGather,
+        &shape,
+        1 << 20,
+        2 << 20,
+        true,
+        &p,
+    );
+    let dur: u64 = ph
+        .iter()
+        .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
+        .sum();
+    assert!(
+        compute_end > launch_k + 6 * launch_c,
+        "the launches must run ahead"
+    );
+    for spans in spans_of(&r) {
+        assert_eq!(spans[0].launched_ns, Some(launch_k));
+        for k in 0..6u64 {
+            let s = &spans[1 + k as usize];
+            assert_eq!(s.launched_ns, Some(launch_k + (k + 1) * launch_c));
+            assert_eq!(s.start_ns, compute_end + k * dur);
+            assert_eq!(s.transfer_start_ns, Some(compute_end + k * dur));
+            assert_eq!(s.end_ns, compute_end + (k + 1) * dur);
+        }
+    }
+}

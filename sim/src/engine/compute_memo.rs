@@ -10,7 +10,8 @@ use crate::cost::compute_work_s;
 use crate::profile::HardwareProfile;
 use hpfsdp_plan::kernel::{KernelWork, MixId};
 use hpfsdp_program::step::ComputeWork;
-use std::collections::{BTreeMap, HashMap};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
 
 /// The costs of one compute op, in seconds, before any what-if scale.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,7 +28,9 @@ pub(super) struct ComputeCost {
 /// [`ComputeCost`]s by work and whether the op runs on the compute stream.
 #[derive(Debug, Default)]
 pub(super) struct ComputeMemo {
-    costs: HashMap<(ComputeWork, bool), ComputeCost>,
+    /// Hashed with FxHash: the keys are a few integers, looked up once per compute op of
+    /// every unit set up.
+    costs: FxHashMap<(ComputeWork, bool), ComputeCost>,
 }
 
 impl ComputeMemo {

@@ -12,7 +12,7 @@
 //! would have done.
 
 use super::{
-    Engine, Event, Exec, Gates, Instance, UnitRt, UnitSpec, kept_units, last_end, op_spans,
+    Engine, Event, Gates, HOST, Instance, UnitRt, UnitSpec, kept_units, last_end, op_spans,
 };
 use crate::error::SimError;
 use crate::memory::{join_series, resident_shift};
@@ -23,6 +23,7 @@ use crate::workload::Workload;
 use std::cmp::Reverse;
 
 use super::SimOptions;
+use super::streams::StreamPos;
 
 /// [`super::simulate`] with the prefix of `plan` simulated once per block.
 pub(super) fn simulate_shared(
@@ -84,7 +85,7 @@ pub(super) fn simulate_shared(
         .enumerate()
         .map(|(c, u)| {
             let block = &merged.units[plan.block_of_unit[c] as usize];
-            last_end(&block.spans[..u.base]).max(last_end(&u.spans))
+            last_end(&block.ops[..u.base]).max(last_end(&u.ops))
         })
         .collect();
     let keep = kept_units(workload, &ends, options);
@@ -95,8 +96,8 @@ pub(super) fn simulate_shared(
         .map(|(c, u)| {
             let spans = if keep[c] {
                 let block = &merged.units[plan.block_of_unit[c] as usize];
-                let mut spans = op_spans(block.program, 0, &block.spans[..u.base]);
-                spans.extend(op_spans(u.program, u.base, &u.spans));
+                let mut spans = op_spans(block.program, 0, &block.ops[..u.base]);
+                spans.extend(op_spans(u.program, u.base, &u.ops));
                 spans
             } else {
                 Vec::new()
@@ -110,7 +111,7 @@ pub(super) fn simulate_shared(
             UnitOutcome {
                 spans,
                 end_ns: ends[c],
-                host_busy_ns: u.host_busy_ns,
+                host_busy_ns: u.host.busy_ns,
                 memory,
             }
         })
@@ -136,7 +137,7 @@ fn transplant(
     for (b, members) in plan.blocks.iter().enumerate() {
         for &c in members {
             let c = c as usize;
-            if let Some(from) = m.units[b].host_stop_ns {
+            if let Some(from) = m.units[b].host.stop_ns {
                 catch_up(e, c, from, at_ns);
             }
             for s in 0..e.units[c].streams.len() {
@@ -154,10 +155,10 @@ fn copy_unit(mu: &UnitRt<'_>, cu: &mut UnitRt<'_>, prefix: usize) -> Result<(), 
     for i in base..prefix {
         let (src, dst) = (mu.ops[i], &mut cu.ops[i - base]);
         dst.deps_left = src.deps_left;
-        dst.seq = src.seq;
-        dst.launched = src.launched;
+        dst.set_seq(src.seq());
         dst.done = src.done;
-        cu.spans[i - base] = mu.spans[i];
+        cu.finished += usize::from(src.done);
+        dst.span = src.span;
     }
     for i in prefix..base + cu.ops.len() {
         let left = cu.program.ops[i]
@@ -169,20 +170,22 @@ fn copy_unit(mu: &UnitRt<'_>, cu: &mut UnitRt<'_>, prefix: usize) -> Result<(), 
     }
     for (s, sid) in cu.stream_ids.iter().enumerate() {
         if let Some(ms) = mu.stream_ids.iter().position(|x| x == sid) {
-            let src = &mu.streams[ms];
-            let before = src.queue.iter().filter(|&&o| (o as usize) < base).count();
-            cu.streams[s].head = src.head - before;
-            cu.streams[s].busy = src.busy;
+            let src = mu.streams.get(ms as u16);
+            let queue = mu.queue(ms as u16);
+            let before = queue.iter().filter(|&&o| (o as usize) < base).count();
+            cu.streams
+                .set(s as u16, StreamPos::new(src.head() - before, src.busy()));
         }
     }
-    cu.host_next = mu.host_next.checked_sub(base).ok_or_else(|| {
+    cu.host.next = mu.host.next.checked_sub(base).ok_or_else(|| {
         SimError::Workload(format!(
             "internal: rank {} forks with its host behind its first unfinished op",
             cu.program.rank
         ))
     })?;
-    cu.host_busy = mu.host_busy;
-    cu.host_busy_ns = mu.host_busy_ns;
+    cu.host.applied = cu.host.next;
+    cu.host.busy = mu.host.busy;
+    cu.host.busy_ns = mu.host.busy_ns;
     for g in 0..cu.group_slot.len().min(mu.group_slot.len()) {
         let (cs, ms) = (cu.group_slot[g] as usize, mu.group_slot[g] as usize);
         cu.seq[cs] = cu.seq[cs].max(mu.seq[ms]);
@@ -204,13 +207,13 @@ fn copy_instances(
         let Some(&(fb, fop)) = inst.arrivals.first() else {
             continue;
         };
-        let Some(c) = m.collective_of(fb as usize, fop as usize) else {
+        let Some(c) = inst.first else {
             return Err(SimError::Workload(
-                "internal: a collective instance whose first arrival is no collective".into(),
+                "internal: a collective instance with arrivals but no first collective".into(),
             ));
         };
         let g = c.group.index();
-        let seq = m.units[fb as usize].ops[fop as usize].seq;
+        let seq = m.units[fb as usize].ops[fop as usize].seq();
         let pending = inst.arrivals.len() < m.keys[inst.key as usize].units.len();
         for &(b, op) in &inst.arrivals {
             for &cu in &plan.blocks[b as usize] {
@@ -225,10 +228,12 @@ fn copy_instances(
                     None => {
                         let ci = e.instances.push(Instance {
                             key,
-                            arrivals: Vec::new(),
+                            arrivals: Default::default(),
                             max_in: inst.max_in,
                             max_out: inst.max_out,
                             aligned: inst.aligned,
+                            first: inst.first,
+                            transfer_start_ns: inst.transfer_start_ns,
                             phases: inst.phases.clone(),
                             phase: inst.phase,
                         });
@@ -299,30 +304,25 @@ fn catch_up(e: &mut Engine<'_>, u: usize, from_ns: u64, until_ns: u64) {
     let mut t = from_ns;
     loop {
         let unit = &mut e.units[u];
-        if unit.host_busy || unit.host_next >= unit.ops.len() {
+        if unit.host.busy || unit.host.next >= unit.ops.len() {
             return;
         }
-        let op = unit.host_next;
-        let st = unit.ops[op];
-        if let Exec::Host { .. } = st.exec {
-            if st.deps_left == 0 {
+        let op = unit.host.next;
+        let launch = unit.launches[op];
+        if launch.stream == HOST {
+            if unit.ops[op].deps_left == 0 {
                 e.host_advance(u, t.max(until_ns));
             }
             return;
         }
-        let end = t + st.host_ns;
+        let end = t + launch.host_ns;
         if end >= until_ns {
             e.host_advance(u, t);
             return;
         }
-        unit.host_busy_ns += st.host_ns;
-        unit.host_next += 1;
-        unit.spans[op].launched_ns = end;
-        if let Exec::Collective { slot, .. } = st.exec {
-            unit.ops[op].seq = unit.seq[slot as usize];
-            unit.seq[slot as usize] += 1;
-        }
-        unit.ops[op].launched = true;
+        unit.host.busy_ns += launch.host_ns;
+        unit.host.next += 1;
+        unit.launch(op, end);
         t = end;
     }
 }

@@ -7,6 +7,16 @@
 //! four bytes.
 
 use hpfsdp_plan::Tier;
+use hpfsdp_program::step::CollectiveOp;
+use smallvec::SmallVec;
+
+/// (unit, local op) of the members arrived at a collective, inline up to four (most of exp-d's
+/// Muon relay collectives have four members): an arrival touches the instance, not a list
+/// stored elsewhere.
+pub(super) type Arrivals = SmallVec<[(u32, u32); 4]>;
+
+/// (tier, latency ns, transfer ns) per phase of a collective, inline for one phase.
+pub(super) type Phases = SmallVec<[(Tier, u64, u64); 1]>;
 
 /// One collective call on a communicator: who arrived, the largest buffers, and, once every
 /// member arrived, its phases (latency and transfer per tier) and the one in progress.
@@ -14,15 +24,21 @@ pub(super) struct Instance {
     /// Communicator key.
     pub(super) key: u32,
     /// (unit, local op) of every member arrived so far.
-    pub(super) arrivals: Vec<(u32, u32)>,
+    pub(super) arrivals: Arrivals,
     /// Largest send buffer over the arrivals.
     pub(super) max_in: u64,
     /// Largest receive buffer over the arrivals.
     pub(super) max_out: u64,
     /// Every buffer a multiple of 512 bytes.
     pub(super) aligned: bool,
+    /// The first member's collective (its view of the group decides the shape; later
+    /// members are checked against it), kept here so that no member reads another's state.
+    pub(super) first: Option<CollectiveOp>,
+    /// When every member had arrived (`None` before): written into the members' spans when
+    /// the collective completes, with their end times.
+    pub(super) transfer_start_ns: Option<u64>,
     /// (tier, latency ns, transfer ns) per phase.
-    pub(super) phases: Vec<(Tier, u64, u64)>,
+    pub(super) phases: Phases,
     /// The phase in progress.
     pub(super) phase: usize,
 }
@@ -32,11 +48,13 @@ impl Instance {
     pub(super) fn new(key: u32) -> Self {
         Self {
             key,
-            arrivals: Vec::new(),
+            arrivals: Arrivals::new(),
             max_in: 0,
             max_out: 0,
             aligned: true,
-            phases: Vec::new(),
+            first: None,
+            transfer_start_ns: None,
+            phases: Phases::new(),
             phase: 0,
         }
     }
@@ -54,8 +72,6 @@ pub(super) struct Instances {
     live: Vec<Instance>,
     /// Released slots.
     free: Vec<u32>,
-    /// Emptied arrival lists of completed instances, reused by new ones.
-    spare: Vec<Vec<(u32, u32)>>,
 }
 
 impl Instances {
@@ -65,13 +81,8 @@ impl Instances {
     }
 
     /// Stores `inst` under a new id (the next in creation order) and returns the id.
-    pub(super) fn push(&mut self, mut inst: Instance) -> u32 {
+    pub(super) fn push(&mut self, inst: Instance) -> u32 {
         let id = self.slot.len() as u32;
-        if inst.arrivals.capacity() == 0
-            && let Some(spare) = self.spare.pop()
-        {
-            inst.arrivals = spare;
-        }
         let s = match self.free.pop() {
             Some(s) => {
                 self.live[s as usize] = inst;
@@ -96,14 +107,6 @@ impl Instances {
             &mut self.live[s as usize],
             Instance::new(0),
         ))
-    }
-
-    /// Keeps a completed instance's arrival list (emptied) for a later [`Instances::push`].
-    pub(super) fn recycle(&mut self, mut arrivals: Vec<(u32, u32)>) {
-        arrivals.clear();
-        if arrivals.capacity() > 0 {
-            self.spare.push(arrivals);
-        }
     }
 
     /// Instance `id`, or `None` when released.
@@ -149,13 +152,8 @@ mod tests {
 
     fn instance(key: u32) -> Instance {
         Instance {
-            key,
-            arrivals: vec![(key, 0)],
-            max_in: 0,
-            max_out: 0,
-            aligned: true,
-            phases: Vec::new(),
-            phase: 0,
+            arrivals: smallvec::smallvec![(key, 0)],
+            ..Instance::new(key)
         }
     }
 
@@ -173,11 +171,5 @@ mod tests {
         let walk: Vec<(usize, u32, usize)> =
             all.iter().map(|(id, i)| (id, i.key, i.phase)).collect();
         assert_eq!(walk, vec![(1, 11, 0), (2, 12, 3)]);
-        // A recycled arrival list comes back empty in the next instance without one.
-        all.recycle(vec![(7, 7); 5]);
-        let mut bare = instance(13);
-        bare.arrivals = Vec::new();
-        let id = all.push(bare);
-        assert!(all[id as usize].arrivals.is_empty() && all[id as usize].arrivals.capacity() >= 5);
     }
 }

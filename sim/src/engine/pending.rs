@@ -4,18 +4,21 @@
 //! than a hash map: a rendezvous touches one short list (a communicator rarely has more than
 //! a few collectives waiting at once) instead of hashing a key.
 
+use smallvec::SmallVec;
+
 /// Pending collective instances: `(communicator, launch index) -> instance`.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Pending {
     /// Per communicator id: (launch index, instance) of its waiting instances.
-    by_key: Vec<Vec<(u32, u32)>>,
+    /// Inline for two: a lookup touches the table's entry, not a list stored elsewhere.
+    by_key: Vec<SmallVec<[(u32, u32); 2]>>,
 }
 
 impl Pending {
     /// A table for communicator ids `0..keys` (it grows if a larger id comes).
     pub(super) fn new(keys: usize) -> Self {
         Self {
-            by_key: vec![Vec::new(); keys],
+            by_key: vec![SmallVec::new(); keys],
         }
     }
 
@@ -33,7 +36,7 @@ impl Pending {
     pub(super) fn insert(&mut self, (key, seq): (u32, u32), inst: u32) {
         let k = key as usize;
         if k >= self.by_key.len() {
-            self.by_key.resize(k + 1, Vec::new());
+            self.by_key.resize(k + 1, SmallVec::new());
         }
         let list = &mut self.by_key[k];
         match list.iter_mut().find(|(s, _)| *s == seq) {

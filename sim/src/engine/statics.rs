@@ -9,24 +9,32 @@
 
 use crate::memory::TagDelta;
 use hpfsdp_program::step::{CollectiveOp, OpSlice, Payload};
-use std::collections::HashSet;
+use rustc_hash::FxHashSet as HashSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+
+/// Where one op's entries start in [`UnitStatics`]'s flat tables.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Offsets {
+    dependents: u32,
+    allocs: u32,
+    frees: u32,
+}
 
 /// Reverse dependencies and memory effects of the ops `base..` of one program, indexed by
 /// local op (`local = index - base`); dependencies on ops before `base` are left out (they
 /// are done).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct UnitStatics {
-    /// `dependents[dep_offsets[i]..dep_offsets[i + 1]]`: local ops that depend on local op `i`.
-    dep_offsets: Vec<u32>,
+    /// Per local op `i` (and one past the last): where its entries start in `dependents`,
+    /// `allocs` and `frees`; op `i`'s end where op `i + 1`'s start. One array, so that an op's
+    /// three ranges are one cache line.
+    offsets: Vec<Offsets>,
+    /// Local ops that depend on each op.
     dependents: Vec<u32>,
-    /// `allocs[alloc_offsets[i]..alloc_offsets[i + 1]]`: bytes local op `i` allocates at start
-    /// (effects with zero allocation left out, order kept).
-    alloc_offsets: Vec<u32>,
+    /// Bytes each op allocates at start (effects with zero allocation left out, order kept).
     allocs: Vec<TagDelta>,
     /// Same for the bytes freed at the end.
-    free_offsets: Vec<u32>,
     frees: Vec<TagDelta>,
     /// The collectives of the ops, in op order (the engine's per-op state holds an index).
     collectives: Vec<CollectiveOp>,
@@ -59,6 +67,13 @@ impl UnitStatics {
         }
         let (alloc_offsets, allocs) = csr(ops, |e| e.alloc_bytes);
         let (free_offsets, frees) = csr(ops, |e| e.free_bytes);
+        let offsets = (0..=n)
+            .map(|i| Offsets {
+                dependents: counts[i],
+                allocs: alloc_offsets[i],
+                frees: free_offsets[i],
+            })
+            .collect();
         let collectives = ops
             .iter()
             .filter_map(|op| match &op.payload {
@@ -69,11 +84,9 @@ impl UnitStatics {
         Self {
             collectives,
             queues: queues.into_iter().map(Arc::from).collect(),
-            dep_offsets: counts,
+            offsets,
             dependents,
-            alloc_offsets,
             allocs,
-            free_offsets,
             frees,
         }
     }
@@ -81,14 +94,14 @@ impl UnitStatics {
     /// Local ops that depend on local op `op`.
     #[inline]
     pub(super) fn dependents(&self, op: usize) -> &[u32] {
-        let (a, b) = (self.dep_offsets[op], self.dep_offsets[op + 1]);
+        let (a, b) = (self.offsets[op].dependents, self.offsets[op + 1].dependents);
         &self.dependents[a as usize..b as usize]
     }
 
     /// Bytes local op `op` allocates when it starts.
     #[inline]
     pub(super) fn allocs(&self, op: usize) -> &[TagDelta] {
-        let (a, b) = (self.alloc_offsets[op], self.alloc_offsets[op + 1]);
+        let (a, b) = (self.offsets[op].allocs, self.offsets[op + 1].allocs);
         &self.allocs[a as usize..b as usize]
     }
 
@@ -106,7 +119,7 @@ impl UnitStatics {
     /// Bytes local op `op` frees when it ends.
     #[inline]
     pub(super) fn frees(&self, op: usize) -> &[TagDelta] {
-        let (a, b) = (self.free_offsets[op], self.free_offsets[op + 1]);
+        let (a, b) = (self.offsets[op].frees, self.offsets[op + 1].frees);
         &self.frees[a as usize..b as usize]
     }
 }
@@ -116,11 +129,9 @@ impl UnitStatics {
 /// thousands of programs of tens of thousands of ops does not hash every entry.
 impl Hash for UnitStatics {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        sample(&self.dep_offsets, state);
+        sample(&self.offsets, state);
         sample(&self.dependents, state);
-        sample(&self.alloc_offsets, state);
         sample(&self.allocs, state);
-        sample(&self.free_offsets, state);
         sample(&self.frees, state);
         sample(&self.collectives, state);
         self.queues.len().hash(state);
