@@ -83,19 +83,17 @@ impl Part {
     }
 }
 
-/// What a slot part takes from the rank: its plan batch, EP class and replica coordinate
-/// (which decide the parameters it holds and owns), and per NS memory batch and replica
-/// broadcast what its coordinates decide. The part is built from these alone
-/// (`hyperparallel::slot_part` never sees the rank's view), so equal inputs give equal
-/// parts; ranks owning different matrices of the same shapes get equal inputs.
+/// What a slot part takes from the rank: the shape id of what its replica coordinate owns
+/// of its plan batch ([`super::hp_shapes::OwnedShape`]: the slot, the replica coordinate
+/// and the owned parameters by shape), and per NS memory batch and replica broadcast what
+/// its coordinates decide. The part is built from these alone (`hyperparallel::slot_part`
+/// never sees the rank's view, and reads its batch only where the shape id covers it), so
+/// equal inputs give equal parts; ranks owning different matrices of the same shapes (on
+/// other EP classes, too) get equal inputs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct SlotInputs {
-    /// Plan batch index.
-    pub(crate) index: usize,
-    /// EP class.
-    pub(crate) class: usize,
-    /// Replica coordinate.
-    pub(crate) rc: Vec<usize>,
+    /// Shape id of the owned set.
+    pub(crate) owned: u32,
     /// Per NS memory batch of the slot (`None`: the rank owns none of it).
     pub(crate) units: Vec<Option<UnitInputs>>,
     /// Bytes each replica source sends, in grid order (`None`: no replica group).

@@ -17,6 +17,8 @@ pub(crate) struct Owned {
     /// Per NS memory batch on the shard path (as `units`; empty on the local path): its
     /// members' shard owners.
     pub(crate) owners: Vec<UnitOwners>,
+    /// The id of what a slot part reads of it ([`super::hp_shapes::OwnedShape`]).
+    pub(crate) shape: u32,
 }
 
 /// The shard owners of one NS memory batch's owned members (shard path), found in the
@@ -97,6 +99,8 @@ pub(crate) struct Pieces {
     pub(crate) sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
     /// Anonymous schedule parts by key ([`super::hp_parts`]).
     pub(crate) parts: super::hp_parts::PartCache,
+    /// Shape ids of parameters and owned sets ([`super::hp_shapes`]).
+    pub(crate) shapes: super::hp_shapes::ShapeIds,
 }
 
 /// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.

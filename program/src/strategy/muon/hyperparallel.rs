@@ -77,6 +77,7 @@
 
 use super::hp_parts::{Part, PartCache, PartKey, Parts, SlotInputs, UnitInputs};
 use super::hp_pieces::{Held, NO_OWNERS, Owned, SourceBytes, UnitOwners, cached};
+use super::hp_shapes::OwnedShape;
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
 use super::{
@@ -148,11 +149,37 @@ fn owned_by(ctx: &Ctx, index: usize, held: &[usize], rc: &[usize]) -> Owned {
     } else {
         Vec::new()
     };
+    let shape = owned_shape(ctx, b, held, rc, (&params, &units, &owners));
     Owned {
         params,
         units,
         owners,
+        shape,
     }
+}
+
+/// The shape id of what replica coordinate `rc` owns of plan batch `b` (`held`: the batch's
+/// parameters its EP class holds; `owned`: its owned parameters, members per NS memory
+/// batch and their shard owners), see [`super::hp_shapes`].
+fn owned_shape(
+    ctx: &Ctx,
+    b: &hpfsdp_plan::muon::MuonBatch,
+    held: &[usize],
+    rc: &[usize],
+    (params, units, owners): (&[usize], &[Vec<usize>], &[UnitOwners]),
+) -> u32 {
+    let shapes = &ctx.opt.hp_pieces.shapes;
+    let ids = shapes.params(&ctx.opt);
+    let by_id = |list: &[usize]| list.iter().map(|&i| ids[i]).collect::<Vec<u32>>();
+    shapes.owned(OwnedShape {
+        slot: b.slot,
+        shard_path: b.shard_path,
+        rc: rc.to_vec(),
+        first_held: held.first().map(|&i| ids[i]),
+        params: by_id(params),
+        units: units.iter().map(|u| by_id(u)).collect(),
+        sources: owners.iter().map(|o| o.sources.clone()).collect(),
+    })
 }
 
 /// Whether `view`'s shard coordinate on `p`'s shard axes is `owner` (allocation-free
@@ -414,9 +441,7 @@ fn slot_inputs(ctx: &Ctx, view: &RankView, b: &RankBatch, slot: usize, named: bo
         })
         .collect();
     SlotInputs {
-        index: b.index,
-        class: view.class,
-        rc: b.rc.clone(),
+        owned: b.owned.shape,
         units,
         sources: replica_sources(ctx, view, b, ctx.opts.master_dtype.bytes()),
     }

@@ -150,7 +150,7 @@ impl std::fmt::Display for OptimizerStrategy {
 }
 
 /// One mesh axis a Muon parameter is sharded or replicated on, resolved to its group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct AxisRef {
     /// Axis name.
     pub name: String,
