@@ -841,7 +841,7 @@ pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> O
 fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId> {
     let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
     let mut last = None;
-    for (op, base, mix) in &s.ops {
+    for (op, base, mix) in s.iter() {
         // On the stack: most ops have a few dependencies (the `Ready` ones may spill).
         let mut deps: smallvec::SmallVec<[OpId; 8]> = smallvec::SmallVec::new();
         for d in &op.deps {
@@ -856,7 +856,7 @@ fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId>
         let id = match &op.work {
             Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
             Work::Kernels(k) => Some(match mix {
-                Some(id) => e.compute_kernels_as((op.stream, op.category), k, *id, &deps, &op.name),
+                Some(id) => e.compute_kernels_as((op.stream, op.category), k, id, &deps, &op.name),
                 None => e.compute_kernels(op.stream, op.category, k, &deps, &op.name),
             }),
             Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),

@@ -8,10 +8,9 @@
 //!
 //! A part's ops refer to each other by index within the part; assembling shifts them.
 
-use super::schedule::{Dep, Layout, SOp, Schedule, Work};
+use super::schedule::{Dep, LaidOp, Layout, SOp, Schedule, Work};
 use crate::step::MemTag;
 use hpfsdp_plan::kernel::MixId;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -209,6 +208,7 @@ impl Parts {
                 .sum::<usize>();
         let mut out = Layout {
             ops: Vec::with_capacity(n),
+            own: Vec::new(),
             momentum_bytes: 0,
             adamw_state_bytes: 0,
         };
@@ -222,7 +222,7 @@ impl Parts {
             p.s.ops
                 .iter()
                 .zip(p.mix_ids())
-                .map(move |(op, &mix)| (Cow::Borrowed(op), base, mix))
+                .map(move |(op, &mix)| (LaidOp::Borrowed(op), base, mix))
         };
         let base = append(&mut out, &self.head);
         out.ops.extend(laid(&self.head, base));
@@ -232,18 +232,24 @@ impl Parts {
             out.ops.extend(laid(p, base));
             if let Some((ops, bytes, slot)) = &p.in_flight {
                 if let Some(prev) = in_flight.take() {
-                    out.ops
-                        .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
+                    self.land_into(&mut out, prev);
                 }
                 let ops = ops.iter().map(|&o| o + base).collect();
                 in_flight = Some((ops, *bytes, *slot));
             }
         }
         if let Some(prev) = in_flight.take() {
-            out.ops
-                .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
+            self.land_into(&mut out, prev);
         }
         out
+    }
+
+    /// Appends the landing of `in_flight` ([`Parts::landing`]) to `out` as its own op.
+    fn land_into(&self, out: &mut Layout<'_>, in_flight: InFlight) {
+        if let Some(op) = self.landing(in_flight) {
+            out.ops.push((LaidOp::Own(out.own.len() as u32), 0, None));
+            out.own.push(op);
+        }
     }
 
     /// The schedule: `s` (empty) followed by the ops of [`Parts::layout`], their op
@@ -251,8 +257,8 @@ impl Parts {
     pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
         let layout = self.layout();
         s.ops.reserve(layout.ops.len());
-        s.ops.extend(layout.ops.into_iter().map(|(op, base, _)| {
-            let mut op = op.into_owned();
+        s.ops.extend(layout.iter().map(|(op, base, _)| {
+            let mut op = op.clone();
             for d in &mut op.deps {
                 if let Dep::Op(i) = d {
                     *i += base;

@@ -73,6 +73,22 @@ pub(crate) struct Held {
     pub(crate) params: Vec<usize>,
     /// Per domain (dense, expert): some held parameter of it has a replica owner.
     pub(crate) replicated: [bool; 2],
+    /// The held parameters with a replica owner, grouped by owner and by what their local
+    /// shard size reads (FSDP dim size, padded shard, domain, plan elements), in order of
+    /// those: the replica-broadcast bytes of a rank sum one size per group, not per
+    /// parameter (thousands of per-expert weights of a few shapes).
+    pub(crate) sourced: Vec<SourceGroup>,
+}
+
+/// Held parameters with a replica owner whose local shards have equal sizes on every rank.
+#[derive(Debug)]
+pub(crate) struct SourceGroup {
+    /// The replica owner's coordinate.
+    pub(crate) owner: Vec<usize>,
+    /// One of the parameters (any: they have equal local shard sizes).
+    pub(crate) rep: usize,
+    /// How many parameters.
+    pub(crate) count: u64,
 }
 
 /// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.

@@ -76,7 +76,7 @@
 //! doing the same work get identical programs and fold in the simulator.
 
 use super::hp_parts::{Part, PartCache, PartKey, Parts, SlotInputs, UnitInputs};
-use super::hp_pieces::{Held, NO_OWNERS, Owned, SourceBytes, UnitOwners, cached};
+use super::hp_pieces::{Held, NO_OWNERS, Owned, SourceBytes, SourceGroup, UnitOwners, cached};
 use super::hp_shapes::OwnedShape;
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
@@ -110,6 +110,47 @@ struct RankBatch {
     shard_path: bool,
     /// Replica coordinate.
     rc: Vec<usize>,
+}
+
+/// The parameters of plan batch `index` EP class `class` holds, which domains have
+/// replicated ones, and those grouped by replica owner and local shard size.
+fn held_of(ctx: &Ctx, index: usize, class: usize) -> Held {
+    let oc = &ctx.opt;
+    let b = &oc.plan.batches[index];
+    let params = oc.held(index, class);
+    let mut replicated = [false; 2];
+    type GroupKey<'a> = (&'a [usize], Option<u64>, u64, usize, u64);
+    let mut groups: std::collections::BTreeMap<GroupKey<'_>, (usize, u64)> = Default::default();
+    for &i in &params {
+        let Some(owner) = b.replica_owner.get(&i) else {
+            continue;
+        };
+        let p = &oc.params[i];
+        let d = Ctx::domain_index(p.domain);
+        replicated[d] = true;
+        // Everything `local_shard_elems` reads of the parameter.
+        let key = (
+            owner.as_slice(),
+            p.plan_shape.get(p.fsdp_dim).copied(),
+            p.local_elems,
+            d,
+            p.plan_elems,
+        );
+        groups.entry(key).or_insert((i, 0)).1 += 1;
+    }
+    let sourced = groups
+        .into_iter()
+        .map(|((owner, ..), (rep, count))| SourceGroup {
+            owner: owner.to_vec(),
+            rep,
+            count,
+        })
+        .collect();
+    Held {
+        params,
+        replicated,
+        sourced,
+    }
 }
 
 /// What replica coordinate `rc` owns of the held parameters `held` of plan batch `index`.
@@ -229,12 +270,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                     return None;
                 }
                 let held = cached(&pieces.held, (index, view.class), || {
-                    let params = oc.held(index, view.class);
-                    let mut replicated = [false; 2];
-                    for i in params.iter().filter(|i| b.replica_owner.contains_key(i)) {
-                        replicated[Ctx::domain_index(oc.params[*i].domain)] = true;
-                    }
-                    Held { params, replicated }
+                    held_of(ctx, index, view.class)
                 });
                 let &first = held.params.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
@@ -838,7 +874,6 @@ fn replica_sources(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Op
 /// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`](super::hp_pieces::Pieces)).
 fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
     let oc = &ctx.opt;
-    let plan_b = &oc.plan.batches[b.index];
     let pos: [usize; 2] = std::array::from_fn(|d| {
         if b.held.replicated[d] {
             view.fsdp_pos[d]
@@ -851,12 +886,10 @@ fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<S
         (b.index, view.class, pos, master),
         || {
             let mut by_src = SourceBytes::new();
-            for &i in &b.held.params {
-                if let Some(owner) = plan_b.replica_owner.get(&i) {
-                    let elems = local_shard_elems(ctx, &oc.params[i], view);
-                    *by_src.entry(owner.clone()).or_default() +=
-                        (elems * master).div_ceil(512) * 512;
-                }
+            for g in &b.held.sourced {
+                let elems = local_shard_elems(ctx, &oc.params[g.rep], view);
+                *by_src.entry(g.owner.clone()).or_default() +=
+                    g.count * ((elems * master).div_ceil(512) * 512);
             }
             by_src
         },
