@@ -130,8 +130,8 @@ impl Hasher for ByteSink {
 pub(crate) enum PartKey {
     /// The AdamW-routed units of an EP class.
     Head(usize),
-    /// A slot part.
-    Slot(SlotInputs),
+    /// A slot part (shared: the key is kept only when the part is new).
+    Slot(Arc<SlotInputs>),
 }
 
 /// Anonymous parts by key, each built once and shared by every rank's schedule; parts of

@@ -296,7 +296,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
 /// max of the ranks' local shapes, rounded up to 512 bytes).
 fn max_piece(ctx: &Ctx, i: usize, from: usize) -> u64 {
     let p = &ctx.opt.plan.params[i];
-    let mut shape = p.shape.clone();
+    let mut shape: smallvec::SmallVec<[u64; 6]> = p.shape.iter().copied().collect();
     for a in p.shard_axes.iter().skip(from) {
         if let Some(d) = shape.get_mut(a.tensor_dim) {
             *d = d.div_ceil(a.size.max(1) as u64);
@@ -441,7 +441,7 @@ pub(crate) fn parts(
         .enumerate()
         .map(|(slot, b)| {
             let b = b?;
-            let inputs = slot_inputs(ctx, view, &b, slot, !anonymous);
+            let inputs = Arc::new(slot_inputs(ctx, view, &b, slot, !anonymous));
             Some(get(PartKey::Slot(inputs.clone()), &|| {
                 slot_part(ctx, &b, slot, &inputs, empty())
             }))
@@ -459,18 +459,20 @@ fn slot_inputs(ctx: &Ctx, view: &RankView, b: &RankBatch, slot: usize, named: bo
     let units = (0..ctx.opt.slots[slot].steps)
         .map(|u| {
             let members = b.owned.units.get(u).filter(|m| !m.is_empty())?;
-            let (kept, (relay, relay_owners)) = if b.shard_path {
+            let (kept, calls, (relay, relay_owners)) = if b.shard_path {
                 let kept = computed_here(ctx, view, b.owners(u), members);
                 (
                     kept_unpack(ctx, members, &kept),
+                    shard_ns_calls(ctx, members, &kept),
                     relays_joined(ctx, view, b, u, members, named),
                 )
             } else {
-                ((0, 0), (Vec::new(), Vec::new()))
+                let calls = unit_ns_calls(ctx, view, b, u, members);
+                ((0, 0), calls, (Vec::new(), Vec::new()))
             };
             Some(UnitInputs {
                 kept,
-                calls: unit_ns_calls(ctx, view, b, u, members),
+                calls,
                 relay,
                 relay_owners,
             })
@@ -643,24 +645,29 @@ fn unit_ns_calls(
 ) -> Vec<NsCall> {
     let oc = &ctx.opt;
     if b.shard_path {
-        let owners = b.owners(u);
-        let mine: Vec<((u64, u64), u64, u64)> = members
-            .iter()
-            .enumerate()
-            .filter_map(|(k, &i)| {
-                let p = &oc.params[i];
-                let mine = is_shard_owner(view, p, owners.owner_of(k));
-                mine.then_some((p.core?, p.matrices, p.numel))
-            })
-            .collect();
-        let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
-        capped_calls(&mine, cap)
+        let kept = computed_here(ctx, view, b.owners(u), members);
+        shard_ns_calls(ctx, members, &kept)
     } else {
         fused_calls(members.iter().filter_map(|&i| {
             let p = &oc.params[i];
             Some((p.core?, local_matrices(ctx, p, view)))
         }))
     }
+}
+
+/// The NS calls of a shard-path memory batch (`members`) on a rank that computes `kept` of
+/// them (in member order): per core shape, under 2^29 / S whole-matrix elements each.
+fn shard_ns_calls(ctx: &Ctx, members: &[usize], kept: &[usize]) -> Vec<NsCall> {
+    let oc = &ctx.opt;
+    let mine: Vec<((u64, u64), u64, u64)> = kept
+        .iter()
+        .filter_map(|&i| {
+            let p = &oc.params[i];
+            Some((p.core?, p.matrices, p.numel))
+        })
+        .collect();
+    let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
+    capped_calls(&mine, cap)
 }
 
 /// The relay broadcasts each rank of a shard-path batch joins in NS memory batch `u`
