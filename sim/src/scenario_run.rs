@@ -329,3 +329,4 @@ pub fn hardware_dir_for(scenario_path: &Path) -> PathBuf {
         _ => PathBuf::from("scenarios/hardware"),
     }
 }
+
