@@ -123,9 +123,17 @@ fn check_exact_keys(x: &Plans) -> usize {
         firsts.entry(g.template_key(r)).or_insert(r);
     }
     let shape = |p: &hpfsdp_program::step::StepProgram| {
-        let groups: Vec<(String, usize)> =
-            p.groups.iter().map(|g| (g.label.clone(), g.ranks.len())).collect();
-        (p.ops.clone(), p.resident.clone(), p.kernel_mixes.clone(), groups)
+        let groups: Vec<(String, usize)> = p
+            .groups
+            .iter()
+            .map(|g| (g.label.clone(), g.ranks.len()))
+            .collect();
+        (
+            p.ops.clone(),
+            p.resident.clone(),
+            p.kernel_mixes.clone(),
+            groups,
+        )
     };
     let programs: Vec<(usize, _)> = firsts
         .values()
@@ -134,7 +142,10 @@ fn check_exact_keys(x: &Plans) -> usize {
     for (i, (a, pa)) in programs.iter().enumerate() {
         for (b, pb) in &programs[i + 1..] {
             let name = &x.s.file.name;
-            assert!(pa != pb, "{name}: ranks {a} and {b} have equal programs, other keys");
+            assert!(
+                pa != pb,
+                "{name}: ranks {a} and {b} have equal programs, other keys"
+            );
         }
     }
     programs.len()

@@ -329,4 +329,3 @@ pub fn hardware_dir_for(scenario_path: &Path) -> PathBuf {
         _ => PathBuf::from("scenarios/hardware"),
     }
 }
-

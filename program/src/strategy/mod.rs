@@ -443,7 +443,6 @@ impl ProgramGenerator {
         })
     }
 
-
     /// The optimizer strategy this generator emits.
     pub fn optimizer(&self) -> OptimizerStrategy {
         self.ctx.opt.strategy
