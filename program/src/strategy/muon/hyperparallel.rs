@@ -100,6 +100,8 @@ pub const REPLICA_BROADCAST_MAX_BYTES: u64 = 512 * 1024 * 1024;
 struct RankBatch {
     /// Index in the plan.
     index: usize,
+    /// The EP class its pieces are keyed by ([`Pieces::class_key`](super::hp_pieces::Pieces::class_key)).
+    class: usize,
     /// Slot (names use it: equal across EP coordinates).
     slot: usize,
     /// Held parameters.
@@ -269,16 +271,18 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                 if b.ep_owner.is_some_and(|o| o != view.class) {
                     return None;
                 }
-                let held = cached(&pieces.held, (index, view.class), || {
-                    held_of(ctx, index, view.class)
+                let class = pieces.class_key(oc, index, view.class);
+                let held = cached(&pieces.held, (index, class), || {
+                    held_of(ctx, index, class)
                 });
                 let &first = held.params.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
-                let owned = cached(&pieces.owned, (index, view.class, rc.clone()), || {
+                let owned = cached(&pieces.owned, (index, class, rc.clone()), || {
                     owned_by(ctx, index, &held.params, &rc)
                 });
                 Some(RankBatch {
                     index,
+                    class,
                     slot: b.slot,
                     held,
                     owned,
@@ -890,7 +894,7 @@ fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<S
     });
     cached(
         &oc.hp_pieces.sources,
-        (b.index, view.class, pos, master),
+        (b.index, b.class, pos, master),
         || {
             let mut by_src = SourceBytes::new();
             for g in &b.held.sourced {
