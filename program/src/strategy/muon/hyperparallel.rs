@@ -272,9 +272,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                     return None;
                 }
                 let class = pieces.class_key(oc, index, view.class);
-                let held = cached(&pieces.held, (index, class), || {
-                    held_of(ctx, index, class)
-                });
+                let held = cached(&pieces.held, (index, class), || held_of(ctx, index, class));
                 let &first = held.params.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
                 let owned = cached(&pieces.owned, (index, class, rc.clone()), || {
