@@ -118,28 +118,9 @@ pub(crate) struct Pieces {
     /// Shape ids of parameters and owned sets ([`super::hp_shapes`]).
     pub(crate) shapes: super::hp_shapes::ShapeIds,
     /// Per plan batch: whether some of its parameters are per-expert weights (else every EP
-    /// class holds the same parameters of it, and its pieces are keyed by class 0).
+    /// class holds the same parameters of it, and its pieces are keyed by class 0; see
+    /// `hyperparallel::class_key`).
     pub(crate) per_class: Arc<std::sync::OnceLock<Vec<bool>>>,
-}
-
-impl Pieces {
-    /// The EP class that keys plan batch `index`'s pieces for a rank of class `class`:
-    /// `class` when the batch holds per-expert weights, else 0 (the pieces of a batch that
-    /// every class holds whole do not depend on the class).
-    pub(crate) fn class_key(&self, oc: &super::OptCtx, index: usize, class: usize) -> usize {
-        let per_class = self.per_class.get_or_init(|| {
-            oc.plan
-                .batches
-                .iter()
-                .map(|b| b.params.iter().any(|&i| oc.params[i].ep_owner.is_some()))
-                .collect()
-        });
-        if per_class.get(index).copied().unwrap_or(true) {
-            class
-        } else {
-            0
-        }
-    }
 }
 
 /// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.

@@ -5,7 +5,7 @@
 //! build equal parts: keyed by plan batch and class, exp-d built 1,679 slot parts for 238
 //! distinct ones.
 //!
-//! A parameter's shape id covers every field of its optimizer view ([`OptParam`]) and of
+//! A parameter's shape id covers every field of its optimizer view (`OptParam`) and of
 //! its Muon plan entry but its name, its FSDP unit and its EP owner; an owned set's id
 //! ([`OwnedShape`]) covers what `hyperparallel::slot_part` reads of a rank's batch (its
 //! execution slot and path, the replica coordinate, the first held parameter, the owned
@@ -13,10 +13,7 @@
 //! shape id. Equal ids therefore read equal values at every position, hence build equal
 //! parts.
 
-use super::opt_ctx::{OptCtx, OptParam};
-use hpfsdp_plan::muon::{MuonParam, OptimizerRoute};
 use std::collections::HashMap;
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// Interned shape ids of parameters and owned sets, shared by every rank's build.
@@ -47,39 +44,11 @@ pub(crate) struct OwnedShape {
     pub(crate) sources: Vec<Vec<(Vec<usize>, u64)>>,
 }
 
-/// A `Hasher` that only collects the bytes written (the exact content, compared whole).
-struct ByteSink<'a>(&'a mut Vec<u8>);
-
-impl Hasher for ByteSink<'_> {
-    fn write(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-    }
-    fn finish(&self) -> u64 {
-        0
-    }
-}
-
 impl ShapeIds {
-    /// The shape id of every parameter of `oc`, in plan order.
-    pub(crate) fn params(&self, oc: &OptCtx) -> &[u32] {
-        self.params.get_or_init(|| {
-            let mut ids: HashMap<Vec<u8>, u32> = HashMap::new();
-            let mut buf = Vec::new();
-            oc.params
-                .iter()
-                .zip(&oc.plan.params)
-                .map(|(p, m)| {
-                    buf.clear();
-                    write_param(&mut ByteSink(&mut buf), p, m);
-                    if let Some(&id) = ids.get(buf.as_slice()) {
-                        return id;
-                    }
-                    let id = ids.len() as u32;
-                    ids.insert(buf.clone(), id);
-                    id
-                })
-                .collect()
-        })
+    /// The shape id of every parameter, in plan order (`ids` computes them on first use:
+    /// `hyperparallel::param_shape_ids`).
+    pub(crate) fn params(&self, ids: impl FnOnce() -> Vec<u32>) -> &[u32] {
+        self.params.get_or_init(ids)
     }
 
     /// The id of an owned set (equal content, equal id).
@@ -88,34 +57,4 @@ impl ShapeIds {
         let next = m.len() as u32;
         *m.entry(shape).or_insert(next)
     }
-}
-
-/// Every field of a parameter's optimizer view and Muon plan entry but its name, FSDP unit
-/// and EP owner.
-fn write_param(h: &mut impl Hasher, p: &OptParam, m: &MuonParam) {
-    (p.route == OptimizerRoute::Muon).hash(h);
-    p.local_elems.hash(h);
-    p.numel.hash(h);
-    p.plan_elems.hash(h);
-    p.core.hash(h);
-    p.matrices.hash(h);
-    p.plan_matrices.hash(h);
-    p.needs_gather.hash(h);
-    p.shard.hash(h);
-    p.replicate.hash(h);
-    p.domain.hash(h);
-    p.fsdp_dim.hash(h);
-    p.plan_shape.hash(h);
-    (m.route == OptimizerRoute::Muon).hash(h);
-    m.shape.hash(h);
-    m.core_shape.hash(h);
-    m.matrices.hash(h);
-    m.needs_gather.hash(h);
-    m.shard_axes.len().hash(h);
-    for a in &m.shard_axes {
-        a.axis.hash(h);
-        a.tensor_dim.hash(h);
-        a.size.hash(h);
-    }
-    m.replicate_axes.hash(h);
 }

@@ -100,7 +100,7 @@ pub const REPLICA_BROADCAST_MAX_BYTES: u64 = 512 * 1024 * 1024;
 struct RankBatch {
     /// Index in the plan.
     index: usize,
-    /// The EP class its pieces are keyed by ([`Pieces::class_key`](super::hp_pieces::Pieces::class_key)).
+    /// The EP class its pieces are keyed by ([`class_key`]).
     class: usize,
     /// Slot (names use it: equal across EP coordinates).
     slot: usize,
@@ -212,7 +212,7 @@ fn owned_shape(
     (params, units, owners): (&[usize], &[Vec<usize>], &[UnitOwners]),
 ) -> u32 {
     let shapes = &ctx.opt.hp_pieces.shapes;
-    let ids = shapes.params(&ctx.opt);
+    let ids = shapes.params(|| param_shape_ids(ctx));
     let by_id = |list: &[usize]| list.iter().map(|&i| ids[i]).collect::<Vec<u32>>();
     shapes.owned(OwnedShape {
         slot: b.slot,
@@ -223,6 +223,91 @@ fn owned_shape(
         units: units.iter().map(|u| by_id(u)).collect(),
         sources: owners.iter().map(|o| o.sources.clone()).collect(),
     })
+}
+
+/// The shape id of every parameter (plan order): parameters of equal optimizer view and Muon
+/// plan entry but for name, FSDP unit and EP owner share one ([`super::hp_shapes`]).
+fn param_shape_ids(ctx: &Ctx) -> Vec<u32> {
+    let oc = &ctx.opt;
+    let mut ids: std::collections::HashMap<Vec<u8>, u32> = Default::default();
+    let mut buf = Vec::new();
+    oc.params
+        .iter()
+        .zip(&oc.plan.params)
+        .map(|(p, m)| {
+            buf.clear();
+            write_param(&mut ByteSink(&mut buf), p, m);
+            if let Some(&id) = ids.get(buf.as_slice()) {
+                return id;
+            }
+            let id = ids.len() as u32;
+            ids.insert(buf.clone(), id);
+            id
+        })
+        .collect()
+}
+
+/// A `Hasher` that only collects the bytes written (the exact content, compared whole).
+struct ByteSink<'a>(&'a mut Vec<u8>);
+
+impl std::hash::Hasher for ByteSink<'_> {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
+/// Every field of a parameter's optimizer view and Muon plan entry but its name, FSDP unit
+/// and EP owner.
+fn write_param(h: &mut impl std::hash::Hasher, p: &OptParam, m: &hpfsdp_plan::muon::MuonParam) {
+    use hpfsdp_plan::muon::OptimizerRoute;
+    use std::hash::Hash;
+    (p.route == OptimizerRoute::Muon).hash(h);
+    p.local_elems.hash(h);
+    p.numel.hash(h);
+    p.plan_elems.hash(h);
+    p.core.hash(h);
+    p.matrices.hash(h);
+    p.plan_matrices.hash(h);
+    p.needs_gather.hash(h);
+    p.shard.hash(h);
+    p.replicate.hash(h);
+    p.domain.hash(h);
+    p.fsdp_dim.hash(h);
+    p.plan_shape.hash(h);
+    (m.route == OptimizerRoute::Muon).hash(h);
+    m.shape.hash(h);
+    m.core_shape.hash(h);
+    m.matrices.hash(h);
+    m.needs_gather.hash(h);
+    m.shard_axes.len().hash(h);
+    for a in &m.shard_axes {
+        a.axis.hash(h);
+        a.tensor_dim.hash(h);
+        a.size.hash(h);
+    }
+    m.replicate_axes.hash(h);
+}
+
+/// The EP class that keys plan batch `index`'s pieces for a rank of class `class`: `class`
+/// when the batch holds per-expert weights, else 0 (the pieces of a batch every class holds
+/// whole do not depend on the class).
+fn class_key(ctx: &Ctx, index: usize, class: usize) -> usize {
+    let oc = &ctx.opt;
+    let per_class = oc.hp_pieces.per_class.get_or_init(|| {
+        oc.plan
+            .batches
+            .iter()
+            .map(|b| b.params.iter().any(|&i| oc.params[i].ep_owner.is_some()))
+            .collect()
+    });
+    if per_class.get(index).copied().unwrap_or(true) {
+        class
+    } else {
+        0
+    }
 }
 
 /// Whether `view`'s shard coordinate on `p`'s shard axes is `owner` (allocation-free
@@ -271,7 +356,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                 if b.ep_owner.is_some_and(|o| o != view.class) {
                     return None;
                 }
-                let class = pieces.class_key(oc, index, view.class);
+                let class = class_key(ctx, index, view.class);
                 let held = cached(&pieces.held, (index, class), || held_of(ctx, index, class));
                 let &first = held.params.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
