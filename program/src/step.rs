@@ -542,6 +542,12 @@ impl ProgramBuilder {
         }
     }
 
+    /// The program built so far, and whether an error was recorded (what a later
+    /// [`ProgramBuilder::build`] starts from).
+    pub fn in_progress(&self) -> (&StepProgram, bool) {
+        (&self.program, self.error.is_some())
+    }
+
     /// Reserves room for `additional` more ops (a capacity hint: a generator that knows the
     /// size of similar programs avoids regrowing the op vector).
     pub fn reserve_ops(&mut self, additional: usize) {

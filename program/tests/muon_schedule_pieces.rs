@@ -106,3 +106,56 @@ fn cached_schedule_parts_equal_each_rank_s_own_build() {
     // Some ranks did take parts another rank built (equal keys).
     assert!(shared > 0);
 }
+
+/// Template keys are exact on a shared model path: two ranks whose programs are equal up to
+/// group ranks and names have equal keys, so folding generates no program twice. (The class
+/// signature in a key was once the digest of the class's first program outside its
+/// optimizer schedule, which took in that rank's own landing copies: on exp-d 278 templates
+/// were generated for 203 distinct programs.) Returns the templates.
+fn check_exact_keys(x: &Plans) -> usize {
+    let kind = StrategyKind::HyperParallel;
+    let o = OptimizerStrategy::HyperParallelMuon;
+    let Ok(g) = ProgramGenerator::with_optimizer(&x.s, &x.p, &x.f, kind, o) else {
+        return 0;
+    };
+    let mut firsts: std::collections::BTreeMap<u64, usize> = Default::default();
+    for r in 0..g.world_size() {
+        firsts.entry(g.template_key(r)).or_insert(r);
+    }
+    let shape = |p: &hpfsdp_program::step::StepProgram| {
+        let groups: Vec<(String, usize)> = p
+            .groups
+            .iter()
+            .map(|g| (g.label.clone(), g.ranks.len()))
+            .collect();
+        (
+            p.ops.clone(),
+            p.resident.clone(),
+            p.kernel_mixes.clone(),
+            groups,
+        )
+    };
+    let programs: Vec<(usize, _)> = firsts
+        .values()
+        .map(|&r| (r, shape(&g.program_shared(r).unwrap())))
+        .collect();
+    for (i, (a, pa)) in programs.iter().enumerate() {
+        for (b, pb) in &programs[i + 1..] {
+            let name = &x.s.file.name;
+            assert!(
+                pa != pb,
+                "{name}: ranks {a} and {b} have equal programs, other keys"
+            );
+        }
+    }
+    programs.len()
+}
+
+#[test]
+fn equal_programs_have_equal_template_keys() {
+    let mut templates = check_exact_keys(&mini_exp_d()) + check_exact_keys(&uneven_hsdp());
+    for x in &muon_miniatures() {
+        templates += check_exact_keys(x);
+    }
+    assert!(templates > 8);
+}

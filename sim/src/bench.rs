@@ -282,6 +282,9 @@ pub struct BenchReport {
     pub plan_s: f64,
     /// Seconds to generate (and fold) the programs.
     pub prepare_s: f64,
+    /// CPU seconds (user + system, all threads) of generating (and folding) the programs.
+    #[serde(default)]
+    pub prepare_cpu_s: f64,
     /// Seconds to simulate the step.
     pub simulate_s: f64,
     /// Events processed.
@@ -346,6 +349,7 @@ pub fn bench_synthetic(
     let topology = profile.topology_for(world);
     let meter = Meter::start();
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
     let workload = if fold {
         Workload::fold_with(world, topology, |r| synthetic_program(cfg, &topology, r))?
     } else {
@@ -357,6 +361,7 @@ pub fn bench_synthetic(
     let prepare_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     let cpu1 = cpu_seconds();
+    let prepare_cpu_s = cpu1 - cpu0;
     let result = if fold {
         simulate(&workload, profile, &SimOptions::default())?
     } else {
@@ -374,6 +379,7 @@ pub fn bench_synthetic(
         ops_per_rank: workload.units.first().map_or(0, |u| u.program.ops.len()),
         plan_s: 0.0,
         prepare_s,
+        prepare_cpu_s,
         simulate_s,
         events: result.events_processed,
         events_per_s: result.events_processed as f64 / simulate_s.max(1e-9),
@@ -401,6 +407,7 @@ pub fn bench_scenario(
     let plan_s = t0.elapsed().as_secs_f64();
     let meter = Meter::start();
     let t0 = Instant::now();
+    let cpu0 = cpu_seconds();
     let job = ProgramJob::new(&plans, strategy, optimizer)?;
     // The generator holds what it reads of the plans, and the simulation reads the programs
     // only: the plans (most of an AdamW run's memory on exp-d's 50k per-expert parameters)
@@ -408,6 +415,7 @@ pub fn bench_scenario(
     drop(plans);
     let prepared = job.prepare(true)?;
     let prepare_s = t0.elapsed().as_secs_f64();
+    let prepare_cpu_s = cpu_seconds() - cpu0;
     let options = RunOptions {
         record_timeline: false,
         all_ranks: false,
@@ -430,6 +438,7 @@ pub fn bench_scenario(
         ops_per_rank: run.rank0_program.ops.len(),
         plan_s,
         prepare_s,
+        prepare_cpu_s,
         simulate_s,
         events: r.events_processed,
         events_per_s: r.events_processed as f64 / simulate_s.max(1e-9),

@@ -80,20 +80,12 @@ fn muon_param(
 /// Builds the Muon plan of a scenario.
 pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan) -> MuonPlan {
     let kind_is_muon = scenario.file.optimizer.kind == "muon+adamw";
-    let fsdp_by_name: BTreeMap<&str, &ParamFsdp> =
-        fsdp.params.iter().map(|f| (f.name.as_str(), f)).collect();
-    let params: Vec<MuonParam> = plan
-        .params
+    let trainable: Vec<&ParamPlan> = plan.params.iter().filter(|p| p.trainable).collect();
+    let fsdp_of = fsdp_lookup(&trainable, fsdp);
+    let params: Vec<MuonParam> = trainable
         .iter()
-        .filter(|p| p.trainable)
-        .map(|p| {
-            muon_param(
-                p,
-                fsdp_by_name.get(p.name.as_str()).copied(),
-                scenario,
-                kind_is_muon,
-            )
-        })
+        .enumerate()
+        .map(|(k, p)| muon_param(p, fsdp_of(k, p), scenario, kind_is_muon))
         .collect();
     let dpm = scenario.topology.dies_per_machine;
     let fill_owners = scenario
@@ -105,27 +97,32 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
     let subgroups = replica_subgroups(scenario, &params);
     let replica_count = subgroups.count;
 
-    // HSDP groups by domain key.
+    // HSDP groups by domain key (formatted again only when a parameter's axes differ from
+    // the previous Muon parameter's: tens of thousands of per-expert weights share a few).
     let mut groups: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    let mut prev: Option<&MuonParam> = None;
+    let mut key = String::new();
     for (i, p) in params
         .iter()
         .enumerate()
         .filter(|(_, p)| p.route == OptimizerRoute::Muon)
     {
-        let shard: Vec<String> = p
-            .shard_axes
-            .iter()
-            .map(|a| format!("{}:{}", a.axis, a.tensor_dim))
-            .collect();
-        let rep: Vec<&str> = p.replicate_axes.iter().map(|(a, _)| a.as_str()).collect();
-        let key = format!(
-            "ndim={} shard=[{}] replicate=[{}] gather={}",
-            p.shape.len(),
-            shard.join(","),
-            rep.join(","),
-            p.needs_gather
-        );
-        groups.entry(key).or_default().push(i);
+        let same = prev.is_some_and(|q| {
+            q.shape.len() == p.shape.len()
+                && q.shard_axes == p.shard_axes
+                && q.replicate_axes == p.replicate_axes
+                && q.needs_gather == p.needs_gather
+        });
+        if !same {
+            key = domain_key(p);
+        }
+        prev = Some(p);
+        match groups.get_mut(key.as_str()) {
+            Some(members) => members.push(i),
+            None => {
+                groups.insert(key.clone(), vec![i]);
+            }
+        }
     }
     let mut ordered: Vec<(String, Vec<usize>)> = groups.into_iter().collect();
     ordered.sort_by_key(|(k, v)| {
@@ -166,6 +163,50 @@ pub fn build_muon_plan(scenario: &Scenario, plan: &ShardingPlan, fsdp: &FsdpPlan
         replica_subgroup_sizes: subgroups.sizes,
         lints: subgroups.lints,
     }
+}
+
+/// The FSDP entry of each trainable parameter (`k`: its position among them): the entry at
+/// the same position when the two plans list the same names in the same order (as
+/// `build_fsdp_plan` does), else the entry of that name.
+fn fsdp_lookup<'a>(
+    trainable: &[&ParamPlan],
+    fsdp: &'a FsdpPlan,
+) -> impl Fn(usize, &ParamPlan) -> Option<&'a ParamFsdp> {
+    let aligned = trainable.len() == fsdp.params.len()
+        && trainable
+            .iter()
+            .zip(&fsdp.params)
+            .all(|(p, f)| p.name == f.name);
+    let by_name: BTreeMap<&str, &ParamFsdp> = if aligned {
+        BTreeMap::new()
+    } else {
+        fsdp.params.iter().map(|f| (f.name.as_str(), f)).collect()
+    };
+    move |k, p| {
+        if aligned {
+            fsdp.params.get(k)
+        } else {
+            by_name.get(p.name.as_str()).copied()
+        }
+    }
+}
+
+/// The HSDP domain key of a Muon parameter: its rank, shard axes with tensor dims,
+/// replicate axes and whether it needs the gathered matrix.
+fn domain_key(p: &MuonParam) -> String {
+    let shard: Vec<String> = p
+        .shard_axes
+        .iter()
+        .map(|a| format!("{}:{}", a.axis, a.tensor_dim))
+        .collect();
+    let rep: Vec<&str> = p.replicate_axes.iter().map(|(a, _)| a.as_str()).collect();
+    format!(
+        "ndim={} shard=[{}] replicate=[{}] gather={}",
+        p.shape.len(),
+        shard.join(","),
+        rep.join(","),
+        p.needs_gather
+    )
 }
 
 /// Execution order of a sub-batch: descending size, then domain order, then whether it

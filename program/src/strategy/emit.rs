@@ -781,6 +781,43 @@ impl ModelPath<'_> {
 }
 
 impl FrozenPath {
+    /// Digest of everything a program built on the path takes from it, names left out: its
+    /// ops, resident memory, group table shape (labels and sizes; ranks are rebased) and
+    /// tiers, the emitter's state and the gradients it hands to the optimizer. Two paths of
+    /// equal signature give equal programs for equal optimizer schedules, up to names and
+    /// group ranks (a program is [`FrozenPath::thaw`], `rebase` and [`finish_layout`]).
+    pub fn signature(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        let (p, failed) = self.b.in_progress();
+        p.ops.len().hash(&mut h);
+        for op in p.ops.iter() {
+            op.id.hash(&mut h);
+            op.stream.hash(&mut h);
+            op.category.hash(&mut h);
+            op.deps.hash(&mut h);
+            op.payload.hash(&mut h);
+            op.memory.hash(&mut h);
+            op.validation_cpu_events.hash(&mut h);
+            op.host_cpu_events.hash(&mut h);
+            op.host_dispatch.hash(&mut h);
+        }
+        p.resident.hash(&mut h);
+        p.groups.len().hash(&mut h);
+        for g in &p.groups {
+            g.label.hash(&mut h);
+            g.ranks.len().hash(&mut h);
+        }
+        failed.hash(&mut h);
+        self.ids.hash(&mut h);
+        self.last_compute.hash(&mut h);
+        self.pending.hash(&mut h);
+        self.ready.hash(&mut h);
+        self.grads_freed.hash(&mut h);
+        self.optimizer_base_bytes.hash(&mut h);
+        h.finish()
+    }
+
     /// A copy of the path on `ctx` (the context it was emitted with) that shares its ops;
     /// `reserve_ops` is room for the ops the copy will append.
     pub fn thaw<'a>(&self, ctx: &'a Ctx, reserve_ops: usize) -> ModelPath<'a> {
@@ -841,7 +878,7 @@ pub(crate) fn lower_schedule(e: &mut Emitter, s: &Schedule, ready: &[OpId]) -> O
 fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId> {
     let mut ids: Vec<Option<OpId>> = Vec::with_capacity(s.ops.len());
     let mut last = None;
-    for (op, base, mix) in &s.ops {
+    for (op, base, mix) in s.iter() {
         // On the stack: most ops have a few dependencies (the `Ready` ones may spill).
         let mut deps: smallvec::SmallVec<[OpId; 8]> = smallvec::SmallVec::new();
         for d in &op.deps {
@@ -856,7 +893,7 @@ fn lower_layout(e: &mut Emitter, s: &Layout<'_>, ready: &[OpId]) -> Option<OpId>
         let id = match &op.work {
             Work::Compute(w) => Some(e.compute(op.stream, op.category, *w, &deps, &op.name)),
             Work::Kernels(k) => Some(match mix {
-                Some(id) => e.compute_kernels_as((op.stream, op.category), k, *id, &deps, &op.name),
+                Some(id) => e.compute_kernels_as((op.stream, op.category), k, id, &deps, &op.name),
                 None => e.compute_kernels(op.stream, op.category, k, &deps, &op.name),
             }),
             Work::Copy(c) => Some(e.copy(op.stream, c.bytes, c.kernels, &deps, &op.name)),

@@ -286,15 +286,8 @@ impl ProgramGenerator {
     /// FSDP strategies other than hyperparallel) generate the whole program.
     pub fn program_shared(&self, rank: usize) -> Result<StepProgram, StrategyError> {
         self.check_rank(rank)?;
-        let Some(key) = self.model_key(rank) else {
-            return self.generate(rank, false);
-        };
-        let cell = self.paths.cell(key);
-        let frozen = cell.get_or_init(|| {
-            let groups = self.ctx.groups(rank).ok()?;
-            Some(hyperparallel::model_path(&self.ctx, rank, groups).freeze())
-        });
-        let Some(frozen) = frozen else {
+        let cell = self.path_cell(rank);
+        let Some(frozen) = cell.as_ref().and_then(|c| c.get()).and_then(Option::as_ref) else {
             return self.generate(rank, false);
         };
         let hint = self
@@ -312,6 +305,19 @@ impl ProgramGenerator {
             std::sync::atomic::Ordering::Relaxed,
         );
         Ok(program)
+    }
+
+    /// The cell of `rank`'s model path, built by the first rank of its model key that asks
+    /// (`None`: the strategy has no model key, [`ProgramGenerator::model_key`]); the cell
+    /// holds `None` when the path could not be built.
+    fn path_cell(&self, rank: usize) -> Option<PathCell> {
+        let key = self.model_key(rank)?;
+        let cell = self.paths.cell(key);
+        cell.get_or_init(|| {
+            let groups = self.ctx.groups(rank).ok()?;
+            Some(hyperparallel::model_path(&self.ctx, rank, groups).freeze())
+        });
+        Some(cell)
     }
 
     /// A key such that ranks with equal keys have identical model paths (every op before
@@ -378,9 +384,11 @@ impl ProgramGenerator {
 
     /// The template signature of every expert-parallel class: classes whose programs differ
     /// only in names (per-expert weights: the same shapes on every EP coordinate) share one,
-    /// so their ranks can fold. It is the digest of the first rank's program outside the
-    /// optimizer schedule, names left out ([`ProgramGenerator::template_key`] hashes the
-    /// schedule itself). The class index itself under owner placement (DMuon, MatrixFSDP),
+    /// so their ranks can fold. On a shared model path it is the path's signature
+    /// ([`emit::FrozenPath::signature`]: a program is its class's model path followed by
+    /// its optimizer schedule, which [`ProgramGenerator::template_key`] hashes itself);
+    /// otherwise the digest of the first rank's program outside the optimizer schedule,
+    /// names left out. The class index itself under owner placement (DMuon, MatrixFSDP),
     /// whose FSDP part also depends on the rank's position, and when a program fails.
     fn class_signatures(&self) -> &[u64] {
         self.class_signatures.get_or_init(|| {
@@ -402,13 +410,17 @@ impl ProgramGenerator {
                     }
                 }
             }
-            let digests: Vec<Option<u64>> = first
+            let digests: Vec<Option<(u8, u64)>> = first
                 .iter()
                 .map(|r| {
-                    // On the shared model path: the same program as `program_unnamed`,
-                    // and the path is then built for the templates of that model key.
-                    r.and_then(|r| self.program_shared(r).ok())
-                        .map(|p| class_part_digest(&p, schedule))
+                    let r = (*r)?;
+                    // The model path is built here for the templates of its model key.
+                    let cell = self.path_cell(r);
+                    if let Some(f) = cell.as_ref().and_then(|c| c.get()).and_then(Option::as_ref) {
+                        return Some((2, f.signature()));
+                    }
+                    let p = self.program_shared(r).ok()?;
+                    Some((0, class_part_digest(&p, schedule)))
                 })
                 .collect();
             // A class whose program could not be generated keeps its own signature.
@@ -418,7 +430,7 @@ impl ProgramGenerator {
                 .map(|(c, d)| match d {
                     Some(d) => {
                         let mut h = std::collections::hash_map::DefaultHasher::new();
-                        (0u8, d).hash(&mut h);
+                        d.hash(&mut h);
                         h.finish()
                     }
                     None => {

@@ -281,14 +281,15 @@ pub(crate) fn per_param_calls(items: impl IntoIterator<Item = ((u64, u64), u64)>
 /// (`_split_into_memory_safe_batches(shard_size = S)`, at least one matrix per call).
 /// `items` are (core shape, matrices, elements) per parameter in plan order.
 pub(crate) fn capped_calls(items: &[((u64, u64), u64, u64)], cap: u64) -> Vec<NsCall> {
-    let mut by_shape: BTreeMap<(u64, u64), Vec<(u64, u64)>> = BTreeMap::new();
-    for &(core, matrices, elems) in items {
-        by_shape.entry(core).or_default().push((matrices, elems));
-    }
+    // Per core shape in ascending order, each shape's items in their order (a stable sort).
+    let mut sorted: smallvec::SmallVec<[((u64, u64), u64, u64); 32]> =
+        items.iter().copied().collect();
+    sorted.sort_by_key(|&(core, ..)| core);
     let mut out = Vec::new();
-    for (core, params) in by_shape {
+    for group in sorted.chunk_by(|a, b| a.0 == b.0) {
+        let core = group[0].0;
         let (mut matrices, mut elems) = (0u64, 0u64);
-        for (m, e) in params {
+        for &(_, m, e) in group {
             if matrices > 0 && elems + e > cap {
                 out.push(NsCall { core, matrices });
                 (matrices, elems) = (0, 0);

@@ -44,7 +44,7 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
             }
             let Some(core) = p.core else { continue };
             if p.needs_gather {
-                let key = (p.shard.iter().map(|a| a.name.clone()).collect(), core);
+                let key = (p.shard.iter().map(|a| a.name.to_string()).collect(), core);
                 if !groups.contains_key(&key) {
                     order.push(key.clone());
                 }

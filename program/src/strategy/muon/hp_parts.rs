@@ -8,10 +8,9 @@
 //!
 //! A part's ops refer to each other by index within the part; assembling shifts them.
 
-use super::schedule::{Dep, Layout, SOp, Schedule, Work};
+use super::schedule::{Dep, LaidOp, Layout, SOp, Schedule, Work};
 use crate::step::MemTag;
 use hpfsdp_plan::kernel::MixId;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -83,19 +82,17 @@ impl Part {
     }
 }
 
-/// What a slot part takes from the rank: its plan batch, EP class and replica coordinate
-/// (which decide the parameters it holds and owns), and per NS memory batch and replica
-/// broadcast what its coordinates decide. The part is built from these alone
-/// (`hyperparallel::slot_part` never sees the rank's view), so equal inputs give equal
-/// parts; ranks owning different matrices of the same shapes get equal inputs.
+/// What a slot part takes from the rank: the shape id of what its replica coordinate owns
+/// of its plan batch ([`super::hp_shapes::OwnedShape`]: the slot, the replica coordinate
+/// and the owned parameters by shape), and per NS memory batch and replica broadcast what
+/// its coordinates decide. The part is built from these alone (`hyperparallel::slot_part`
+/// never sees the rank's view, and reads its batch only where the shape id covers it), so
+/// equal inputs give equal parts; ranks owning different matrices of the same shapes (on
+/// other EP classes, too) get equal inputs.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct SlotInputs {
-    /// Plan batch index.
-    pub(crate) index: usize,
-    /// EP class.
-    pub(crate) class: usize,
-    /// Replica coordinate.
-    pub(crate) rc: Vec<usize>,
+    /// Shape id of the owned set.
+    pub(crate) owned: u32,
     /// Per NS memory batch of the slot (`None`: the rank owns none of it).
     pub(crate) units: Vec<Option<UnitInputs>>,
     /// Bytes each replica source sends, in grid order (`None`: no replica group).
@@ -133,8 +130,8 @@ impl Hasher for ByteSink {
 pub(crate) enum PartKey {
     /// The AdamW-routed units of an EP class.
     Head(usize),
-    /// A slot part.
-    Slot(SlotInputs),
+    /// A slot part (shared: the key is kept only when the part is new).
+    Slot(Arc<SlotInputs>),
 }
 
 /// Anonymous parts by key, each built once and shared by every rank's schedule; parts of
@@ -211,6 +208,7 @@ impl Parts {
                 .sum::<usize>();
         let mut out = Layout {
             ops: Vec::with_capacity(n),
+            own: Vec::new(),
             momentum_bytes: 0,
             adamw_state_bytes: 0,
         };
@@ -224,7 +222,7 @@ impl Parts {
             p.s.ops
                 .iter()
                 .zip(p.mix_ids())
-                .map(move |(op, &mix)| (Cow::Borrowed(op), base, mix))
+                .map(move |(op, &mix)| (LaidOp::Borrowed(op), base, mix))
         };
         let base = append(&mut out, &self.head);
         out.ops.extend(laid(&self.head, base));
@@ -234,18 +232,24 @@ impl Parts {
             out.ops.extend(laid(p, base));
             if let Some((ops, bytes, slot)) = &p.in_flight {
                 if let Some(prev) = in_flight.take() {
-                    out.ops
-                        .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
+                    self.land_into(&mut out, prev);
                 }
                 let ops = ops.iter().map(|&o| o + base).collect();
                 in_flight = Some((ops, *bytes, *slot));
             }
         }
         if let Some(prev) = in_flight.take() {
-            out.ops
-                .extend(self.landing(prev).map(|op| (Cow::Owned(op), 0, None)));
+            self.land_into(&mut out, prev);
         }
         out
+    }
+
+    /// Appends the landing of `in_flight` ([`Parts::landing`]) to `out` as its own op.
+    fn land_into(&self, out: &mut Layout<'_>, in_flight: InFlight) {
+        if let Some(op) = self.landing(in_flight) {
+            out.ops.push((LaidOp::Own(out.own.len() as u32), 0, None));
+            out.own.push(op);
+        }
     }
 
     /// The schedule: `s` (empty) followed by the ops of [`Parts::layout`], their op
@@ -253,8 +257,8 @@ impl Parts {
     pub(crate) fn assemble(&self, mut s: Schedule) -> Schedule {
         let layout = self.layout();
         s.ops.reserve(layout.ops.len());
-        s.ops.extend(layout.ops.into_iter().map(|(op, base, _)| {
-            let mut op = op.into_owned();
+        s.ops.extend(layout.iter().map(|(op, base, _)| {
+            let mut op = op.clone();
             for d in &mut op.deps {
                 if let Dep::Op(i) = d {
                     *i += base;

@@ -17,6 +17,8 @@ pub(crate) struct Owned {
     /// Per NS memory batch on the shard path (as `units`; empty on the local path): its
     /// members' shard owners.
     pub(crate) owners: Vec<UnitOwners>,
+    /// The id of what a slot part reads of it ([`super::hp_shapes::OwnedShape`]).
+    pub(crate) shape: u32,
 }
 
 /// The shard owners of one NS memory batch's owned members (shard path), found in the
@@ -71,6 +73,22 @@ pub(crate) struct Held {
     pub(crate) params: Vec<usize>,
     /// Per domain (dense, expert): some held parameter of it has a replica owner.
     pub(crate) replicated: [bool; 2],
+    /// The held parameters with a replica owner, grouped by owner and by what their local
+    /// shard size reads (FSDP dim size, padded shard, domain, plan elements), in order of
+    /// those: the replica-broadcast bytes of a rank sum one size per group, not per
+    /// parameter (thousands of per-expert weights of a few shapes).
+    pub(crate) sourced: Vec<SourceGroup>,
+}
+
+/// Held parameters with a replica owner whose local shards have equal sizes on every rank.
+#[derive(Debug)]
+pub(crate) struct SourceGroup {
+    /// The replica owner's coordinate.
+    pub(crate) owner: Vec<usize>,
+    /// One of the parameters (any: they have equal local shard sizes).
+    pub(crate) rep: usize,
+    /// How many parameters.
+    pub(crate) count: u64,
 }
 
 /// Bytes each replica owner sources in a batch's replica broadcast, by owner coordinate.
@@ -97,6 +115,12 @@ pub(crate) struct Pieces {
     pub(crate) sources: Cache<(usize, usize, [usize; 2], u64), SourceBytes>,
     /// Anonymous schedule parts by key ([`super::hp_parts`]).
     pub(crate) parts: super::hp_parts::PartCache,
+    /// Shape ids of parameters and owned sets ([`super::hp_shapes`]).
+    pub(crate) shapes: super::hp_shapes::ShapeIds,
+    /// Per plan batch: whether some of its parameters are per-expert weights (else every EP
+    /// class holds the same parameters of it, and its pieces are keyed by class 0; see
+    /// `hyperparallel::class_key`).
+    pub(crate) per_class: Arc<std::sync::OnceLock<Vec<bool>>>,
 }
 
 /// The cached value of `key` in `map`, computed by `make` (outside the lock) when absent.

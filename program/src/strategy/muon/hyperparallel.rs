@@ -76,7 +76,8 @@
 //! doing the same work get identical programs and fold in the simulator.
 
 use super::hp_parts::{Part, PartCache, PartKey, Parts, SlotInputs, UnitInputs};
-use super::hp_pieces::{Held, NO_OWNERS, Owned, SourceBytes, UnitOwners, cached};
+use super::hp_pieces::{Held, NO_OWNERS, Owned, SourceBytes, SourceGroup, UnitOwners, cached};
+use super::hp_shapes::OwnedShape;
 use super::ns_cost;
 use super::schedule::{Dep, Schedule};
 use super::{
@@ -99,6 +100,8 @@ pub const REPLICA_BROADCAST_MAX_BYTES: u64 = 512 * 1024 * 1024;
 struct RankBatch {
     /// Index in the plan.
     index: usize,
+    /// The EP class its pieces are keyed by ([`class_key`]).
+    class: usize,
     /// Slot (names use it: equal across EP coordinates).
     slot: usize,
     /// Held parameters.
@@ -109,6 +112,47 @@ struct RankBatch {
     shard_path: bool,
     /// Replica coordinate.
     rc: Vec<usize>,
+}
+
+/// The parameters of plan batch `index` EP class `class` holds, which domains have
+/// replicated ones, and those grouped by replica owner and local shard size.
+fn held_of(ctx: &Ctx, index: usize, class: usize) -> Held {
+    let oc = &ctx.opt;
+    let b = &oc.plan.batches[index];
+    let params = oc.held(index, class);
+    let mut replicated = [false; 2];
+    type GroupKey<'a> = (&'a [usize], Option<u64>, u64, usize, u64);
+    let mut groups: std::collections::BTreeMap<GroupKey<'_>, (usize, u64)> = Default::default();
+    for &i in &params {
+        let Some(owner) = b.replica_owner.get(&i) else {
+            continue;
+        };
+        let p = &oc.params[i];
+        let d = Ctx::domain_index(p.domain);
+        replicated[d] = true;
+        // Everything `local_shard_elems` reads of the parameter.
+        let key = (
+            owner.as_slice(),
+            p.plan_shape.get(p.fsdp_dim).copied(),
+            p.local_elems,
+            d,
+            p.plan_elems,
+        );
+        groups.entry(key).or_insert((i, 0)).1 += 1;
+    }
+    let sourced = groups
+        .into_iter()
+        .map(|((owner, ..), (rep, count))| SourceGroup {
+            owner: owner.to_vec(),
+            rep,
+            count,
+        })
+        .collect();
+    Held {
+        params,
+        replicated,
+        sourced,
+    }
 }
 
 /// What replica coordinate `rc` owns of the held parameters `held` of plan batch `index`.
@@ -148,10 +192,121 @@ fn owned_by(ctx: &Ctx, index: usize, held: &[usize], rc: &[usize]) -> Owned {
     } else {
         Vec::new()
     };
+    let shape = owned_shape(ctx, b, held, rc, (&params, &units, &owners));
     Owned {
         params,
         units,
         owners,
+        shape,
+    }
+}
+
+/// The shape id of what replica coordinate `rc` owns of plan batch `b` (`held`: the batch's
+/// parameters its EP class holds; `owned`: its owned parameters, members per NS memory
+/// batch and their shard owners), see [`super::hp_shapes`].
+fn owned_shape(
+    ctx: &Ctx,
+    b: &hpfsdp_plan::muon::MuonBatch,
+    held: &[usize],
+    rc: &[usize],
+    (params, units, owners): (&[usize], &[Vec<usize>], &[UnitOwners]),
+) -> u32 {
+    let shapes = &ctx.opt.hp_pieces.shapes;
+    let ids = shapes.params(|| param_shape_ids(ctx));
+    let by_id = |list: &[usize]| list.iter().map(|&i| ids[i]).collect::<Vec<u32>>();
+    shapes.owned(OwnedShape {
+        slot: b.slot,
+        shard_path: b.shard_path,
+        rc: rc.to_vec(),
+        first_held: held.first().map(|&i| ids[i]),
+        params: by_id(params),
+        units: units.iter().map(|u| by_id(u)).collect(),
+        sources: owners.iter().map(|o| o.sources.clone()).collect(),
+    })
+}
+
+/// The shape id of every parameter (plan order): parameters of equal optimizer view and Muon
+/// plan entry but for name, FSDP unit and EP owner share one ([`super::hp_shapes`]).
+fn param_shape_ids(ctx: &Ctx) -> Vec<u32> {
+    let oc = &ctx.opt;
+    let mut ids: std::collections::HashMap<Vec<u8>, u32> = Default::default();
+    let mut buf = Vec::new();
+    oc.params
+        .iter()
+        .zip(&oc.plan.params)
+        .map(|(p, m)| {
+            buf.clear();
+            write_param(&mut ByteSink(&mut buf), p, m);
+            if let Some(&id) = ids.get(buf.as_slice()) {
+                return id;
+            }
+            let id = ids.len() as u32;
+            ids.insert(buf.clone(), id);
+            id
+        })
+        .collect()
+}
+
+/// A `Hasher` that only collects the bytes written (the exact content, compared whole).
+struct ByteSink<'a>(&'a mut Vec<u8>);
+
+impl std::hash::Hasher for ByteSink<'_> {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.extend_from_slice(bytes);
+    }
+    fn finish(&self) -> u64 {
+        0
+    }
+}
+
+/// Every field of a parameter's optimizer view and Muon plan entry but its name, FSDP unit
+/// and EP owner.
+fn write_param(h: &mut impl std::hash::Hasher, p: &OptParam, m: &hpfsdp_plan::muon::MuonParam) {
+    use hpfsdp_plan::muon::OptimizerRoute;
+    use std::hash::Hash;
+    (p.route == OptimizerRoute::Muon).hash(h);
+    p.local_elems.hash(h);
+    p.numel.hash(h);
+    p.plan_elems.hash(h);
+    p.core.hash(h);
+    p.matrices.hash(h);
+    p.plan_matrices.hash(h);
+    p.needs_gather.hash(h);
+    p.shard.hash(h);
+    p.replicate.hash(h);
+    p.domain.hash(h);
+    p.fsdp_dim.hash(h);
+    p.plan_shape.hash(h);
+    (m.route == OptimizerRoute::Muon).hash(h);
+    m.shape.hash(h);
+    m.core_shape.hash(h);
+    m.matrices.hash(h);
+    m.needs_gather.hash(h);
+    m.shard_axes.len().hash(h);
+    for a in &m.shard_axes {
+        a.axis.hash(h);
+        a.tensor_dim.hash(h);
+        a.size.hash(h);
+    }
+    m.replicate_axes.hash(h);
+}
+
+/// The EP class that keys plan batch `index`'s pieces for a rank of class `class`: `class`
+/// when the batch holds per-expert weights, else 0 (the pieces of a batch every class holds
+/// whole do not depend on the class).
+fn class_key(ctx: &Ctx, index: usize, class: usize) -> usize {
+    let oc = &ctx.opt;
+    let per_class = oc.hp_pieces.per_class.get_or_init(|| {
+        oc.plan
+            .batches
+            .iter()
+            .map(|b| b.params.iter().any(|&i| oc.params[i].ep_owner.is_some()))
+            .collect()
+    });
+    if per_class.get(index).copied().unwrap_or(true) {
+        class
+    } else {
+        0
     }
 }
 
@@ -201,21 +356,16 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
                 if b.ep_owner.is_some_and(|o| o != view.class) {
                     return None;
                 }
-                let held = cached(&pieces.held, (index, view.class), || {
-                    let params = oc.held(index, view.class);
-                    let mut replicated = [false; 2];
-                    for i in params.iter().filter(|i| b.replica_owner.contains_key(i)) {
-                        replicated[Ctx::domain_index(oc.params[*i].domain)] = true;
-                    }
-                    Held { params, replicated }
-                });
+                let class = class_key(ctx, index, view.class);
+                let held = cached(&pieces.held, (index, class), || held_of(ctx, index, class));
                 let &first = held.params.first()?;
                 let rc = view.replica_coord(&oc.params[first]);
-                let owned = cached(&pieces.owned, (index, view.class, rc.clone()), || {
+                let owned = cached(&pieces.owned, (index, class, rc.clone()), || {
                     owned_by(ctx, index, &held.params, &rc)
                 });
                 Some(RankBatch {
                     index,
+                    class,
                     slot: b.slot,
                     held,
                     owned,
@@ -233,7 +383,7 @@ fn rank_batches(ctx: &Ctx, view: &RankView) -> Vec<Option<RankBatch>> {
 /// max of the ranks' local shapes, rounded up to 512 bytes).
 fn max_piece(ctx: &Ctx, i: usize, from: usize) -> u64 {
     let p = &ctx.opt.plan.params[i];
-    let mut shape = p.shape.clone();
+    let mut shape: smallvec::SmallVec<[u64; 6]> = p.shape.iter().copied().collect();
     for a in p.shard_axes.iter().skip(from) {
         if let Some(d) = shape.get_mut(a.tensor_dim) {
             *d = d.div_ceil(a.size.max(1) as u64);
@@ -378,7 +528,7 @@ pub(crate) fn parts(
         .enumerate()
         .map(|(slot, b)| {
             let b = b?;
-            let inputs = slot_inputs(ctx, view, &b, slot, !anonymous);
+            let inputs = Arc::new(slot_inputs(ctx, view, &b, slot, !anonymous));
             Some(get(PartKey::Slot(inputs.clone()), &|| {
                 slot_part(ctx, &b, slot, &inputs, empty())
             }))
@@ -396,27 +546,27 @@ fn slot_inputs(ctx: &Ctx, view: &RankView, b: &RankBatch, slot: usize, named: bo
     let units = (0..ctx.opt.slots[slot].steps)
         .map(|u| {
             let members = b.owned.units.get(u).filter(|m| !m.is_empty())?;
-            let (kept, (relay, relay_owners)) = if b.shard_path {
+            let (kept, calls, (relay, relay_owners)) = if b.shard_path {
                 let kept = computed_here(ctx, view, b.owners(u), members);
                 (
                     kept_unpack(ctx, members, &kept),
+                    shard_ns_calls(ctx, members, &kept),
                     relays_joined(ctx, view, b, u, members, named),
                 )
             } else {
-                ((0, 0), (Vec::new(), Vec::new()))
+                let calls = unit_ns_calls(ctx, view, b, u, members);
+                ((0, 0), calls, (Vec::new(), Vec::new()))
             };
             Some(UnitInputs {
                 kept,
-                calls: unit_ns_calls(ctx, view, b, u, members),
+                calls,
                 relay,
                 relay_owners,
             })
         })
         .collect();
     SlotInputs {
-        index: b.index,
-        class: view.class,
-        rc: b.rc.clone(),
+        owned: b.owned.shape,
         units,
         sources: replica_sources(ctx, view, b, ctx.opts.master_dtype.bytes()),
     }
@@ -582,24 +732,29 @@ fn unit_ns_calls(
 ) -> Vec<NsCall> {
     let oc = &ctx.opt;
     if b.shard_path {
-        let owners = b.owners(u);
-        let mine: Vec<((u64, u64), u64, u64)> = members
-            .iter()
-            .enumerate()
-            .filter_map(|(k, &i)| {
-                let p = &oc.params[i];
-                let mine = is_shard_owner(view, p, owners.owner_of(k));
-                mine.then_some((p.core?, p.matrices, p.numel))
-            })
-            .collect();
-        let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
-        capped_calls(&mine, cap)
+        let kept = computed_here(ctx, view, b.owners(u), members);
+        shard_ns_calls(ctx, members, &kept)
     } else {
         fused_calls(members.iter().filter_map(|&i| {
             let p = &oc.params[i];
             Some((p.core?, local_matrices(ctx, p, view)))
         }))
     }
+}
+
+/// The NS calls of a shard-path memory batch (`members`) on a rank that computes `kept` of
+/// them (in member order): per core shape, under 2^29 / S whole-matrix elements each.
+fn shard_ns_calls(ctx: &Ctx, members: &[usize], kept: &[usize]) -> Vec<NsCall> {
+    let oc = &ctx.opt;
+    let mine: Vec<((u64, u64), u64, u64)> = kept
+        .iter()
+        .filter_map(|&i| {
+            let p = &oc.params[i];
+            Some((p.core?, p.matrices, p.numel))
+        })
+        .collect();
+    let cap = NS_BATCH_NUMEL / oc.params[members[0]].shard_size().max(1);
+    capped_calls(&mine, cap)
 }
 
 /// The relay broadcasts each rank of a shard-path batch joins in NS memory batch `u`
@@ -813,7 +968,6 @@ fn replica_sources(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Op
 /// batch, EP class and FSDP positions of the domains those parameters are in ([`Pieces`](super::hp_pieces::Pieces)).
 fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<SourceBytes> {
     let oc = &ctx.opt;
-    let plan_b = &oc.plan.batches[b.index];
     let pos: [usize; 2] = std::array::from_fn(|d| {
         if b.held.replicated[d] {
             view.fsdp_pos[d]
@@ -823,15 +977,13 @@ fn source_bytes(ctx: &Ctx, view: &RankView, b: &RankBatch, master: u64) -> Arc<S
     });
     cached(
         &oc.hp_pieces.sources,
-        (b.index, view.class, pos, master),
+        (b.index, b.class, pos, master),
         || {
             let mut by_src = SourceBytes::new();
-            for &i in &b.held.params {
-                if let Some(owner) = plan_b.replica_owner.get(&i) {
-                    let elems = local_shard_elems(ctx, &oc.params[i], view);
-                    *by_src.entry(owner.clone()).or_default() +=
-                        (elems * master).div_ceil(512) * 512;
-                }
+            for g in &b.held.sourced {
+                let elems = local_shard_elems(ctx, &oc.params[g.rep], view);
+                *by_src.entry(g.owner.clone()).or_default() +=
+                    g.count * ((elems * master).div_ceil(512) * 512);
             }
             by_src
         },

@@ -22,14 +22,16 @@
 //! This module dispatches to the strategies' builders; what they share is below them:
 //! `opt_ctx` (the rank-independent [`OptCtx`]), `common` (a rank's view, AdamW units, momentum,
 //! apply and Newton-Schulz ops), `ns_call` (one Newton-Schulz call), `hp_pieces` (HyperParallel
-//! Muon's shared pieces) and `hp_parts` (HyperParallel schedules as cached parts: a part per
-//! slot keyed by what the slot takes from the rank).
+//! Muon's shared pieces), `hp_shapes` (what a slot part reads of its parameters, interned)
+//! and `hp_parts` (HyperParallel schedules as cached parts: a part per slot keyed by what the
+//! slot takes from the rank).
 
 mod common;
 pub mod dmuon;
 pub mod flexshard;
 mod hp_parts;
 mod hp_pieces;
+mod hp_shapes;
 pub mod hyperparallel;
 pub mod matrixfsdp;
 pub mod matrixfsdp_buffers;

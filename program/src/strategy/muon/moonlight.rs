@@ -41,7 +41,11 @@ pub(crate) fn schedule(ctx: &Ctx, view: &RankView, mut s: Schedule) -> Schedule 
         if p.route != OptimizerRoute::Muon || !p.held_by(view.class) {
             continue;
         }
-        let key: Vec<(String, usize)> = p.shard.iter().map(|a| (a.name.clone(), a.size)).collect();
+        let key: Vec<(String, usize)> = p
+            .shard
+            .iter()
+            .map(|a| (a.name.to_string(), a.size))
+            .collect();
         let dp = p.shard_size() * p.replicate.iter().map(|a| a.size as u64).product::<u64>();
         let cap = bucket_elems(dp);
         let buckets = domains.entry(key).or_default();

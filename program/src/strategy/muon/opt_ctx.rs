@@ -150,10 +150,10 @@ impl std::fmt::Display for OptimizerStrategy {
 }
 
 /// One mesh axis a Muon parameter is sharded or replicated on, resolved to its group.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct AxisRef {
-    /// Axis name.
-    pub name: String,
+    /// Axis name (shared: every parameter on the axis holds a copy of its view).
+    pub name: Arc<str>,
     /// Group table position of its (sub)group; `None` for a single rank.
     pub slot: Option<usize>,
     /// Index of the axis in its mesh.
@@ -330,8 +330,8 @@ fn ns_steps(scenario: &Scenario) -> u64 {
 /// The optimizer view of every parameter (plan order), its shard and replicate axes resolved
 /// to group families (registered in `families` as met; a replicate axis resolves to its
 /// replica subgroup, a contiguous block of the group).
-fn opt_params(
-    muon: &MuonPlan,
+fn opt_params<'m>(
+    muon: &'m MuonPlan,
     fsdp: &FsdpPlan,
     trainable: &[&hpfsdp_plan::planner::ParamPlan],
     meshes: [&DeviceMesh; 2],
@@ -341,11 +341,11 @@ fn opt_params(
     // Resolved axes by (expert mesh, axis name, size, replicate): a pure function of these
     // once its family is registered, so resolved once, not per parameter (each resolution
     // compares the family with every registered one).
-    let mut resolved: HashMap<(bool, String, usize, bool), Option<AxisRef>> = HashMap::new();
+    let mut resolved: HashMap<(bool, &str, usize, bool), Option<AxisRef>> = HashMap::new();
     for ((mp, fp), pp) in muon.params.iter().zip(&fsdp.params).zip(trainable) {
         let expert = fp.domain == DataDomain::Expert;
-        let mut resolve = |name: &str, size: usize, replicate: bool| -> Option<AxisRef> {
-            let key = (expert, name.to_string(), size, replicate);
+        let mut resolve = |name: &'m str, size: usize, replicate: bool| -> Option<AxisRef> {
+            let key = (expert, name, size, replicate);
             if let Some(r) = resolved.get(&key) {
                 return r.clone();
             }
@@ -409,7 +409,7 @@ fn resolve_axis(
     let block = (coord_size < size).then_some(coord_size);
     let slot = axis_family(families, meshes, expert, mesh_axis, block);
     Some(AxisRef {
-        name: name.to_string(),
+        name: name.into(),
         slot,
         mesh_axis,
         size,
@@ -606,7 +606,7 @@ fn owner_placement(
 /// Whether DMuon / MatrixFSDP place this parameter on an owner.
 fn placeable(p: &OptParam, strategy: OptimizerStrategy) -> bool {
     let fsdp_axes = ["dp_shard", "cp", "edp_shard"];
-    let only_fsdp = p.shard.iter().all(|a| fsdp_axes.contains(&a.name.as_str()));
+    let only_fsdp = p.shard.iter().all(|a| fsdp_axes.contains(&&*a.name));
     let base = p.route == OptimizerRoute::Muon && p.needs_gather && only_fsdp;
     match strategy {
         // DMuon selects 2-D matrices; fused 3-D experts stay on FSDP + the original optimizer.

@@ -68,16 +68,41 @@ pub(crate) struct SOp {
 /// A schedule laid out for lowering without copying its ops: each op with the index its
 /// [`Dep::Op`]s count from (0 in a whole [`Schedule`]; where its part starts in one
 /// assembled from parts, [`super::hp_parts::Parts::layout`]) and, when known, the id of its
-/// kernel mix; and the resident state.
+/// kernel mix; and the resident state. An entry is 40 bytes (an op is about 150): a layout
+/// of thousands of ops is built for every program lowered from parts.
 #[derive(Debug, Clone)]
 pub(crate) struct Layout<'a> {
     /// Ops in issue order, each with its dependency base and its mix id (`None`: unknown,
     /// or no mix).
-    pub ops: Vec<(std::borrow::Cow<'a, SOp>, u32, Option<MixId>)>,
+    pub ops: Vec<(LaidOp<'a>, u32, Option<MixId>)>,
+    /// The ops the layout made itself ([`LaidOp::Own`] indexes them).
+    pub own: Vec<SOp>,
     /// Resident Muon momentum bytes.
     pub momentum_bytes: u64,
     /// Resident AdamW moment bytes.
     pub adamw_state_bytes: u64,
+}
+
+/// An op of a [`Layout`]: borrowed from a schedule or a part, or one the layout made.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum LaidOp<'a> {
+    /// An op of a schedule or part.
+    Borrowed(&'a SOp),
+    /// The layout's own op of this index ([`Layout::own`]).
+    Own(u32),
+}
+
+impl Layout<'_> {
+    /// Every op with its dependency base and mix id, in issue order.
+    pub fn iter(&self) -> impl Iterator<Item = (&SOp, u32, Option<MixId>)> + '_ {
+        self.ops.iter().map(|&(op, base, mix)| {
+            let op = match op {
+                LaidOp::Borrowed(op) => op,
+                LaidOp::Own(i) => &self.own[i as usize],
+            };
+            (op, base, mix)
+        })
+    }
 }
 
 /// A rank's optimizer schedule and the optimizer state it keeps resident.
@@ -119,8 +144,9 @@ impl Schedule {
             ops: self
                 .ops
                 .iter()
-                .map(|op| (std::borrow::Cow::Borrowed(op), 0, None))
+                .map(|op| (LaidOp::Borrowed(op), 0, None))
                 .collect(),
+            own: Vec::new(),
             momentum_bytes: self.momentum_bytes,
             adamw_state_bytes: self.adamw_state_bytes,
         }
