@@ -788,19 +788,35 @@ impl FrozenPath {
     /// group ranks (a program is [`FrozenPath::thaw`], `rebase` and [`finish_layout`]).
     pub fn signature(&self) -> u64 {
         use std::hash::{Hash, Hasher};
+        // Destructured, so that a field added to the path or to `Op` must be placed here.
+        let FrozenPath {
+            b,
+            ids,
+            last_compute,
+            pending,
+            mb_prefix: _, // names only
+            ready,
+            grads_freed,
+            optimizer_base_bytes,
+        } = self;
         let mut h = std::collections::hash_map::DefaultHasher::new();
-        let (p, failed) = self.b.in_progress();
+        let (p, failed) = b.in_progress();
         p.ops.len().hash(&mut h);
         for op in p.ops.iter() {
-            op.id.hash(&mut h);
-            op.stream.hash(&mut h);
-            op.category.hash(&mut h);
-            op.deps.hash(&mut h);
-            op.payload.hash(&mut h);
-            op.memory.hash(&mut h);
-            op.validation_cpu_events.hash(&mut h);
-            op.host_cpu_events.hash(&mut h);
-            op.host_dispatch.hash(&mut h);
+            let crate::step::Op {
+                id,
+                name: _,
+                stream,
+                category,
+                deps,
+                payload,
+                memory,
+                validation_cpu_events,
+                host_cpu_events,
+                host_dispatch,
+            } = op;
+            (id, stream, category, deps, payload, memory).hash(&mut h);
+            (validation_cpu_events, host_cpu_events, host_dispatch).hash(&mut h);
         }
         p.resident.hash(&mut h);
         p.groups.len().hash(&mut h);
@@ -809,12 +825,12 @@ impl FrozenPath {
             g.ranks.len().hash(&mut h);
         }
         failed.hash(&mut h);
-        self.ids.hash(&mut h);
-        self.last_compute.hash(&mut h);
-        self.pending.hash(&mut h);
-        self.ready.hash(&mut h);
-        self.grads_freed.hash(&mut h);
-        self.optimizer_base_bytes.hash(&mut h);
+        ids.hash(&mut h);
+        last_compute.hash(&mut h);
+        pending.hash(&mut h);
+        ready.hash(&mut h);
+        grads_freed.hash(&mut h);
+        optimizer_base_bytes.hash(&mut h);
         h.finish()
     }
 
