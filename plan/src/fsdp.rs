@@ -49,11 +49,7 @@ impl GroupSpec {
         let tier = if size <= 1 {
             Tier::IntraMachine
         } else {
-            mesh.groups(&idx)
-                .iter()
-                .map(|g| topo.tier_of(g))
-                .max()
-                .unwrap_or(Tier::IntraMachine)
+            topo.widest_tier_along(mesh, &idx)
         };
         GroupSpec {
             axes: axes.iter().map(|a| a.to_string()).collect(),

@@ -2,6 +2,7 @@
 //! (slowest link) each process group crosses.
 
 use crate::error::{PlanError, PlanResult};
+use crate::mesh::DeviceMesh;
 use serde::{Deserialize, Serialize};
 
 /// The slowest link a process group crosses. Ordered from fastest to slowest.
@@ -127,6 +128,65 @@ impl Topology {
         tier
     }
 
+    /// The slowest tier crossed by any of `mesh`'s groups along `axes` (indices into the
+    /// mesh's axes), what [`Topology::tier_of`] gives at most over `mesh.groups(axes)`,
+    /// found by arithmetic without listing a group's members. A group is its base rank (zero
+    /// coordinates on `axes`) plus offsets of the axes' row-major strides, so its members
+    /// all lie between the base and the base plus the largest offset; as machines and
+    /// supernodes are contiguous rank blocks, the group crosses a block boundary exactly when
+    /// those two ranks are in different blocks. Cost: one step per group base, stopping at
+    /// the first group that crosses supernodes.
+    pub fn widest_tier_along(&self, mesh: &DeviceMesh, axes: &[usize]) -> Tier {
+        let sizes: Vec<usize> = mesh.axes().iter().map(|a| a.size.max(1)).collect();
+        let mut strides = vec![1; sizes.len()];
+        for i in (0..sizes.len().saturating_sub(1)).rev() {
+            strides[i] = strides[i + 1] * sizes[i + 1];
+        }
+        let on_axes = |i: usize| axes.contains(&i);
+        let span: usize = (0..sizes.len())
+            .filter(|&i| on_axes(i))
+            .map(|i| (sizes[i] - 1) * strides[i])
+            .sum();
+        let rest: Vec<usize> = (0..sizes.len()).filter(|&i| !on_axes(i)).collect();
+        let mut coords = vec![0usize; rest.len()];
+        let mut widest = Tier::IntraMachine;
+        let mut base = 0usize;
+        loop {
+            widest = widest.max(self.tier_of_span(base, base + span));
+            if widest == Tier::InterSupernode {
+                return widest;
+            }
+            // Next base: a mixed-radix counter over the other axes, last axis fastest.
+            let mut k = rest.len();
+            loop {
+                if k == 0 {
+                    return widest;
+                }
+                k -= 1;
+                let axis = rest[k];
+                coords[k] += 1;
+                base += strides[axis];
+                if coords[k] < sizes[axis] {
+                    break;
+                }
+                base -= coords[k] * strides[axis];
+                coords[k] = 0;
+            }
+        }
+    }
+
+    /// The slowest tier between rank `lo` and rank `hi` (`lo <= hi`) when a group's members
+    /// all lie between them and include both.
+    fn tier_of_span(&self, lo: usize, hi: usize) -> Tier {
+        if lo / self.dies_per_supernode() != hi / self.dies_per_supernode() {
+            Tier::InterSupernode
+        } else if lo / self.dies_per_machine != hi / self.dies_per_machine {
+            Tier::IntraSupernode
+        } else {
+            Tier::IntraMachine
+        }
+    }
+
     /// Checks that the topology holds exactly `world_size` ranks.
     pub fn check_world_size(&self, world_size: usize) -> PlanResult<()> {
         if self.world_size() != world_size {
@@ -147,6 +207,39 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arithmetic widest tier equals the maximum of `tier_of` over every listed group,
+    /// on meshes of two to four axes, every axis subset and several topologies.
+    #[test]
+    fn widest_tier_along_equals_the_listed_groups() {
+        let meshes: [&[usize]; 5] = [&[2, 8], &[4, 2, 2], &[3, 4, 2], &[2, 2, 2, 4], &[16]];
+        for dims in meshes {
+            let mesh = DeviceMesh::new(dims.iter().enumerate().map(|(i, &n)| (format!("a{i}"), n)))
+                .unwrap();
+            let world = mesh.world_size();
+            for (dpm, mps) in [(1, 1), (2, 2), (4, 2), (8, 1), (2, 4), (3, 1)] {
+                if world % (dpm * mps) != 0 {
+                    continue;
+                }
+                let topo = Topology::new(dpm, mps, world / (dpm * mps)).unwrap();
+                for subset in 0u32..(1 << dims.len()) {
+                    let axes: Vec<usize> =
+                        (0..dims.len()).filter(|&i| subset >> i & 1 == 1).collect();
+                    let listed = mesh
+                        .groups(&axes)
+                        .iter()
+                        .map(|g| topo.tier_of(g))
+                        .max()
+                        .unwrap();
+                    assert_eq!(
+                        topo.widest_tier_along(&mesh, &axes),
+                        listed,
+                        "{dims:?} axes {axes:?} topology {topo:?}"
+                    );
+                }
+            }
+        }
+    }
 
     #[test]
     fn locate_and_tiers() {
