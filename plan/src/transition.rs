@@ -286,13 +286,7 @@ impl Lowerer<'_> {
             TransitionAction::Collective(CollectiveKind::AllReduce) => (bytes_before, bytes_before),
             _ => (bytes_before, bytes_after),
         };
-        let tier = self
-            .mesh
-            .groups(&[axis])
-            .iter()
-            .map(|g| self.topo.tier_of(g))
-            .max()
-            .unwrap_or(Tier::IntraMachine);
+        let tier = self.topo.widest_tier_along(&self.mesh, &[axis]);
         self.steps.push(TransitionStep {
             action,
             mesh_axis: axis,
