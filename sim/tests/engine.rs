@@ -26,6 +26,23 @@ fn one_kernel_host_ns(p: &HardwareProfile) -> u64 {
     c.kernels_ns(1) + c.cpu_events_ns(1)
 }
 
+/// Duration of an aligned all-gather between ranks 0 and 1 (latency plus transfer of every
+/// phase), `in_bytes` per rank in and `out_bytes` out, as the engine charges it.
+fn two_rank_all_gather_ns(p: &HardwareProfile, in_bytes: u64, out_bytes: u64) -> u64 {
+    let shape = GroupShape::of(&[0, 1], &p.topology_for(2));
+    collective_phases(
+        CollectiveKind::AllGather,
+        &shape,
+        in_bytes,
+        out_bytes,
+        true,
+        p,
+    )
+    .iter()
+    .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
+    .sum()
+}
+
 fn work(flops: u64) -> ComputeWork {
     ComputeWork {
         flops,
@@ -131,19 +148,7 @@ fn collectives_rendezvous_and_finish_together() {
     let arrive1 = launch_k + ns(compute_s(flops, 0, 1, &p));
     assert_eq!(s1[1].start_ns, arrive1);
     assert_eq!(s0[0].transfer_start_ns, Some(arrive1));
-    let shape = GroupShape::of(&[0, 1], &p.topology_for(2));
-    let ph = collective_phases(
-        CollectiveKind::AllGather,
-        &shape,
-        1 << 24,
-        2 << 24,
-        true,
-        &p,
-    );
-    let dur: u64 = ph
-        .iter()
-        .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
-        .sum();
+    let dur = two_rank_all_gather_ns(&p, 1 << 24, 2 << 24);
     assert_eq!(s0[0].end_ns, arrive1 + dur);
     assert_eq!(s1[1].end_ns, arrive1 + dur);
     // Rank 0's wait is exposed communication.
@@ -547,19 +552,7 @@ fn launches_queued_behind_a_waiting_stream_keep_their_times() {
     let launch_k = one_kernel_host_ns(&p);
     let launch_c = ns(p.calibration.host_launch_us_per_collective * 1e-6);
     let compute_end = launch_k + ns(compute_s(flops, 0, 1, &p));
-    let shape = GroupShape::of(&[0, 1], &p.topology_for(2));
-    let ph = collective_phases(
-        CollectiveKind::AllGather,
-        &shape,
-        1 << 20,
-        2 << 20,
-        true,
-        &p,
-    );
-    let dur: u64 = ph
-        .iter()
-        .map(|x| ns(x.cost.latency_s) + ns(x.cost.transfer_s))
-        .sum();
+    let dur = two_rank_all_gather_ns(&p, 1 << 20, 2 << 20);
     assert!(
         compute_end > launch_k + 6 * launch_c,
         "the launches must run ahead"

@@ -394,17 +394,7 @@ fn root_unknowns(
     lists.head[m as usize] = NONE;
     for (i, name, r) in members {
         let own = parent(name).unwrap_or("").to_string();
-        let (ty, why) = if r == Role::Replicated {
-            (
-                BoundaryType::Replicated,
-                "only REPLICATED parameters: layout only, no contract".to_string(),
-            )
-        } else {
-            (
-                BoundaryType::Unknown,
-                format!("still unknown at the root ({reason})"),
-            )
-        };
+        let (ty, why) = root_verdict(r, reason);
         out.notes[i].push(Note::from(format!("'{own}': {why}")));
         out.boundaries.push(Grouped {
             module: own,
@@ -412,6 +402,22 @@ fn root_unknowns(
             reason: why,
             params: vec![i],
         });
+    }
+}
+
+/// The boundary type and reason of a parameter whose module is still unknown at the root:
+/// a replicated parameter needs a layout only; anything else stays unknown.
+fn root_verdict(role: Role, reason: &str) -> (BoundaryType, String) {
+    if role == Role::Replicated {
+        (
+            BoundaryType::Replicated,
+            "only REPLICATED parameters: layout only, no contract".to_string(),
+        )
+    } else {
+        (
+            BoundaryType::Unknown,
+            format!("still unknown at the root ({reason})"),
+        )
     }
 }
 
@@ -537,17 +543,7 @@ mod tests {
                     for &i in &members {
                         let (r, n) = by_index[&i];
                         let own = parent(n).unwrap_or("").to_string();
-                        let (ty, why) = if r == Role::Replicated {
-                            (
-                                BoundaryType::Replicated,
-                                "only REPLICATED parameters: layout only, no contract".to_string(),
-                            )
-                        } else {
-                            (
-                                BoundaryType::Unknown,
-                                format!("still unknown at the root ({reason})"),
-                            )
-                        };
+                        let (ty, why) = root_verdict(r, &reason);
                         notes.entry(i).or_default().push(format!("'{own}': {why}"));
                         out.push(Grouped {
                             module: own,
